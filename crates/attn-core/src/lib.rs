@@ -1,0 +1,32 @@
+//! # attn-core
+//!
+//! The vocabulary every attn backend shares: the [`Attention`] trait, the [`Problem`] it solves
+//! (shape, dtype, strides, parameters), the [`Plan`] it makes before doing any work, the one
+//! [`Error`] type, and the online-softmax math ([`softmax`]) that CPU, CUDA and WGSL kernels all
+//! implement.
+//!
+//! ## Contract
+//! For each batch `b`, query head `h` and query row `i`:
+//! `o[b,h,i,:] = Σ_j p_j v[b,g,j,:]`, `p = softmax_j(scale · q[b,h,i,:]·k[b,g,j,:])` over the keys
+//! `j` the [`Mask`] lets row `i` see, with `g = h / (heads_q / heads_kv)`. A row that sees no key
+//! has `o = 0` and `lse = -inf`. Causal masks align the diagonal bottom-right.
+//!
+//! ## Numerical promises
+//! Backends accumulate in f32 or wider and round the output once to the input dtype. How close
+//! each backend must come to the f64 reference is stated, per dtype, in `attn-verify`.
+
+pub mod attention;
+pub mod dtype;
+pub mod error;
+pub mod plan;
+pub mod problem;
+pub mod rng;
+pub mod softmax;
+pub mod tensor;
+
+pub use attention::{Attention, Availability, DeviceKind, Prepared};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use plan::{DeviceLimits, Execution, Launch, Plan, Tiles};
+pub use problem::{Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
+pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};

@@ -1,0 +1,401 @@
+//! What an attention call computes: shape, dtype, layout (strides) and parameters.
+
+use crate::{DType, Error, Result};
+use std::fmt;
+
+/// The sizes of one attention call.
+///
+/// `heads_q` query heads share `heads_kv` key/value heads: query head `h` reads key/value head
+/// `h / (heads_q / heads_kv)` (grouped-query attention; `heads_kv == 1` is multi-query,
+/// `heads_kv == heads_q` plain multi-head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Shape {
+    /// Batch size.
+    pub batch: usize,
+    /// Query (and output) heads.
+    pub heads_q: usize,
+    /// Key and value heads; divides `heads_q`.
+    pub heads_kv: usize,
+    /// Query (and output) sequence length.
+    pub seq_q: usize,
+    /// Key and value sequence length.
+    pub seq_k: usize,
+    /// Head dimension of q, k, v and o.
+    pub head_dim: usize,
+}
+
+impl Shape {
+    /// Self-attention shape: `heads_kv = heads_q`, `seq_k = seq_q`.
+    pub fn new(batch: usize, heads: usize, seq: usize, head_dim: usize) -> Self {
+        Shape { batch, heads_q: heads, heads_kv: heads, seq_q: seq, seq_k: seq, head_dim }
+    }
+
+    /// How many query heads share one key/value head.
+    pub fn group_size(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    /// The key/value head read by query head `h`.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group_size()
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (dim, n) in [
+            ("batch", self.batch),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("seq_q", self.seq_q),
+            ("seq_k", self.seq_k),
+            ("head_dim", self.head_dim),
+        ] {
+            if n == 0 {
+                return Err(Error::EmptyDimension { dim });
+            }
+        }
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
+            return Err(Error::HeadsNotDivisible { heads_q: self.heads_q, heads_kv: self.heads_kv });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "B={} Hq={}", self.batch, self.heads_q)?;
+        if self.heads_kv != self.heads_q {
+            write!(f, " Hkv={}", self.heads_kv)?;
+        }
+        if self.seq_q == self.seq_k {
+            write!(f, " S={}", self.seq_q)?;
+        } else {
+            write!(f, " Sq={} Sk={}", self.seq_q, self.seq_k)?;
+        }
+        write!(f, " D={}", self.head_dim)
+    }
+}
+
+/// Which keys a query row may attend to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mask {
+    /// Every query row sees every key.
+    #[default]
+    None,
+    /// Causal, with the diagonal aligned **bottom-right** (FlashAttention's convention since 2.1):
+    /// query row `i` sees key `j` iff `j <= i + (seq_k - seq_q)`. With `seq_q > seq_k` the first
+    /// `seq_q - seq_k` rows see no key: their output is 0 and their log-sum-exp is `-inf`.
+    /// (PyTorch's `is_causal=True` aligns top-left instead; the two agree when `seq_q == seq_k`.)
+    Causal,
+}
+
+impl Mask {
+    /// The number of keys (a prefix `0..n`) query row `row` may see.
+    pub fn visible_keys(self, row: usize, seq_q: usize, seq_k: usize) -> usize {
+        match self {
+            Mask::None => seq_k,
+            Mask::Causal => (row + 1 + seq_k).saturating_sub(seq_q).min(seq_k),
+        }
+    }
+}
+
+/// The common memory orders, turned into [`Strides`] by [`Layout::strides`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Layout {
+    /// `[batch, heads, seq, head_dim]`, contiguous (PyTorch's SDPA order).
+    Bhsd,
+    /// `[batch, seq, heads, head_dim]`, contiguous (FlashAttention's order; what a fused QKV
+    /// projection produces).
+    Bshd,
+}
+
+impl Layout {
+    /// Contiguous strides of this layout for a tensor of `heads` heads and `seq` rows.
+    pub fn strides(self, heads: usize, seq: usize, head_dim: usize) -> Strides {
+        match self {
+            Layout::Bhsd => Strides { batch: heads * seq * head_dim, head: seq * head_dim, seq: head_dim },
+            Layout::Bshd => Strides { batch: seq * heads * head_dim, head: head_dim, seq: heads * head_dim },
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "bhsd" => Ok(Layout::Bhsd),
+            "bshd" => Ok(Layout::Bshd),
+            other => Err(format!("unknown layout `{other}`; use bhsd or bshd")),
+        }
+    }
+}
+
+/// Element strides of a 4-d tensor `[batch, head, seq, dim]`. The `dim` stride is always 1:
+/// each row of `head_dim` elements is contiguous, which every backend's vector loads rely on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Strides {
+    /// Elements between consecutive batches.
+    pub batch: usize,
+    /// Elements between consecutive heads.
+    pub head: usize,
+    /// Elements between consecutive sequence positions.
+    pub seq: usize,
+}
+
+impl Strides {
+    /// The element offset of row `(b, h, s)`.
+    #[inline(always)]
+    pub fn offset(&self, b: usize, h: usize, s: usize) -> usize {
+        b * self.batch + h * self.head + s * self.seq
+    }
+
+    /// The smallest slice length that holds a `[batch, heads, seq, dim]` tensor with these strides.
+    pub fn required_len(&self, batch: usize, heads: usize, seq: usize, dim: usize) -> usize {
+        self.offset(batch - 1, heads - 1, seq - 1) + dim
+    }
+
+    /// Whether no two elements of a `[batch, heads, seq, dim]` tensor share an address.
+    /// Outputs must have this; inputs may alias (e.g. a broadcast batch stride of 0).
+    pub fn is_non_overlapping(&self, batch: usize, heads: usize, seq: usize, dim: usize) -> bool {
+        let mut axes = [(1usize, dim), (self.seq, seq), (self.head, heads), (self.batch, batch)];
+        axes.sort_unstable_by_key(|&(stride, _)| stride);
+        let mut span = 1; // elements covered by the axes already placed
+        for (stride, extent) in axes {
+            if extent == 1 {
+                continue;
+            }
+            if stride < span {
+                return false;
+            }
+            span += stride * (extent - 1);
+        }
+        true
+    }
+}
+
+impl fmt::Display for Strides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[batch {}, head {}, seq {}, dim 1]", self.batch, self.head, self.seq)
+    }
+}
+
+/// Options of the computation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Params {
+    /// Multiplies q·k before the softmax; `None` means `1/sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Which keys each query row sees.
+    pub mask: Mask,
+    /// Whether to write the log-sum-exp of each row's scaled scores (f32, `[batch, heads_q,
+    /// seq_q]` contiguous, natural log). Training needs it for the backward pass, split-KV needs
+    /// it to merge partial results.
+    pub return_lse: bool,
+}
+
+/// The strides of the four tensors of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct TensorStrides {
+    /// Query, `[batch, heads_q, seq_q, head_dim]`.
+    pub q: Strides,
+    /// Key, `[batch, heads_kv, seq_k, head_dim]`.
+    pub k: Strides,
+    /// Value, `[batch, heads_kv, seq_k, head_dim]`.
+    pub v: Strides,
+    /// Output, `[batch, heads_q, seq_q, head_dim]`.
+    pub o: Strides,
+}
+
+/// One attention call, fully described: `o = softmax(scale · q kᵀ + mask) v` per (batch, head).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Problem {
+    /// Sizes.
+    pub shape: Shape,
+    /// Element type of q, k, v and o.
+    pub dtype: DType,
+    /// Scale, mask, LSE output.
+    pub params: Params,
+    /// Memory layout of each tensor.
+    pub strides: TensorStrides,
+}
+
+impl Problem {
+    /// A problem in [`Layout::Bhsd`] with default parameters (no mask, default scale, no LSE).
+    pub fn new(shape: Shape, dtype: DType) -> Self {
+        let mut p = Problem {
+            shape,
+            dtype,
+            params: Params::default(),
+            strides: TensorStrides {
+                q: Strides { batch: 0, head: 0, seq: 0 },
+                k: Strides { batch: 0, head: 0, seq: 0 },
+                v: Strides { batch: 0, head: 0, seq: 0 },
+                o: Strides { batch: 0, head: 0, seq: 0 },
+            },
+        };
+        p = p.with_layout(Layout::Bhsd);
+        p
+    }
+
+    /// Gives all four tensors the contiguous strides of `layout`.
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        let s = self.shape;
+        let q = layout.strides(s.heads_q, s.seq_q, s.head_dim);
+        let kv = layout.strides(s.heads_kv, s.seq_k, s.head_dim);
+        self.strides = TensorStrides { q, k: kv, v: kv, o: q };
+        self
+    }
+
+    /// Sets explicit strides (e.g. views into a larger buffer).
+    pub fn with_strides(mut self, strides: TensorStrides) -> Self {
+        self.strides = strides;
+        self
+    }
+
+    /// Sets the mask.
+    pub fn with_mask(mut self, mask: Mask) -> Self {
+        self.params.mask = mask;
+        self
+    }
+
+    /// Sets causal masking (bottom-right aligned).
+    pub fn causal(self) -> Self {
+        self.with_mask(Mask::Causal)
+    }
+
+    /// Sets an explicit softmax scale.
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.params.scale = Some(scale);
+        self
+    }
+
+    /// Asks for the log-sum-exp output.
+    pub fn with_lse(mut self, on: bool) -> Self {
+        self.params.return_lse = on;
+        self
+    }
+
+    /// The softmax scale in effect.
+    pub fn scale(&self) -> f32 {
+        self.params.scale.unwrap_or(1.0 / (self.shape.head_dim as f32).sqrt())
+    }
+
+    /// Whether the mask is causal.
+    pub fn is_causal(&self) -> bool {
+        self.params.mask == Mask::Causal
+    }
+
+    /// Floating-point operations by the FlashAttention convention: `4·B·H·Sq·Sk·D`, halved for
+    /// causal. Used for every TFLOP/s figure attn prints, so that ours compare with peers'.
+    pub fn flops(&self) -> f64 {
+        let s = self.shape;
+        let f = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
+        if self.is_causal() { f / 2.0 } else { f }
+    }
+
+    /// Elements (not bytes) each tensor's slice must hold at least.
+    pub fn required_lens(&self) -> [(&'static str, usize); 4] {
+        let s = self.shape;
+        let t = self.strides;
+        [
+            ("q", t.q.required_len(s.batch, s.heads_q, s.seq_q, s.head_dim)),
+            ("k", t.k.required_len(s.batch, s.heads_kv, s.seq_k, s.head_dim)),
+            ("v", t.v.required_len(s.batch, s.heads_kv, s.seq_k, s.head_dim)),
+            ("o", t.o.required_len(s.batch, s.heads_q, s.seq_q, s.head_dim)),
+        ]
+    }
+
+    /// Length of the LSE output, `batch · heads_q · seq_q`.
+    pub fn lse_len(&self) -> usize {
+        self.shape.batch * self.shape.heads_q * self.shape.seq_q
+    }
+
+    /// Checks everything that does not depend on a backend: non-empty dims, GQA divisibility,
+    /// a finite scale, output strides that do not overlap.
+    pub fn validate(&self) -> Result<()> {
+        self.shape.validate()?;
+        if let Some(scale) = self.params.scale
+            && !scale.is_finite()
+        {
+            return Err(Error::NonFiniteScale { scale });
+        }
+        let s = self.shape;
+        if !self.strides.o.is_non_overlapping(s.batch, s.heads_q, s.seq_q, s.head_dim) {
+            return Err(Error::Stride {
+                tensor: "o",
+                strides: self.strides.o.to_string(),
+                what: format!(
+                    "output elements would overlap for [batch {}, heads {}, seq {}, dim {}]; \
+                     the output needs distinct addresses, e.g. contiguous BHSD or BSHD strides",
+                    s.batch, s.heads_q, s.seq_q, s.head_dim
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.shape, self.dtype)?;
+        if self.is_causal() {
+            f.write_str(" causal")?;
+        }
+        if let Some(scale) = self.params.scale {
+            write!(f, " scale={scale}")?;
+        }
+        if self.params.return_lse {
+            f.write_str(" +lse")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_is_bottom_right() {
+        // seq_q < seq_k: the last query row sees every key, the first sees seq_k - seq_q + 1.
+        assert_eq!(Mask::Causal.visible_keys(0, 2, 5), 4);
+        assert_eq!(Mask::Causal.visible_keys(1, 2, 5), 5);
+        // seq_q > seq_k: the first seq_q - seq_k rows see nothing.
+        assert_eq!(Mask::Causal.visible_keys(0, 5, 2), 0);
+        assert_eq!(Mask::Causal.visible_keys(2, 5, 2), 0);
+        assert_eq!(Mask::Causal.visible_keys(3, 5, 2), 1);
+        assert_eq!(Mask::Causal.visible_keys(4, 5, 2), 2);
+        assert_eq!(Mask::None.visible_keys(0, 5, 2), 2);
+    }
+
+    #[test]
+    fn layouts_have_expected_strides_and_do_not_overlap() {
+        let bhsd = Layout::Bhsd.strides(8, 100, 64);
+        assert_eq!((bhsd.batch, bhsd.head, bhsd.seq), (8 * 100 * 64, 100 * 64, 64));
+        let bshd = Layout::Bshd.strides(8, 100, 64);
+        assert_eq!((bshd.batch, bshd.head, bshd.seq), (100 * 8 * 64, 64, 8 * 64));
+        for s in [bhsd, bshd] {
+            assert!(s.is_non_overlapping(2, 8, 100, 64));
+            assert_eq!(s.required_len(2, 8, 100, 64), 2 * 8 * 100 * 64);
+        }
+        // A seq stride smaller than the row aliases rows.
+        let bad = Strides { batch: 6400, head: 800, seq: 32 };
+        assert!(!bad.is_non_overlapping(1, 8, 100, 64));
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let e = Problem::new(Shape { heads_kv: 3, ..Shape::new(1, 8, 4, 4) }, DType::F32).validate();
+        assert!(matches!(e, Err(Error::HeadsNotDivisible { heads_q: 8, heads_kv: 3 })));
+        let e = Problem::new(Shape::new(1, 0, 4, 4), DType::F32).validate();
+        assert!(e.unwrap_err().to_string().contains("heads_q"));
+        let e = Problem::new(Shape::new(1, 1, 4, 4), DType::F32).with_scale(f32::NAN).validate();
+        assert!(matches!(e, Err(Error::NonFiniteScale { .. })));
+    }
+
+    #[test]
+    fn flops_follow_the_flashattention_convention() {
+        let p = Problem::new(Shape::new(2, 3, 5, 7), DType::F16);
+        assert_eq!(p.flops(), 4.0 * 6.0 * 25.0 * 7.0);
+        assert_eq!(p.causal().flops(), 2.0 * 6.0 * 25.0 * 7.0);
+    }
+}

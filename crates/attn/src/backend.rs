@@ -1,0 +1,92 @@
+//! The registry of backends and the run-time choice among them.
+
+use attn_core::{Attention, Availability, DeviceKind, Error, Problem, Result};
+
+/// Every backend this build knows, by name, and the rule for choosing one.
+pub struct Backend;
+
+/// One backend considered by [`Backend::auto`], and what it said.
+#[derive(Debug, serde::Serialize)]
+pub struct Choice {
+    /// Backend name.
+    pub name: String,
+    /// Whether it is available here, and on what.
+    pub availability: Availability,
+    /// Why it can or cannot run the problem (its plan error, if any).
+    pub verdict: std::result::Result<String, String>,
+}
+
+impl Backend {
+    /// All backends compiled into this build, available or not, in order of preference for
+    /// equal device kinds.
+    pub fn all() -> Vec<Box<dyn Attention>> {
+        vec![Box::new(attn_cpu::Flash::new()), Box::new(attn_cpu::Reference)]
+    }
+
+    /// The backend called `name` (`cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`).
+    pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
+        let name = if name == "cpu" { "cpu-flash" } else { name };
+        let all = Self::all();
+        let names: Vec<String> = all.iter().map(|b| b.name().to_string()).collect();
+        let backend = all.into_iter().find(|b| b.name() == name).ok_or_else(|| Error::Unavailable {
+            backend: name.into(),
+            reason: format!("no backend of that name in this build; known: {}", names.join(", ")),
+        })?;
+        if let Availability::Unavailable { reason } = backend.availability() {
+            return Err(Error::Unavailable { backend: name.into(), reason });
+        }
+        Ok(backend)
+    }
+
+    /// The best available backend that can plan `problem`: hardware GPUs first, then the CPU,
+    /// then software GPU adapters; the exact reference is never chosen automatically.
+    pub fn auto(problem: &Problem) -> Result<Box<dyn Attention>> {
+        let (best, choices) = Self::rank(problem);
+        best.ok_or_else(|| Error::Unsupported {
+            backend: "auto".into(),
+            what: format!(
+                "no available backend can run {problem}: {}",
+                choices
+                    .iter()
+                    .map(|c| format!("{}: {}", c.name, c.verdict.as_ref().err().cloned().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        })
+    }
+
+    /// Every backend's verdict on `problem`, and the one [`auto`](Backend::auto) would pick.
+    pub fn rank(problem: &Problem) -> (Option<Box<dyn Attention>>, Vec<Choice>) {
+        let rank = |k: DeviceKind| match k {
+            DeviceKind::Gpu => 0,
+            DeviceKind::Cpu => 1,
+            DeviceKind::SoftwareGpu => 2,
+        };
+        let mut best: Option<(usize, Box<dyn Attention>)> = None;
+        let mut choices = vec![];
+        for backend in Self::all() {
+            let availability = backend.availability();
+            let verdict = match &availability {
+                Availability::Unavailable { reason } => Err(reason.clone()),
+                Availability::Available { .. } if backend.name() == "cpu-reference" => {
+                    Err("exact but slow: chosen only by name".into())
+                }
+                Availability::Available { kind, .. } => match backend.plan(problem) {
+                    Ok(plan) => {
+                        let r = rank(*kind);
+                        let verdict = Ok(format!("can run it ({})", plan.kernel));
+                        if best.as_ref().is_none_or(|(b, _)| r < *b) {
+                            choices.push(Choice { name: backend.name().into(), availability, verdict });
+                            best = Some((r, backend));
+                            continue;
+                        }
+                        verdict
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            choices.push(Choice { name: backend.name().into(), availability, verdict });
+        }
+        (best.map(|(_, b)| b), choices)
+    }
+}

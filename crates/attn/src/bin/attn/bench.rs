@@ -1,0 +1,119 @@
+//! `attn bench`: one JSON row per (dtype, head_dim, seq, mask) on one backend, in the format the
+//! peer scripts in `bench/peers/` also write, so `bench/report.py` can set them side by side.
+
+use attn::measure;
+use attn::{Attention, Buffer, DType, Outputs, Problem, Shape};
+use clap::Args;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Backend name (default: the best available).
+    #[arg(long, env = "ATTN_BACKEND")]
+    backend: Option<String>,
+    /// Element types, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+    dtypes: Vec<DType>,
+    /// Head dims, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    dims: Vec<usize>,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
+    seqs: Vec<usize>,
+    /// Masks to run: `none`, `causal` or both (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "none,causal")]
+    masks: Vec<String>,
+    /// Fixed batch size; with --tokens the batch is tokens / seq instead.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Tokens per call (batch = tokens / seq), the GPU grid's convention.
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// Fixed head count; with --model-dim the heads are model_dim / head_dim instead.
+    #[arg(long, default_value_t = 16)]
+    heads: usize,
+    /// Model width (heads = model_dim / head_dim), the GPU grid's convention.
+    #[arg(long)]
+    model_dim: Option<usize>,
+    /// CPU threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Untimed runs per shape.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed runs per shape (median reported).
+    #[arg(long, default_value_t = 7)]
+    iters: usize,
+    /// Rows per shape checked against the f64 reference.
+    #[arg(long, default_value_t = 32)]
+    check_rows: usize,
+}
+
+pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(t) = args.threads {
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(t).build_global();
+    }
+    for &dtype in &args.dtypes {
+        for &d in &args.dims {
+            for &seq in &args.seqs {
+                for mask in &args.masks {
+                    let batch = args.tokens.map_or(args.batch, |t| (t / seq).max(1));
+                    let heads = args.model_dim.map_or(args.heads, |m| (m / d).max(1));
+                    let mut problem = Problem::new(Shape::new(batch, heads, seq, d), dtype);
+                    match mask.as_str() {
+                        "none" => {}
+                        "causal" => problem = problem.causal(),
+                        other => return Err(format!("unknown mask `{other}`; use none or causal").into()),
+                    }
+                    let backend: Box<dyn Attention> = match &args.backend {
+                        Some(name) => attn::Backend::by_name(name)?,
+                        None => attn::Backend::auto(&problem)?,
+                    };
+                    let row = bench_one(&*backend, &problem, &args)?;
+                    println!("{}", serde_json::to_string(&row)?);
+                    eprintln!(
+                        "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  rel_l2 {:.2e}",
+                        backend.name(),
+                        dtype,
+                        d,
+                        seq,
+                        mask,
+                        row["median_ms"].as_f64().unwrap_or(0.0),
+                        row["gflops"].as_f64().unwrap_or(0.0),
+                        row["rel_l2"].as_f64().unwrap_or(f64::NAN)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bench_one(
+    backend: &dyn Attention,
+    problem: &Problem,
+    args: &BenchArgs,
+) -> attn::Result<serde_json::Value> {
+    let plan = backend.plan(problem)?;
+    let bufs = measure::random_inputs(problem, 1);
+    let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
+    let mut outputs = Outputs { o: o.as_data_mut(), lse: None };
+    outputs.poison();
+    let t = measure::time(backend, &plan, measure::inputs(&bufs), outputs, args.warmup, args.iters)?;
+    let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows);
+    let s = problem.shape;
+    let threads = match &plan.execution {
+        attn::Execution::Cpu { threads, .. } => Some(*threads),
+        attn::Execution::Gpu(_) => None,
+    };
+    Ok(serde_json::json!({
+        "impl": backend.name(),
+        "kernel": plan.kernel,
+        "dtype": problem.dtype.name(),
+        "batch": s.batch, "heads": s.heads_q, "seq": s.seq_q, "head_dim": s.head_dim,
+        "causal": problem.is_causal(),
+        "threads": threads,
+        "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
+        "gflops": problem.flops() / t.median_s / 1e9,
+        "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
+    }))
+}

@@ -1,0 +1,219 @@
+//! Command-line arguments and the subcommands that use them.
+
+use crate::{bench, report};
+use attn::measure::{self, Accuracy, Timing};
+use attn::{Attention, Backend, Buffer, DType, Layout, Outputs, Plan, Problem, Shape};
+use clap::{Args, Parser, Subcommand};
+
+/// Exact scaled-dot-product attention on CPU and GPU backends, checked against an f64 reference.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compute attention on the best available backend (or --backend), time it, and check it
+    /// against the f64 reference on a sample of rows.
+    Run(RunArgs),
+    /// Print the plan a backend would use, without running anything.
+    Plan(ProblemArgs),
+    /// List every backend with whether it is available here and why.
+    Backends {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time a grid of shapes (for benchmark tables); JSON rows on stdout.
+    Bench(bench::BenchArgs),
+}
+
+/// The problem, from flags. Defaults: a realistic long-context decoder layer.
+#[derive(Args, Clone)]
+pub struct ProblemArgs {
+    /// Batch size.
+    #[arg(short, long, default_value_t = 1)]
+    pub batch: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Key/value heads (GQA); defaults to --heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Sequence length of queries and keys.
+    #[arg(short, long, default_value_t = 2048)]
+    pub seq: usize,
+    /// Query sequence length, if different from --seq.
+    #[arg(long)]
+    pub seq_q: Option<usize>,
+    /// Key sequence length, if different from --seq.
+    #[arg(long)]
+    pub seq_k: Option<usize>,
+    /// Head dimension.
+    #[arg(short = 'd', long, default_value_t = 128)]
+    pub head_dim: usize,
+    /// Element type: f32, f16 or bf16.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: DType,
+    /// No causal mask (the default is causal, bottom-right aligned).
+    #[arg(long)]
+    pub no_causal: bool,
+    /// Memory layout: bhsd or bshd.
+    #[arg(long, default_value = "bhsd")]
+    pub layout: Layout,
+    /// Softmax scale (default 1/sqrt(head_dim)).
+    #[arg(long)]
+    pub scale: Option<f32>,
+    /// Also compute the log-sum-exp per row.
+    #[arg(long)]
+    pub lse: bool,
+    /// Backend name (see `attn backends`); default: the best available (ATTN_BACKEND overrides).
+    #[arg(long, env = "ATTN_BACKEND")]
+    pub backend: Option<String>,
+    /// CPU worker threads (cpu backends); default: all cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ProblemArgs {
+    pub fn problem(&self) -> attn::Result<Problem> {
+        let shape = Shape {
+            batch: self.batch,
+            heads_q: self.heads,
+            heads_kv: self.kv_heads.unwrap_or(self.heads),
+            seq_q: self.seq_q.unwrap_or(self.seq),
+            seq_k: self.seq_k.unwrap_or(self.seq),
+            head_dim: self.head_dim,
+        };
+        let mut p = Problem::new(shape, self.dtype).with_layout(self.layout).with_lse(self.lse);
+        if !self.no_causal {
+            p = p.causal();
+        }
+        if let Some(s) = self.scale {
+            p = p.with_scale(s);
+        }
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The backend named by --backend, or the best one for `problem`.
+    pub fn backend(&self, problem: &Problem) -> attn::Result<Box<dyn Attention>> {
+        if let Some(threads) = self.threads {
+            // CPU backends run on rayon's global pool; this sizes it (once per process).
+            let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
+        }
+        match &self.backend {
+            Some(name) => Backend::by_name(name),
+            None => Backend::auto(problem),
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    problem: ProblemArgs,
+    /// Timed runs (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Untimed runs first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Query rows checked against the f64 reference (0: no check).
+    #[arg(long, default_value_t = 256)]
+    check_rows: usize,
+    /// Seed of the random inputs (printed, so any run can be repeated).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// What `attn run` measured.
+#[derive(serde::Serialize)]
+pub struct RunReport {
+    pub plan: Plan,
+    pub device: String,
+    pub seed: u64,
+    pub timing: Timing,
+    pub gflops: f64,
+    pub accuracy: Option<Accuracy>,
+}
+
+impl Cli {
+    pub fn run(self) -> Result<(), Box<dyn std::error::Error>> {
+        match self.command {
+            Command::Run(args) => run(args),
+            Command::Plan(args) => {
+                let problem = args.problem()?;
+                let plan = args.backend(&problem)?.plan(&problem)?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&plan)?);
+                } else {
+                    print!("{plan}");
+                }
+                Ok(())
+            }
+            Command::Backends { json } => {
+                let all: Vec<_> =
+                    Backend::all().iter().map(|b| (b.name().to_string(), b.availability())).collect();
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&all)?);
+                } else {
+                    report::backends(&all);
+                }
+                Ok(())
+            }
+            Command::Bench(args) => bench::run(args),
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let problem = args.problem.problem()?;
+    let backend = args.problem.backend(&problem)?;
+    let plan = backend.plan(&problem)?;
+    let device = match backend.availability() {
+        attn::Availability::Available { device, .. } => device,
+        attn::Availability::Unavailable { reason } => reason,
+    };
+    let progress = |msg: &str| {
+        if !args.problem.json {
+            eprintln!("... {msg}");
+        }
+    };
+    progress(&format!("inputs: {problem}, N(0,1) seed {}", args.seed));
+    let bufs = measure::random_inputs(&problem, args.seed);
+    let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
+    let mut lse = problem.params.return_lse.then(|| vec![0.0f32; problem.lse_len()]);
+    let mut outputs = Outputs { o: o.as_data_mut(), lse: lse.as_deref_mut() };
+    outputs.poison();
+    progress(&format!("running {} ({} warm-up + {} timed)", backend.name(), args.warmup, args.iters));
+    let timing = measure::time(&*backend, &plan, measure::inputs(&bufs), outputs, args.warmup, args.iters)?;
+    let accuracy = (args.check_rows > 0).then(|| {
+        progress(&format!("checking {} rows against the f64 reference", args.check_rows));
+        measure::accuracy(&problem, &measure::inputs(&bufs), &o, args.check_rows)
+    });
+    let report = RunReport {
+        gflops: problem.flops() / timing.median_s / 1e9,
+        plan,
+        device,
+        seed: args.seed,
+        timing,
+        accuracy,
+    };
+    if args.problem.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report::run(&report);
+    }
+    if let Some(a) = report.accuracy
+        && a.non_finite > 0
+    {
+        return Err(format!("{} output elements are NaN or infinite", a.non_finite).into());
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! Human-readable output.
+
+use crate::cli::RunReport;
+use attn::Availability;
+
+pub fn run(r: &RunReport) {
+    let p = &r.plan.problem;
+    println!("attn run: {p}");
+    println!("  backend   {} on {}", r.plan.backend, r.device);
+    for line in r.plan.to_string().lines().skip(1) {
+        println!("  {line}");
+    }
+    let t = &r.timing;
+    println!(
+        "  time      {:.3} ms median of {} runs (min {:.3}, max {:.3})",
+        t.median_s * 1e3,
+        t.runs,
+        t.min_s * 1e3,
+        t.max_s * 1e3
+    );
+    println!(
+        "  speed     {:.1} GFLOP/s (4·B·H·Sq·Sk·D{})",
+        r.gflops,
+        if p.is_causal() { " / 2" } else { "" }
+    );
+    match &r.accuracy {
+        Some(a) => println!(
+            "  accuracy  vs f64 reference on {} rows: max |err| {:.3e}, relative L2 {:.3e}{}  (inputs seed {})",
+            a.rows,
+            a.max_abs,
+            a.rel_l2,
+            if a.non_finite > 0 { format!(", {} NON-FINITE", a.non_finite) } else { String::new() },
+            r.seed
+        ),
+        None => println!("  accuracy  not checked (--check-rows 0)"),
+    }
+}
+
+pub fn backends(all: &[(String, Availability)]) {
+    let width = all.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, a) in all {
+        match a {
+            Availability::Available { device, kind } => {
+                println!("{name:width$}  available    {device} ({kind:?})")
+            }
+            Availability::Unavailable { reason } => println!("{name:width$}  unavailable  {reason}"),
+        }
+    }
+}

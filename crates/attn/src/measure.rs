@@ -1,0 +1,104 @@
+//! Timing and accuracy measurement shared by `attn run`, `attn bench` and the examples.
+
+use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::{Attention, Buffer, Inputs, Outputs, Plan, Problem, Result};
+use attn_cpu::Reference;
+use rayon::prelude::*;
+use std::time::Duration;
+
+/// Random inputs for a problem: q, k, v drawn from N(0, 1) and rounded to its dtype.
+pub fn random_inputs(problem: &Problem, seed: u64) -> [Buffer; 3] {
+    let mut rng = SplitMix64::new(seed);
+    let lens = problem.required_lens();
+    [0, 1, 2].map(|t| normal_buffer(&mut rng, problem.dtype, lens[t].1, 1.0))
+}
+
+/// Borrows three buffers as [`Inputs`].
+pub fn inputs(bufs: &[Buffer; 3]) -> Inputs<'_> {
+    Inputs { q: bufs[0].as_data(), k: bufs[1].as_data(), v: bufs[2].as_data() }
+}
+
+/// Median, minimum and maximum of repeated timings.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Timing {
+    /// Median seconds.
+    pub median_s: f64,
+    /// Fastest run, seconds.
+    pub min_s: f64,
+    /// Slowest run, seconds.
+    pub max_s: f64,
+    /// Timed runs.
+    pub runs: usize,
+}
+
+/// Runs `backend` on `inputs` `warmup` times untimed, then `runs` times timed (the backend's own
+/// device-side timing), and leaves the output of the last run in `outputs`.
+pub fn time(
+    backend: &dyn Attention,
+    plan: &Plan,
+    inputs: Inputs<'_>,
+    outputs: Outputs<'_>,
+    warmup: usize,
+    runs: usize,
+) -> Result<Timing> {
+    let mut prepared = backend.prepare(plan, inputs)?;
+    for _ in 0..warmup {
+        prepared.run()?;
+    }
+    let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run()).collect::<Result<_>>()?;
+    prepared.read(outputs)?;
+    times.sort();
+    Ok(Timing {
+        median_s: times[times.len() / 2].as_secs_f64(),
+        min_s: times[0].as_secs_f64(),
+        max_s: times[times.len() - 1].as_secs_f64(),
+        runs: times.len(),
+    })
+}
+
+/// Error of an output against the f64 reference on a sample of rows.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Accuracy {
+    /// Rows compared.
+    pub rows: usize,
+    /// Largest |out − ref|.
+    pub max_abs: f64,
+    /// ‖out − ref‖₂ / ‖ref‖₂ over the sampled rows.
+    pub rel_l2: f64,
+    /// Elements that are NaN or infinite.
+    pub non_finite: usize,
+}
+
+/// Compares `rows` query rows of `o` (spread evenly over all (batch, head, row) triples, always
+/// including the first and last) with [`Reference::row`].
+pub fn accuracy(problem: &Problem, inputs: &Inputs<'_>, o: &Buffer, rows: usize) -> Accuracy {
+    let s = problem.shape;
+    let total = s.batch * s.heads_q * s.seq_q;
+    let rows = rows.clamp(1, total);
+    let picks: Vec<usize> =
+        (0..rows).map(|r| if rows == 1 { 0 } else { r * (total - 1) / (rows - 1) }).collect();
+    let o = o.as_data();
+    let (mut diff2, mut ref2, mut max_abs, mut non_finite) = (0.0, 0.0, 0.0f64, 0);
+    let results: Vec<_> = picks
+        .par_iter()
+        .map(|&row| {
+            let (bh, i) = (row / s.seq_q, row % s.seq_q);
+            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+            (Reference::row(problem, inputs, b, h, i), problem.strides.o.offset(b, h, i))
+        })
+        .collect();
+    for (want, off) in results {
+        for (d, w) in want.o.iter().enumerate() {
+            let x = o.get_f32(off + d) as f64;
+            if !x.is_finite() {
+                non_finite += 1;
+                continue;
+            }
+            diff2 += (x - w) * (x - w);
+            ref2 += w * w;
+            max_abs = max_abs.max((x - w).abs());
+        }
+    }
+    let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
+    Accuracy { rows, max_abs, rel_l2, non_finite }
+}
