@@ -1,11 +1,13 @@
 //! The fast CPU path: tiled FlashAttention with an online softmax, parallel over
 //! (batch, head, query block).
 //!
-//! Each task holds a block of `block_m` query rows and walks the key/value tiles it can see,
+//! Keys and values are first widened to f32 and packed once per (batch, kv head) ([`pack`]).
+//! Then each task holds a block of `block_m` query rows and walks the key/value tiles it can see,
 //! `block_n` keys at a time: `S = Q·Kᵀ` by a register-blocked micro-kernel ([`gemm`]), masking,
 //! the online-softmax update ([`attn_core::softmax::RowStats`]), then `O = diag(α)·O + P·V` by the
-//! same micro-kernel. Extra memory is O(threads · tile), never O(S²). Inputs of any dtype are
-//! widened to f32 tile by tile; accumulation is f32; the output is rounded once.
+//! same micro-kernel. Extra memory is the packed K/V (O(S), at most [`Flash::PACK_BUDGET`] bytes
+//! beyond one head's) plus one tile per thread, never O(S²). Accumulation is f32; the output is
+//! rounded once.
 //!
 //! The inner loops are plain Rust compiled three times (AVX-512, AVX2+FMA, portable) and chosen
 //! at run time, so one binary runs well on any x86-64. `ATTN_CPU_ISA=avx512|avx2|portable`
@@ -13,6 +15,7 @@
 
 mod exp;
 mod gemm;
+mod pack;
 mod tile;
 
 use attn_core::{
@@ -21,7 +24,9 @@ use attn_core::{
 };
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use pack::PackDims;
 use rayon::prelude::*;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tile::Scratch;
 
@@ -143,6 +148,9 @@ impl Isa {
 pub struct Flash {
     pool: Option<rayon::ThreadPool>,
     isa: Option<Isa>,
+    /// Packed K and V, kept between calls so that repeated calls do not page-fault fresh
+    /// buffers in. Held for the duration of a call: concurrent calls on one `Flash` take turns.
+    packed: Mutex<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Default for Flash {
@@ -164,10 +172,12 @@ impl Flash {
     pub const TASKS_PER_THREAD: usize = 4;
     /// Keys per tile; a multiple of every ISA's `NR`.
     pub const BLOCK_N: usize = 64;
+    /// Bytes of packed K/V per pass: heads are processed in groups that fit (one head at least).
+    pub const PACK_BUDGET: usize = 512 << 20;
 
     /// On rayon's global thread pool.
     pub fn new() -> Self {
-        Flash { pool: None, isa: None }
+        Flash { pool: None, isa: None, packed: Mutex::new((Vec::new(), Vec::new())) }
     }
 
     /// On a pool of its own with `threads` threads.
@@ -216,7 +226,10 @@ impl Flash {
         let isa = self.isa()?;
         macro_rules! typed {
             ($t:ty) => {{
-                let ctx = Ctx::<$t> {
+                let dp = problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr();
+                let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
+                let (kt, v) = &mut *packed;
+                let mut ctx = Ctx::<$t> {
                     problem,
                     q: inputs.q.typed().unwrap(),
                     k: inputs.k.typed().unwrap(),
@@ -225,9 +238,13 @@ impl Flash {
                     lse: outputs.lse.as_deref_mut().map(RowWriter::new),
                     block_m: plan.tiles.block_m,
                     block_n: plan.tiles.block_n,
-                    dp: problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr(),
+                    dp,
+                    pack: PackDims::new(problem, plan.tiles.block_n, dp),
+                    pairs: 0..0,
+                    kt: &[],
+                    vp: &[],
                 };
-                self.install(|| run_all(&ctx, isa));
+                self.install(|| run_all(&mut ctx, isa, kt, v));
             }};
         }
         match problem.dtype {
@@ -250,6 +267,21 @@ pub(crate) struct Ctx<'a, T> {
     block_m: usize,
     block_n: usize,
     dp: usize,
+    pack: PackDims,
+    /// The kv heads (`b · heads_kv + g`) packed in `kt` and `vp` for the current pass.
+    pairs: std::ops::Range<usize>,
+    kt: &'a [f32],
+    vp: &'a [f32],
+}
+
+impl<T> Ctx<'_, T> {
+    /// Packed `Kᵀ` and `V` tiles of kv head `g` in batch `b` (which the current pass holds).
+    #[inline(always)]
+    fn packed(&self, b: usize, g: usize) -> (&[f32], &[f32]) {
+        let i = b * self.problem.shape.heads_kv + g - self.pairs.start;
+        let (kn, vn) = (self.pack.kt_per_head, self.pack.v_per_head);
+        (&self.kt[i * kn..(i + 1) * kn], &self.vp[i * vn..(i + 1) * vn])
+    }
 }
 
 /// One task: query block `q_block` of head `h` in batch `b`.
@@ -285,29 +317,52 @@ impl<T> RowWriter<T> {
     }
 }
 
-fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa) {
+/// Packs K/V for as many kv heads as fit [`Flash::PACK_BUDGET`], runs their tasks, and repeats.
+fn run_all<'a, T: CpuElement>(ctx: &mut Ctx<'a, T>, isa: Isa, kt: &'a mut Vec<f32>, vp: &'a mut Vec<f32>) {
     let s = ctx.problem.shape;
+    let per_head = (ctx.pack.kt_per_head + ctx.pack.v_per_head) * 4;
+    let heads_per_pass = (Flash::PACK_BUDGET / per_head).clamp(1, s.batch * s.heads_kv);
+    let (kt_len, v_len) = (heads_per_pass * ctx.pack.kt_per_head, heads_per_pass * ctx.pack.v_per_head);
+    if kt.len() < kt_len || vp.len() < v_len {
+        *kt = vec![0.0; kt_len];
+        *vp = vec![0.0; v_len];
+    }
+    let (kt, vp): (&'a mut [f32], &'a mut [f32]) = (kt, vp);
+    let (kt_ptr, vp_ptr) = (kt as *mut [f32], vp as *mut [f32]);
     let blocks = s.seq_q.div_ceil(ctx.block_m);
-    // Last query blocks first: under a causal mask they see the most keys, and starting the
-    // longest tasks first keeps all threads busy to the end.
-    let tasks: Vec<Task> = (0..blocks)
-        .rev()
-        .flat_map(|q_block| {
-            (0..s.batch * s.heads_q).map(move |bh| Task { b: bh / s.heads_q, h: bh % s.heads_q, q_block })
-        })
-        .collect();
-    let dp = ctx.dp;
-    tasks.par_iter().for_each_init(
-        || Scratch::new(ctx.block_m, ctx.block_n, s.head_dim, dp),
-        |scratch, &task| match isa {
-            // SAFETY: `isa` came from Isa::detect, which checked the CPU has these features.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { task_avx512(ctx, task, scratch) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { task_avx2(ctx, task, scratch) },
-            _ => tile::run_task::<T, gemm::Portable>(ctx, task, scratch),
-        },
-    );
+    let group = s.group_size();
+    for first in (0..s.batch * s.heads_kv).step_by(heads_per_pass) {
+        let pairs = first..(first + heads_per_pass).min(s.batch * s.heads_kv);
+        // SAFETY: the shared borrows of the previous pass (in `ctx`) ended with its tasks.
+        let (kt, vp) = unsafe { (&mut *kt_ptr, &mut *vp_ptr) };
+        pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), ctx.block_n, ctx.dp, kt, vp);
+        ctx.kt = kt;
+        ctx.vp = vp;
+        ctx.pairs = pairs.clone();
+        // Last query blocks first: under a causal mask they see the most keys, and starting the
+        // longest tasks first keeps all threads busy to the end.
+        let tasks: Vec<Task> = (0..blocks)
+            .rev()
+            .flat_map(|q_block| {
+                pairs.clone().flat_map(move |pair| {
+                    let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
+                    (g * group..(g + 1) * group).map(move |h| Task { b, h, q_block })
+                })
+            })
+            .collect();
+        let dims = (ctx.block_m, ctx.block_n, s.head_dim, ctx.dp);
+        let ctx = &*ctx;
+        tasks.par_iter().for_each(|&task| {
+            tile::with_scratch(dims, |scratch| match isa {
+                // SAFETY: `isa` came from Isa::detect/supported, which checked the CPU has these features.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { task_avx512(ctx, task, scratch) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { task_avx2(ctx, task, scratch) },
+                _ => tile::run_task::<T, gemm::Portable>(ctx, task, scratch),
+            })
+        });
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
