@@ -20,7 +20,7 @@ impl Backend {
     /// All backends compiled into this build, available or not, in order of preference for
     /// equal device kinds.
     pub fn all() -> Vec<Box<dyn Attention>> {
-        vec![Box::new(attn_cpu::Flash::new()), Box::new(attn_cpu::Reference)]
+        vec![Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
     }
 
     /// The backend called `name` (`cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`).
@@ -88,5 +88,19 @@ impl Backend {
             choices.push(Choice { name: backend.name().into(), availability, verdict });
         }
         (best.map(|(_, b)| b), choices)
+    }
+}
+
+/// The CPU path, with `ATTN_CPU_TILES=MxN` (e.g. `64x64`) overriding its tile sizes for tuning.
+fn cpu_flash() -> attn_cpu::Flash {
+    let flash = attn_cpu::Flash::new();
+    let tiles = std::env::var("ATTN_CPU_TILES").ok();
+    match tiles.as_deref().and_then(|t| t.split_once('x')) {
+        Some((m, n)) => match (m.trim().parse(), n.trim().parse()) {
+            (Ok(m), Ok(n)) => flash.with_tiles(m, n),
+            // Zero tiles make the plan fail with a message that names the rule.
+            _ => flash.with_tiles(0, 0),
+        },
+        None => flash,
     }
 }

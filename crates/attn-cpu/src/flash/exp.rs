@@ -17,11 +17,15 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// so masked scores (`-inf`) give a weight of 0.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    let xc = x.clamp(-87.5, 88.5);
+    let xc = x.clamp(-87.3, 88.5);
     let n = (xc * std::f32::consts::LOG2_E).round_ties_even();
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let p = C[0] + r * (C[1] + r * (C[2] + r * (C[3] + r * (C[4] + r * (C[5] + r * C[6])))));
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from bits. Not `n as i32`: Rust's saturating float-to-int cast is done lane by lane
+    // (seen in the disassembly). `n + 2^23 + 127` is an exact integer in [2^23, 2^24), whose
+    // low mantissa bits are the biased exponent `n + 127`.
+    let biased = (n + (8_388_608.0 + 127.0)).to_bits() & 0x7f_ffff;
+    let two_n = f32::from_bits(biased << 23);
     if x < -87.3 { 0.0 } else { p * two_n }
 }
 

@@ -133,7 +133,15 @@ impl Isa {
         }
     }
 
-    /// Micro-kernel width: `head_dim` is padded to a multiple of it.
+    /// Micro-kernel height: `block_m` must be a multiple of it.
+    fn mr(self) -> usize {
+        match self {
+            Isa::Avx512 => 8,
+            Isa::Avx2 | Isa::Portable => 4,
+        }
+    }
+
+    /// Micro-kernel width: `block_n` must be a multiple of it, `head_dim` is padded to one.
     fn nr(self) -> usize {
         match self {
             Isa::Avx512 => 32,
@@ -148,6 +156,7 @@ impl Isa {
 pub struct Flash {
     pool: Option<rayon::ThreadPool>,
     isa: Option<Isa>,
+    tiles: Option<(usize, usize)>,
     /// Packed K and V, kept between calls so that repeated calls do not page-fault fresh
     /// buffers in. Held for the duration of a call: concurrent calls on one `Flash` take turns.
     packed: Mutex<(Vec<f32>, Vec<f32>)>,
@@ -177,7 +186,7 @@ impl Flash {
 
     /// On rayon's global thread pool.
     pub fn new() -> Self {
-        Flash { pool: None, isa: None, packed: Mutex::new((Vec::new(), Vec::new())) }
+        Flash { pool: None, isa: None, tiles: None, packed: Mutex::new((Vec::new(), Vec::new())) }
     }
 
     /// On a pool of its own with `threads` threads.
@@ -200,6 +209,13 @@ impl Flash {
         }
         self.isa = Some(isa);
         Ok(self)
+    }
+
+    /// Uses `block_m × block_n` tiles instead of the planner's choice (for tuning; the plan
+    /// rejects sizes the micro-kernel cannot tile).
+    pub fn with_tiles(mut self, block_m: usize, block_n: usize) -> Self {
+        self.tiles = Some((block_m, block_n));
+        self
     }
 
     fn isa(&self) -> Result<Isa> {
@@ -395,12 +411,27 @@ impl Attention for Flash {
         let isa = self.isa()?;
         let s = problem.shape;
         let tasks = |block_m: usize| s.batch * s.heads_q * s.seq_q.div_ceil(block_m);
-        let block_m = if tasks(Self::BLOCK_M) >= Self::TASKS_PER_THREAD * self.threads() {
-            Self::BLOCK_M
-        } else {
-            Self::BLOCK_M_SMALL
+        let (block_m, block_n) = match self.tiles {
+            Some((m, n))
+                if m == 0 || n == 0 || !m.is_multiple_of(isa.mr()) || !n.is_multiple_of(isa.nr()) =>
+            {
+                return Err(Error::Unsupported {
+                    backend: self.name().into(),
+                    what: format!(
+                        "tiles {m}x{n}: with the {} kernel block_m must be a positive multiple of {} \
+                         and block_n of {}",
+                        isa.name(),
+                        isa.mr(),
+                        isa.nr()
+                    ),
+                });
+            }
+            Some(tiles) => tiles,
+            None if tasks(Self::BLOCK_M) >= Self::TASKS_PER_THREAD * self.threads() => {
+                (Self::BLOCK_M, Self::BLOCK_N)
+            }
+            None => (Self::BLOCK_M_SMALL, Self::BLOCK_N),
         };
-        let block_n = Self::BLOCK_N;
         let mut notes = vec![];
         if !s.head_dim.is_multiple_of(isa.nr()) {
             notes.push(format!(
