@@ -35,10 +35,16 @@ impl RowStats {
     /// maximum does not change and 0 when nothing was seen before.
     #[inline(always)]
     pub fn rescale_to(&mut self, tile_max: f32) -> f32 {
+        self.rescale_to_with(tile_max, f32::exp)
+    }
+
+    /// [`rescale_to`](RowStats::rescale_to) with the caller's `exp` (a kernel's own, faster one).
+    #[inline(always)]
+    pub fn rescale_to_with(&mut self, tile_max: f32, exp: impl Fn(f32) -> f32) -> f32 {
         if tile_max <= self.max {
             return 1.0;
         }
-        let factor = if self.max == f32::NEG_INFINITY { 0.0 } else { (self.max - tile_max).exp() };
+        let factor = if self.max == f32::NEG_INFINITY { 0.0 } else { exp(self.max - tile_max) };
         self.max = tile_max;
         self.sum *= factor;
         factor

@@ -5,7 +5,7 @@
 //! are kept in natural-log units so that [`RowStats`] (the shared online-softmax rule of
 //! attn-core) applies unchanged.
 
-use super::exp::{exp_sub_sum, max};
+use super::exp::{exp, exp_sub_sum, max};
 use super::gemm::{Accumulate, Kernel, gemm};
 use super::{CpuElement, Ctx, Task};
 use attn_core::softmax::RowStats;
@@ -89,7 +89,7 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(ctx: &Ctx<'_, T>, task: Task, s
             let row = &mut sc.s[r * bn..(r + 1) * bn];
             let n_vis = visible(r).saturating_sub(j0).min(cols);
             row[n_vis..].fill(f32::NEG_INFINITY);
-            sc.factors[r] = sc.stats[r].rescale_to(max(&row[..n_vis]));
+            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[..n_vis]), exp);
             sc.stats[r].sum += exp_sub_sum(row, sc.stats[r].exp_offset());
         }
 
