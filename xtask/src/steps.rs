@@ -27,7 +27,18 @@ pub const STEPS: &[Step] = &[
     Step { name: "tests", why: "unit, integration and example-target tests pass", run: tests },
     Step { name: "doc-tests", why: "code in doc comments compiles and passes", run: doc_tests },
     Step { name: "examples", why: "the shipped examples run to completion in release", run: examples },
+    Step {
+        name: "verify",
+        why: "every available backend agrees with the f64 reference; planted bugs are caught",
+        run: verify,
+    },
 ];
+
+/// `attn verify --quick --planted`: the backend × case-family table in the CI log (the same
+/// suite also runs as a test; this shows what ran and what was skipped, by name).
+fn verify() -> Result<(), String> {
+    cmd::cargo_run(&["run", "--release", "--quiet", "-p", "attn", "--", "verify", "--quick", "--planted"])
+}
 
 /// `cargo fmt --all -- --check`.
 fn fmt() -> Result<(), String> {

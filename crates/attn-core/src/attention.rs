@@ -1,7 +1,7 @@
 //! The backend trait.
 
-use crate::{Inputs, Outputs, Plan, Problem, Result};
-use std::time::Duration;
+use crate::{Buffer, Inputs, Outputs, Plan, Problem, Result};
+use std::time::{Duration, Instant};
 
 /// What kind of hardware a backend computes on; [`Attention::kind`] lets the facade rank
 /// backends without knowing them.
@@ -41,6 +41,20 @@ impl Availability {
     }
 }
 
+/// How a backend rounds: its numerical promise, which decides the tolerance `attn-verify` holds
+/// it to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Numerics {
+    /// Exact arithmetic, rounded once to the output dtype.
+    Exact,
+    /// f32 scores, probabilities and accumulation; output rounded once.
+    F32Accumulate,
+    /// f32 scores and accumulation, but the probabilities P rounded to the input dtype before
+    /// the P·V product (tensor-core kernels, as FlashAttention does).
+    LowPrecisionP,
+}
+
 /// An exact scaled-dot-product attention forward pass:
 /// `o[b,h,i] = Σ_j softmax_j(scale · q[b,h,i] · k[b,g(h),j] + mask(i,j)) v[b,g(h),j]`.
 ///
@@ -55,6 +69,11 @@ pub trait Attention: Send + Sync {
     /// Whether this backend can run here, and if not, why. Never panics, even when drivers or
     /// libraries are missing.
     fn availability(&self) -> Availability;
+
+    /// How this backend rounds (default: f32 throughout).
+    fn numerics(&self) -> Numerics {
+        Numerics::F32Accumulate
+    }
 
     /// Decides how to run `problem`, or says why it cannot: unsupported head dim or dtype, or a
     /// launch over the device's limits. No device work happens here.
@@ -86,4 +105,53 @@ pub trait Prepared {
 
     /// Copies the result of the last [`run`](Prepared::run) into `outputs`.
     fn read(&mut self, outputs: Outputs<'_>) -> Result<()>;
+}
+
+/// A [`Prepared`] for backends that compute on the host: inputs stay where they are, outputs go
+/// to owned buffers, and `compute` writes them.
+pub struct HostPrepared<'a, F> {
+    plan: Plan,
+    inputs: Inputs<'a>,
+    o: Buffer,
+    lse: Option<Vec<f32>>,
+    compute: F,
+}
+
+impl<'a, F> HostPrepared<'a, F>
+where
+    F: FnMut(&Plan, &Inputs<'a>, Outputs<'_>) -> Result<()>,
+{
+    /// Checks the inputs against the plan's problem and allocates the outputs.
+    pub fn new(plan: &Plan, inputs: Inputs<'a>, compute: F) -> Result<Self> {
+        let p = &plan.problem;
+        p.check_inputs(&inputs)?;
+        let o = Buffer::zeros(p.dtype, p.required_lens()[3].1);
+        let lse = p.params.return_lse.then(|| vec![0.0; p.lse_len()]);
+        Ok(HostPrepared { plan: plan.clone(), inputs, o, lse, compute })
+    }
+}
+
+impl<'a, F> Prepared for HostPrepared<'a, F>
+where
+    F: FnMut(&Plan, &Inputs<'a>, Outputs<'_>) -> Result<()>,
+{
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn run(&mut self) -> Result<Duration> {
+        let t = Instant::now();
+        let outputs = Outputs { o: self.o.as_data_mut(), lse: self.lse.as_deref_mut() };
+        (self.compute)(&self.plan, &self.inputs, outputs)?;
+        Ok(t.elapsed())
+    }
+
+    fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
+        self.plan.problem.check_outputs(&outputs)?;
+        outputs.o.copy_view_from(self.o.as_data(), &self.plan.problem)?;
+        if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.lse) {
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
 }

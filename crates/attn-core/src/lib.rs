@@ -24,7 +24,7 @@ pub mod rng;
 pub mod softmax;
 pub mod tensor;
 
-pub use attention::{Attention, Availability, DeviceKind, Prepared};
+pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics, Prepared};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use plan::{DeviceLimits, Execution, Launch, Plan, Tiles};

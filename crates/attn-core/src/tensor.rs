@@ -130,6 +130,30 @@ impl<'a> DataMut<'a> {
         }
     }
 
+    /// Copies the rows of `problem`'s output view from `src` (same dtype and strides); elements in
+    /// the gaps of a strided view are left untouched.
+    pub fn copy_view_from(&mut self, src: Data<'_>, problem: &Problem) -> Result<()> {
+        let s = problem.shape;
+        let d = s.head_dim;
+        if self.dtype() != src.dtype() || src.len() < problem.required_lens()[3].1 {
+            return self.copy_from(src); // reports the mismatch
+        }
+        for b in 0..s.batch {
+            for h in 0..s.heads_q {
+                for i in 0..s.seq_q {
+                    let r = problem.strides.o.offset(b, h, i)..problem.strides.o.offset(b, h, i) + d;
+                    match (&mut *self, src) {
+                        (DataMut::F32(dst), Data::F32(src)) => dst[r.clone()].copy_from_slice(&src[r]),
+                        (DataMut::F16(dst), Data::F16(src)) => dst[r.clone()].copy_from_slice(&src[r]),
+                        (DataMut::Bf16(dst), Data::Bf16(src)) => dst[r.clone()].copy_from_slice(&src[r]),
+                        _ => unreachable!("dtypes compared above"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Element-wise copy from a buffer of the same dtype and length.
     pub fn copy_from(&mut self, src: Data<'_>) -> Result<()> {
         match (self, src) {

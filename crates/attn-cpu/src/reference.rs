@@ -1,11 +1,10 @@
 //! The exact reference: naive attention in f64, one query row at a time.
 
 use attn_core::{
-    Attention, Availability, Buffer, DataMut, DeviceKind, Element, Execution, Inputs, Outputs, Plan,
-    Prepared, Problem, Result, Tiles, with_elements,
+    Attention, Availability, Buffer, DataMut, DeviceKind, Element, Execution, HostPrepared, Inputs, Numerics,
+    Outputs, Plan, Prepared, Problem, Result, Tiles, with_elements,
 };
 use rayon::prelude::*;
-use std::time::{Duration, Instant};
 
 /// The ground truth every other backend is compared with.
 ///
@@ -95,6 +94,32 @@ fn row_typed<T: Element>(
     max + sum.ln()
 }
 
+impl Reference {
+    /// Computes every row and writes it, rounded once, into `outputs`.
+    pub fn forward_into(problem: &Problem, inputs: &Inputs<'_>, mut outputs: Outputs<'_>) -> Result<()> {
+        problem.check_outputs(&outputs)?;
+        let (o, lse) = Self::compute(problem, inputs)?;
+        let s = problem.shape;
+        let d = s.head_dim;
+        let rounded = Buffer::from_f32(problem.dtype, o.iter().map(|&x| x as f32));
+        for row in 0..s.batch * s.heads_q * s.seq_q {
+            let (bh, i) = (row / s.seq_q, row % s.seq_q);
+            let off = problem.strides.o.offset(bh / s.heads_q, bh % s.heads_q, i);
+            let src = row * d..row * d + d;
+            match (&mut outputs.o, &rounded) {
+                (DataMut::F32(dst), Buffer::F32(v)) => dst[off..off + d].copy_from_slice(&v[src]),
+                (DataMut::F16(dst), Buffer::F16(v)) => dst[off..off + d].copy_from_slice(&v[src]),
+                (DataMut::Bf16(dst), Buffer::Bf16(v)) => dst[off..off + d].copy_from_slice(&v[src]),
+                _ => unreachable!("dtypes checked by check_outputs"),
+            }
+        }
+        if let Some(dst) = outputs.lse.as_deref_mut() {
+            dst.iter_mut().zip(&lse).for_each(|(d, &l)| *d = l as f32);
+        }
+        Ok(())
+    }
+}
+
 /// The reference as a backend, so that it can be run and compared like any other (slow: for
 /// checking, not for use).
 impl Attention for Reference {
@@ -104,6 +129,10 @@ impl Attention for Reference {
 
     fn availability(&self) -> Availability {
         Availability::Available { device: "host CPU (f64 scalar)".into(), kind: DeviceKind::Cpu }
+    }
+
+    fn numerics(&self) -> Numerics {
+        Numerics::Exact
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
@@ -125,52 +154,9 @@ impl Attention for Reference {
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
         plan.check_for(self.name(), &plan.problem)?;
-        plan.problem.check_inputs(&inputs)?;
-        Ok(Box::new(RefPrepared { plan: plan.clone(), inputs, result: None }))
-    }
-}
-
-struct RefPrepared<'a> {
-    plan: Plan,
-    inputs: Inputs<'a>,
-    result: Option<(Vec<f64>, Vec<f64>)>,
-}
-
-impl Prepared for RefPrepared<'_> {
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    fn run(&mut self) -> Result<Duration> {
-        let t = Instant::now();
-        self.result = Some(Reference::compute(&self.plan.problem, &self.inputs)?);
-        Ok(t.elapsed())
-    }
-
-    fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
-        let p = &self.plan.problem;
-        p.check_outputs(&outputs)?;
-        let (o, lse) = self
-            .result
-            .as_ref()
-            .ok_or_else(|| attn_core::Error::PlanMismatch { what: "read() called before run()".into() })?;
-        let s = p.shape;
-        let d = s.head_dim;
-        let rounded = Buffer::from_f32(p.dtype, o.iter().map(|&x| x as f32));
-        for (row, chunk) in (0..s.batch * s.heads_q * s.seq_q).zip(0..) {
-            let (bh, i) = (row / s.seq_q, row % s.seq_q);
-            let off = p.strides.o.offset(bh / s.heads_q, bh % s.heads_q, i);
-            let src = chunk * d..chunk * d + d;
-            match (&mut outputs.o, &rounded) {
-                (DataMut::F32(dst), Buffer::F32(v)) => dst[off..off + d].copy_from_slice(&v[src]),
-                (DataMut::F16(dst), Buffer::F16(v)) => dst[off..off + d].copy_from_slice(&v[src]),
-                (DataMut::Bf16(dst), Buffer::Bf16(v)) => dst[off..off + d].copy_from_slice(&v[src]),
-                _ => unreachable!("dtypes checked by check_outputs"),
-            }
-        }
-        if let Some(dst) = outputs.lse.as_deref_mut() {
-            dst.iter_mut().zip(lse).for_each(|(d, &l)| *d = l as f32);
-        }
-        Ok(())
+        let compute = |plan: &Plan, inputs: &Inputs<'a>, outputs: Outputs<'_>| {
+            Self::forward_into(&plan.problem, inputs, outputs)
+        };
+        Ok(Box::new(HostPrepared::new(plan, inputs, compute)?))
     }
 }

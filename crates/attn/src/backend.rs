@@ -23,7 +23,8 @@ impl Backend {
         vec![Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
     }
 
-    /// The backend called `name` (`cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`).
+    /// The backend called `name` (`cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
+    /// error that says why it cannot be had.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
         let name = if name == "cpu" { "cpu-flash" } else { name };
         let all = Self::all();
@@ -38,21 +39,42 @@ impl Backend {
         Ok(backend)
     }
 
-    /// The best available backend that can plan `problem`: hardware GPUs first, then the CPU,
+    /// The backend to use for `problem`: the one `ATTN_BACKEND` names if set (an error that
+    /// says why if it is unavailable or cannot run the problem, never a silent fallback),
+    /// otherwise the best available one that can plan it: hardware GPUs first, then the CPU,
     /// then software GPU adapters; the exact reference is never chosen automatically.
     pub fn auto(problem: &Problem) -> Result<Box<dyn Attention>> {
+        Self::choose(problem).map(|(backend, _)| backend)
+    }
+
+    /// [`auto`](Backend::auto), with a sentence saying why that backend was chosen.
+    pub fn choose(problem: &Problem) -> Result<(Box<dyn Attention>, String)> {
+        if let Ok(name) = std::env::var("ATTN_BACKEND")
+            && !name.is_empty()
+        {
+            let backend = Self::by_name(&name)?;
+            backend.plan(problem)?;
+            return Ok((backend, format!("ATTN_BACKEND={name}")));
+        }
         let (best, choices) = Self::rank(problem);
-        best.ok_or_else(|| Error::Unsupported {
-            backend: "auto".into(),
-            what: format!(
-                "no available backend can run {problem}: {}",
-                choices
-                    .iter()
-                    .map(|c| format!("{}: {}", c.name, c.verdict.as_ref().err().cloned().unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        })
+        let others: Vec<String> = choices
+            .iter()
+            .filter_map(|c| c.verdict.as_ref().err().map(|why| format!("{}: {why}", c.name)))
+            .collect();
+        match best {
+            Some(backend) => {
+                let why = if others.is_empty() {
+                    "best available".to_string()
+                } else {
+                    format!("best available; not chosen: {}", others.join("; "))
+                };
+                Ok((backend, why))
+            }
+            None => Err(Error::Unsupported {
+                backend: "auto".into(),
+                what: format!("no available backend can run {problem}: {}", others.join("; ")),
+            }),
+        }
     }
 
     /// Every backend's verdict on `problem`, and the one [`auto`](Backend::auto) would pick.

@@ -19,15 +19,14 @@ mod pack;
 mod tile;
 
 use attn_core::{
-    Attention, Availability, Buffer, DeviceKind, Element, Error, Execution, Inputs, Outputs, Plan, Prepared,
-    Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Element, Error, Execution, HostPrepared, Inputs, Outputs, Plan,
+    Prepared, Problem, Result, Tiles,
 };
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use pack::PackDims;
 use rayon::prelude::*;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use tile::Scratch;
 
 /// An element type the CPU path can widen to f32 and narrow back, a row at a time.
@@ -464,46 +463,14 @@ impl Attention for Flash {
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
         plan.check_for(self.name(), &plan.problem)?;
-        plan.problem.check_inputs(&inputs)?;
-        let p = &plan.problem;
-        let o = Buffer::zeros(p.dtype, p.required_lens()[3].1);
-        let lse = p.params.return_lse.then(|| vec![0.0; p.lse_len()]);
-        Ok(Box::new(FlashPrepared { flash: self, plan: plan.clone(), inputs, o, lse }))
+        let compute =
+            |plan: &Plan, inputs: &Inputs<'a>, outputs: Outputs<'_>| self.run_into(plan, inputs, outputs);
+        Ok(Box::new(HostPrepared::new(plan, inputs, compute)?))
     }
 
     fn forward(&self, problem: &Problem, inputs: Inputs<'_>, outputs: Outputs<'_>) -> Result<Plan> {
         let plan = self.plan(problem)?;
         self.run_into(&plan, &inputs, outputs)?;
         Ok(plan)
-    }
-}
-
-struct FlashPrepared<'a> {
-    flash: &'a Flash,
-    plan: Plan,
-    inputs: Inputs<'a>,
-    o: Buffer,
-    lse: Option<Vec<f32>>,
-}
-
-impl Prepared for FlashPrepared<'_> {
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    fn run(&mut self) -> Result<Duration> {
-        let t = Instant::now();
-        let outputs = Outputs { o: self.o.as_data_mut(), lse: self.lse.as_deref_mut() };
-        self.flash.run_into(&self.plan, &self.inputs, outputs)?;
-        Ok(t.elapsed())
-    }
-
-    fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
-        self.plan.problem.check_outputs(&outputs)?;
-        outputs.o.copy_from(self.o.as_data())?;
-        if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.lse) {
-            dst.copy_from_slice(src);
-        }
-        Ok(())
     }
 }

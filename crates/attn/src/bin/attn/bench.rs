@@ -7,8 +7,8 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Backend name (default: the best available).
-    #[arg(long, env = "ATTN_BACKEND")]
+    /// Backend name (default: the best available, or ATTN_BACKEND).
+    #[arg(long)]
     backend: Option<String>,
     /// Element types, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]

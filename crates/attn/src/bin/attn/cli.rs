@@ -1,6 +1,6 @@
 //! Command-line arguments and the subcommands that use them.
 
-use crate::{bench, report};
+use crate::{bench, report, verify};
 use attn::measure::{self, Accuracy, Timing};
 use attn::{Attention, Backend, Buffer, DType, Layout, Outputs, Plan, Problem, Shape};
 use clap::{Args, Parser, Subcommand};
@@ -28,6 +28,9 @@ enum Command {
     },
     /// Time a grid of shapes (for benchmark tables); JSON rows on stdout.
     Bench(bench::BenchArgs),
+    /// Check every available backend against the f64 reference on the case grid; non-zero
+    /// exit on any failure.
+    Verify(verify::VerifyArgs),
 }
 
 /// The problem, from flags. Defaults: a realistic long-context decoder layer.
@@ -69,8 +72,8 @@ pub struct ProblemArgs {
     /// Also compute the log-sum-exp per row.
     #[arg(long)]
     pub lse: bool,
-    /// Backend name (see `attn backends`); default: the best available (ATTN_BACKEND overrides).
-    #[arg(long, env = "ATTN_BACKEND")]
+    /// Backend name (see `attn backends`); default: the best available, or ATTN_BACKEND.
+    #[arg(long)]
     pub backend: Option<String>,
     /// CPU worker threads (cpu backends); default: all cores.
     #[arg(long)]
@@ -109,7 +112,12 @@ impl ProblemArgs {
         }
         match &self.backend {
             Some(name) => Backend::by_name(name),
-            None => Backend::auto(problem),
+            None => Backend::choose(problem).map(|(backend, why)| {
+                if !self.json {
+                    eprintln!("... backend {} ({why})", backend.name());
+                }
+                backend
+            }),
         }
     }
 }
@@ -168,6 +176,7 @@ impl Cli {
                 Ok(())
             }
             Command::Bench(args) => bench::run(args),
+            Command::Verify(args) => verify::run(args),
         }
     }
 }

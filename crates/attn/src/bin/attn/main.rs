@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod report;
+mod verify;
 
 use clap::Parser;
 

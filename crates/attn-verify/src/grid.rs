@@ -1,0 +1,107 @@
+//! The case grids: `quick` (sub-minute, in every `cargo xtask test`) and `full`.
+
+use crate::case::{Case, Distribution};
+use attn_core::{DType, Layout, Problem, Shape, Strides, TensorStrides};
+
+fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
+    let mask = if problem.is_causal() { "causal" } else { "full" };
+    Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed }
+}
+
+fn p(shape: Shape, dtype: DType) -> Problem {
+    Problem::new(shape, dtype).with_lse(true)
+}
+
+fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
+    Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
+}
+
+/// Views into buffers whose rows and heads are padded: outputs have gaps that must stay
+/// untouched.
+fn padded(problem: Problem) -> Problem {
+    let s = problem.shape;
+    let row = s.head_dim + 8;
+    let pad = |heads: usize, seq: usize| Strides {
+        batch: heads * (seq + 2) * row,
+        head: (seq + 2) * row,
+        seq: row,
+    };
+    let q = pad(s.heads_q, s.seq_q);
+    let kv = pad(s.heads_kv, s.seq_k);
+    problem.with_strides(TensorStrides { q, k: kv, v: kv, o: q })
+}
+
+/// About thirty small cases covering every family: seconds on two cores.
+pub fn quick() -> Vec<Case> {
+    use DType::*;
+    use Distribution::*;
+    let mut v = vec![];
+    for (i, dtype) in DType::ALL.into_iter().enumerate() {
+        let base = p(Shape::new(2, 4, 128, 64), dtype);
+        v.push(case("standard", "b2h4s128d64", base, Normal, 10 + i as u64));
+        v.push(case("standard", "b2h4s128d64", base.causal(), Normal, 20 + i as u64));
+        let large = p(Shape::new(1, 2, 100, 64), dtype).causal();
+        v.push(case("large-logits", "s100d64", large, LargeMagnitude, 30 + i as u64));
+    }
+    v.extend([
+        case("odd-lengths", "s1", p(Shape::new(1, 2, 1, 64), F32), Normal, 40),
+        case("odd-lengths", "s77d32", p(Shape::new(1, 2, 77, 32), Bf16).causal(), Normal, 41),
+        case("odd-lengths", "sq65sk130", p(sk(65, 130, 2, 64), F16), Normal, 42),
+        case("head-dims", "d96", p(Shape::new(1, 2, 70, 96), F32).causal(), Normal, 50),
+        case("head-dims", "d256", p(Shape::new(1, 2, 65, 256), Bf16).causal(), Normal, 51),
+        case("head-dims", "d32", p(Shape::new(1, 2, 64, 32), F16), Normal, 52),
+        case("gqa", "hq8hkv2", p(Shape { heads_kv: 2, ..Shape::new(1, 8, 96, 64) }, Bf16), OneHotPeaked, 60),
+        case(
+            "gqa",
+            "mqa-hq8hkv1",
+            p(Shape { heads_kv: 1, ..Shape::new(1, 8, 96, 64) }, F16).causal(),
+            OneHotPeaked,
+            61,
+        ),
+        case("causal-offset", "sq40sk150", p(sk(40, 150, 2, 64), F32).causal(), Normal, 70),
+        case("empty-rows", "sq150sk40", p(sk(150, 40, 2, 64), Bf16).causal(), Normal, 71),
+        case("one-hot", "s128", p(Shape::new(1, 4, 128, 64), Bf16).causal(), OneHotPeaked, 80),
+        case("heavy-tail", "s128", p(Shape::new(1, 4, 128, 64), F32), HeavyTailed, 90),
+        case("heavy-tail", "s128", p(Shape::new(1, 4, 128, 64), F16).causal(), HeavyTailed, 91),
+        case(
+            "layouts",
+            "bshd",
+            p(Shape { heads_kv: 2, ..Shape::new(2, 4, 80, 64) }, F16).with_layout(Layout::Bshd),
+            Normal,
+            100,
+        ),
+        case("layouts", "padded-views", padded(p(Shape::new(2, 2, 70, 64), Bf16).causal()), Normal, 101),
+        case(
+            "exact",
+            "small-integers",
+            p(Shape::new(1, 2, 64, 32), F32).with_scale(0.25),
+            SmallIntegers,
+            110,
+        ),
+        case("scale", "0.05", p(Shape::new(1, 2, 128, 128), Bf16).with_scale(0.05), Normal, 120),
+    ]);
+    v
+}
+
+/// The quick grid plus longer sequences, larger head dims and batches (a few minutes on two
+/// cores; run by `attn verify`).
+pub fn full() -> Vec<Case> {
+    let mut v = quick();
+    let mut seed = 1000;
+    for dtype in DType::ALL {
+        for (seq, d) in [(256, 128), (1000, 64), (1024, 128), (511, 256)] {
+            for causal in [false, true] {
+                let mut problem = p(Shape { heads_kv: 2, ..Shape::new(2, 4, seq, d) }, dtype);
+                if causal {
+                    problem = problem.causal();
+                }
+                seed += 1;
+                v.push(case("long", &format!("s{seq}d{d}"), problem, Distribution::Normal, seed));
+            }
+        }
+        seed += 1;
+        let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
+        v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));
+    }
+    v
+}

@@ -1,0 +1,141 @@
+//! Backends with one deliberate bug each: the test of the tester. Each must be caught by a
+//! named case of the quick grid (`tests/suite.rs` checks which).
+//!
+//! They share a naive row-at-a-time f32 implementation that is correct without its flaw.
+
+use attn_core::{
+    Attention, Availability, DeviceKind, Element, Execution, HostPrepared, Inputs, Outputs, Plan, Prepared,
+    Problem, Result, Tiles,
+};
+
+/// One classic attention-kernel bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flaw {
+    /// `exp(s)` instead of `exp(s − max)`: overflows on large logits.
+    NoMaxSubtraction,
+    /// Query head `h` reads kv head `h % heads_kv` instead of `h / (heads_q / heads_kv)`.
+    WrongKvHead,
+    /// The causal diagonal aligned top-left (PyTorch's `is_causal`) instead of bottom-right.
+    TopLeftCausal,
+    /// Ignores the keys of a last, partial 64-key tile.
+    DropsPartialTile,
+    /// Never writes the last query row of each head.
+    SkipsLastRow,
+}
+
+impl Flaw {
+    /// Every planted flaw.
+    pub const ALL: [Flaw; 5] = [
+        Flaw::NoMaxSubtraction,
+        Flaw::WrongKvHead,
+        Flaw::TopLeftCausal,
+        Flaw::DropsPartialTile,
+        Flaw::SkipsLastRow,
+    ];
+}
+
+/// A naive backend with `flaw`.
+pub struct Planted {
+    /// The bug.
+    pub flaw: Flaw,
+    name: String,
+}
+
+impl Planted {
+    /// A backend with `flaw`.
+    pub fn new(flaw: Flaw) -> Self {
+        Planted { flaw, name: format!("planted-{flaw:?}") }
+    }
+
+    fn compute(&self, p: &Problem, inputs: &Inputs<'_>, mut outputs: Outputs<'_>) -> Result<()> {
+        let s = p.shape;
+        let d = s.head_dim;
+        let (q, k, v) = (widen(inputs.q), widen(inputs.k), widen(inputs.v));
+        let mut o = outputs.o.reborrow();
+        for b in 0..s.batch {
+            for h in 0..s.heads_q {
+                let g = if self.flaw == Flaw::WrongKvHead { h % s.heads_kv } else { s.kv_head(h) };
+                for i in 0..s.seq_q {
+                    if self.flaw == Flaw::SkipsLastRow && i == s.seq_q - 1 {
+                        continue;
+                    }
+                    let mut visible = p.params.mask.visible_keys(i, s.seq_q, s.seq_k);
+                    if self.flaw == Flaw::TopLeftCausal && p.is_causal() {
+                        visible = (i + 1).min(s.seq_k);
+                    }
+                    if self.flaw == Flaw::DropsPartialTile && !visible.is_multiple_of(64) && visible > 64 {
+                        visible -= visible % 64;
+                    }
+                    let qo = p.strides.q.offset(b, h, i);
+                    let scores: Vec<f32> = (0..visible)
+                        .map(|j| {
+                            let ko = p.strides.k.offset(b, g, j);
+                            p.scale() * (0..d).map(|x| q[qo + x] * k[ko + x]).sum::<f32>()
+                        })
+                        .collect();
+                    let max = if self.flaw == Flaw::NoMaxSubtraction {
+                        0.0
+                    } else {
+                        scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+                    };
+                    let w: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f32 = w.iter().sum();
+                    let oo = p.strides.o.offset(b, h, i);
+                    for x in 0..d {
+                        let acc: f32 =
+                            w.iter().enumerate().map(|(j, w)| w * v[p.strides.v.offset(b, g, j) + x]).sum();
+                        let val = if sum > 0.0 { acc / sum } else { 0.0 };
+                        set(&mut o, oo + x, val);
+                    }
+                    if let Some(lse) = outputs.lse.as_deref_mut() {
+                        lse[(b * s.heads_q + h) * s.seq_q + i] =
+                            if sum > 0.0 { max + sum.ln() } else { f32::NEG_INFINITY };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn widen(data: attn_core::Data<'_>) -> Vec<f32> {
+    (0..data.len()).map(|i| data.get_f32(i)).collect()
+}
+
+fn set(o: &mut attn_core::DataMut<'_>, i: usize, x: f32) {
+    match o {
+        attn_core::DataMut::F32(s) => s[i] = x,
+        attn_core::DataMut::F16(s) => s[i] = Element::from_f32(x),
+        attn_core::DataMut::Bf16(s) => s[i] = Element::from_f32(x),
+    }
+}
+
+impl Attention for Planted {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn availability(&self) -> Availability {
+        Availability::Available { device: "host CPU (deliberately broken)".into(), kind: DeviceKind::Cpu }
+    }
+
+    fn plan(&self, problem: &Problem) -> Result<Plan> {
+        problem.validate()?;
+        Ok(Plan {
+            backend: self.name.clone(),
+            kernel: format!("naive f32 with {:?}", self.flaw),
+            problem: *problem,
+            tiles: Tiles { block_m: 1, block_n: problem.shape.seq_k, stages: 1 },
+            execution: Execution::Cpu { threads: 1, tasks: 1, isa: "scalar".into() },
+            notes: vec![],
+        })
+    }
+
+    fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
+        plan.check_for(self.name(), &plan.problem)?;
+        let compute = |plan: &Plan, inputs: &Inputs<'a>, outputs: Outputs<'_>| {
+            self.compute(&plan.problem, inputs, outputs)
+        };
+        Ok(Box::new(HostPrepared::new(plan, inputs, compute)?))
+    }
+}

@@ -1,0 +1,93 @@
+//! The suite on every backend this machine has, the planted bugs, and the error snapshot.
+
+use attn_core::{Attention, Availability};
+use attn_verify::planted::{Flaw, Planted};
+use attn_verify::{Outcome, grid, report, run_suite};
+
+/// Every backend of the build; the ones unavailable here are named, not silently dropped.
+fn available() -> Vec<Box<dyn Attention>> {
+    let mut out = vec![];
+    for b in attn::Backend::all() {
+        match b.availability() {
+            Availability::Available { .. } => out.push(b),
+            Availability::Unavailable { reason } => eprintln!("SKIPPED backend {}: {reason}", b.name()),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_available_backend_passes_the_quick_grid() {
+    let backends = available();
+    let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
+    let results = run_suite(&refs, &grid::quick(), |_| {});
+    let table = report::table(&results);
+    println!("{table}");
+    assert!(results.iter().all(|r| !r.outcome.is_fail()), "{table}");
+    for must in ["cpu-flash", "cpu-reference"] {
+        assert!(results.iter().any(|r| r.backend == must && matches!(r.outcome, Outcome::Pass { .. })));
+    }
+}
+
+/// The test of the tester: each planted bug is caught, and by the case family meant for it.
+#[test]
+fn planted_bugs_are_caught_by_their_named_cases() {
+    let expected = [
+        (Flaw::NoMaxSubtraction, "large-logits"),
+        (Flaw::WrongKvHead, "gqa"),
+        (Flaw::TopLeftCausal, "causal-offset"),
+        (Flaw::DropsPartialTile, "odd-lengths"),
+        (Flaw::SkipsLastRow, "standard"),
+    ];
+    assert_eq!(expected.len(), Flaw::ALL.len());
+    let cases = grid::quick();
+    for (flaw, family) in expected {
+        let planted = Planted::new(flaw);
+        let results = run_suite(&[&planted], &cases, |_| {});
+        let caught: Vec<&str> =
+            results.iter().filter(|r| r.outcome.is_fail()).map(|r| r.case.as_str()).collect();
+        println!("{flaw:?} caught by {caught:?}");
+        assert!(
+            results.iter().any(|r| r.family == family && r.outcome.is_fail()),
+            "{flaw:?} was not caught by a `{family}` case; failing cases: {caught:?}"
+        );
+    }
+}
+
+/// The error statistics of the quick grid on the CPU backends, rounded to half-decades so that
+/// they are stable across machines: a change that makes results less accurate shows up here as a
+/// snapshot diff in review.
+#[test]
+fn cpu_error_statistics_snapshot() {
+    let flash = attn_cpu::Flash::new();
+    let reference = attn_cpu::Reference;
+    let results = run_suite(&[&flash, &reference], &grid::quick(), |_| {});
+    let mut lines = vec![];
+    for r in &results {
+        let stats = match &r.outcome {
+            Outcome::Pass { stats } => stats,
+            other => panic!("{} {}: {other:?}", r.backend, r.case),
+        };
+        lines.push(format!(
+            "{:<13} {:<44} max_abs {:>7} rel_l2 {:>7} lse {:>7}",
+            r.backend,
+            r.case,
+            bucket(stats.max_abs),
+            bucket(stats.rel_l2),
+            bucket(stats.lse_max_err)
+        ));
+    }
+    insta::assert_snapshot!(lines.join("\n"));
+}
+
+/// `x` rounded up to the next half decade (1, 3 × 10^k), as text; 0 stays `0`.
+fn bucket(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    let e = x.log10();
+    let k = e.floor();
+    let m = if e - k <= 3f64.log10() { 3.0 } else { 10.0 };
+    let m = if e - k == 0.0 { 1.0 } else { m };
+    format!("{:.0e}", m * 10f64.powf(k))
+}

@@ -1,0 +1,107 @@
+//! `attn verify`: the attn-verify suite on every available backend.
+
+use attn::{Attention, Availability, Backend};
+use attn_verify::planted::{Flaw, Planted};
+use attn_verify::{Outcome, grid, report, run_suite};
+use clap::Args;
+use std::io::Write;
+
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The quick grid (about thirty small cases, seconds) instead of the full one.
+    #[arg(long)]
+    quick: bool,
+    /// Only these backends (repeatable); default: every available one.
+    #[arg(long)]
+    backend: Vec<String>,
+    /// Also run the deliberately broken test backends, to see each caught (they are expected to
+    /// fail and do not change the exit code).
+    #[arg(long)]
+    planted: bool,
+    /// Machine-readable output: every result and the verdict.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut backends: Vec<Box<dyn Attention>> = vec![];
+    let mut skipped = vec![];
+    for b in Backend::all() {
+        if !args.backend.is_empty() && !args.backend.iter().any(|n| n == b.name()) {
+            continue;
+        }
+        match b.availability() {
+            Availability::Available { .. } => backends.push(b),
+            Availability::Unavailable { reason } => skipped.push((b.name().to_string(), reason)),
+        }
+    }
+    for wanted in &args.backend {
+        if !backends.iter().any(|b| b.name() == wanted) {
+            let why =
+                skipped.iter().find(|(n, _)| n == wanted).map_or("no such backend", |(_, r)| r.as_str());
+            return Err(format!("backend `{wanted}` cannot be verified here: {why}").into());
+        }
+    }
+    let cases = if args.quick { grid::quick() } else { grid::full() };
+    if !args.json {
+        for (name, reason) in &skipped {
+            eprintln!("skipped backend {name}: {reason}");
+        }
+        eprintln!("... {} cases on {} backend(s)", cases.len(), backends.len());
+    }
+    let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
+    let mut done = 0;
+    let total = cases.len() * refs.len();
+    let results = run_suite(&refs, &cases, |r| {
+        done += 1;
+        if !args.json {
+            let mark = match r.outcome {
+                Outcome::Pass { .. } => ".",
+                Outcome::Fail { .. } => "F",
+                Outcome::Skip { .. } => "s",
+            };
+            eprint!("{mark}");
+            if done % 60 == 0 || done == total {
+                eprintln!(" {done}/{total}");
+            }
+            let _ = std::io::stderr().flush();
+        }
+    });
+    let planted = if args.planted {
+        let planted: Vec<Planted> = Flaw::ALL.into_iter().map(Planted::new).collect();
+        let refs: Vec<&dyn Attention> = planted.iter().map(|p| p as &dyn Attention).collect();
+        run_suite(&refs, &grid::quick(), |_| {})
+    } else {
+        vec![]
+    };
+    let failed = results.iter().any(|r| r.outcome.is_fail());
+    if args.json {
+        let json = serde_json::json!({
+            "verdict": report::verdict(&results),
+            "passed": !failed,
+            "skipped_backends": skipped,
+            "results": results,
+            "planted": planted,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{}", report::table(&results));
+        if args.planted {
+            println!("\nplanted bugs (each must be caught):");
+            for flaw in Flaw::ALL {
+                let name = Planted::new(flaw).name().to_string();
+                let caught: Vec<&str> = planted
+                    .iter()
+                    .filter(|r| r.backend == name && r.outcome.is_fail())
+                    .map(|r| r.case.as_str())
+                    .collect();
+                println!(
+                    "  {name:<28} caught by {} case(s), first: {}",
+                    caught.len(),
+                    caught.first().unwrap_or(&"NONE")
+                );
+            }
+        }
+    }
+    if failed { Err("verification failed".into()) } else { Ok(()) }
+}
