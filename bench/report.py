@@ -40,11 +40,14 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--unit", default="GFLOP/s", choices=["GFLOP/s", "TFLOP/s"])
     a = ap.parse_args()
-    rows = median_rounds([r for p in a.ours for r in load(p)])
-    peers = median_rounds([r for p in a.peer for r in load(p)])
+    ours_all = [r for p in a.ours for r in load(p)]
+    peers_all = [r for p in a.peer for r in load(p)]
+    errors = [r for r in ours_all + peers_all if "error" in r]
+    rows = median_rounds([r for r in ours_all if "error" not in r])
+    peers = median_rounds([r for r in peers_all if "error" not in r])
     meta = json.load(open(a.meta))
     with open(a.out, "w") as f:
-        json.dump({**meta, "rows": rows + peers}, f, indent=1)
+        json.dump({**meta, "rows": rows + peers, "errors": errors}, f, indent=1)
     scale = 1e-3 if a.unit == "TFLOP/s" else 1.0
     impls = list(dict.fromkeys(r["impl"] for r in rows + peers))
     by = {}
@@ -66,6 +69,8 @@ def main():
                 line.append(f"{cells[o]['gflops'] / cells[p]['gflops']:.2f}x" if o in cells and p in cells else "—")
         line += [f"{cells[i]['rel_l2']:.1e}" if i in cells and cells[i].get("rel_l2") is not None else "—" for i in impls]
         print("| " + " | ".join(line) + " |")
+    for e in errors:
+        print(f"\n{e['impl']} {e['dtype']} D={e['head_dim']} S={e['seq']} causal={e['causal']}: {e['error']}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,19 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+/// Extra environment for every child [`run`] starts, set once before the first step.
+static CHILD_ENV: OnceLock<Vec<(&'static str, OsString)>> = OnceLock::new();
+
+/// Sets the environment every later child process gets on top of ours (e.g. where NVRTC is).
+/// Only the first call counts: the steps of one run must all see the same environment.
+pub fn set_child_env(vars: Vec<(&'static str, OsString)>) {
+    for (name, value) in &vars {
+        println!("environment for steps: {name}={}", value.to_string_lossy());
+    }
+    let _ = CHILD_ENV.set(vars);
+}
 
 /// The workspace root, so that steps behave the same whatever directory `cargo xtask` ran from.
 pub fn workspace_root() -> PathBuf {
@@ -30,6 +43,7 @@ pub fn run(program: impl Into<OsString>, args: &[&str]) -> Result<(), String> {
     println!("$ {shown}");
     let status = Command::new(&program)
         .args(args)
+        .envs(CHILD_ENV.get().into_iter().flatten().map(|(k, v)| (k, v)))
         .current_dir(workspace_root())
         .status()
         .map_err(|e| format!("could not start `{shown}`: {e}"))?;

@@ -3,7 +3,9 @@
 //!
 //! Plain std on purpose: this crate has to build on a bare machine before anything else does.
 
+mod bundle;
 mod cmd;
+mod cuda;
 mod env;
 mod prereq;
 mod steps;
@@ -30,8 +32,19 @@ const EXTRAS: &[Extra] = &[
     Extra { name: "env", about: "print the environment inventory that `test` starts with", run: env::run },
     Extra {
         name: "prerequisites",
-        about: "install what optional backends need (nothing yet); `test` does this first",
+        about: "install what optional backends need (NVRTC for CUDA); `test` does this first",
         run: prereq::run,
+    },
+    Extra {
+        name: "bundle",
+        about: "build release binaries into .device/ for the GPU machine and print its command",
+        run: || match bundle::bundle() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     },
     Extra { name: "help", about: "list the subcommands", run: help },
 ];

@@ -20,13 +20,17 @@ pub struct Prerequisite {
 
 /// Every prerequisite, in install order.
 ///
-/// This is where backends that need more than cargo register what to install. Empty for now:
-/// only the CPU backend exists. Expected additions, each with a probe from `crate::env`:
-///
-/// - the Vulkan backend: Mesa's lavapipe software driver, `apt-get install -y mesa-vulkan-drivers`;
-/// - the CUDA backend: NVRTC to compile kernels at run time, `pip install nvidia-cuda-nvrtc==13.0.*`.
+/// This is where backends that need more than cargo register what to install. Expected
+/// additions: the Vulkan backend's Mesa lavapipe software driver,
+/// `apt-get install -y mesa-vulkan-drivers`.
 pub fn prerequisites() -> Vec<Prerequisite> {
-    Vec::new()
+    vec![Prerequisite {
+        name: "nvrtc",
+        why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not \
+              (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime 13.0: library and headers)",
+        present: crate::cuda::present,
+        install: crate::cuda::install,
+    }]
 }
 
 /// Installs every missing prerequisite, stopping at the first that fails.

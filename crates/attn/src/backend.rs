@@ -20,10 +20,10 @@ impl Backend {
     /// All backends compiled into this build, available or not, in order of preference for
     /// equal device kinds.
     pub fn all() -> Vec<Box<dyn Attention>> {
-        vec![Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
+        vec![Box::new(attn_cuda::Cuda::new()), Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
     }
 
-    /// The backend called `name` (`cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
+    /// The backend called `name` (`cuda`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
     /// error that says why it cannot be had.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
         let name = if name == "cpu" { "cpu-flash" } else { name };

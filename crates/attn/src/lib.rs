@@ -22,6 +22,7 @@
 
 mod backend;
 pub mod measure;
+pub mod npy;
 
 pub use attn_core::*;
 pub use backend::{Backend, Choice};

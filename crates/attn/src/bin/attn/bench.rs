@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// Rows per shape checked against the f64 reference.
     #[arg(long, default_value_t = 32)]
     check_rows: usize,
+    /// Also write each shape's q, k, v and our o as .npy files (plus a JSON description) into
+    /// this folder, for `bench/peers/accuracy_gpu.py` to score peers on the same inputs.
+    #[arg(long)]
+    dump: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -100,6 +104,9 @@ fn bench_one(
     outputs.poison();
     let t = measure::time(backend, &plan, measure::inputs(&bufs), outputs, args.warmup, args.iters)?;
     let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows);
+    if let Some(dir) = &args.dump {
+        dump(dir, backend.name(), problem, &bufs, &o).map_err(|e| attn::Error::backend("dump", e))?;
+    }
     let s = problem.shape;
     let threads = match &plan.execution {
         attn::Execution::Cpu { threads, .. } => Some(*threads),
@@ -116,4 +123,26 @@ fn bench_one(
         "gflops": problem.flops() / t.median_s / 1e9,
         "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
     }))
+}
+
+/// Writes `<stem>.{q,k,v,o}.npy` and `<stem>.json` (shape, dtype, layout) into `dir`.
+fn dump(
+    dir: &std::path::Path,
+    backend: &str,
+    p: &Problem,
+    bufs: &[Buffer; 3],
+    o: &Buffer,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let s = p.shape;
+    let stem =
+        format!("{}_d{}_s{}_{}", p.dtype, s.head_dim, s.seq_q, if p.is_causal() { "causal" } else { "full" });
+    for (name, buf) in [("q", &bufs[0]), ("k", &bufs[1]), ("v", &bufs[2]), ("o", o)] {
+        attn::npy::write(&dir.join(format!("{stem}.{name}.npy")), buf)?;
+    }
+    let meta = serde_json::json!({
+        "impl": backend, "dtype": p.dtype.name(), "layout": "bhsd", "causal": p.is_causal(),
+        "batch": s.batch, "heads": s.heads_q, "seq": s.seq_q, "head_dim": s.head_dim, "scale": p.scale(),
+    });
+    std::fs::write(dir.join(format!("{stem}.json")), meta.to_string())
 }

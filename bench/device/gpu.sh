@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# On the lent GPU machine, in one call: attn verify on CUDA, compute-sanitizer on a small case
+# of every variant, our kernel and PyTorch SDPA (cuDNN, flash, efficient) on the standard grid,
+# the batch x heads scaling check, and accuracy next to the peers on the same inputs.
+# Expects `cargo xtask bundle` output in .device/. Writes under $OUT. Steps can be chosen with
+# STEPS="verify sanitize bench scaling accuracy" (default: all).
+set -uo pipefail
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+attn=.device/bin/attn
+steps=${STEPS:-verify sanitize bench scaling accuracy}
+GRID=(--dtypes ${DTYPES:-bf16,f16} --dims ${DIMS:-64,128,256} --seqs ${SEQS:-512,1024,2048,4096,8192,16384}
+      --masks none,causal --tokens 16384 --model-dim 2048)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+$attn backends | tee -a "$out/gpu.txt"
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has verify; then
+  echo "== verify (cuda)"
+  timeout 300 $attn verify --backend cuda --json > "$out/verify-cuda.json" 2> "$out/verify-cuda.log"
+  echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-cuda.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-cuda.log"
+fi
+if has sanitize; then
+  echo "== compute-sanitizer (memcheck, racecheck) on every variant, small cases"
+  : > "$out/sanitizer.log"
+  for dt in bf16 f16; do for d in 32 64 96 128 256; do for c in "" --no-causal; do
+    for tool in memcheck racecheck; do
+      r=$(timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype $dt -d $d \
+          --seq 150 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json 2>&1 | tail -3 | tr '\n' ' ')
+      echo "$tool $dt d$d ${c:-causal}: exit $? $(echo "$r" | grep -o 'ERROR SUMMARY: [0-9]* error[s]*')" | tee -a "$out/sanitizer.log"
+    done
+  done; done; done
+fi
+if has bench; then
+  echo "== bench: attn cuda"
+  $attn bench --backend cuda "${GRID[@]}" --warmup 5 --iters 30 --check-rows 16 > "$out/attn-cuda.jsonl" 2> "$out/attn-cuda.log"
+  tail -3 "$out/attn-cuda.log"
+  echo "== bench: pytorch sdpa"
+  python3 bench/peers/torch_sdpa_gpu.py "${GRID[@]}" > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
+  cat > "$out/meta.json" <<META
+{"suite": "gpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
+ "date": "$(date -u +%FT%TZ)", "command": "bash bench/device/gpu.sh",
+ "torch": "$(python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())')"}
+META
+  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-cuda.jsonl" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
+    --out "$out/gpu-results.json" > "$out/gpu-table.md"
+  cat "$out/gpu-table.md"
+fi
+if has scaling; then
+  echo "== scaling: time must grow no faster than batch x heads"
+  for bh in "1 8" "4 16" "8 16"; do set -- $bh
+    $attn bench --backend cuda --dtypes bf16 --dims 64 --seqs 512 --masks none --batch $1 --heads $2 --iters 50 --check-rows 4 2>/dev/null
+  done > "$out/scaling.jsonl"
+  python3 - "$out/scaling.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+base = rows[0]
+for r in rows:
+    work = r["batch"] * r["heads"] / (base["batch"] * base["heads"])
+    t = r["median_ms"] / base["median_ms"]
+    print(f"B={r['batch']} H={r['heads']}: work x{work:.0f}, time x{t:.2f} ({r['median_ms']:.3f} ms)")
+PY
+fi
+if has accuracy; then
+  echo "== accuracy next to the peers, same inputs"
+  for s in 1024 4096; do
+    $attn bench --backend cuda --dtypes bf16,f16 --dims 64,128 --seqs $s --masks none,causal --tokens 16384 --model-dim 2048 \
+      --iters 1 --warmup 0 --check-rows 1 --dump /tmp/dump > /dev/null 2>&1
+  done
+  python3 bench/peers/accuracy_gpu.py /tmp/dump > "$out/accuracy.jsonl" 2> "$out/accuracy.log"; cat "$out/accuracy.log"
+fi

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA's GPU backends (cuDNN, flash = FlashAttention-2, efficient) on the standard grid,
+as JSON lines in `attn bench`'s format.
+
+Standard grid: batch = tokens / S, heads = model_dim / D (16384 and 2048 by default). Each call
+is timed with CUDA events; the median of --iters after --warmup is reported. TFLOP/s use
+4*B*H*S*S*D, halved for causal. `is_causal=True` aligns top-left, which equals attn's
+bottom-right alignment because every grid row has seq_q == seq_k.
+"""
+import argparse, json, sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+TYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def time_call(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backends", default="cudnn,flash,efficient")
+    ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--masks", default="none,causal")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--model-dim", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30)
+    a = ap.parse_args()
+    torch.manual_seed(1)
+    dev = torch.cuda.get_device_name()
+    for dt in a.dtypes.split(","):
+        for d in map(int, a.dims.split(",")):
+            for s in map(int, a.seqs.split(",")):
+                b, h = max(a.tokens // s, 1), max(a.model_dim // d, 1)
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=TYPES[dt]) for _ in range(3))
+                for mask in a.masks.split(","):
+                    causal = mask == "causal"
+                    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                    for name in a.backends.split(","):
+                        row = dict(impl=f"sdpa-{name}", kernel=f"torch {torch.__version__}", device=dev, dtype=dt,
+                                   batch=b, heads=h, seq=s, head_dim=d, causal=causal)
+                        try:
+                            with sdpa_kernel([BACKENDS[name]]):
+                                times = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                                  a.warmup, a.iters)
+                        except RuntimeError as e:  # a backend that does not support the shape
+                            row.update(error=str(e).splitlines()[0][:200])
+                            print(json.dumps(row), flush=True)
+                            continue
+                        med = times[len(times) // 2]
+                        row.update(median_ms=med, min_ms=times[0], max_ms=times[-1], runs=len(times),
+                                   gflops=flops / (med * 1e-3) / 1e9)
+                        print(json.dumps(row), flush=True)
+                        print(f"{name:>9} {dt} d{d} s{s} {mask:<6} {med:8.3f} ms {row['gflops'] / 1e3:7.1f} TFLOP/s",
+                              file=sys.stderr, flush=True)
+                del q, k, v
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+// FlashAttention-2-class forward for Ampere/Ada (sm_80, sm_86, sm_89; also runs on sm_90).
+//
+// One CTA computes BM = 16 * WARPS query rows of one (batch, head); each warp owns 16 rows, so
+// the softmax of a row never crosses warps. Per key/value tile of BN keys:
+//   S = Q K^T      mma.sync m16n8k16 (16-bit in, f32 accumulate), Q and K fragments by ldmatrix
+//   online softmax in registers, in base 2 (scores pre-multiplied by scale * log2(e))
+//   O += P V       P converted from the S accumulators to 16-bit A fragments in registers,
+//                  V fragments by ldmatrix.trans
+// K and V have one shared-memory buffer each and are double-buffered against each other: the
+// load of V_j overlaps S_j, the load of K_{j+1} overlaps P_j V_j (cp.async, 16 bytes a thread).
+// Shared-memory rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads are free of bank
+// conflicts.
+//
+// Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
+// 16), ATTN_WARPS, ATTN_BN (keys per tile, multiple of 16), ATTN_CAUSAL. The host's plan
+// (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size computed here.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#if ATTN_BF16
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat162 elem2_t;
+#define MMA_T "bf16"
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+#else
+typedef __half elem_t;
+typedef __half2 elem2_t;
+#define MMA_T "f16"
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+#endif
+
+constexpr int D = ATTN_D;
+constexpr int WARPS = ATTN_WARPS;
+constexpr int BM = 16 * WARPS;
+constexpr int BN = ATTN_BN;
+constexpr bool CAUSAL = ATTN_CAUSAL;
+constexpr int THREADS = 32 * WARPS;
+constexpr int CPR = D / 8;  // 16-byte chunks per row
+// NVRTC has no <math.h>, hence no INFINITY.
+#define NEG_INF __int_as_float(0xff800000)
+
+static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key tile must be multiples of 16");
+
+// Must match `KernelParams` in crates/attn-cuda/src/launch.rs field for field.
+struct Params {
+    const elem_t* q;
+    const elem_t* k;
+    const elem_t* v;
+    elem_t* o;
+    float* lse;  // null when not asked for
+    long long q_sb, q_sh, q_ss;
+    long long k_sb, k_sh, k_ss;
+    long long v_sb, v_sh, v_ss;
+    long long o_sb, o_sh, o_ss;
+    int batch, heads_q, heads_kv, seq_q, seq_k;
+    float scale_log2;  // softmax scale * log2(e)
+};
+
+// Physical 16-byte chunk of logical chunk `c` in row `row`: XOR within groups of 8 chunks (128
+// bytes), or of the 4-chunk tail group (D = 32, 96) with every other row.
+__device__ __forceinline__ int swizzle(int row, int c) {
+    const int base = c & ~7;
+    if (base + 8 <= CPR) return base | ((c & 7) ^ (row & 7));
+    return base | ((c - base) ^ ((row >> 1) & (CPR - base - 1)));
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Byte address in shared memory of logical chunk `c` of row `row` of a [rows][D] tile.
+__device__ __forceinline__ unsigned tile_addr(const elem_t* tile, int row, int c) {
+    return smem_u32(tile) + (row * D + swizzle(row, c) * 8) * 2;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    // src-size 0 zero-fills: rows past the sequence end read as zeros.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Rows r0 .. r0+ROWS of a [seq][D] matrix with row stride `stride` (elements) into a swizzled
+// shared tile; rows at or past `limit` become zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long long stride, int r0, int limit) {
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CPR; i += THREADS) {
+        const int r = i / CPR, c = i % CPR;
+        const bool valid = r0 + r < limit;
+        const elem_t* src = g + (valid ? (long long)(r0 + r) * stride : 0) + c * 8;
+        cp_async16(tile_addr(tile, r, c), src, valid);
+    }
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += a * b for one m16n8k16 tile.
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
+
+// Max / sum over the 4 threads of a quad, which together hold one row of an accumulator tile.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_constant__ Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    elem_t* sQ = reinterpret_cast<elem_t*>(smem);
+    elem_t* sK = sQ + BM * D;
+    elem_t* sV = sK + BN * D;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // Causal: the last query blocks see the most keys; launch them first.
+    const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+    const int g = h / (p.heads_q / p.heads_kv);
+    const int m0 = m_block * BM;
+    const int shift = p.seq_k - p.seq_q;  // bottom-right causal: row i sees keys j <= i + shift
+
+    const elem_t* q = p.q + b * p.q_sb + h * p.q_sh;
+    const elem_t* k = p.k + b * p.k_sb + g * p.k_sh;
+    const elem_t* v = p.v + b * p.v_sb + g * p.v_sh;
+
+    int n_end = p.seq_k;
+    if (CAUSAL) n_end = min(p.seq_k, max(0, m0 + BM + shift));
+    const int n_tiles = (n_end + BN - 1) / BN;
+
+    load_tile<BM>(sQ, q, p.q_ss, m0, p.seq_q);
+    if (n_tiles > 0) load_tile<BN>(sK, k, p.k_ss, 0, p.seq_k);
+    cp_commit();
+
+    // This thread's two rows within the block, and their absolute indices.
+    const int row_lo = m0 + warp * 16 + lane / 4, row_hi = row_lo + 8;
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f};
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int n0 = j * BN;
+        load_tile<BN>(sV, v, p.v_ss, n0, p.seq_k);
+        cp_commit();
+        cp_wait<1>();  // Q and K_j have landed
+        __syncthreads();
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned a[4];
+            ldsm_x4(tile_addr(sQ, warp * 16 + (lane & 15), kk * 2 + (lane >> 4)), a);
+#pragma unroll
+            for (int n2 = 0; n2 < BN / 16; ++n2) {
+                unsigned bk[4];
+                ldsm_x4(tile_addr(sK, n2 * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), bk);
+                mma(s[2 * n2], a, bk[0], bk[1]);
+                mma(s[2 * n2 + 1], a, bk[2], bk[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sK
+        if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
+        cp_commit();
+
+        // Scale, mask (only on tiles that reach past the sequence or the diagonal), row max.
+        const bool mask = n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * 16 + shift);
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[nt][e] * p.scale_log2;
+                if (mask) {
+                    const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                    const int row = e < 2 ? row_lo : row_hi;
+                    if (col >= p.seq_k || (CAUSAL && col > row + shift)) x = NEG_INF;
+                }
+                s[nt][e] = x;
+                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+            }
+        }
+        float base[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+            base[r] = new_max == NEG_INF ? 0.f : new_max;  // a row with no key yet: exp2(-inf) = 0, not NaN
+            alpha[r] = exp2f(row_max[r] - base[r]);
+            row_max[r] = new_max;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            acc[dt][0] *= alpha[0];
+            acc[dt][1] *= alpha[0];
+            acc[dt][2] *= alpha[1];
+            acc[dt][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
+                row_sum[e >> 1] += s[nt][e];
+            }
+        }
+
+        cp_wait<1>();  // V_j has landed
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            // The S accumulators of two adjacent n-tiles are exactly an A fragment of P.
+            const unsigned a[4] = {as_u32(pack2(s[2 * kk][0], s[2 * kk][1])), as_u32(pack2(s[2 * kk][2], s[2 * kk][3])),
+                                   as_u32(pack2(s[2 * kk + 1][0], s[2 * kk + 1][1])),
+                                   as_u32(pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]))};
+#pragma unroll
+            for (int d2 = 0; d2 < D / 16; ++d2) {
+                unsigned bv[4];
+                ldsm_x4_trans(tile_addr(sV, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), d2 * 2 + (lane >> 4)), bv);
+                mma(acc[2 * d2], a, bv[0], bv[1]);
+                mma(acc[2 * d2 + 1], a, bv[2], bv[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sV
+    }
+    cp_wait<0>();
+
+    elem_t* o = p.o + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = quad_sum(row_sum[r]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+        const int row = r == 0 ? row_lo : row_hi;
+        if (row < p.seq_q) {
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                const int col = dt * 8 + 2 * (lane % 4);
+                *reinterpret_cast<elem2_t*>(o + row * p.o_ss + col) = pack2(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+            }
+            if (p.lse != nullptr && lane % 4 == 0) {
+                p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
+                    sum > 0.f ? (row_max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
+            }
+        }
+    }
+}

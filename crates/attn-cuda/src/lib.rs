@@ -1,0 +1,39 @@
+//! # attn-cuda
+//!
+//! The CUDA backend's plumbing: finding and loading CUDA at run time, compiling kernels with
+//! NVRTC, and running them through the driver API.
+//!
+//! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
+//! loads `libcuda` and `libnvrtc` dynamically, and [`probe`] / [`nvrtc_available`] open both
+//! first and say what is missing and how to get it. Kernels are CUDA C++ in `kernels/`, compiled
+//! per specialisation and per architecture into CUBINs ([`compile`]) whose ptxas resource
+//! report (registers, spills, shared memory) is parsed ([`KernelResources`]) so that plans and
+//! tests can check it. [`Gpu`] holds a device's context and stream, loads kernels once, sets
+//! their shared-memory opt-in and times launches with CUDA events.
+//!
+//! ## Where CUDA is looked for
+//! - The driver, `libcuda.so.1`: the loader's search path only (it comes with the GPU driver).
+//! - NVRTC, `libnvrtc.so.13`: `ATTN_NVRTC_LIB` (a file or directory; if set, nothing else), the
+//!   loader's search path, `/usr/local/cuda/lib64`, and the `nvidia-cuda-nvrtc` wheel under
+//!   Python's `site-packages/nvidia/cu13/lib`. Wherever it is found it is loaded by path before
+//!   cudarc asks for it by name, and [`nvrtc_available`] checks that cudarc got the same library.
+//! - Headers (`cuda_fp16.h`): `ATTN_CUDA_INCLUDE`, `/usr/local/cuda/include`, and the
+//!   `nvidia-cuda-runtime` wheel's `site-packages/nvidia/cu13/include`.
+//!
+//! Tests that need NVRTC print `SKIPPED <test>: <reason>` without it, unless
+//! `ATTN_REQUIRE_NVRTC=1` (as `cargo xtask test` sets), where they fail.
+
+mod backend;
+pub mod compile;
+mod launch;
+pub mod locate;
+pub mod plan;
+pub mod probe;
+pub mod ptxas;
+pub mod runtime;
+
+pub use backend::Cuda;
+pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
+pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
+pub use ptxas::KernelResources;
+pub use runtime::{FunctionAttributes, Gpu, Kernel, driver};

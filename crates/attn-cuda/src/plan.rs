@@ -1,0 +1,258 @@
+//! Which kernel specialisation runs a problem, with what launch, and whether it fits the device.
+//! Pure host logic: testable (and tested against stated L4 and H100 limits) without a GPU.
+
+use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
+
+/// Head dimensions the kernel is specialised for.
+pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// One compiled specialisation of `kernels/flash_fwd.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// f16 or bf16.
+    pub dtype: DType,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Warps per block; each owns 16 query rows, so `block_m = 16 · warps`.
+    pub warps: u32,
+    /// Keys per tile.
+    pub block_n: usize,
+    /// Causal (bottom-right) masking compiled in.
+    pub causal: bool,
+}
+
+impl Variant {
+    /// Query rows per block.
+    pub fn block_m(&self) -> usize {
+        16 * self.warps as usize
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+
+    /// Dynamic shared memory: the Q tile and one K and one V tile, 16-bit elements. Mirrors the
+    /// pointer arithmetic at the top of `attn_fwd` in `kernels/flash_fwd.cu`.
+    pub fn shared_bytes(&self) -> u32 {
+        ((self.block_m() + 2 * self.block_n) * self.head_dim * 2) as u32
+    }
+
+    /// The name of the specialisation: dtype, head dim, tiles, mask.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_fwd_{}_d{}_bm{}_bn{}{}",
+            self.dtype,
+            self.head_dim,
+            self.block_m(),
+            self.block_n,
+            if self.causal { "_causal" } else { "" }
+        )
+    }
+
+    /// The NVRTC `-D` defines that select it.
+    pub fn defines(&self) -> Vec<(String, String)> {
+        vec![
+            ("ATTN_BF16".into(), u8::from(self.dtype == DType::Bf16).to_string()),
+            ("ATTN_D".into(), self.head_dim.to_string()),
+            ("ATTN_WARPS".into(), self.warps.to_string()),
+            ("ATTN_BN".into(), self.block_n.to_string()),
+            ("ATTN_CAUSAL".into(), u8::from(self.causal).to_string()),
+        ]
+    }
+
+    /// The NVRTC request that compiles this specialisation for `arch`. Its name encodes every
+    /// define, since compiled kernels are cached by name.
+    pub fn request(&self, arch: crate::Arch) -> crate::CompileRequest {
+        let mut req = crate::CompileRequest::new(self.name(), crate::backend::SOURCE, arch);
+        for (k, v) in self.defines() {
+            req = req.define(k, v);
+        }
+        req
+    }
+
+    /// The registers one thread may use so that a block fits the register file: the fewer of
+    /// 255 and 65536 / threads. CI fails a variant over it (or with any spill).
+    pub fn register_budget(&self) -> u32 {
+        (65536 / self.threads()).min(255)
+    }
+
+    /// Every specialisation the backend can choose, for the CI compile check.
+    pub fn all() -> Vec<Variant> {
+        let mut v = vec![];
+        for dtype in [DType::F16, DType::Bf16] {
+            for head_dim in HEAD_DIMS {
+                for causal in [false, true] {
+                    for (warps, block_n) in candidates(head_dim) {
+                        v.push(Variant { dtype, head_dim, warps, block_n, causal });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The launch for `problem`: one block per (query block, batch · head).
+    pub fn launch(&self, problem: &Problem) -> Launch {
+        let s = problem.shape;
+        Launch {
+            grid: [s.seq_q.div_ceil(self.block_m()) as u32, (s.batch * s.heads_q) as u32, 1],
+            block: [self.threads(), 1, 1],
+            dynamic_shared_bytes: self.shared_bytes(),
+            static_shared_bytes: 0,
+            registers_per_thread: None,
+            spill_bytes: None,
+        }
+    }
+}
+
+/// Tile configurations for a head dim, preferred first. 128 query rows (8 warps) amortise each
+/// K/V tile over more rows; D = 256 takes 64 rows so that Q + K + V (96 KB) fit an L4's 99 KB.
+/// The second entry halves the key tile for devices with less shared memory.
+fn candidates(head_dim: usize) -> [(u32, usize); 2] {
+    if head_dim > 128 { [(4, 64), (4, 32)] } else { [(8, 64), (4, 32)] }
+}
+
+/// Chooses the variant for `problem` on a device with `limits`, or says why none fits.
+pub fn choose(problem: &Problem, limits: &DeviceLimits) -> Result<(Variant, Launch, Vec<String>)> {
+    problem.validate()?;
+    let s = problem.shape;
+    if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
+        return Err(Error::UnsupportedDType {
+            backend: "cuda".into(),
+            dtype: problem.dtype,
+            supported: "f16 and bf16 (tensor cores); use cpu-flash or wgpu for f32".into(),
+        });
+    }
+    if !HEAD_DIMS.contains(&s.head_dim) {
+        return Err(Error::UnsupportedHeadDim {
+            backend: "cuda".into(),
+            head_dim: s.head_dim,
+            supported: format!("{HEAD_DIMS:?}"),
+        });
+    }
+    check_alignment(problem)?;
+    let mut notes = vec![];
+    let mut last_err = None;
+    for (warps, block_n) in candidates(s.head_dim) {
+        let variant = Variant {
+            dtype: problem.dtype,
+            head_dim: s.head_dim,
+            warps,
+            block_n,
+            causal: problem.is_causal(),
+        };
+        let launch = variant.launch(problem);
+        match launch.validate(&variant.name(), limits) {
+            Ok(()) => {
+                if launch.needs_shared_optin(limits) {
+                    notes.push(format!(
+                        "{} B of shared memory: above the {} B default, uses the opt-in limit ({} B)",
+                        launch.shared_bytes(),
+                        limits.shared_per_block,
+                        limits.shared_per_block_optin
+                    ));
+                }
+                return Ok((variant, launch, notes));
+            }
+            Err(e) => {
+                notes.push(format!("{} does not fit: {e}", variant.name()));
+                last_err = Some(e);
+            }
+        }
+    }
+    Err(last_err.expect("at least one candidate"))
+}
+
+/// 16-byte vector loads need every row to start on a 16-byte boundary: strides that are
+/// multiples of 8 elements (buffers themselves are allocated aligned).
+fn check_alignment(problem: &Problem) -> Result<()> {
+    let t = problem.strides;
+    for (name, st) in [("q", t.q), ("k", t.k), ("v", t.v), ("o", t.o)] {
+        if [st.batch, st.head, st.seq].iter().any(|x| x % 8 != 0) {
+            return Err(Error::Stride {
+                tensor: name,
+                strides: st.to_string(),
+                what: "the cuda backend loads rows 16 bytes at a time: every stride must be a multiple of 8 elements"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::Shape;
+
+    fn problem(d: usize, dtype: DType) -> Problem {
+        Problem::new(Shape::new(2, 16, 4096, d), dtype).causal()
+    }
+
+    #[test]
+    fn every_head_dim_fits_an_l4_and_an_h100() {
+        for d in HEAD_DIMS {
+            for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
+                let (v, launch, _) = choose(&problem(d, DType::Bf16), &limits).unwrap();
+                assert!(
+                    launch.shared_bytes() <= limits.shared_per_block_optin,
+                    "{} on {}",
+                    v.name(),
+                    limits.name
+                );
+                assert_eq!(launch.grid, [4096u32.div_ceil(v.block_m() as u32), 32, 1]);
+            }
+        }
+    }
+
+    #[test]
+    fn shared_memory_is_what_the_kernel_uses() {
+        // D=128: Q 128x128 + K 64x128 + V 64x128, 2 bytes each = 64 KB (needs the opt-in on an L4).
+        let (v, launch, notes) = choose(&problem(128, DType::F16), &DeviceLimits::l4()).unwrap();
+        assert_eq!(v.shared_bytes(), 65536);
+        assert_eq!(launch.threads_per_block(), 256);
+        assert!(notes.iter().any(|n| n.contains("opt-in")), "{notes:?}");
+        // D=256: 64 + 2*64 rows x 256 x 2 B = 96 KB, under the L4's 99 KB.
+        let (v, _, _) = choose(&problem(256, DType::F16), &DeviceLimits::l4()).unwrap();
+        assert_eq!(v.shared_bytes(), 98304);
+    }
+
+    #[test]
+    fn a_device_without_the_optin_gets_smaller_tiles_or_a_clear_error() {
+        let small = DeviceLimits { shared_per_block_optin: 48 * 1024, ..DeviceLimits::l4() };
+        let (v, _, notes) = choose(&problem(128, DType::Bf16), &small).unwrap();
+        assert_eq!((v.warps, v.block_n), (4, 32));
+        assert!(notes[0].contains("does not fit"), "{notes:?}");
+        let err = choose(&problem(256, DType::Bf16), &small).unwrap_err().to_string();
+        assert!(err.contains("shared memory per block") && err.contains("49152"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_inputs_are_typed_errors() {
+        assert!(matches!(
+            choose(&problem(128, DType::F32), &DeviceLimits::h100()),
+            Err(Error::UnsupportedDType { .. })
+        ));
+        assert!(matches!(
+            choose(&problem(80, DType::F16), &DeviceLimits::h100()),
+            Err(Error::UnsupportedHeadDim { .. })
+        ));
+        let odd =
+            Problem::new(Shape::new(1, 2, 100, 64), DType::F16).with_strides(attn_core::TensorStrides {
+                q: attn_core::Strides { batch: 2 * 100 * 68, head: 100 * 68, seq: 68 },
+                ..Problem::new(Shape::new(1, 2, 100, 64), DType::F16).strides
+            });
+        let err = choose(&odd, &DeviceLimits::h100()).unwrap_err().to_string();
+        assert!(err.contains("multiple of 8 elements"), "{err}");
+    }
+
+    #[test]
+    fn every_variant_has_a_distinct_name() {
+        let all = Variant::all();
+        let mut names: Vec<String> = all.iter().map(|v| v.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+    }
+}

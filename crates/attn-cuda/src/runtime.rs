@@ -1,0 +1,242 @@
+//! A CUDA device ready to run our kernels: a context, one stream, what the device allows, and
+//! the kernels loaded on it.
+//!
+//! The backend launches its kernels itself with cudarc's launch builder, passing the kernel's
+//! parameters as one `#[repr(C)]` struct by value:
+//!
+//! ```no_run
+//! use attn_cuda::{Arch, CompileRequest, Gpu};
+//! use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+//!
+//! /// Mirrors `struct SmokeParams` in `kernels/smoke.cu` field for field.
+//! #[repr(C)]
+//! #[derive(Clone, Copy)]
+//! struct SmokeParams { x: u64, y: u64, n: u32, factor: f32 }
+//! // SAFETY: plain data with the C layout the kernel declares.
+//! unsafe impl DeviceRepr for SmokeParams {}
+//!
+//! # fn main() -> attn_core::Result<()> {
+//! let gpu = Gpu::open(0)?;
+//! let arch = gpu.arch().expect("a device we compile for");
+//! let req = CompileRequest::new("smoke", include_str!("../kernels/smoke.cu"), arch);
+//! let kernel = gpu.kernel(&req, "smoke_params")?;
+//! let stream = gpu.stream();
+//! let x = stream.clone_htod(&[1.0f32; 1000]).map_err(attn_cuda::driver("cuMemcpyHtoD"))?;
+//! let mut y = stream.alloc_zeros::<f32>(1000).map_err(attn_cuda::driver("cuMemAlloc"))?;
+//! let params = SmokeParams {
+//!     x: gpu.device_ptr(&x),
+//!     y: gpu.device_ptr_mut(&mut y),
+//!     n: 1000,
+//!     factor: 2.0,
+//! };
+//! let cfg = LaunchConfig { grid_dim: (4, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+//! let elapsed = gpu.time(|stream| {
+//!     // SAFETY: `params` matches the kernel's parameter and its pointers outlive the launch.
+//!     unsafe { stream.launch_builder(&kernel.function).arg(&params).launch(cfg) }
+//!         .map(|_| ())
+//!         .map_err(attn_cuda::driver("cuLaunchKernel smoke_params"))
+//! })?;
+//! let y = stream.clone_dtoh(&y).map_err(attn_cuda::driver("cuMemcpyDtoH"))?;
+//! assert_eq!(y[999], 2.0);
+//! println!("{elapsed:?}");
+//! # Ok(()) }
+//! ```
+
+use crate::compile::{self, Arch, CompileRequest, Compiled};
+use crate::probe::{self, DeviceInfo, guarded};
+use crate::ptxas::KernelResources;
+use attn_core::{Error, Result};
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
+};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The backend name our errors carry.
+const BACKEND: &str = "cuda";
+
+/// Turns a cudarc driver error into the workspace's error, naming the call that failed:
+/// `.map_err(driver("cuModuleLoadData"))`.
+pub fn driver(call: &'static str) -> impl Fn(DriverError) -> Error {
+    move |e| Error::backend(BACKEND, format!("{call}: {e}"))
+}
+
+/// One device, its context and the stream all our work goes to.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    /// Functions loaded on this context, by (program name, kernel name), so that each
+    /// specialisation is loaded once; compilation is cached process-wide by
+    /// [`compile::compile_cached`].
+    kernels: Mutex<HashMap<(String, String), Kernel>>,
+}
+
+/// A kernel loaded on a [`Gpu`], with what ptxas reported about it.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// The function, for `stream.launch_builder(&kernel.function)`.
+    pub function: CudaFunction,
+    /// The compiled program it came from (CUBIN, PTX, log).
+    pub compiled: Arc<Compiled>,
+    /// ptxas's report for this entry function; `None` if the log had none for it.
+    pub resources: Option<KernelResources>,
+}
+
+/// What the driver says about a loaded function; the numbers a plan needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FunctionAttributes {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local memory per thread, bytes (stack and spills).
+    pub local_bytes: u32,
+    /// Static shared memory per block, bytes.
+    pub static_shared_bytes: u32,
+    /// The most threads per block this function can be launched with, given its registers.
+    pub max_threads_per_block: u32,
+    /// The dynamic shared memory the function may currently be launched with, bytes.
+    pub max_dynamic_shared_bytes: u32,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: checks the driver library loads (an [`Error::Unavailable`]
+    /// saying what is missing if not), creates a context and a stream, reads the device's
+    /// limits. Never panics.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let unavailable = |reason: String| Error::Unavailable { backend: BACKEND.into(), reason };
+        probe::driver_available().map_err(unavailable)?;
+        let opened = guarded("opening the CUDA device", || {
+            let ctx =
+                CudaContext::new(ordinal).map_err(|e| format!("cuCtxCreate on device {ordinal}: {e}"))?;
+            let stream = ctx.new_stream().map_err(|e| format!("cuStreamCreate: {e}"))?;
+            let info = probe::device_info(&ctx).map_err(|e| format!("cuDeviceGetAttribute: {e}"))?;
+            Ok((ctx, stream, info))
+        });
+        let (ctx, stream, info) = opened.map_err(|e| Error::backend(BACKEND, e))?;
+        Ok(Gpu { ctx, stream, info, kernels: Mutex::new(HashMap::new()) })
+    }
+
+    /// The device's name, compute capability, SM count and limits.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The architecture to compile for on this device, or `None` when we have no target whose
+    /// CUBIN runs on it.
+    pub fn arch(&self) -> Option<Arch> {
+        let (major, minor) = self.info.compute_capability;
+        Arch::for_device(major, minor)
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every copy and launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Loads entry function `kernel` from a compiled program (uncached; see [`Gpu::kernel`]).
+    pub fn load(&self, compiled: &Compiled, kernel: &str) -> Result<CudaFunction> {
+        let module = self.ctx.load_module(Ptx::from_binary(compiled.cubin.clone())).map_err(|e| {
+            Error::backend(BACKEND, format!("cuModuleLoadData `{}` ({}): {e}", compiled.name, compiled.arch))
+        })?;
+        module.load_function(kernel).map_err(|e| {
+            Error::backend(BACKEND, format!("cuModuleGetFunction `{kernel}` in `{}`: {e}", compiled.name))
+        })
+    }
+
+    /// Entry function `kernel` of the program `req`, compiled once per process and loaded once
+    /// per [`Gpu`]. `req.name` must identify the specialisation (see
+    /// [`compile::compile_cached`]).
+    pub fn kernel(&self, req: &CompileRequest, kernel: &str) -> Result<Kernel> {
+        let key = (req.name.clone(), kernel.to_string());
+        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(k) = kernels.get(&key) {
+            return Ok(k.clone());
+        }
+        let compiled = compile::compile_cached(req)?;
+        let function = self.load(&compiled, kernel)?;
+        let resources = compiled.resources_of(kernel).cloned();
+        let k = Kernel { function, compiled, resources };
+        kernels.insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// Lets `function` be launched with up to `bytes` of dynamic shared memory. Needed above the
+    /// default 48 KB per block ([`attn_core::Launch::needs_shared_optin`]); the device's opt-in
+    /// limit is `info().limits.shared_per_block_optin`.
+    pub fn set_max_dynamic_shared(&self, function: &CudaFunction, bytes: u32) -> Result<()> {
+        // cudarc's `set_attribute` does not bind the context, and this call needs it current.
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let value = i32::try_from(bytes).unwrap_or(i32::MAX);
+        function
+            .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value)
+            .map_err(|e| {
+                Error::backend(
+                    BACKEND,
+                    format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {bytes}): {e}"),
+                )
+            })
+    }
+
+    /// What the driver reports about a loaded function.
+    pub fn attributes(&self, function: &CudaFunction) -> Result<FunctionAttributes> {
+        let get = |a: CUfunction_attribute, name: &'static str| {
+            function
+                .get_attribute(a)
+                .map(|v| v.max(0) as u32)
+                .map_err(|e| Error::backend(BACKEND, format!("cuFuncGetAttribute({name}): {e}")))
+        };
+        use CUfunction_attribute as A;
+        Ok(FunctionAttributes {
+            registers: get(A::CU_FUNC_ATTRIBUTE_NUM_REGS, "NUM_REGS")?,
+            local_bytes: get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "LOCAL_SIZE_BYTES")?,
+            static_shared_bytes: get(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "SHARED_SIZE_BYTES")?,
+            max_threads_per_block: get(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "MAX_THREADS_PER_BLOCK")?,
+            max_dynamic_shared_bytes: get(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                "MAX_DYNAMIC_SHARED_SIZE_BYTES",
+            )?,
+        })
+    }
+
+    /// Device time of the work `launch` enqueues on the stream, measured with CUDA events
+    /// recorded before and after it, so host overhead and earlier queued work are excluded.
+    /// Waits for the work to finish.
+    pub fn time(&self, launch: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<Duration> {
+        // Timing needs events created without CU_EVENT_DISABLE_TIMING, cudarc's default.
+        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(timed).map_err(driver("cuEventRecord (start)"))?;
+        launch(&self.stream)?;
+        let end = self.stream.record_event(timed).map_err(driver("cuEventRecord (end)"))?;
+        end.synchronize().map_err(driver("cuEventSynchronize"))?;
+        let ms = start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    /// Waits for everything queued on the stream; the error of an earlier asynchronous launch
+    /// surfaces here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// The device address of `slice`, for a `#[repr(C)]` parameter struct. The address stays
+    /// valid while `slice` lives. All our work goes to one stream, so the stream-ordering events
+    /// cudarc attaches to slices for multi-stream use are not needed and are dropped here.
+    pub fn device_ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
+        let (ptr, _sync) = slice.device_ptr(&self.stream);
+        ptr
+    }
+
+    /// [`Gpu::device_ptr`] for a slice the kernel writes.
+    pub fn device_ptr_mut<T>(&self, slice: &mut CudaSlice<T>) -> u64 {
+        let (ptr, _sync) = slice.device_ptr_mut(&self.stream);
+        ptr
+    }
+}

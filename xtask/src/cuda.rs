@@ -1,0 +1,88 @@
+//! NVRTC and the CUDA headers for the CUDA backend's tests: where they are, how to install them
+//! on a bare machine, and the environment that points the child cargo processes at them.
+//!
+//! CI machines have no GPU and no toolkit, but `attn-cuda` still compiles every kernel
+//! specialisation for every target architecture with NVRTC; NVIDIA's Python wheels supply it
+//! (`nvidia-cuda-nvrtc`: the library; `nvidia-cuda-runtime`: `cuda_fp16.h` and friends) under
+//! `site-packages/nvidia/cu13/`, where the dynamic loader does not look on its own.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::cmd;
+
+/// The NVRTC library of the CUDA major version attn-cuda's cudarc is built for.
+const NVRTC: &str = "libnvrtc.so.13";
+
+/// The wheels, pinned to the CUDA version the kernels are written against.
+const WHEELS: [&str; 2] = ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*"];
+
+/// The directory holding `libnvrtc.so.13`: `ATTN_NVRTC_LIB` (file or directory) if set, the
+/// toolkit's, the loader's usual directories, then the wheel's.
+pub fn nvrtc_dir() -> Option<PathBuf> {
+    if let Some(value) = std::env::var_os("ATTN_NVRTC_LIB").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(value);
+        return if path.is_dir() { Some(path) } else { path.parent().map(Path::to_path_buf) };
+    }
+    let arch = std::env::consts::ARCH;
+    let system =
+        ["/usr/local/cuda/lib64".to_string(), format!("/usr/lib/{arch}-linux-gnu"), "/usr/lib64".into()];
+    system.into_iter().map(PathBuf::from).chain(wheel_dirs("lib")).find(|d| d.join(NVRTC).is_file())
+}
+
+/// The directory holding `cuda_fp16.h`: `ATTN_CUDA_INCLUDE` if set, the toolkit's, the wheel's.
+pub fn include_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ATTN_CUDA_INCLUDE").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    std::iter::once(PathBuf::from("/usr/local/cuda/include"))
+        .chain(wheel_dirs("include"))
+        .find(|d| d.join("cuda_fp16.h").is_file())
+}
+
+/// `site-packages/nvidia/cu13/<sub>` in every Python site directory that has one.
+fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
+    let script = "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))";
+    let sites = cmd::output("python3", &["-c", script]).unwrap_or_default();
+    sites.lines().map(|s| Path::new(s).join("nvidia/cu13").join(sub)).filter(|d| d.is_dir()).collect()
+}
+
+/// Whether both NVRTC and the headers are there.
+pub fn present() -> bool {
+    nvrtc_dir().is_some() && include_dir().is_some()
+}
+
+/// Installs the wheels with the Python that `python3` names.
+pub fn install() -> Result<(), String> {
+    let mut args = vec!["-m", "pip", "install", "--quiet"];
+    args.extend(WHEELS);
+    cmd::run("python3", &args)
+}
+
+/// The environment for child cargo processes: `ATTN_NVRTC_LIB` and `ATTN_CUDA_INCLUDE` pinned to
+/// what was found (so tests use exactly the NVRTC this run reported), the NVRTC directory
+/// prepended to `LD_LIBRARY_PATH` (a child's loader reads it at start-up, so it must be set
+/// before the child starts, never from inside it), and with `require`, `ATTN_REQUIRE_NVRTC=1`,
+/// which turns attn-cuda's NVRTC tests from skipped into failed where NVRTC is missing.
+pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
+    let mut vars = Vec::new();
+    if let Some(dir) = nvrtc_dir() {
+        let mut paths = vec![dir.clone()];
+        paths.extend(
+            std::env::var_os("LD_LIBRARY_PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        if let Ok(joined) = std::env::join_paths(paths) {
+            vars.push(("LD_LIBRARY_PATH", joined));
+        }
+        vars.push(("ATTN_NVRTC_LIB", dir.join(NVRTC).into_os_string()));
+    }
+    if let Some(dir) = include_dir() {
+        vars.push(("ATTN_CUDA_INCLUDE", dir.into_os_string()));
+    }
+    if require {
+        vars.push(("ATTN_REQUIRE_NVRTC", "1".into()));
+    }
+    vars
+}
