@@ -1,7 +1,8 @@
 // FlashAttention-2-class forward for Ampere/Ada (sm_80, sm_86, sm_89; also runs on sm_90).
 //
-// One CTA computes BM = 16 * WARPS query rows of one (batch, head); each warp owns 16 rows, so
-// the softmax of a row never crosses warps. Per key/value tile of BN keys:
+// One CTA computes BM = 16 * MT * WARPS query rows of one (batch, head); each warp owns MT tiles
+// of 16 rows, so the softmax of a row never crosses warps, and every K or V fragment read from
+// shared memory feeds MT matrix products. Per key/value tile of BN keys:
 //   S = Q K^T      mma.sync m16n8k16 (16-bit in, f32 accumulate), Q and K fragments by ldmatrix
 //   online softmax in registers, in base 2 (scores pre-multiplied by scale * log2(e))
 //   O += P V       P converted from the S accumulators to 16-bit A fragments in registers,
@@ -12,7 +13,7 @@
 // conflicts.
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
-// 16), ATTN_WARPS, ATTN_BN (keys per tile, multiple of 16), ATTN_CAUSAL. The host's plan
+// 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_CAUSAL. The host's plan
 // (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size computed here.
 
 #include <cuda_fp16.h>
@@ -32,7 +33,9 @@ __device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2h
 
 constexpr int D = ATTN_D;
 constexpr int WARPS = ATTN_WARPS;
-constexpr int BM = 16 * WARPS;
+constexpr int MT = ATTN_MTILES;
+constexpr int WM = 16 * MT;  // rows per warp
+constexpr int BM = WM * WARPS;
 constexpr int BN = ATTN_BN;
 constexpr bool CAUSAL = ATTN_CAUSAL;
 constexpr int THREADS = 32 * WARPS;
@@ -152,12 +155,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     if (n_tiles > 0) load_tile<BN>(sK, k, p.k_ss, 0, p.seq_k);
     cp_commit();
 
-    // This thread's two rows within the block, and their absolute indices.
-    const int row_lo = m0 + warp * 16 + lane / 4, row_hi = row_lo + 8;
-    float acc[D / 8][4];
+    // This thread's rows: 2 per m-tile (lane/4 and lane/4 + 8 within each 16-row tile).
+    const int row0 = m0 + warp * WM + lane / 4;
+    float acc[MT][D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f};
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) acc[t][i][0] = acc[t][i][1] = acc[t][i][2] = acc[t][i][3] = 0.f;
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) row_max[t][0] = row_max[t][1] = NEG_INF, row_sum[t][0] = row_sum[t][1] = 0.f;
 
     for (int j = 0; j < n_tiles; ++j) {
         const int n0 = j * BN;
@@ -166,64 +173,72 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         cp_wait<1>();  // Q and K_j have landed
         __syncthreads();
 
-        float s[BN / 8][4];
+        float s[MT][BN / 8][4];
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned a[4];
-            ldsm_x4(tile_addr(sQ, warp * 16 + (lane & 15), kk * 2 + (lane >> 4)), a);
+            unsigned a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+                ldsm_x4(tile_addr(sQ, warp * WM + t * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[t]);
 #pragma unroll
             for (int n2 = 0; n2 < BN / 16; ++n2) {
                 unsigned bk[4];
                 ldsm_x4(tile_addr(sK, n2 * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), bk);
-                mma(s[2 * n2], a, bk[0], bk[1]);
-                mma(s[2 * n2 + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma(s[t][2 * n2], a[t], bk[0], bk[1]);
+                    mma(s[t][2 * n2 + 1], a[t], bk[2], bk[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with sK
         if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
         cp_commit();
 
-        // Scale, mask (only on tiles that reach past the sequence or the diagonal), row max.
-        const bool mask = n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * 16 + shift);
-        float tile_max[2] = {NEG_INF, NEG_INF};
+        // Scale, mask (only on tiles that reach past the sequence or the diagonal), online softmax.
+        const bool mask = n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift);
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
+        for (int t = 0; t < MT; ++t) {
+            float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * p.scale_log2;
-                if (mask) {
-                    const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-                    const int row = e < 2 ? row_lo : row_hi;
-                    if (col >= p.seq_k || (CAUSAL && col > row + shift)) x = NEG_INF;
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[t][nt][e] * p.scale_log2;
+                    if (mask) {
+                        const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                        const int row = row0 + t * 16 + (e >> 1) * 8;
+                        if (col >= p.seq_k || (CAUSAL && col > row + shift)) x = NEG_INF;
+                    }
+                    s[t][nt][e] = x;
+                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
                 }
-                s[nt][e] = x;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
             }
-        }
-        float base[2], alpha[2];
+            float base[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-            base[r] = new_max == NEG_INF ? 0.f : new_max;  // a row with no key yet: exp2(-inf) = 0, not NaN
-            alpha[r] = exp2f(row_max[r] - base[r]);
-            row_max[r] = new_max;
-            row_sum[r] *= alpha[r];
-        }
+            for (int r = 0; r < 2; ++r) {
+                const float new_max = fmaxf(row_max[t][r], quad_max(tile_max[r]));
+                base[r] = new_max == NEG_INF ? 0.f : new_max;  // a row with no key yet: exp2(-inf) = 0, not NaN
+                const float alpha = exp2f(row_max[t][r] - base[r]);
+                row_max[t][r] = new_max;
+                row_sum[t][r] *= alpha;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            acc[dt][0] *= alpha[0];
-            acc[dt][1] *= alpha[0];
-            acc[dt][2] *= alpha[1];
-            acc[dt][3] *= alpha[1];
-        }
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    acc[t][dt][2 * r] *= alpha;
+                    acc[t][dt][2 * r + 1] *= alpha;
+                }
+            }
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
+            for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
-                row_sum[e >> 1] += s[nt][e];
+                for (int e = 0; e < 4; ++e) {
+                    s[t][nt][e] = exp2f(s[t][nt][e] - base[e >> 1]);
+                    row_sum[t][e >> 1] += s[t][nt][e];
+                }
             }
         }
 
@@ -232,15 +247,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             // The S accumulators of two adjacent n-tiles are exactly an A fragment of P.
-            const unsigned a[4] = {as_u32(pack2(s[2 * kk][0], s[2 * kk][1])), as_u32(pack2(s[2 * kk][2], s[2 * kk][3])),
-                                   as_u32(pack2(s[2 * kk + 1][0], s[2 * kk + 1][1])),
-                                   as_u32(pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]))};
+            unsigned a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                a[t][0] = as_u32(pack2(s[t][2 * kk][0], s[t][2 * kk][1]));
+                a[t][1] = as_u32(pack2(s[t][2 * kk][2], s[t][2 * kk][3]));
+                a[t][2] = as_u32(pack2(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]));
+                a[t][3] = as_u32(pack2(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]));
+            }
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
                 unsigned bv[4];
                 ldsm_x4_trans(tile_addr(sV, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), d2 * 2 + (lane >> 4)), bv);
-                mma(acc[2 * d2], a, bv[0], bv[1]);
-                mma(acc[2 * d2 + 1], a, bv[2], bv[3]);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma(acc[t][2 * d2], a[t], bv[0], bv[1]);
+                    mma(acc[t][2 * d2 + 1], a[t], bv[2], bv[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with sV
@@ -249,19 +272,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 
     elem_t* o = p.o + b * p.o_sb + h * p.o_sh;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float sum = quad_sum(row_sum[r]);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
-        const int row = r == 0 ? row_lo : row_hi;
-        if (row < p.seq_q) {
+    for (int t = 0; t < MT; ++t) {
 #pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                const int col = dt * 8 + 2 * (lane % 4);
-                *reinterpret_cast<elem2_t*>(o + row * p.o_ss + col) = pack2(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
-            }
-            if (p.lse != nullptr && lane % 4 == 0) {
-                p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
-                    sum > 0.f ? (row_max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
+        for (int r = 0; r < 2; ++r) {
+            const float sum = quad_sum(row_sum[t][r]);
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+            const int row = row0 + t * 16 + r * 8;
+            if (row < p.seq_q) {
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    const int col = dt * 8 + 2 * (lane % 4);
+                    *reinterpret_cast<elem2_t*>(o + row * p.o_ss + col) =
+                        pack2(acc[t][dt][2 * r] * inv, acc[t][dt][2 * r + 1] * inv);
+                }
+                if (p.lse != nullptr && lane % 4 == 0) {
+                    p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
+                        sum > 0.f ? (row_max[t][r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
+                }
             }
         }
     }
