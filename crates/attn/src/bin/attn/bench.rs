@@ -56,6 +56,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(t) = args.threads {
         let _ = rayon::ThreadPoolBuilder::new().num_threads(t).build_global();
     }
+    // One instance for the whole grid: a GPU backend opens its device and loads kernels once.
+    let named = args.backend.as_deref().map(attn::Backend::by_name).transpose()?;
     for &dtype in &args.dtypes {
         for &d in &args.dims {
             for &seq in &args.seqs {
@@ -68,11 +70,15 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                         "causal" => problem = problem.causal(),
                         other => return Err(format!("unknown mask `{other}`; use none or causal").into()),
                     }
-                    let backend: Box<dyn Attention> = match &args.backend {
-                        Some(name) => attn::Backend::by_name(name)?,
-                        None => attn::Backend::auto(&problem)?,
+                    let auto;
+                    let backend: &dyn Attention = match &named {
+                        Some(b) => b.as_ref(),
+                        None => {
+                            auto = attn::Backend::auto(&problem)?;
+                            auto.as_ref()
+                        }
                     };
-                    let row = bench_one(&*backend, &problem, &args)?;
+                    let row = bench_one(backend, &problem, &args)?;
                     println!("{}", serde_json::to_string(&row)?);
                     eprintln!(
                         "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  rel_l2 {:.2e}",
