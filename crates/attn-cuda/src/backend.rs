@@ -135,7 +135,10 @@ impl Attention for Cuda {
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
         let dev = self.device()?;
-        let (variant, _, _) = plan::choose(problem, &dev.gpu.info().limits)?;
+        // The plan decides what runs: the variant it names, with the launch it holds.
+        let variant = Variant::all().into_iter().find(|v| v.name() == plan.kernel).ok_or_else(|| {
+            Error::PlanMismatch { what: format!("`{}` is not a kernel of the cuda backend", plan.kernel) }
+        })?;
         let kernel = self.kernel(&dev, variant)?;
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
         let params = tensors.params(dev.gpu.stream(), problem);
