@@ -238,13 +238,19 @@ impl Flash {
         plan.check_for(self.name(), problem)?;
         problem.check_inputs(inputs)?;
         problem.check_outputs(&outputs)?;
-        let isa = self.isa()?;
+        // The plan decides what runs: the instruction set it names, not one detected anew.
+        let isa = Isa::supported()
+            .into_iter()
+            .find(|i| matches!(&plan.execution, Execution::Cpu { isa, .. } if isa == i.name()))
+            .ok_or_else(|| Error::PlanMismatch {
+                what: format!("the plan's instruction set is not one this CPU runs: {:?}", plan.execution),
+            })?;
         macro_rules! typed {
             ($t:ty) => {{
                 let dp = problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr();
                 let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
                 let (kt, v) = &mut *packed;
-                let mut ctx = Ctx::<$t> {
+                let ctx = Ctx::<$t> {
                     problem,
                     q: inputs.q.typed().unwrap(),
                     k: inputs.k.typed().unwrap(),
@@ -255,11 +261,8 @@ impl Flash {
                     block_n: plan.tiles.block_n,
                     dp,
                     pack: PackDims::new(problem, plan.tiles.block_n, dp),
-                    pairs: 0..0,
-                    kt: &[],
-                    vp: &[],
                 };
-                self.install(|| run_all(&mut ctx, isa, kt, v));
+                self.install(|| run_all(&ctx, isa, kt, v));
             }};
         }
         match problem.dtype {
@@ -283,17 +286,23 @@ pub(crate) struct Ctx<'a, T> {
     block_n: usize,
     dp: usize,
     pack: PackDims,
-    /// The kv heads (`b · heads_kv + g`) packed in `kt` and `vp` for the current pass.
-    pairs: std::ops::Range<usize>,
-    kt: &'a [f32],
-    vp: &'a [f32],
 }
 
-impl<T> Ctx<'_, T> {
-    /// Packed `Kᵀ` and `V` tiles of kv head `g` in batch `b` (which the current pass holds).
+/// One pass over a group of kv heads whose K and V are packed.
+pub(crate) struct Pass<'p> {
+    /// The kv heads (`b · heads_kv + g`) packed in `kt` and `vp`.
+    pairs: std::ops::Range<usize>,
+    kt: &'p [f32],
+    vp: &'p [f32],
+    heads_kv: usize,
+    pack: PackDims,
+}
+
+impl Pass<'_> {
+    /// Packed `Kᵀ` and `V` tiles of kv head `g` in batch `b` (which this pass holds).
     #[inline(always)]
     fn packed(&self, b: usize, g: usize) -> (&[f32], &[f32]) {
-        let i = b * self.problem.shape.heads_kv + g - self.pairs.start;
+        let i = b * self.heads_kv + g - self.pairs.start;
         let (kn, vn) = (self.pack.kt_per_head, self.pack.v_per_head);
         (&self.kt[i * kn..(i + 1) * kn], &self.vp[i * vn..(i + 1) * vn])
     }
@@ -333,7 +342,7 @@ impl<T> RowWriter<T> {
 }
 
 /// Packs K/V for as many kv heads as fit [`Flash::PACK_BUDGET`], runs their tasks, and repeats.
-fn run_all<'a, T: CpuElement>(ctx: &mut Ctx<'a, T>, isa: Isa, kt: &'a mut Vec<f32>, vp: &'a mut Vec<f32>) {
+fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa, kt: &mut Vec<f32>, vp: &mut Vec<f32>) {
     let s = ctx.problem.shape;
     let per_head = (ctx.pack.kt_per_head + ctx.pack.v_per_head) * 4;
     let heads_per_pass = (Flash::PACK_BUDGET / per_head).clamp(1, s.batch * s.heads_kv);
@@ -342,18 +351,12 @@ fn run_all<'a, T: CpuElement>(ctx: &mut Ctx<'a, T>, isa: Isa, kt: &'a mut Vec<f3
         *kt = vec![0.0; kt_len];
         *vp = vec![0.0; v_len];
     }
-    let (kt, vp): (&'a mut [f32], &'a mut [f32]) = (kt, vp);
-    let (kt_ptr, vp_ptr) = (kt as *mut [f32], vp as *mut [f32]);
     let blocks = s.seq_q.div_ceil(ctx.block_m);
     let group = s.group_size();
     for first in (0..s.batch * s.heads_kv).step_by(heads_per_pass) {
         let pairs = first..(first + heads_per_pass).min(s.batch * s.heads_kv);
-        // SAFETY: the shared borrows of the previous pass (in `ctx`) ended with its tasks.
-        let (kt, vp) = unsafe { (&mut *kt_ptr, &mut *vp_ptr) };
         pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), ctx.block_n, ctx.dp, kt, vp);
-        ctx.kt = kt;
-        ctx.vp = vp;
-        ctx.pairs = pairs.clone();
+        let pass = Pass { pairs: pairs.clone(), kt, vp, heads_kv: s.heads_kv, pack: ctx.pack };
         // Last query blocks first: under a causal mask they see the most keys, and starting the
         // longest tasks first keeps all threads busy to the end.
         let tasks: Vec<Task> = (0..blocks)
@@ -366,15 +369,15 @@ fn run_all<'a, T: CpuElement>(ctx: &mut Ctx<'a, T>, isa: Isa, kt: &'a mut Vec<f3
             })
             .collect();
         let dims = (ctx.block_m, ctx.block_n, s.head_dim, ctx.dp);
-        let ctx = &*ctx;
+        let pass = &pass;
         tasks.par_iter().for_each(|&task| {
             tile::with_scratch(dims, |scratch| match isa {
                 // SAFETY: `isa` came from Isa::detect/supported, which checked the CPU has these features.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { task_avx512(ctx, task, scratch) },
+                Isa::Avx512 => unsafe { task_avx512(ctx, pass, task, scratch) },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { task_avx2(ctx, task, scratch) },
-                _ => tile::run_task::<T, gemm::Portable>(ctx, task, scratch),
+                Isa::Avx2 => unsafe { task_avx2(ctx, pass, task, scratch) },
+                _ => tile::run_task::<T, gemm::Portable>(ctx, pass, task, scratch),
             })
         });
     }
@@ -382,14 +385,14 @@ fn run_all<'a, T: CpuElement>(ctx: &mut Ctx<'a, T>, isa: Isa, kt: &'a mut Vec<f3
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn task_avx512<T: CpuElement>(ctx: &Ctx<'_, T>, task: Task, scratch: &mut Scratch) {
-    tile::run_task::<T, gemm::Avx512>(ctx, task, scratch)
+fn task_avx512<T: CpuElement>(ctx: &Ctx<'_, T>, pass: &Pass<'_>, task: Task, scratch: &mut Scratch) {
+    tile::run_task::<T, gemm::Avx512>(ctx, pass, task, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn task_avx2<T: CpuElement>(ctx: &Ctx<'_, T>, task: Task, scratch: &mut Scratch) {
-    tile::run_task::<T, gemm::Avx2>(ctx, task, scratch)
+fn task_avx2<T: CpuElement>(ctx: &Ctx<'_, T>, pass: &Pass<'_>, task: Task, scratch: &mut Scratch) {
+    tile::run_task::<T, gemm::Avx2>(ctx, pass, task, scratch)
 }
 
 impl Attention for Flash {
