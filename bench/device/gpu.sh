@@ -3,12 +3,14 @@
 # of every variant, our kernel and PyTorch SDPA (cuDNN, flash, efficient) on the standard grid,
 # the batch x heads scaling check, and accuracy next to the peers on the same inputs.
 # Expects `cargo xtask bundle` output in .device/. Writes under $OUT. Steps can be chosen with
-# STEPS="verify sanitize bench scaling accuracy" (default: all).
+# STEPS="verify sanitize bench scaling accuracy" (default: all). RANKS="0 1 2" also verifies and
+# benchmarks the lower-ranked tile configurations of each head dim (ATTN_CUDA_RANK), default "0".
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 attn=.device/bin/attn
 steps=${STEPS:-verify sanitize bench scaling accuracy}
+ranks=${RANKS:-0}
 GRID=(--dtypes ${DTYPES:-bf16,f16} --dims ${DIMS:-64,128,256} --seqs ${SEQS:-512,1024,2048,4096,8192,16384}
       --masks none,causal --tokens 16384 --model-dim 2048)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
@@ -16,9 +18,11 @@ $attn backends | tee -a "$out/gpu.txt"
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 if has verify; then
-  echo "== verify (cuda)"
-  timeout 300 $attn verify --backend cuda --json > "$out/verify-cuda.json" 2> "$out/verify-cuda.log"
-  echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-cuda.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-cuda.log"
+  for rank in $ranks; do
+    echo "== verify (cuda, tile rank $rank)"
+    ATTN_CUDA_RANK=$rank timeout 300 $attn verify --backend cuda --json > "$out/verify-cuda-r$rank.json" 2> "$out/verify-cuda-r$rank.log"
+    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-cuda-r$rank.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-cuda-r$rank.log"
+  done
 fi
 if has sanitize; then
   echo "== compute-sanitizer (memcheck, racecheck) on every variant, small cases"
@@ -32,19 +36,24 @@ if has sanitize; then
   done; done; done
 fi
 if has bench; then
-  echo "== bench: attn cuda"
-  $attn bench --backend cuda "${GRID[@]}" --warmup 5 --iters 30 --check-rows 16 > "$out/attn-cuda.jsonl" 2> "$out/attn-cuda.log"
-  tail -3 "$out/attn-cuda.log"
+  for rank in $ranks; do
+    echo "== bench: attn cuda (tile rank $rank)"
+    ATTN_CUDA_RANK=$rank $attn bench --backend cuda "${GRID[@]}" --warmup 5 --iters 30 --check-rows 16 \
+      > "$out/attn-cuda-r$rank.jsonl" 2> "$out/attn-cuda-r$rank.log"
+    tail -3 "$out/attn-cuda-r$rank.log"
+  done
   echo "== bench: pytorch sdpa"
   python3 bench/peers/torch_sdpa_gpu.py "${GRID[@]}" > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
   cat > "$out/meta.json" <<META
 {"suite": "gpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
- "date": "$(date -u +%FT%TZ)", "command": "bash bench/device/gpu.sh",
+ "date": "$(date -u +%FT%TZ)", "command": "STEPS=\"$steps\" RANKS=\"$ranks\" DTYPES=${DTYPES:-bf16,f16} DIMS=${DIMS:-64,128,256} SEQS=${SEQS:-512,1024,2048,4096,8192,16384} bash bench/device/gpu.sh",
  "torch": "$(python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())')"}
 META
-  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-cuda.jsonl" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
-    --out "$out/gpu-results.json" > "$out/gpu-table.md"
-  cat "$out/gpu-table.md"
+  for rank in $ranks; do
+    python3 bench/report.py --unit TFLOP/s --ours "$out/attn-cuda-r$rank.jsonl" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
+      --out "$out/gpu-results-r$rank.json" > "$out/gpu-table-r$rank.md"
+    echo "-- tile rank $rank"; cat "$out/gpu-table-r$rank.md"
+  done
 fi
 if has scaling; then
   echo "== scaling: time must grow no faster than batch x heads"

@@ -8,7 +8,11 @@
 //   O += P V       P converted from the S accumulators to 16-bit A fragments in registers,
 //                  V fragments by ldmatrix.trans
 // K and V have one shared-memory buffer each and are double-buffered against each other: the
-// load of V_j overlaps S_j, the load of K_{j+1} overlaps P_j V_j (cp.async, 16 bytes a thread).
+// load of V_j overlaps S_j and its softmax, the load of K_{j+1} overlaps P_j V_j (cp.async, 16
+// bytes a thread), with two block barriers per tile.
+// The running max is only moved (and O rescaled) when some row of the warp grew by more than
+// RESCALE_SLACK (in log2 units): until then probabilities may reach 2^RESCALE_SLACK, which f32
+// sums and 16-bit P hold exactly as well, and O / sum is unchanged. Most tiles skip the rescale.
 // Shared-memory rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads are free of bank
 // conflicts.
 //
@@ -42,6 +46,8 @@ constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
 // NVRTC has no <math.h>, hence no INFINITY.
 #define NEG_INF __int_as_float(0xff800000)
+// How far (log2 units) the running max may lag behind a row's true max before O is rescaled.
+constexpr float RESCALE_SLACK = 8.f;
 
 static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key tile must be multiples of 16");
 
@@ -86,17 +92,61 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Rows r0 .. r0+ROWS of a [seq][D] matrix with row stride `stride` (elements) into a swizzled
-// shared tile; rows at or past `limit` become zeros.
+// shared tile; rows at or past `limit` become zeros. A compile-time trip count: each thread issues
+// about ROWS * CPR / THREADS copies with no loop overhead.
 template <int ROWS>
 __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long long stride, int r0, int limit) {
+    constexpr int STEP = THREADS / CPR;  // rows between a thread's copies, when CPR divides THREADS
+    if constexpr (THREADS % CPR == 0 && ROWS % STEP == 0 && (STEP % 8 == 0 || 8 % STEP == 0)) {
+        // Each thread keeps one chunk column and steps down STEP rows at a time. The swizzle
+        // repeats every 8 rows, so KEYS shared addresses (1 or 8 / STEP) plus constants cover
+        // all its copies, and one global pointer advances by a multiple of the stride.
+        constexpr int KEYS = STEP >= 8 ? 1 : 8 / STEP;
+        const int r = threadIdx.x / CPR, c = threadIdx.x % CPR;
+        unsigned dst[KEYS];
 #pragma unroll
-    for (int i = threadIdx.x; i < ROWS * CPR; i += THREADS) {
-        const int r = i / CPR, c = i % CPR;
-        const bool valid = r0 + r < limit;
-        const elem_t* src = g + (valid ? (long long)(r0 + r) * stride : 0) + c * 8;
-        cp_async16(tile_addr(tile, r, c), src, valid);
+        for (int k = 0; k < KEYS; ++k) dst[k] = tile_addr(tile, r + k * STEP, c) - k * STEP * D * 2;
+        const elem_t* src = g + (long long)(r0 + r) * stride + c * 8;
+#pragma unroll
+        for (int it = 0; it < ROWS / STEP; ++it) {
+            const bool valid = r0 + r + it * STEP < limit;
+            cp_async16(dst[it % KEYS] + it * STEP * D * 2, valid ? src + it * STEP * stride : g, valid);
+        }
+    } else {
+#pragma unroll
+        for (int it = 0; it < (ROWS * CPR + THREADS - 1) / THREADS; ++it) {
+            const int i = threadIdx.x + it * THREADS;
+            if (ROWS * CPR % THREADS != 0 && i >= ROWS * CPR) break;
+            const int r = i / CPR, c = i % CPR;
+            const bool valid = r0 + r < limit;
+            const elem_t* src = g + (valid ? (long long)(r0 + r) * stride : 0) + c * 8;
+            cp_async16(tile_addr(tile, r, c), src, valid);
+        }
     }
 }
+
+// One thread's ldmatrix addresses into a swizzled tile, for logical chunks 2u + hi of rows
+// row + 16i (hi is 0 or 1 per lane). Rows 16 apart share a swizzle, and within a group of chunks
+// the swizzle is an XOR with a per-thread key, so four registers (two for the 4-chunk tail of
+// D = 32, 96) plus compile-time offsets cover the whole tile, instead of one register per read.
+struct FragAddr {
+    unsigned main[4], tail[2];
+    __device__ __forceinline__ FragAddr(const elem_t* tile, int row, int hi) {
+        const unsigned row_base = smem_u32(tile) + row * D * 2;
+        const int x8 = hi ^ (row & 7), x4 = hi ^ ((row >> 1) & 3);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) main[k] = row_base + ((2 * k) ^ x8) * 16;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) tail[k] = row_base + ((2 * k) ^ x4) * 16;
+    }
+    // Chunk 2u + hi of row + rows (rows a multiple of 16); u and rows are compile-time constants
+    // once the caller's loops are unrolled.
+    __device__ __forceinline__ unsigned at(int u, int rows) const {
+        const int c = 2 * u, base = c & ~7;
+        const unsigned off = base * 16 + rows * D * 2;
+        return (base + 8 <= CPR ? main[(c & 7) >> 1] : tail[(c - base) >> 1]) + off;
+    }
+};
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -115,6 +165,13 @@ __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsig
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x in one MUFU.EX2 instruction (flushes subnormal results to 0; 2^-inf = 0).
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
@@ -142,6 +199,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const int g = h / (p.heads_q / p.heads_kv);
     const int m0 = m_block * BM;
     const int shift = p.seq_k - p.seq_q;  // bottom-right causal: row i sees keys j <= i + shift
+    // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs
+    // sl2 > 0 (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by
+    // negating Q's fragments instead, and a zero scale runs as 1e-30: every score times it then
+    // rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
+    const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
+    const unsigned q_sign = p.scale_log2 < 0.f ? 0x80008000u : 0u;
 
     const elem_t* q = p.q + b * p.q_sb + h * p.q_sh;
     const elem_t* k = p.k + b * p.k_sb + g * p.k_sh;
@@ -162,16 +225,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     for (int t = 0; t < MT; ++t)
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) acc[t][i][0] = acc[t][i][1] = acc[t][i][2] = acc[t][i][3] = 0.f;
+    // Running max (log2 units, -inf before any visible key) and sum of this thread's part of a row.
     float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
     for (int t = 0; t < MT; ++t) row_max[t][0] = row_max[t][1] = NEG_INF, row_sum[t][0] = row_sum[t][1] = 0.f;
 
+    const FragAddr q_frag(sQ, warp * WM + (lane & 15), lane >> 4);
+    const FragAddr k_frag(sK, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const FragAddr v_frag(sV, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+
     for (int j = 0; j < n_tiles; ++j) {
         const int n0 = j * BN;
+        cp_wait<0>();     // K_j (and Q) have landed
+        __syncthreads();  // ... for every thread; and every warp is done with V_{j-1}
         load_tile<BN>(sV, v, p.v_ss, n0, p.seq_k);
         cp_commit();
-        cp_wait<1>();  // Q and K_j have landed
-        __syncthreads();
 
         float s[MT][BN / 8][4];
 #pragma unroll
@@ -182,12 +250,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned a[MT][4];
 #pragma unroll
-            for (int t = 0; t < MT; ++t)
-                ldsm_x4(tile_addr(sQ, warp * WM + t * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[t]);
+            for (int t = 0; t < MT; ++t) {
+                ldsm_x4(q_frag.at(kk, t * 16), a[t]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) a[t][i] ^= q_sign;
+            }
 #pragma unroll
             for (int n2 = 0; n2 < BN / 16; ++n2) {
                 unsigned bk[4];
-                ldsm_x4(tile_addr(sK, n2 * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), bk);
+                ldsm_x4(k_frag.at(kk, n2 * 16), bk);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(s[t][2 * n2], a[t], bk[0], bk[1]);
@@ -195,55 +266,77 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
                 }
             }
         }
-        __syncthreads();  // every warp is done with sK
-        if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
-        cp_commit();
 
-        // Scale, mask (only on tiles that reach past the sequence or the diagonal), online softmax.
-        const bool mask = n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift);
+        // Mask: only tiles that reach past the sequence or the diagonal (one branch per tile, so
+        // the other tiles run no mask code at all).
+        if (n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift)) {
 #pragma unroll
-        for (int t = 0; t < MT; ++t) {
-            float tile_max[2] = {NEG_INF, NEG_INF};
+            for (int t = 0; t < MT; ++t)
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
+                for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = s[t][nt][e] * p.scale_log2;
-                    if (mask) {
+                    for (int e = 0; e < 4; ++e) {
                         const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
                         const int row = row0 + t * 16 + (e >> 1) * 8;
-                        if (col >= p.seq_k || (CAUSAL && col > row + shift)) x = NEG_INF;
+                        if (col >= p.seq_k || (CAUSAL && col > row + shift)) s[t][nt][e] = NEG_INF;
                     }
-                    s[t][nt][e] = x;
-                    tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-                }
-            }
-            float base[2];
+        }
+        float tile_max[MT][2];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+            tile_max[t][0] = tile_max[t][1] = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tile_max[t][e >> 1] = fmaxf(tile_max[t][e >> 1], s[t][nt][e]);
+        }
+        // Move the running max only when some row of the warp outgrew it by RESCALE_SLACK.
+        float new_max[MT][2];
+        bool grow = false;
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float new_max = fmaxf(row_max[t][r], quad_max(tile_max[r]));
-                base[r] = new_max == NEG_INF ? 0.f : new_max;  // a row with no key yet: exp2(-inf) = 0, not NaN
-                const float alpha = exp2f(row_max[t][r] - base[r]);
-                row_max[t][r] = new_max;
-                row_sum[t][r] *= alpha;
-#pragma unroll
-                for (int dt = 0; dt < D / 8; ++dt) {
-                    acc[t][dt][2 * r] *= alpha;
-                    acc[t][dt][2 * r + 1] *= alpha;
-                }
+                const float m = quad_max(tile_max[t][r]);
+                new_max[t][r] = fmaxf(row_max[t][r], m == NEG_INF ? NEG_INF : m * sl2);
+                grow |= new_max[t][r] > row_max[t][r] + RESCALE_SLACK;
             }
+        if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    // A row with no visible key yet keeps -inf; exp2(-inf - 0) = 0, never NaN.
+                    const float alpha =
+                        exp2_fast(row_max[t][r] - (new_max[t][r] == NEG_INF ? 0.f : new_max[t][r]));
+                    row_max[t][r] = new_max[t][r];
+                    row_sum[t][r] *= alpha;
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; ++dt) {
+                        acc[t][dt][2 * r] *= alpha;
+                        acc[t][dt][2 * r + 1] *= alpha;
+                    }
+                }
+        }
+        // p = exp2(s * sl2 - max); masked scores (-inf) give exactly 0.
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+            const float base[2] = {row_max[t][0] == NEG_INF ? 0.f : row_max[t][0],
+                                   row_max[t][1] == NEG_INF ? 0.f : row_max[t][1]};
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[t][nt][e] = exp2f(s[t][nt][e] - base[e >> 1]);
+                    s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], sl2, -base[e >> 1]));
                     row_sum[t][e >> 1] += s[t][nt][e];
                 }
             }
         }
 
-        cp_wait<1>();  // V_j has landed
-        __syncthreads();
+        cp_wait<0>();     // V_j has landed
+        __syncthreads();  // ... for every thread; and every warp is done with K_j
+        if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
+        cp_commit();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             // The S accumulators of two adjacent n-tiles are exactly an A fragment of P.
@@ -258,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
                 unsigned bv[4];
-                ldsm_x4_trans(tile_addr(sV, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), d2 * 2 + (lane >> 4)), bv);
+                ldsm_x4_trans(v_frag.at(d2, kk * 16), bv);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(acc[t][2 * d2], a[t], bv[0], bv[1]);
@@ -266,30 +359,50 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
                 }
             }
         }
-        __syncthreads();  // every warp is done with sV
     }
     cp_wait<0>();
 
-    elem_t* o = p.o + b * p.o_sb + h * p.o_sh;
+    // O is staged through this warp's own rows of sQ (only this warp ever read them), then
+    // written with 16-byte stores: whole rows per group of lanes instead of 4-byte pieces.
+    __syncwarp();
+    float inv[MT][2];
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float sum = quad_sum(row_sum[t][r]);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+            inv[t][r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
             const int row = row0 + t * 16 + r * 8;
-            if (row < p.seq_q) {
-#pragma unroll
-                for (int dt = 0; dt < D / 8; ++dt) {
-                    const int col = dt * 8 + 2 * (lane % 4);
-                    *reinterpret_cast<elem2_t*>(o + row * p.o_ss + col) =
-                        pack2(acc[t][dt][2 * r] * inv, acc[t][dt][2 * r + 1] * inv);
-                }
-                if (p.lse != nullptr && lane % 4 == 0) {
-                    p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
-                        sum > 0.f ? (row_max[t][r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
-                }
+            if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+                p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
+                    sum > 0.f ? (row_max[t][r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
             }
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int srow = warp * WM + t * 16 + lane / 4 + r * 8;
+                const int col = dt * 8 + 2 * (lane % 4);
+                const unsigned addr = tile_addr(sQ, srow, col / 8) + (col % 8) * 2;
+                const elem2_t val = pack2(acc[t][dt][2 * r] * inv[t][r], acc[t][dt][2 * r + 1] * inv[t][r]);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(as_u32(val)));
+            }
+        }
+    }
+    __syncwarp();
+    elem_t* o = p.o + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+    for (int it = 0; it < WM * CPR / 32; ++it) {
+        const int i = lane + it * 32;
+        const int r = i / CPR, c = i % CPR;
+        const int srow = warp * WM + r;
+        if (m0 + srow < p.seq_q) {
+            uint4 val;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                         : "r"(tile_addr(sQ, srow, c)));
+            *reinterpret_cast<uint4*>(o + (long long)(m0 + srow) * p.o_ss + c * 8) = val;
         }
     }
 }

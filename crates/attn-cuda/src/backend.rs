@@ -34,12 +34,30 @@ struct Loaded {
 #[derive(Default)]
 pub struct Cuda {
     device: OnceLock<std::result::Result<Arc<Device>, String>>,
+    /// A forced tile rank, or why `ATTN_CUDA_RANK` could not be read.
+    rank: Option<std::result::Result<usize, String>>,
 }
 
 impl Cuda {
     /// The backend on device 0 (nothing is opened until it is used).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Plans with the tile configuration of this rank in [`plan::candidates`] (0 = preferred)
+    /// instead of the first that fits: for tuning, and to verify every compiled configuration.
+    pub fn with_rank(mut self, rank: usize) -> Self {
+        self.rank = Some(Ok(rank));
+        self
+    }
+
+    /// [`Cuda::new`], with the rank of `ATTN_CUDA_RANK` when it is set (see [`Cuda::with_rank`]);
+    /// a value that is not a number makes every plan fail with the reason.
+    pub fn from_env() -> Self {
+        let rank = std::env::var("ATTN_CUDA_RANK").ok().map(|r| {
+            r.trim().parse().map_err(|_| format!("ATTN_CUDA_RANK={r} is not a rank (0, 1, 2, ...)"))
+        });
+        Cuda { rank, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -105,7 +123,12 @@ impl Attention for Cuda {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let dev = self.device()?;
-        let (variant, mut launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits)?;
+        let rank = match &self.rank {
+            None => None,
+            Some(Ok(r)) => Some(*r),
+            Some(Err(what)) => return Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
+        };
+        let (variant, mut launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, rank)?;
         let kernel = self.kernel(&dev, variant)?;
         launch.registers_per_thread = Some(kernel.registers);
         launch.spill_bytes = Some(kernel.spill_bytes);

@@ -88,7 +88,7 @@ impl Variant {
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
-                    for (warps, m_tiles, block_n) in candidates(head_dim) {
+                    for &(warps, m_tiles, block_n) in candidates(head_dim) {
                         v.push(Variant { dtype, head_dim, warps, m_tiles, block_n, causal });
                     }
                 }
@@ -112,21 +112,29 @@ impl Variant {
 }
 
 /// Tile configurations (warps, m-tiles per warp, keys per tile) for a head dim, preferred
-/// first. Two m-tiles per warp halve the shared-memory reads per matrix product (the first
-/// version, one m-tile, measured 0.47-0.67x FlashAttention-2 on the H100, bound by those reads);
-/// D = 96/128 pay for the second m-tile's accumulators with a 32-key tile to stay in registers.
-/// D = 256 keeps one m-tile (its accumulators alone are 128 registers) and 64 rows, so that
-/// Q + K + V (96 KB) fit an L4's 99 KB. The second entry is for devices with less shared memory.
-fn candidates(head_dim: usize) -> [(u32, u32, usize); 2] {
+/// first; a device takes the first that fits it. Two m-tiles per warp halve the shared-memory
+/// reads per matrix product (the first version, one m-tile, measured 0.47-0.67x
+/// FlashAttention-2 on the H100, bound by those reads). Keys per tile are as many as the
+/// registers hold without a spill (CI checks it for every entry): at D = 96/128 the second m-tile's
+/// accumulators (128 registers) leave room for 48 keys. D = 256 keeps one m-tile (its
+/// accumulators alone are 128 registers) and 64 rows, so that Q + K + V (96 KB) fit an L4's 99 KB.
+/// The last entry is for devices with less shared memory.
+pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize)] {
     match head_dim {
-        d if d > 128 => [(4, 1, 64), (4, 1, 32)],
-        d if d > 64 => [(4, 2, 32), (4, 1, 32)],
-        _ => [(4, 2, 64), (4, 1, 32)],
+        d if d > 128 => &[(4, 1, 64), (4, 1, 32)],
+        d if d > 64 => &[(4, 2, 48), (4, 2, 32), (4, 1, 32)],
+        _ => &[(4, 2, 64), (4, 1, 32)],
     }
 }
 
-/// Chooses the variant for `problem` on a device with `limits`, or says why none fits.
-pub fn choose(problem: &Problem, limits: &DeviceLimits) -> Result<(Variant, Launch, Vec<String>)> {
+/// Chooses the variant for `problem` on a device with `limits`, or says why none fits. `rank`
+/// restricts the choice to the candidate of that rank (0 = preferred; the last one where the
+/// list is shorter), so that tuning and tests can run every compiled configuration.
+pub fn choose(
+    problem: &Problem,
+    limits: &DeviceLimits,
+    rank: Option<usize>,
+) -> Result<(Variant, Launch, Vec<String>)> {
     problem.validate()?;
     let s = problem.shape;
     if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
@@ -146,7 +154,20 @@ pub fn choose(problem: &Problem, limits: &DeviceLimits) -> Result<(Variant, Laun
     check_alignment(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
-    for (warps, m_tiles, block_n) in candidates(s.head_dim) {
+    let all = candidates(s.head_dim);
+    let tried = match rank {
+        None => all,
+        Some(r) => {
+            let i = r.min(all.len() - 1);
+            let c = all[i];
+            notes.push(format!(
+                "tiles forced to candidate {i}: {}x{}x{} (warps x m-tiles x keys)",
+                c.0, c.1, c.2
+            ));
+            &all[i..=i]
+        }
+    };
+    for &(warps, m_tiles, block_n) in tried {
         let variant = Variant {
             dtype: problem.dtype,
             head_dim: s.head_dim,
@@ -207,7 +228,7 @@ mod tests {
     fn every_head_dim_fits_an_l4_and_an_h100() {
         for d in HEAD_DIMS {
             for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
-                let (v, launch, _) = choose(&problem(d, DType::Bf16), &limits).unwrap();
+                let (v, launch, _) = choose(&problem(d, DType::Bf16), &limits, None).unwrap();
                 assert!(
                     launch.shared_bytes() <= limits.shared_per_block_optin,
                     "{} on {}",
@@ -221,34 +242,39 @@ mod tests {
 
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
-        // D=128: Q 128x128 + K 32x128 + V 32x128, 2 bytes each = 48 KB (the default limit).
-        let (v, launch, notes) = choose(&problem(128, DType::F16), &DeviceLimits::l4()).unwrap();
-        assert_eq!(v.shared_bytes(), 49152);
+        // D=128: Q 128x128 + K 48x128 + V 48x128, 2 bytes each = 56 KB: above the L4's 48 KB
+        // default, within its 99 KB opt-in, and the plan says so.
+        let (v, launch, notes) = choose(&problem(128, DType::F16), &DeviceLimits::l4(), None).unwrap();
+        assert_eq!(v.shared_bytes(), 57344);
         assert_eq!(launch.threads_per_block(), 128);
+        assert!(notes.iter().any(|n| n.contains("opt-in")), "{notes:?}");
+        // D=64: Q 128x64 + K 64x64 + V 64x64 = 32 KB, within the default.
+        let (v, _, notes) = choose(&problem(64, DType::F16), &DeviceLimits::l4(), None).unwrap();
+        assert_eq!(v.shared_bytes(), 32768);
         assert!(!notes.iter().any(|n| n.contains("opt-in")), "{notes:?}");
         // D=256: 64 + 2*64 rows x 256 x 2 B = 96 KB, under the L4's 99 KB.
-        let (v, _, _) = choose(&problem(256, DType::F16), &DeviceLimits::l4()).unwrap();
+        let (v, _, _) = choose(&problem(256, DType::F16), &DeviceLimits::l4(), None).unwrap();
         assert_eq!(v.shared_bytes(), 98304);
     }
 
     #[test]
     fn a_device_without_the_optin_gets_smaller_tiles_or_a_clear_error() {
         let small = DeviceLimits { shared_per_block_optin: 40 * 1024, ..DeviceLimits::l4() };
-        let (v, _, notes) = choose(&problem(128, DType::Bf16), &small).unwrap();
+        let (v, _, notes) = choose(&problem(128, DType::Bf16), &small, None).unwrap();
         assert_eq!((v.warps, v.m_tiles, v.block_n), (4, 1, 32));
         assert!(notes[0].contains("does not fit"), "{notes:?}");
-        let err = choose(&problem(256, DType::Bf16), &small).unwrap_err().to_string();
+        let err = choose(&problem(256, DType::Bf16), &small, None).unwrap_err().to_string();
         assert!(err.contains("shared memory per block") && err.contains("40960"), "{err}");
     }
 
     #[test]
     fn unsupported_inputs_are_typed_errors() {
         assert!(matches!(
-            choose(&problem(128, DType::F32), &DeviceLimits::h100()),
+            choose(&problem(128, DType::F32), &DeviceLimits::h100(), None),
             Err(Error::UnsupportedDType { .. })
         ));
         assert!(matches!(
-            choose(&problem(80, DType::F16), &DeviceLimits::h100()),
+            choose(&problem(80, DType::F16), &DeviceLimits::h100(), None),
             Err(Error::UnsupportedHeadDim { .. })
         ));
         let odd =
@@ -256,8 +282,18 @@ mod tests {
                 q: attn_core::Strides { batch: 2 * 100 * 68, head: 100 * 68, seq: 68 },
                 ..Problem::new(Shape::new(1, 2, 100, 64), DType::F16).strides
             });
-        let err = choose(&odd, &DeviceLimits::h100()).unwrap_err().to_string();
+        let err = choose(&odd, &DeviceLimits::h100(), None).unwrap_err().to_string();
         assert!(err.contains("multiple of 8 elements"), "{err}");
+    }
+
+    #[test]
+    fn a_rank_picks_that_candidate_or_the_last() {
+        let h100 = DeviceLimits::h100();
+        let (v, _, notes) = choose(&problem(128, DType::Bf16), &h100, Some(1)).unwrap();
+        assert_eq!((v.warps, v.m_tiles, v.block_n), (4, 2, 32));
+        assert!(notes[0].contains("candidate 1"), "{notes:?}");
+        let (v, _, _) = choose(&problem(64, DType::Bf16), &h100, Some(5)).unwrap();
+        assert_eq!((v.warps, v.m_tiles, v.block_n), *candidates(64).last().unwrap());
     }
 
     #[test]

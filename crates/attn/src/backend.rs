@@ -20,7 +20,7 @@ impl Backend {
     /// All backends compiled into this build, available or not, in order of preference for
     /// equal device kinds.
     pub fn all() -> Vec<Box<dyn Attention>> {
-        vec![Box::new(attn_cuda::Cuda::new()), Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
+        vec![Box::new(attn_cuda::Cuda::from_env()), Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
     }
 
     /// The backend called `name` (`cuda`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an

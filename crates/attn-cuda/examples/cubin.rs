@@ -1,0 +1,54 @@
+//! Compiles one kernel specialisation with NVRTC (no GPU needed) and writes its CUBIN, so that
+//! its SASS can be read with `cuobjdump -sass`. Prints ptxas's resource report.
+//!
+//! ```text
+//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> [causal] [sm_80|sm_89|sm_90a]
+//! ```
+
+use attn_core::DType;
+use attn_cuda::plan::Variant;
+use attn_cuda::{Arch, compile};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage =
+        "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> [causal] [sm_80|sm_89|sm_90a]";
+    if args.len() < 5 {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let num = |i: usize| -> usize {
+        args[i].parse().unwrap_or_else(|_| panic!("{usage}: {} is not a number", args[i]))
+    };
+    let variant = Variant {
+        dtype: if args[0] == "bf16" { DType::Bf16 } else { DType::F16 },
+        head_dim: num(1),
+        warps: num(2) as u32,
+        m_tiles: num(3) as u32,
+        block_n: num(4),
+        causal: args.iter().any(|a| a == "causal"),
+    };
+    let arch = match args.iter().find(|a| a.starts_with("sm_")).map(String::as_str) {
+        Some("sm_80") => Arch::Sm80,
+        Some("sm_89") => Arch::Sm89,
+        _ => Arch::Sm90a,
+    };
+    match compile(&variant.request(arch)) {
+        Ok(c) => {
+            let r = c.resources_of("attn_fwd").cloned().unwrap_or_default();
+            let path = format!("{}_{}.cubin", variant.name(), arch.as_str());
+            std::fs::write(&path, &c.cubin).expect("write the cubin");
+            println!(
+                "{path}: {} registers (budget {}), {} B spilled, {} B shared",
+                r.registers,
+                variant.register_budget(),
+                r.spill_bytes(),
+                variant.shared_bytes()
+            );
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    }
+}
