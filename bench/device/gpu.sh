@@ -6,7 +6,10 @@
 # STEPS="verify sanitize bench scaling accuracy" (default: all). RANKS="0 1 2" also verifies and
 # benchmarks the lower-ranked tile configurations of each head dim (ATTN_CUDA_RANK), default "0".
 set -uo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+# Everything is written under $out/gpu/ and packed into $out/gpu.tgz after each step, so that one
+# file carries it all back (and a step cut short by a time limit keeps the ones before it).
+final=${OUT:-/tmp/out}; out=$final/gpu; mkdir -p "$out"
+pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/gpu.tgz" -C "$final" gpu; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 attn=.device/bin/attn
 steps=${STEPS:-verify sanitize bench scaling accuracy}
@@ -24,10 +27,11 @@ if has verify; then
     echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-cuda-r$rank.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-cuda-r$rank.log"
   done
 fi
+pack verify
 if has sanitize; then
   echo "== compute-sanitizer (memcheck, racecheck) on every variant, small cases"
   : > "$out/sanitizer.log"
-  for dt in bf16 f16; do for d in 32 64 96 128 256; do for c in "" --no-causal; do
+  for dt in ${SAN_DTYPES:-bf16 f16}; do for d in 32 64 96 128 256; do for c in "" --no-causal; do
     for tool in memcheck racecheck; do
       r=$(timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype $dt -d $d \
           --seq 150 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json 2>&1 | tail -3 | tr '\n' ' ')
@@ -35,6 +39,7 @@ if has sanitize; then
     done
   done; done; done
 fi
+pack sanitize
 if has bench; then
   for rank in $ranks; do
     echo "== bench: attn cuda (tile rank $rank)"
@@ -55,6 +60,7 @@ META
     echo "-- tile rank $rank"; cat "$out/gpu-table-r$rank.md"
   done
 fi
+pack bench
 if has scaling; then
   echo "== scaling: time must grow no faster than batch x heads"
   for bh in "1 8" "4 16" "8 16"; do set -- $bh
@@ -70,6 +76,7 @@ for r in rows:
     print(f"B={r['batch']} H={r['heads']}: work x{work:.0f}, time x{t:.2f} ({r['median_ms']:.3f} ms)")
 PY
 fi
+pack scaling
 if has accuracy; then
   echo "== accuracy next to the peers, same inputs"
   for s in 1024 4096; do
@@ -78,3 +85,4 @@ if has accuracy; then
   done
   python3 bench/peers/accuracy_gpu.py /tmp/dump > "$out/accuracy.jsonl" 2> "$out/accuracy.log"; cat "$out/accuracy.log"
 fi
+pack accuracy

@@ -2,7 +2,7 @@
 //! its SASS can be read with `cuobjdump -sass`. Prints ptxas's resource report.
 //!
 //! ```text
-//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> [causal] [sm_80|sm_89|sm_90a]
+//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]
 //! ```
 
 use attn_core::DType;
@@ -11,9 +11,8 @@ use attn_cuda::{Arch, compile};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage =
-        "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> [causal] [sm_80|sm_89|sm_90a]";
-    if args.len() < 5 {
+    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]";
+    if args.len() < 6 {
         eprintln!("{usage}");
         std::process::exit(2);
     }
@@ -26,6 +25,7 @@ fn main() {
         warps: num(2) as u32,
         m_tiles: num(3) as u32,
         block_n: num(4),
+        stages: num(5) as u32,
         causal: args.iter().any(|a| a == "causal"),
     };
     let arch = match args.iter().find(|a| a.starts_with("sm_")).map(String::as_str) {

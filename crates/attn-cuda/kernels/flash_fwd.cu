@@ -7,9 +7,10 @@
 //   online softmax in registers, in base 2 (scores pre-multiplied by scale * log2(e))
 //   O += P V       P converted from the S accumulators to 16-bit A fragments in registers,
 //                  V fragments by ldmatrix.trans
-// K and V have one shared-memory buffer each and are double-buffered against each other: the
-// load of V_j overlaps S_j and its softmax, the load of K_{j+1} overlaps P_j V_j (cp.async, 16
-// bytes a thread), with two block barriers per tile.
+// K/V loads are cp.async, 16 bytes a thread, with two block barriers per tile. With one stage
+// (ATTN_STAGES=1) K and V have one buffer each and are double-buffered against each other: the
+// load of V_j overlaps S_j and its softmax, the load of K_{j+1} overlaps P_j V_j. With two
+// stages K and V have two buffers each, and the loads of tile j+2 overlap all of tile j+1.
 // The running max is only moved (and O rescaled) when some row of the warp grew by more than
 // RESCALE_SLACK (in log2 units): until then probabilities may reach 2^RESCALE_SLACK, which f32
 // sums and 16-bit P hold exactly as well, and O / sum is unchanged. Most tiles skip the rescale.
@@ -17,7 +18,8 @@
 // conflicts.
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
-// 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_CAUSAL. The host's plan
+// 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_STAGES (1 or 2),
+// ATTN_CAUSAL. The host's plan
 // (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size computed here.
 
 #include <cuda_fp16.h>
@@ -41,6 +43,8 @@ constexpr int MT = ATTN_MTILES;
 constexpr int WM = 16 * MT;  // rows per warp
 constexpr int BM = WM * WARPS;
 constexpr int BN = ATTN_BN;
+constexpr int STAGES = ATTN_STAGES;
+static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
 constexpr bool CAUSAL = ATTN_CAUSAL;
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
@@ -146,6 +150,15 @@ struct FragAddr {
         const unsigned off = base * 16 + rows * D * 2;
         return (base + 8 <= CPR ? main[(c & 7) >> 1] : tail[(c - base) >> 1]) + off;
     }
+    // The same addresses in a tile `bytes` further on (the other K/V stage).
+    __device__ __forceinline__ FragAddr shifted(unsigned bytes) const {
+        FragAddr f = *this;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) f.main[k] += bytes;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) f.tail[k] += bytes;
+        return f;
+    }
 };
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
@@ -189,8 +202,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem);
-    elem_t* sK = sQ + BM * D;
-    elem_t* sV = sK + BN * D;
+    elem_t* sK = sQ + BM * D;            // STAGES tiles of BN x D
+    elem_t* sV = sK + STAGES * BN * D;   // STAGES tiles of BN x D
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // Causal: the last query blocks see the most keys; launch them first.
@@ -214,8 +227,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     if (CAUSAL) n_end = min(p.seq_k, max(0, m0 + BM + shift));
     const int n_tiles = (n_end + BN - 1) / BN;
 
+    // Commit groups: (Q, K_0) with one stage; (Q, K_0, V_0), (K_1, V_1) with two.
     load_tile<BM>(sQ, q, p.q_ss, m0, p.seq_q);
     if (n_tiles > 0) load_tile<BN>(sK, k, p.k_ss, 0, p.seq_k);
+    if (STAGES == 2) {
+        if (n_tiles > 0) load_tile<BN>(sV, v, p.v_ss, 0, p.seq_k);
+        cp_commit();
+        if (n_tiles > 1) {
+            load_tile<BN>(sK + BN * D, k, p.k_ss, BN, p.seq_k);
+            load_tile<BN>(sV + BN * D, v, p.v_ss, BN, p.seq_k);
+        }
+    }
     cp_commit();
 
     // This thread's rows: 2 per m-tile (lane/4 and lane/4 + 8 within each 16-row tile).
@@ -236,10 +258,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 
     for (int j = 0; j < n_tiles; ++j) {
         const int n0 = j * BN;
-        cp_wait<0>();     // K_j (and Q) have landed
-        __syncthreads();  // ... for every thread; and every warp is done with V_{j-1}
-        load_tile<BN>(sV, v, p.v_ss, n0, p.seq_k);
-        cp_commit();
+        const int stage = STAGES == 2 ? j & 1 : 0;
+        const FragAddr kf = k_frag.shifted(stage * BN * D * 2);
+        const FragAddr vf = v_frag.shifted(stage * BN * D * 2);
+        if (STAGES == 1) {
+            cp_wait<0>();     // K_j (and Q) have landed
+            __syncthreads();  // ... for every thread; and every warp is done with V_{j-1}
+            load_tile<BN>(sV, v, p.v_ss, n0, p.seq_k);
+            cp_commit();
+        } else {
+            cp_wait<1>();     // tile j has landed (tile j+1 may still be in flight)
+            __syncthreads();  // ... for every thread
+        }
 
         float s[MT][BN / 8][4];
 #pragma unroll
@@ -258,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
             for (int n2 = 0; n2 < BN / 16; ++n2) {
                 unsigned bk[4];
-                ldsm_x4(k_frag.at(kk, n2 * 16), bk);
+                ldsm_x4(kf.at(kk, n2 * 16), bk);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(s[t][2 * n2], a[t], bk[0], bk[1]);
@@ -333,10 +363,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
             }
         }
 
-        cp_wait<0>();     // V_j has landed
-        __syncthreads();  // ... for every thread; and every warp is done with K_j
-        if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
-        cp_commit();
+        if (STAGES == 1) {
+            cp_wait<0>();     // V_j has landed
+            __syncthreads();  // ... for every thread; and every warp is done with K_j
+            if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
+            cp_commit();
+        }
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             // The S accumulators of two adjacent n-tiles are exactly an A fragment of P.
@@ -351,13 +383,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
                 unsigned bv[4];
-                ldsm_x4_trans(v_frag.at(d2, kk * 16), bv);
+                ldsm_x4_trans(vf.at(d2, kk * 16), bv);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(acc[t][2 * d2], a[t], bv[0], bv[1]);
                     mma(acc[t][2 * d2 + 1], a[t], bv[2], bv[3]);
                 }
             }
+        }
+        if (STAGES == 2) {
+            __syncthreads();  // every warp is done with stage j: refill it with tile j + 2
+            if (j + 2 < n_tiles) {
+                load_tile<BN>(sK + stage * BN * D, k, p.k_ss, n0 + 2 * BN, p.seq_k);
+                load_tile<BN>(sV + stage * BN * D, v, p.v_ss, n0 + 2 * BN, p.seq_k);
+            }
+            cp_commit();
         }
     }
     cp_wait<0>();

@@ -20,6 +20,9 @@ pub struct Variant {
     pub m_tiles: u32,
     /// Keys per tile.
     pub block_n: usize,
+    /// K/V shared-memory stages: 1 (K and V double-buffered against each other) or 2 (each
+    /// double-buffered: the loads of a tile overlap the whole tile before it).
+    pub stages: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
 }
@@ -35,21 +38,22 @@ impl Variant {
         32 * self.warps
     }
 
-    /// Dynamic shared memory: the Q tile and one K and one V tile, 16-bit elements. Mirrors the
-    /// pointer arithmetic at the top of `attn_fwd` in `kernels/flash_fwd.cu`.
+    /// Dynamic shared memory: the Q tile and `stages` K and V tiles, 16-bit elements. Mirrors
+    /// the pointer arithmetic at the top of `attn_fwd` in `kernels/flash_fwd.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        ((self.block_m() + 2 * self.block_n) * self.head_dim * 2) as u32
+        ((self.block_m() + 2 * self.stages as usize * self.block_n) * self.head_dim * 2) as u32
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_d{}_bm{}_w{}_bn{}{}",
+            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.warps,
             self.block_n,
+            self.stages,
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -62,6 +66,7 @@ impl Variant {
             ("ATTN_WARPS".into(), self.warps.to_string()),
             ("ATTN_MTILES".into(), self.m_tiles.to_string()),
             ("ATTN_BN".into(), self.block_n.to_string()),
+            ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_CAUSAL".into(), u8::from(self.causal).to_string()),
         ]
     }
@@ -88,8 +93,8 @@ impl Variant {
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
-                    for &(warps, m_tiles, block_n) in candidates(head_dim) {
-                        v.push(Variant { dtype, head_dim, warps, m_tiles, block_n, causal });
+                    for &(warps, m_tiles, block_n, stages) in candidates(head_dim) {
+                        v.push(Variant { dtype, head_dim, warps, m_tiles, block_n, stages, causal });
                     }
                 }
             }
@@ -111,19 +116,22 @@ impl Variant {
     }
 }
 
-/// Tile configurations (warps, m-tiles per warp, keys per tile) for a head dim, preferred
-/// first; a device takes the first that fits it. Two m-tiles per warp halve the shared-memory
-/// reads per matrix product (the first version, one m-tile, measured 0.47-0.67x
+/// Tile configurations (warps, m-tiles per warp, keys per tile, K/V stages) for a head dim,
+/// preferred first; a device takes the first that fits it. Two m-tiles per warp halve the
+/// shared-memory reads per matrix product (the first version, one m-tile, measured 0.47-0.67x
 /// FlashAttention-2 on the H100, bound by those reads). Keys per tile are as many as the
-/// registers hold without a spill (CI checks it for every entry): at D = 96/128 the second m-tile's
-/// accumulators (128 registers) leave room for 48 keys. D = 256 keeps one m-tile (its
-/// accumulators alone are 128 registers) and 64 rows, so that Q + K + V (96 KB) fit an L4's 99 KB.
-/// The last entry is for devices with less shared memory.
-pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize)] {
+/// registers hold without a spill (CI checks it for every entry): at D = 128 the second m-tile's
+/// accumulators (128 registers) leave room for 48 keys (D = 96 spills with 48 under a causal mask). Two stages hide the K/V load
+/// latency behind a whole tile where shared memory allows (80 KB at D = 128: within an L4's 99
+/// KB). D = 256 keeps one m-tile (its accumulators alone are 128 registers) and 64 rows, so
+/// that Q + K + V (96 KB) fit an L4's 99 KB. The last entries are for devices with less shared
+/// memory.
+pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize, u32)] {
     match head_dim {
-        d if d > 128 => &[(4, 1, 64), (4, 1, 32)],
-        d if d > 64 => &[(4, 2, 48), (4, 2, 32), (4, 1, 32)],
-        _ => &[(4, 2, 64), (4, 1, 32)],
+        d if d > 128 => &[(4, 1, 64, 1), (4, 1, 32, 2), (4, 1, 32, 1)],
+        d if d > 96 => &[(4, 2, 48, 2), (4, 2, 48, 1), (4, 2, 32, 1), (4, 1, 32, 1)],
+        d if d > 64 => &[(4, 2, 32, 2), (4, 2, 32, 1), (4, 1, 32, 1)],
+        _ => &[(4, 2, 64, 2), (4, 2, 64, 1), (4, 1, 32, 1)],
     }
 }
 
@@ -161,19 +169,20 @@ pub fn choose(
             let i = r.min(all.len() - 1);
             let c = all[i];
             notes.push(format!(
-                "tiles forced to candidate {i}: {}x{}x{} (warps x m-tiles x keys)",
-                c.0, c.1, c.2
+                "tiles forced to candidate {i}: {}x{}x{}x{} (warps x m-tiles x keys x stages)",
+                c.0, c.1, c.2, c.3
             ));
             &all[i..=i]
         }
     };
-    for &(warps, m_tiles, block_n) in tried {
+    for &(warps, m_tiles, block_n, stages) in tried {
         let variant = Variant {
             dtype: problem.dtype,
             head_dim: s.head_dim,
             warps,
             m_tiles,
             block_n,
+            stages,
             causal: problem.is_causal(),
         };
         let launch = variant.launch(problem);
@@ -242,15 +251,15 @@ mod tests {
 
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
-        // D=128: Q 128x128 + K 48x128 + V 48x128, 2 bytes each = 56 KB: above the L4's 48 KB
-        // default, within its 99 KB opt-in, and the plan says so.
+        // D=128: Q 128x128 + 2 stages of K 48x128 and V 48x128, 2 bytes each = 80 KB: above
+        // the L4's 48 KB default, within its 99 KB opt-in, and the plan says so.
         let (v, launch, notes) = choose(&problem(128, DType::F16), &DeviceLimits::l4(), None).unwrap();
-        assert_eq!(v.shared_bytes(), 57344);
+        assert_eq!(v.shared_bytes(), 81920);
         assert_eq!(launch.threads_per_block(), 128);
         assert!(notes.iter().any(|n| n.contains("opt-in")), "{notes:?}");
-        // D=64: Q 128x64 + K 64x64 + V 64x64 = 32 KB, within the default.
+        // D=64: Q 128x64 + 2 stages of K 64x64 and V 64x64 = 48 KB, within the default.
         let (v, _, notes) = choose(&problem(64, DType::F16), &DeviceLimits::l4(), None).unwrap();
-        assert_eq!(v.shared_bytes(), 32768);
+        assert_eq!(v.shared_bytes(), 49152);
         assert!(!notes.iter().any(|n| n.contains("opt-in")), "{notes:?}");
         // D=256: 64 + 2*64 rows x 256 x 2 B = 96 KB, under the L4's 99 KB.
         let (v, _, _) = choose(&problem(256, DType::F16), &DeviceLimits::l4(), None).unwrap();
@@ -261,7 +270,7 @@ mod tests {
     fn a_device_without_the_optin_gets_smaller_tiles_or_a_clear_error() {
         let small = DeviceLimits { shared_per_block_optin: 40 * 1024, ..DeviceLimits::l4() };
         let (v, _, notes) = choose(&problem(128, DType::Bf16), &small, None).unwrap();
-        assert_eq!((v.warps, v.m_tiles, v.block_n), (4, 1, 32));
+        assert_eq!((v.warps, v.m_tiles, v.block_n, v.stages), (4, 1, 32, 1));
         assert!(notes[0].contains("does not fit"), "{notes:?}");
         let err = choose(&problem(256, DType::Bf16), &small, None).unwrap_err().to_string();
         assert!(err.contains("shared memory per block") && err.contains("40960"), "{err}");
@@ -289,11 +298,11 @@ mod tests {
     #[test]
     fn a_rank_picks_that_candidate_or_the_last() {
         let h100 = DeviceLimits::h100();
-        let (v, _, notes) = choose(&problem(128, DType::Bf16), &h100, Some(1)).unwrap();
-        assert_eq!((v.warps, v.m_tiles, v.block_n), (4, 2, 32));
-        assert!(notes[0].contains("candidate 1"), "{notes:?}");
+        let (v, _, notes) = choose(&problem(128, DType::Bf16), &h100, Some(2)).unwrap();
+        assert_eq!((v.warps, v.m_tiles, v.block_n, v.stages), (4, 2, 32, 1));
+        assert!(notes[0].contains("candidate 2"), "{notes:?}");
         let (v, _, _) = choose(&problem(64, DType::Bf16), &h100, Some(5)).unwrap();
-        assert_eq!((v.warps, v.m_tiles, v.block_n), *candidates(64).last().unwrap());
+        assert_eq!((v.warps, v.m_tiles, v.block_n, v.stages), *candidates(64).last().unwrap());
     }
 
     #[test]
