@@ -147,7 +147,11 @@ impl Attention for Cuda {
             backend: self.name().into(),
             kernel: variant.name(),
             problem: *problem,
-            tiles: Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: 1 },
+            tiles: Tiles {
+                block_m: variant.block_m(),
+                block_n: variant.block_n,
+                stages: variant.stages as usize,
+            },
             execution: Execution::Gpu(launch),
             notes,
         })
