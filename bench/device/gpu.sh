@@ -3,7 +3,7 @@
 # of every variant, our kernel and PyTorch SDPA (cuDNN, flash, efficient) on the standard grid,
 # the batch x heads scaling check, and accuracy next to the peers on the same inputs.
 # Expects `cargo xtask bundle` output in .device/. Writes under $OUT. Steps can be chosen with
-# STEPS="verify sanitize bench scaling accuracy" (default: all). RANKS="0 1 2" also verifies and
+# STEPS="verify sanitize bench scaling accuracy memory" (default: all). RANKS="0 1 2" also verifies and
 # benchmarks the lower-ranked tile configurations of each head dim (ATTN_CUDA_RANK), default "0".
 set -uo pipefail
 # Everything is written under $out/gpu/ and packed into $out/gpu.tgz after each step, so that one
@@ -12,7 +12,7 @@ final=${OUT:-/tmp/out}; out=$final/gpu; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/gpu.tgz" -C "$final" gpu; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 attn=.device/bin/attn
-steps=${STEPS:-verify sanitize bench scaling accuracy}
+steps=${STEPS:-verify sanitize bench scaling accuracy memory}
 ranks=${RANKS:-0}
 GRID=(--dtypes ${DTYPES:-bf16,f16} --dims ${DIMS:-64,128,256} --seqs ${SEQS:-512,1024,2048,4096,8192,16384}
       --masks none,causal --tokens 16384 --model-dim 2048)
@@ -77,6 +77,23 @@ for r in rows:
 PY
 fi
 pack scaling
+
+if has memory; then
+  echo "== device memory per call at S=16384 (cuMemGetInfo around the allocations, fresh process)"
+  for d in 64 128; do
+    $attn bench --backend cuda --dtypes bf16 --dims $d --seqs 16384 --masks causal --tokens 16384 --model-dim 2048 \
+      --iters 3 --warmup 1 --check-rows 4 2>/dev/null
+  done > "$out/memory.jsonl"
+  python3 - "$out/memory.jsonl" <<'PY' | tee "$out/memory.txt"
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    tensors = 4 * r["batch"] * r["heads"] * r["seq"] * r["head_dim"] * 2  # q, k, v, o in 16 bits
+    print(f"B={r['batch']} H={r['heads']} S={r['seq']} D={r['head_dim']}: measured {r['device_bytes']} B, "
+          f"q+k+v+o {tensors} B, ratio {r['device_bytes'] / tensors:.3f} (S x S scores would be "
+          f"{r['batch'] * r['heads'] * r['seq'] ** 2 * 4} B)")
+PY
+fi
+pack memory
 if has accuracy; then
   echo "== accuracy next to the peers, same inputs"
   for s in 1024 4096; do

@@ -105,6 +105,12 @@ pub trait Prepared {
 
     /// Copies the result of the last [`run`](Prepared::run) into `outputs`.
     fn read(&mut self, outputs: Outputs<'_>) -> Result<()>;
+
+    /// Device memory this call holds (inputs, outputs, any workspace) as the device's own
+    /// allocator measured it, for backends with device memory; `None` for host backends.
+    fn device_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A [`Prepared`] for backends that compute on the host: inputs stay where they are, outputs go

@@ -167,7 +167,13 @@ impl Attention for Cuda {
             Error::PlanMismatch { what: format!("`{}` is not a kernel of the cuda backend", plan.kernel) }
         })?;
         let kernel = self.kernel(&dev, variant)?;
+        // Free device memory before and after the allocations: what this call holds, measured.
+        let free =
+            || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
+        let free_before = free()?;
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
+        dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
+        let device_bytes = free_before.saturating_sub(free()?);
         let params = tensors.params(dev.gpu.stream(), problem);
         let Execution::Gpu(launch) = &plan.execution else {
             return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
@@ -177,7 +183,7 @@ impl Attention for Cuda {
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        Ok(Box::new(CudaPrepared { plan: plan.clone(), dev, kernel, tensors, params, cfg }))
+        Ok(Box::new(CudaPrepared { plan: plan.clone(), dev, kernel, tensors, params, cfg, device_bytes }))
     }
 }
 
@@ -188,6 +194,7 @@ struct CudaPrepared {
     tensors: DeviceTensors,
     params: KernelParams,
     cfg: LaunchConfig,
+    device_bytes: u64,
 }
 
 impl Prepared for CudaPrepared {
@@ -211,6 +218,12 @@ impl Prepared for CudaPrepared {
         stream.synchronize().map_err(driver("kernel execution (cuStreamSynchronize)"))?;
         let ms = start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?;
         Ok(Duration::from_secs_f64(ms as f64 / 1e3))
+    }
+
+    /// Free device memory before the buffers were allocated minus after (cuMemGetInfo; the
+    /// driver allocates in pages, so this rounds up). The kernel allocates nothing more.
+    fn device_bytes(&self) -> Option<u64> {
+        Some(self.device_bytes)
     }
 
     fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {

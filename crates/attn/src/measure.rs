@@ -29,6 +29,8 @@ pub struct Timing {
     pub max_s: f64,
     /// Timed runs.
     pub runs: usize,
+    /// Device memory the prepared call held, as measured by the backend ([`Prepared::device_bytes`]).
+    pub device_bytes: Option<u64>,
 }
 
 /// Runs `backend` on `inputs` `warmup` times untimed, then `runs` times timed (the backend's own
@@ -53,6 +55,7 @@ pub fn time(
         min_s: times[0].as_secs_f64(),
         max_s: times[times.len() - 1].as_secs_f64(),
         runs: times.len(),
+        device_bytes: prepared.device_bytes(),
     })
 }
 

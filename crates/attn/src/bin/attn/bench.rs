@@ -128,6 +128,7 @@ fn bench_one(
         "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
         "gflops": problem.flops() / t.median_s / 1e9,
         "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
+        "device_bytes": t.device_bytes,
     }))
 }
 
