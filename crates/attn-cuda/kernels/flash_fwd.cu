@@ -206,9 +206,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     elem_t* sV = sK + STAGES * BN * D;   // STAGES tiles of BN x D
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // Causal: the last query blocks see the most keys; launch them first.
-    const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+    // The grid is (batch * heads, query blocks), x fastest: blocks start in the order of y, so
+    // under a causal mask the last query blocks of every head, which see the most keys, go first
+    // and the short ones fill in at the end.
+    const int m_block = CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    const int b = blockIdx.x / p.heads_q, h = blockIdx.x % p.heads_q;
     const int g = h / (p.heads_q / p.heads_kv);
     const int m0 = m_block * BM;
     const int shift = p.seq_k - p.seq_q;  // bottom-right causal: row i sees keys j <= i + shift

@@ -102,11 +102,12 @@ impl Variant {
         v
     }
 
-    /// The launch for `problem`: one block per (query block, batch · head).
+    /// The launch for `problem`: one block per (batch · head, query block), so that blocks start
+    /// query block by query block across all heads (longest first under a causal mask).
     pub fn launch(&self, problem: &Problem) -> Launch {
         let s = problem.shape;
         Launch {
-            grid: [s.seq_q.div_ceil(self.block_m()) as u32, (s.batch * s.heads_q) as u32, 1],
+            grid: [(s.batch * s.heads_q) as u32, s.seq_q.div_ceil(self.block_m()) as u32, 1],
             block: [self.threads(), 1, 1],
             dynamic_shared_bytes: self.shared_bytes(),
             static_shared_bytes: 0,
@@ -244,7 +245,7 @@ mod tests {
                     v.name(),
                     limits.name
                 );
-                assert_eq!(launch.grid, [4096u32.div_ceil(v.block_m() as u32), 32, 1]);
+                assert_eq!(launch.grid, [32, 4096u32.div_ceil(v.block_m() as u32), 1]);
             }
         }
     }
