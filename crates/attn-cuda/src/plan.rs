@@ -102,12 +102,15 @@ impl Variant {
         v
     }
 
-    /// The launch for `problem`: one block per (batch · head, query block), so that blocks start
-    /// query block by query block across all heads (longest first under a causal mask).
+    /// The launch for `problem`: one block per (query block, batch · head); under a causal mask
+    /// the axes swap, so that blocks start longest first across all heads (see the kernel).
     pub fn launch(&self, problem: &Problem) -> Launch {
         let s = problem.shape;
         Launch {
-            grid: [(s.batch * s.heads_q) as u32, s.seq_q.div_ceil(self.block_m()) as u32, 1],
+            grid: match self.causal {
+                true => [(s.batch * s.heads_q) as u32, s.seq_q.div_ceil(self.block_m()) as u32, 1],
+                false => [s.seq_q.div_ceil(self.block_m()) as u32, (s.batch * s.heads_q) as u32, 1],
+            },
             block: [self.threads(), 1, 1],
             dynamic_shared_bytes: self.shared_bytes(),
             static_shared_bytes: 0,
