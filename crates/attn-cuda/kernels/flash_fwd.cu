@@ -223,10 +223,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const int shift = p.seq_k - p.seq_q;  // bottom-right causal: row i sees keys j <= i + shift
     // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs
     // sl2 > 0 (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by
-    // negating Q's fragments instead, and a zero scale runs as 1e-30: every score times it then
-    // rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
+    // negating Q in shared memory once instead, and a zero scale runs as 1e-30: every score
+    // times it then rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
     const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
-    const unsigned q_sign = p.scale_log2 < 0.f ? 0x80008000u : 0u;
 
     const elem_t* q = p.q + b * p.q_sb + h * p.q_sh;
     const elem_t* k = p.k + b * p.k_sb + g * p.k_sh;
@@ -279,6 +278,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
             cp_wait<1>();     // tile j has landed (tile j+1 may still be in flight)
             __syncthreads();  // ... for every thread
         }
+        if (j == 0 && p.scale_log2 < 0.f) {
+            // Each warp reads only its own rows of Q: it flips their signs itself.
+#pragma unroll
+            for (int it = 0; it < WM * CPR / 32; ++it) {
+                const int i = lane + it * 32;
+                const unsigned addr = tile_addr(sQ, warp * WM + i / CPR, i % CPR);
+                uint4 x;
+                asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                             : "r"(addr));
+                x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+                asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(x.x), "r"(x.y), "r"(x.z),
+                             "r"(x.w));
+            }
+            __syncwarp();
+        }
 
         float s[MT][BN / 8][4];
 #pragma unroll
@@ -291,8 +306,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
                 ldsm_x4(q_frag.at(kk, t * 16), a[t]);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) a[t][i] ^= q_sign;
             }
 #pragma unroll
             for (int n2 = 0; n2 < BN / 16; ++n2) {

@@ -79,6 +79,15 @@ pub fn quick() -> Vec<Case> {
             110,
         ),
         case("scale", "0.05", p(Shape::new(1, 2, 128, 128), Bf16).with_scale(0.05), Normal, 120),
+        // GPU kernels fold the scale into the exponent and must handle its sign and zero apart.
+        case(
+            "scale",
+            "negative",
+            p(Shape::new(1, 2, 200, 64), Bf16).causal().with_scale(-0.125),
+            Normal,
+            121,
+        ),
+        case("scale", "zero", p(Shape::new(1, 2, 100, 128), F16).with_scale(0.0), Normal, 122),
     ]);
     v
 }
