@@ -26,7 +26,7 @@ for d in 64 128; do for dt in f32 f16; do
   $attn plan --backend wgpu --dtype $dt -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
 done; done | tee "$out/plan.txt"
 
-GRID=(--dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096,8192} --masks none,causal --tokens 16384 --model-dim 2048)
+GRID=(--dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096,8192} --masks none,causal --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048})
 if has verify; then
   echo "== verify (wgpu, full grid; then the workgroup-memory reductions on the quick grid)"
   timeout 300 $attn verify --backend wgpu --json > "$out/verify-wgpu.json" 2> "$out/verify-wgpu.log"
@@ -46,7 +46,7 @@ if has cpu; then
   # The CPU path costs ~1 s per call at S=8192 on this grid, so only f32 up to S=2048.
   echo "== bench: attn cpu-flash (f32, S<=2048)"
   timeout 120 $attn bench --backend cpu-flash --dtypes f32 --dims ${DIMS:-64,128} --seqs 512,1024,2048 --masks none,causal \
-    --tokens 16384 --model-dim 2048 --warmup 1 --iters 3 --check-rows 4 > "$out/attn-cpu.jsonl" 2> "$out/attn-cpu.log"
+    --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048} --warmup 1 --iters 3 --check-rows 4 > "$out/attn-cpu.jsonl" 2> "$out/attn-cpu.log"
   echo "cpu exit $?"
 fi
 pack cpu
@@ -67,7 +67,8 @@ if has report; then
  "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events",
  "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
 META
-  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-wgpu.jsonl" --peer "$out/sdpa.jsonl" --peer "$out/attn-cpu.jsonl" \
+  peers=(); for f in sdpa attn-cpu; do [[ -s $out/$f.jsonl ]] && peers+=(--peer "$out/$f.jsonl"); done
+  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-wgpu.jsonl" "${peers[@]}" \
     --meta "$out/meta.json" --out "$out/wgpu-results.json" > "$out/wgpu-table.md"
   cp "$out/wgpu-table.md" "$final/wgpu-table.md"; cat "$out/wgpu-table.md"
   # The targets, row by row (fp32 FMA peak measured at ~60 TFLOP/s on this GPU).
