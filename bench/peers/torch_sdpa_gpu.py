@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA's GPU backends (cuDNN, flash = FlashAttention-2, efficient) on the standard grid,
+"""PyTorch SDPA's GPU backends (cuDNN, flash = FlashAttention-2, efficient, math) on the standard grid,
 as JSON lines in `attn bench`'s format.
 
 Standard grid: batch = tokens / S, heads = model_dim / D (16384 and 2048 by default). Each call
@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--model-dim", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--math-iters", type=int, default=None,
+                    help="timed runs for the unfused math backend (slow and memory-bound); default --iters")
     a = ap.parse_args()
     torch.manual_seed(1)
     dev = torch.cuda.get_device_name()
@@ -60,10 +62,13 @@ def main():
                         row = dict(impl=f"sdpa-{name}", kernel=f"torch {torch.__version__}", device=dev, dtype=dt,
                                    batch=b, heads=h, seq=s, head_dim=d, causal=causal)
                         try:
+                            iters = a.math_iters if name == "math" and a.math_iters else a.iters
+                            warmup = min(a.warmup, iters)
                             with sdpa_kernel([BACKENDS[name]]):
                                 times = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                                  a.warmup, a.iters)
-                        except RuntimeError as e:  # a backend that does not support the shape
+                                                  warmup, iters)
+                        except RuntimeError as e:  # a backend that does not support the shape, or out of memory
+                            torch.cuda.empty_cache()
                             row.update(error=str(e).splitlines()[0][:200])
                             print(json.dumps(row), flush=True)
                             continue

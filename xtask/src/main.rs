@@ -9,6 +9,7 @@ mod cuda;
 mod env;
 mod prereq;
 mod steps;
+mod vulkan;
 
 use std::process::ExitCode;
 
@@ -32,22 +33,32 @@ const EXTRAS: &[Extra] = &[
     Extra { name: "env", about: "print the environment inventory that `test` starts with", run: env::run },
     Extra {
         name: "prerequisites",
-        about: "install what optional backends need (NVRTC for CUDA); `test` does this first",
+        about: "install what optional backends need (NVRTC for CUDA, lavapipe for wgpu); `test` does this first",
         run: prereq::run,
     },
     Extra {
         name: "bundle",
         about: "build release binaries into .device/ for the GPU machine and print its command",
-        run: || match bundle::bundle() {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        run: || exit_code(bundle::bundle()),
+    },
+    Extra {
+        name: "vulkan-loader",
+        about: "download the Vulkan loader .deb into .gl/ for the GPU machine (carry .gl there)",
+        run: || exit_code(vulkan::fetch_loader_debs()),
     },
     Extra { name: "help", about: "list the subcommands", run: help },
 ];
+
+/// Success, or the error printed and failure.
+fn exit_code(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Dispatches on the one argument; usage errors exit 2 so they read differently from a failed step.
 fn main() -> ExitCode {

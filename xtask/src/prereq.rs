@@ -20,17 +20,24 @@ pub struct Prerequisite {
 
 /// Every prerequisite, in install order.
 ///
-/// This is where backends that need more than cargo register what to install. Expected
-/// additions: the Vulkan backend's Mesa lavapipe software driver,
-/// `apt-get install -y mesa-vulkan-drivers`.
+/// This is where backends that need more than cargo register what to install.
 pub fn prerequisites() -> Vec<Prerequisite> {
-    vec![Prerequisite {
-        name: "nvrtc",
-        why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not \
-              (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime 13.0: library and headers)",
-        present: crate::cuda::present,
-        install: crate::cuda::install,
-    }]
+    vec![
+        Prerequisite {
+            name: "nvrtc",
+            why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not \
+                  (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime 13.0: library and headers)",
+            present: crate::cuda::present,
+            install: crate::cuda::install,
+        },
+        Prerequisite {
+            name: "lavapipe",
+            why: "the wgpu backend's WGSL kernel runs on Mesa's software Vulkan driver where there is \
+                  no GPU (apt-get install mesa-vulkan-drivers, after apt-get update)",
+            present: crate::vulkan::present,
+            install: crate::vulkan::install,
+        },
+    ]
 }
 
 /// Installs every missing prerequisite, stopping at the first that fails.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::{cmd, cuda, env, prereq};
+use crate::{cmd, cuda, env, prereq, vulkan};
 
 /// One named CI check.
 pub struct Step {
@@ -145,8 +145,8 @@ fn run_step(step: &Step) -> Outcome {
 
 /// `cargo xtask <step>`: one step alone, without the inventory or the summary.
 pub fn run_one(step: &Step) -> ExitCode {
-    // Paths only: a single step reruns on whatever machine it is, NVRTC or not.
-    cmd::set_child_env(cuda::child_env(false));
+    // Paths only: a single step reruns on whatever machine it is, NVRTC or lavapipe or not.
+    cmd::set_child_env([cuda::child_env(false), vulkan::child_env(false)].concat());
     let outcome = run_step(step);
     match outcome.error {
         None => ExitCode::SUCCESS,
@@ -167,8 +167,9 @@ pub fn run_all() -> ExitCode {
         outcomes.push(Outcome { name: "prerequisites", took: start.elapsed(), error: Some(e) });
     } else {
         env::print_inventory();
-        // The prerequisites are installed now, so CI requires NVRTC: its tests fail, not skip.
-        cmd::set_child_env(cuda::child_env(true));
+        // The prerequisites are installed now, so CI requires NVRTC and a wgpu adapter
+        // (lavapipe at least): their tests fail, not skip.
+        cmd::set_child_env([cuda::child_env(true), vulkan::child_env(true)].concat());
         for step in STEPS {
             let outcome = run_step(step);
             let failed = outcome.error.is_some();

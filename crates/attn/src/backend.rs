@@ -18,12 +18,18 @@ pub struct Choice {
 
 impl Backend {
     /// All backends compiled into this build, available or not, in order of preference for
-    /// equal device kinds.
+    /// equal device kinds: on a hardware GPU `cuda` before `wgpu` (tensor cores against plain
+    /// FMA), then the CPU.
     pub fn all() -> Vec<Box<dyn Attention>> {
-        vec![Box::new(attn_cuda::Cuda::from_env()), Box::new(cpu_flash()), Box::new(attn_cpu::Reference)]
+        vec![
+            Box::new(attn_cuda::Cuda::from_env()),
+            Box::new(attn_wgpu::Wgpu::from_env()),
+            Box::new(cpu_flash()),
+            Box::new(attn_cpu::Reference),
+        ]
     }
 
-    /// The backend called `name` (`cuda`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
+    /// The backend called `name` (`cuda`, `wgpu`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
     /// error that says why it cannot be had.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
         let name = if name == "cpu" { "cpu-flash" } else { name };
@@ -57,9 +63,14 @@ impl Backend {
             return Ok((backend, format!("ATTN_BACKEND={name}")));
         }
         let (best, choices) = Self::rank(problem);
+        let chosen = best.as_ref().map(|b| b.name().to_string());
         let others: Vec<String> = choices
             .iter()
-            .filter_map(|c| c.verdict.as_ref().err().map(|why| format!("{}: {why}", c.name)))
+            .filter(|c| Some(&c.name) != chosen.as_ref())
+            .map(|c| match &c.verdict {
+                Ok(can) => format!("{}: {can}, but ranks lower", c.name),
+                Err(why) => format!("{}: {why}", c.name),
+            })
             .collect();
         match best {
             Some(backend) => {
@@ -96,7 +107,15 @@ impl Backend {
                 Availability::Available { kind, .. } => match backend.plan(problem) {
                     Ok(plan) => {
                         let r = rank(*kind);
-                        let verdict = Ok(format!("can run it ({})", plan.kernel));
+                        let verdict = Ok(match kind {
+                            // lavapipe and kin: the same kernel emulated on the CPU, far slower
+                            // than the CPU backend's own loops, so never chosen over them.
+                            DeviceKind::SoftwareGpu => format!(
+                                "can run it ({}) on a software GPU adapter (emulated on the CPU, slower than cpu-flash)",
+                                plan.kernel
+                            ),
+                            _ => format!("can run it ({})", plan.kernel),
+                        });
                         if best.as_ref().is_none_or(|(b, _)| r < *b) {
                             choices.push(Choice { name: backend.name().into(), availability, verdict });
                             best = Some((r, backend));

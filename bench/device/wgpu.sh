@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# On the lent GPU machine, in one call: the wgpu backend through Vulkan (the NVIDIA driver's ICD,
+# the loader carried as a .deb in .gl/), verified against the f64 reference, then timed on the
+# standard grid next to PyTorch SDPA's math and efficient backends and our CPU path.
+# Expects `cargo xtask bundle` output in .device/ and `cargo xtask vulkan-loader` output in .gl/
+# (carry both). Writes $OUT/wgpu.tgz (everything, repacked after each step) and
+# $OUT/wgpu-table.md. Steps: STEPS="verify bench cpu sdpa report" (default: all).
+# Budget: at most 9.5 minutes (each step under its own timeout; partial results are kept), about
+# 6 expected. One device call: timeout_s=600, carry .device and .gl.
+set -uo pipefail
+final=${OUT:-/tmp/out}; out=$final/wgpu; mkdir -p "$out"
+pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/wgpu.tgz" -C "$final" wgpu; }
+steps=${STEPS:-verify bench cpu sdpa report}
+has() { [[ " $steps " == *" $1 "* ]]; }
+attn=.device/bin/attn
+
+# The Vulkan loader (the image has the driver's manifest but no libvulkan); unpacked into / as the
+# device notes say, and pointed at the NVIDIA manifest when the loader's search finds none.
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+nv=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[[ -f $nv ]] && export VK_DRIVER_FILES=$nv
+export XDG_RUNTIME_DIR=/tmp
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; ldconfig -p | grep libvulkan; \
+  echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"; $attn backends; } 2>&1 | tee "$out/gpu.txt"
+# The plans of the grid's two head dims, with the adapter's limits and the tiles chosen from them.
+for d in 64 128; do for dt in f32 f16; do
+  $attn plan --backend wgpu --dtype $dt -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
+done; done | tee "$out/plan.txt"
+
+GRID=(--dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096,8192} --masks none,causal --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048})
+if has verify; then
+  echo "== verify (wgpu, full grid; then the workgroup-memory reductions on the quick grid)"
+  timeout 90 $attn verify --backend wgpu --json > "$out/verify-wgpu.json" 2> "$out/verify-wgpu.log"
+  echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-wgpu.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-wgpu.log"
+  ATTN_WGPU_SUBGROUPS=0 timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-wgmem.txt" 2>&1
+  echo "verify (no subgroups) exit $?"; tail -1 "$out/verify-wgpu-wgmem.txt"
+fi
+pack verify
+if has bench; then
+  echo "== bench: attn wgpu (f32, f16, bf16 widened to f32)"
+  timeout 240 $attn bench --backend wgpu --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
+    --check-rows 8 > "$out/attn-wgpu.jsonl" 2> "$out/attn-wgpu.log"
+  echo "bench exit $?"; tail -3 "$out/attn-wgpu.log"
+fi
+pack bench
+if has cpu; then
+  # The CPU path costs ~1 s per call at S=8192 on this grid, so only f32 up to S=2048.
+  echo "== bench: attn cpu-flash (f32, S<=2048)"
+  timeout 60 $attn bench --backend cpu-flash --dtypes f32 --dims ${DIMS:-64,128} --seqs 512,1024,2048 --masks none,causal \
+    --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048} --warmup 1 --iters 3 --check-rows 4 > "$out/attn-cpu.jsonl" 2> "$out/attn-cpu.log"
+  echo "cpu exit $?"
+fi
+pack cpu
+if has sdpa; then
+  # math materialises B·H·S² scores: at S=8192 f32, 2·32·8192²·4 B = 17 GB (D=64), twice that
+  # with the softmax, within 80 GB; a shape that runs out of memory is reported as an error row.
+  echo "== bench: pytorch sdpa math + efficient"
+  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" \
+    --warmup 2 --iters ${ITERS:-10} --math-iters 3 > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
+  echo "sdpa exit $?"; tail -2 "$out/sdpa.log"
+fi
+pack sdpa
+if has report; then
+  cat > "$out/meta.json" <<META
+{"suite": "wgpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader) through Vulkan (wgpu 30)",
+ "commit": "$(cat .device/COMMIT)", "date": "$(date -u +%FT%TZ)",
+ "command": "STEPS=\"$steps\" DTYPES=${DTYPES:-f32,f16,bf16} DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
+ "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events",
+ "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
+META
+  peers=(); for f in sdpa attn-cpu; do [[ -s $out/$f.jsonl ]] && peers+=(--peer "$out/$f.jsonl"); done
+  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-wgpu.jsonl" "${peers[@]}" \
+    --meta "$out/meta.json" --out "$out/wgpu-results.json" > "$out/wgpu-table.md"
+  cp "$out/wgpu-table.md" "$final/wgpu-table.md"; cat "$out/wgpu-table.md"
+  # The issue's targets, row by row (fp32 FMA peak measured at ~60 TFLOP/s on this GPU).
+  python3 - "$out/wgpu-results.json" <<'PY' | tee "$out/targets.txt"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"]]
+by = {}
+for r in rows:
+    by.setdefault((r["dtype"], r["head_dim"], r["seq"], r["causal"]), {})[r["impl"]] = r["gflops"] / 1e3
+for (dt, d, s, c), t in sorted(by.items()):
+    w, m, e = t.get("wgpu"), t.get("sdpa-math"), t.get("sdpa-efficient")
+    if w is None:
+        continue
+    line = f"{dt:>4} D={d:<3} S={s:<5} {'causal' if c else 'none  '} wgpu {w:6.1f}"
+    if m: line += f"  vs math {w / m:5.2f}x {'ok' if w > m else 'MISS'}"
+    if e: line += f"  vs efficient {w / e:5.2f}x"
+    if dt == "f32" and s >= 2048:
+        line += f"  [f32 S>=2048: >=30 TFLOP/s {'ok' if w >= 30 else 'MISS'}; >=0.75x efficient {'ok' if e and w >= 0.75 * e else 'MISS'}]"
+    if dt == "f16" and ("f32", d, s, c) in by and "wgpu" in by[("f32", d, s, c)]:
+        line += f"  f16/f32 {w / by[('f32', d, s, c)]['wgpu']:.2f}x"
+    print(line)
+PY
+fi
+pack report

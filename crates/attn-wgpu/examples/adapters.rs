@@ -1,0 +1,24 @@
+//! Lists the adapters wgpu finds here, with the features and limits the backend plans with.
+fn main() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    for a in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
+        let i = a.get_info();
+        let l = a.limits();
+        println!("{} ({:?}, {:?}, driver {} {})", i.name, i.device_type, i.backend, i.driver, i.driver_info);
+        println!(
+            "  f16 {} subgroup {} timestamp {} ",
+            a.features().contains(wgpu::Features::SHADER_F16),
+            a.features().contains(wgpu::Features::SUBGROUP),
+            a.features().contains(wgpu::Features::TIMESTAMP_QUERY)
+        );
+        println!(
+            "  wg storage {} invocations {} binding {} buffer {} sg {}..{}",
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            l.max_storage_buffer_binding_size,
+            l.max_buffer_size,
+            a.get_info().subgroup_min_size,
+            a.get_info().subgroup_max_size
+        );
+    }
+}

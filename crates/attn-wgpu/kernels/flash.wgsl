@@ -1,0 +1,225 @@
+// FlashAttention forward, one workgroup per (batch·head, block of BM query rows).
+//
+// Template: `shader.rs` substitutes every double-brace marker (constants, unrolled O code) per
+// specialisation; see `plan.rs` for how the constants are chosen. Scores are kept in base-2
+// units (Q is pre-multiplied by scale·log2(e)), so every exponential is one exp2.
+//
+// Roles: invocation (ty, tx), tx in 0..TX, ty in 0..TY, owns query rows 4·ty..4·ty+3 of the block,
+// key columns 4·tx..4·tx+3 of each score tile, and O columns (vec4 units) tx, tx+TX, tx+2·TX, ...
+// The TX invocations of a row reduce its max and sum together.
+{{ENABLE}}
+alias ET = {{ET}};
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const DC: u32 = {{DC}}u;
+const DC4: u32 = DC / 4u;
+const NCH: u32 = D / DC;
+const TY: u32 = {{TY}}u;
+const TX: u32 = 8u;
+const T: u32 = TY * TX;
+const BM: u32 = TY * 4u;
+const BN: u32 = TX * 4u;
+const CAUSAL: bool = {{CAUSAL}};
+// Masked scores: finite, so that max and subtraction never meet inf - inf.
+const NEG: f32 = -3.0e38;
+const LN2: f32 = 0.6931471805599453;
+
+struct Params {
+    seq_q: u32,
+    seq_k: u32,
+    heads_q: u32,
+    heads_kv: u32,
+    group: u32,
+    n_qblocks: u32,
+    grid_y: u32,
+    bh_total: u32,
+    // seq_k - seq_q: row i sees key j iff j <= i + causal_offset (bottom-right).
+    causal_offset: i32,
+    scale_log2: f32,
+    neg_inf_bits: u32,
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<ET>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<ET>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<ET>>;
+@group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+
+// Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
+var<workgroup> qs: array<vec4<f32>, D * TY>;
+// A K chunk transposed (kv[d·TX + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]).
+var<workgroup> kv: array<vec4<f32>, DC * TX>;
+// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.
+var<workgroup> ps: array<vec4<f32>, BN * TY>;
+{{RED_DECL}}
+
+fn load_q(base: u32, row: u32, dq: u32) -> vec4<f32> {
+    if (row < P.seq_q) {
+        return vec4<f32>(q[base + row * D4 + dq]);
+    }
+    return vec4<f32>(0.0);
+}
+
+fn load_k(base: u32, key: u32, dq: u32) -> vec4<f32> {
+    if (key < P.seq_k) {
+        return vec4<f32>(k[base + key * D4 + dq]);
+    }
+    return vec4<f32>(0.0);
+}
+
+fn load_v(base: u32, key: u32, dq: u32) -> vec4<f32> {
+    if (key < P.seq_k) {
+        return vec4<f32>(v[base + key * D4 + dq]);
+    }
+    return vec4<f32>(0.0);
+}
+
+fn hmax(x: vec4<f32>) -> f32 {
+    return max(max(x.x, x.y), max(x.z, x.w));
+}
+
+fn hsum(x: vec4<f32>) -> f32 {
+    return (x.x + x.y) + (x.z + x.w);
+}
+
+// The four rows' maxima (or sums) over the TX invocations of each row.
+fn row_max(x: vec4<f32>, tx: u32, ty: u32) -> vec4<f32> {
+{{REDUCE_MAX}}
+}
+
+fn row_sum(x: vec4<f32>, tx: u32, ty: u32) -> vec4<f32> {
+{{REDUCE_SUM}}
+}
+
+@compute @workgroup_size(T)
+fn main(
+    @builtin(local_invocation_index) lidx: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+{{SG_ARGS}}
+) {
+    let lid = {{LID}};
+    let tx = lid % TX;
+    let ty = lid / TX;
+    let bh = wid.y + wid.z * P.grid_y;
+    if (bh >= P.bh_total) {
+        return;
+    }
+    // Causal: the blocks with the most keys are dispatched first.
+    let qblk = select(wid.x, P.n_qblocks - 1u - wid.x, CAUSAL);
+    let m0 = qblk * BM;
+    let b = bh / P.heads_q;
+    let h = bh % P.heads_q;
+    let q_base = bh * P.seq_q * D4;
+    let kv_base = (b * P.heads_kv + h / P.group) * P.seq_k * D4;
+
+    // Q block -> Qᵀ, 4 rows x 4 dims per step, transposed in registers so stores are vec4.
+    for (var blk = lid; blk < TY * D4; blk += T) {
+        let mb = blk % TY;
+        let db = blk / TY;
+        let r0 = load_q(q_base, m0 + mb * 4u, db);
+        let r1 = load_q(q_base, m0 + mb * 4u + 1u, db);
+        let r2 = load_q(q_base, m0 + mb * 4u + 2u, db);
+        let r3 = load_q(q_base, m0 + mb * 4u + 3u, db);
+        let sc = P.scale_log2;
+        qs[(db * 4u) * TY + mb] = vec4<f32>(r0.x, r1.x, r2.x, r3.x) * sc;
+        qs[(db * 4u + 1u) * TY + mb] = vec4<f32>(r0.y, r1.y, r2.y, r3.y) * sc;
+        qs[(db * 4u + 2u) * TY + mb] = vec4<f32>(r0.z, r1.z, r2.z, r3.z) * sc;
+        qs[(db * 4u + 3u) * TY + mb] = vec4<f32>(r0.w, r1.w, r2.w, r3.w) * sc;
+    }
+
+    // Keys this block can see: all, or (causal) up to the last row's diagonal.
+    var n_end = P.seq_k;
+    if (CAUSAL) {
+        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
+    }
+    let n_tiles = (n_end + BN - 1u) / BN;
+
+    var m = vec4<f32>(NEG);
+    var l = vec4<f32>(0.0);
+{{O_DECL}}
+    for (var t = 0u; t < n_tiles; t++) {
+        let n0 = t * BN;
+        var s0 = vec4<f32>(0.0);
+        var s1 = vec4<f32>(0.0);
+        var s2 = vec4<f32>(0.0);
+        var s3 = vec4<f32>(0.0);
+        for (var c = 0u; c < NCH; c++) {
+            workgroupBarrier();
+            for (var blk = lid; blk < TX * DC4; blk += T) {
+                let nb = blk % TX;
+                let db = blk / TX;
+                let dq = c * DC4 + db;
+                let k0 = load_k(kv_base, n0 + nb * 4u, dq);
+                let k1 = load_k(kv_base, n0 + nb * 4u + 1u, dq);
+                let k2 = load_k(kv_base, n0 + nb * 4u + 2u, dq);
+                let k3 = load_k(kv_base, n0 + nb * 4u + 3u, dq);
+                kv[(db * 4u) * TX + nb] = vec4<f32>(k0.x, k1.x, k2.x, k3.x);
+                kv[(db * 4u + 1u) * TX + nb] = vec4<f32>(k0.y, k1.y, k2.y, k3.y);
+                kv[(db * 4u + 2u) * TX + nb] = vec4<f32>(k0.z, k1.z, k2.z, k3.z);
+                kv[(db * 4u + 3u) * TX + nb] = vec4<f32>(k0.w, k1.w, k2.w, k3.w);
+            }
+            workgroupBarrier();
+            let qd = c * DC * TY + ty;
+            for (var d = 0u; d < DC; d++) {
+                let a = qs[qd + d * TY];
+                let kk = kv[d * TX + tx];
+                s0 = fma(vec4<f32>(a.x), kk, s0);
+                s1 = fma(vec4<f32>(a.y), kk, s1);
+                s2 = fma(vec4<f32>(a.z), kk, s2);
+                s3 = fma(vec4<f32>(a.w), kk, s3);
+            }
+        }
+
+        // Mask only the tiles that reach past seq_k or past the first row's diagonal.
+        let row0 = m0 + ty * 4u;
+        if (n0 + BN > P.seq_k || (CAUSAL && i32(n0 + BN) - 1 > i32(m0) + P.causal_offset)) {
+            let key = vec4<i32>(vec4<u32>(n0 + tx * 4u) + vec4<u32>(0u, 1u, 2u, 3u));
+            let in_k = key < vec4<i32>(i32(P.seq_k));
+            var lim = vec4<i32>(i32(P.seq_k));
+            if (CAUSAL) {
+                lim = vec4<i32>(i32(row0) + P.causal_offset + 1) + vec4<i32>(0, 1, 2, 3);
+            }
+            s0 = select(vec4<f32>(NEG), s0, in_k & (key < vec4<i32>(lim.x)));
+            s1 = select(vec4<f32>(NEG), s1, in_k & (key < vec4<i32>(lim.y)));
+            s2 = select(vec4<f32>(NEG), s2, in_k & (key < vec4<i32>(lim.z)));
+            s3 = select(vec4<f32>(NEG), s3, in_k & (key < vec4<i32>(lim.w)));
+        }
+
+        let m_new = max(m, row_max(vec4<f32>(hmax(s0), hmax(s1), hmax(s2), hmax(s3)), tx, ty));
+        // Rows that have seen no key yet keep NEG; subtracting 0 makes their exp2 underflow to 0.
+        let m_use = select(m_new, vec4<f32>(0.0), m_new <= vec4<f32>(NEG));
+        let alpha = exp2(m - m_use);
+        m = m_new;
+        let p0 = exp2(s0 - vec4<f32>(m_use.x));
+        let p1 = exp2(s1 - vec4<f32>(m_use.y));
+        let p2 = exp2(s2 - vec4<f32>(m_use.z));
+        let p3 = exp2(s3 - vec4<f32>(m_use.w));
+        // Each invocation keeps its own part of the row sums; they are reduced once, at the end.
+        l = l * alpha + vec4<f32>(hsum(p0), hsum(p1), hsum(p2), hsum(p3));
+        let pn = tx * 4u * TY + ty;
+        ps[pn] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
+        ps[pn + TY] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
+        ps[pn + 2u * TY] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
+        ps[pn + 3u * TY] = vec4<f32>(p0.w, p1.w, p2.w, p3.w);
+{{O_RESCALE}}
+{{PV}}
+    }
+
+    let l_row = row_sum(l, tx, ty);
+    let inv = select(vec4<f32>(1.0) / l_row, vec4<f32>(0.0), l_row == vec4<f32>(0.0));
+    let row0 = m0 + ty * 4u;
+{{O_STORE}}
+    if (tx == 0u) {
+        let lse_row = (m + log2(l_row)) * LN2;
+        let empty = l_row == vec4<f32>(0.0);
+        let ninf = bitcast<f32>(P.neg_inf_bits);
+        for (var i = 0u; i < 4u; i++) {
+            if (row0 + i < P.seq_q) {
+                lse[bh * P.seq_q + row0 + i] = select(lse_row[i], ninf, empty[i]);
+            }
+        }
+    }
+}

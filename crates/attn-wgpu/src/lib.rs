@@ -1,0 +1,38 @@
+//! # attn-wgpu
+//!
+//! The portable GPU backend: a FlashAttention forward written in WGSL and run through `wgpu` on
+//! whatever adapter the machine has (Vulkan, Metal, DX12), down to Mesa's lavapipe on a CPU.
+//!
+//! ## Contract
+//! [`Wgpu`] implements [`attn_core::Attention`] for f32, f16 (where the adapter has
+//! `SHADER_F16`) and bf16 (widened to f32 on upload, exactly; the output is rounded once back to
+//! bf16), any sequence lengths, bottom-right causal masks, grouped-query attention and head dims
+//! up to 256 (padded with zeros to a multiple of 32). Inputs of any strides are packed on the host
+//! into contiguous BHSD buffers when prepared; the output is written back into the caller's view.
+//!
+//! ## Numerical promises
+//! Scores, probabilities, row statistics and the P·V accumulation are f32 for every dtype
+//! ([`attn_core::Numerics::F32Accumulate`]); the scale is folded with log2(e) into Q so that the
+//! softmax uses exp2. Rows that see no key give 0 and an LSE of -inf, never NaN.
+//!
+//! ## Shape of the work
+//! [`plan`] picks the tiles from the adapter's limits (workgroup memory, invocations, binding
+//! sizes) and refuses with a typed error what cannot run; [`shader`] generates the WGSL of each
+//! specialisation from `kernels/flash.wgsl`; [`runtime`] opens the adapter with its real limits,
+//! and compiles each pipeline once per process. Where the adapter has `SUBGROUP` (subgroups of
+//! 8 or more), row reductions use subgroup shuffles, otherwise workgroup memory. Kernel time
+//! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`.
+//!
+//! ## Without an adapter
+//! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an
+//! adapter print `SKIPPED <test>: <reason>`, unless `ATTN_REQUIRE_WGPU=1` (as `cargo xtask test`
+//! sets), where they fail.
+
+mod backend;
+mod pack;
+pub mod plan;
+pub mod runtime;
+pub mod shader;
+
+pub use backend::Wgpu;
+pub use plan::{AdapterCaps, Variant};

@@ -1,0 +1,97 @@
+//! Host-side layout changes around the kernel, which reads contiguous BHSD tensors whose head
+//! dim is padded to the kernel's (zeros: they change no dot product, and the padded output
+//! columns are dropped on the way back).
+//!
+//! Packing happens once, in `prepare`, outside the timed dispatch; it is what lets the kernel
+//! take any strides (views, BSHD, broadcast batches) with one indexing scheme. bf16 is widened
+//! to f32 here, exactly, and the output rounded once back to bf16 on read.
+
+use crate::plan::KernelType;
+use attn_core::{Data, DataMut, Element, Inputs, Problem, Strides};
+use half::f16;
+
+/// q, k and v as the bytes of the kernel's buffers.
+pub fn pack_inputs(problem: &Problem, inputs: &Inputs<'_>, ty: KernelType, d_pad: usize) -> [Vec<u8>; 3] {
+    let s = problem.shape;
+    let t = problem.strides;
+    let one = |data: Data<'_>, st: Strides, heads: usize, seq: usize| -> Vec<u8> {
+        let dims = Dims { batch: s.batch, heads, seq, d: s.head_dim, d_pad };
+        match (data, ty) {
+            (Data::F32(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v)).to_vec(),
+            (Data::Bf16(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v.to_f32())).to_vec(),
+            (Data::F16(x), KernelType::F16) => {
+                pack(x, st, dims, |v| v.to_bits()).iter().flat_map(|b| b.to_le_bytes()).collect()
+            }
+            (Data::F16(x), KernelType::F32) => {
+                bytemuck::cast_slice(&pack(x, st, dims, |v| v.to_f32())).to_vec()
+            }
+        }
+    };
+    [
+        one(inputs.q, t.q, s.heads_q, s.seq_q),
+        one(inputs.k, t.k, s.heads_kv, s.seq_k),
+        one(inputs.v, t.v, s.heads_kv, s.seq_k),
+    ]
+}
+
+/// Writes the kernel's packed output (`bytes`) into the rows of `problem`'s output view; the
+/// gaps of a strided view are left untouched.
+pub fn unpack_output(problem: &Problem, ty: KernelType, d_pad: usize, bytes: &[u8], out: &mut DataMut<'_>) {
+    let s = problem.shape;
+    let values: Vec<f32> = match ty {
+        KernelType::F32 => bytemuck::cast_slice(bytes).to_vec(),
+        KernelType::F16 => {
+            bytes.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect()
+        }
+    };
+    fn scatter<T: Element>(dst: &mut [T], values: &[f32], problem: &Problem, d_pad: usize) {
+        let s = problem.shape;
+        let mut row = 0;
+        for b in 0..s.batch {
+            for h in 0..s.heads_q {
+                for i in 0..s.seq_q {
+                    let at = problem.strides.o.offset(b, h, i);
+                    let src = &values[row * d_pad..row * d_pad + s.head_dim];
+                    for (x, &y) in dst[at..at + s.head_dim].iter_mut().zip(src) {
+                        *x = T::from_f32(y);
+                    }
+                    row += 1;
+                }
+            }
+        }
+    }
+    debug_assert_eq!(values.len(), s.batch * s.heads_q * s.seq_q * d_pad);
+    match out {
+        DataMut::F32(x) => scatter(x, &values, problem, d_pad),
+        DataMut::F16(x) => scatter(x, &values, problem, d_pad),
+        DataMut::Bf16(x) => scatter(x, &values, problem, d_pad),
+    }
+}
+
+/// The extents of one tensor.
+#[derive(Clone, Copy)]
+struct Dims {
+    batch: usize,
+    heads: usize,
+    seq: usize,
+    d: usize,
+    d_pad: usize,
+}
+
+/// Contiguous `[batch, heads, seq, d_pad]` from a strided view, converting each element.
+fn pack<T: Copy, U: Copy + Default>(src: &[T], st: Strides, n: Dims, convert: impl Fn(T) -> U) -> Vec<U> {
+    let mut out = vec![U::default(); n.batch * n.heads * n.seq * n.d_pad];
+    let mut row = 0;
+    for b in 0..n.batch {
+        for h in 0..n.heads {
+            for i in 0..n.seq {
+                let at = st.offset(b, h, i);
+                for (x, &y) in out[row * n.d_pad..row * n.d_pad + n.d].iter_mut().zip(&src[at..at + n.d]) {
+                    *x = convert(y);
+                }
+                row += 1;
+            }
+        }
+    }
+    out
+}

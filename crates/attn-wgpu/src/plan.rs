@@ -1,0 +1,434 @@
+//! Tile choice from the adapter's limits: pure functions, so that every rule can be tested with
+//! synthetic limits on a machine without an adapter.
+//!
+//! The kernel's shape (see `kernels/flash.wgsl`): a workgroup of `8·TY` invocations computes a
+//! `BM × BN = 4·TY × 32` score tile, each invocation a 4×4 micro-tile of S and the matching 4 rows
+//! × `D/8` columns of O. Workgroup memory holds Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the
+//! head dim staged `DC` columns at a time when all of it does not fit), Pᵀ (`BN × BM`), and, on
+//! the path without subgroup operations, the row-reduction scratch (`8 × BM`). All f32.
+
+use attn_core::{
+    DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
+};
+
+/// Invocations sharing one query row's scores (the `TX` of the kernel); the subgroup path needs
+/// subgroups at least this wide.
+pub const ROW_THREADS: u32 = 8;
+/// Rows and key columns of each invocation's score micro-tile.
+pub const MICRO: u32 = 4;
+/// Keys per tile: `ROW_THREADS · MICRO`.
+pub const BLOCK_N: u32 = ROW_THREADS * MICRO;
+/// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
+pub const HEAD_DIM_ALIGN: usize = 32;
+/// The largest head dim (after padding) the kernel is built for: O takes `D/2` registers per
+/// invocation.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Row groups (`TY`) tried, largest first: 128, 64 and 32 invocations, `BM` = 64, 32 and 16.
+pub const ROW_GROUPS: [u32; 3] = [16, 8, 4];
+
+/// What the planner needs to know about an adapter: read off a real one by the runtime, or
+/// written by hand in tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterCaps {
+    /// Adapter name, for messages.
+    pub name: String,
+    /// Hardware GPU or a software rasteriser (lavapipe).
+    pub kind: DeviceKind,
+    /// `max_compute_workgroup_storage_size`, bytes.
+    pub workgroup_storage: u32,
+    /// `max_compute_invocations_per_workgroup` (capped by `max_compute_workgroup_size_x`).
+    pub invocations: u32,
+    /// `max_compute_workgroups_per_dimension`.
+    pub workgroups_per_dim: u32,
+    /// `max_storage_buffer_binding_size` (capped by `max_buffer_size`), bytes.
+    pub storage_binding: u64,
+    /// `SHADER_F16`.
+    pub f16: bool,
+    /// The smallest subgroup size, where the adapter has `SUBGROUP`.
+    pub subgroup_min: Option<u32>,
+    /// `TIMESTAMP_QUERY`: kernel time from GPU timestamps rather than the host clock.
+    pub timestamps: bool,
+}
+
+impl AdapterCaps {
+    /// WebGPU's default limits (16 KiB of workgroup memory, 256 invocations, 128 MiB bindings),
+    /// no optional features: the least any adapter offers.
+    pub fn webgpu_defaults() -> Self {
+        AdapterCaps {
+            name: "WebGPU default limits".into(),
+            kind: DeviceKind::Gpu,
+            workgroup_storage: 16 * 1024,
+            invocations: 256,
+            workgroups_per_dim: 65535,
+            storage_binding: 128 << 20,
+            f16: false,
+            subgroup_min: None,
+            timestamps: false,
+        }
+    }
+
+    /// The limits in attn-core's vocabulary, for [`Launch::validate`].
+    pub fn device_limits(&self) -> DeviceLimits {
+        DeviceLimits {
+            name: self.name.clone(),
+            max_threads_per_block: self.invocations,
+            shared_per_block: self.workgroup_storage,
+            shared_per_block_optin: self.workgroup_storage,
+            registers_per_block: u32::MAX,
+            max_registers_per_thread: u32::MAX,
+            max_grid: [self.workgroups_per_dim; 3],
+        }
+    }
+}
+
+/// The element type the kernel reads and writes (bf16 is widened to f32 on upload).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelType {
+    /// f32 storage (f32 and bf16 problems).
+    F32,
+    /// f16 storage, `enable f16;` (needs `SHADER_F16`).
+    F16,
+}
+
+impl KernelType {
+    /// Bytes per element in device buffers.
+    pub fn size(self) -> u64 {
+        match self {
+            KernelType::F32 => 4,
+            KernelType::F16 => 2,
+        }
+    }
+}
+
+/// One specialisation of the WGSL kernel: every constant substituted into the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Storage element type.
+    pub ty: KernelType,
+    /// Head dim after padding to [`HEAD_DIM_ALIGN`].
+    pub head_dim: u32,
+    /// Row groups: `8·row_groups` invocations, `BM = 4·row_groups`.
+    pub row_groups: u32,
+    /// Head-dim columns of K or V staged at once; divides `head_dim`, multiple of 32.
+    pub chunk: u32,
+    /// Bottom-right causal mask.
+    pub causal: bool,
+    /// Row reductions with subgroup shuffles instead of workgroup memory.
+    pub subgroup: bool,
+}
+
+impl Variant {
+    /// Invocations per workgroup.
+    pub fn threads(&self) -> u32 {
+        self.row_groups * ROW_THREADS
+    }
+
+    /// Query rows per workgroup.
+    pub fn block_m(&self) -> u32 {
+        self.row_groups * MICRO
+    }
+
+    /// Workgroup memory, bytes: Qᵀ, the K/V chunk, Pᵀ and (without subgroups) the reduction
+    /// scratch, all f32. Must match the `var<workgroup>` declarations of the kernel, which a
+    /// test checks through naga.
+    pub fn shared_bytes(&self) -> u32 {
+        let bm = self.block_m();
+        let red = if self.subgroup { 0 } else { ROW_THREADS * bm };
+        4 * (bm * self.head_dim + BLOCK_N * self.chunk + BLOCK_N * bm + red)
+    }
+
+    /// The name plans and errors use, e.g. `flash_f32_d128_m64n32_c64_causal_sg`.
+    pub fn name(&self) -> String {
+        let ty = match self.ty {
+            KernelType::F32 => "f32",
+            KernelType::F16 => "f16",
+        };
+        format!(
+            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}",
+            self.head_dim,
+            self.block_m(),
+            BLOCK_N,
+            self.chunk,
+            if self.causal { "causal" } else { "full" },
+            if self.subgroup { "sg" } else { "wgmem" }
+        )
+    }
+}
+
+/// The head dim the kernel runs at: `d` rounded up to a multiple of [`HEAD_DIM_ALIGN`].
+pub fn padded_head_dim(d: usize) -> usize {
+    d.div_ceil(HEAD_DIM_ALIGN) * HEAD_DIM_ALIGN
+}
+
+/// Everything [`choose`] decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The specialisation.
+    pub variant: Variant,
+    /// Workgroups and invocations, checked against the adapter.
+    pub launch: Launch,
+    /// Tiles, as plans print them.
+    pub tiles: Tiles,
+    /// Device memory of the call (q, k, v, o, lse), bytes.
+    pub device_bytes: u64,
+    /// Lines for the plan.
+    pub notes: Vec<String>,
+}
+
+/// Picks the specialisation and launch for `problem` on an adapter with `caps`, or says why it
+/// cannot run there: a typed error, raised before any buffer exists.
+pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
+    problem.validate()?;
+    let s = problem.shape;
+    let unsupported_dim = || Error::UnsupportedHeadDim {
+        backend: "wgpu".into(),
+        head_dim: s.head_dim,
+        supported: format!("1..={MAX_HEAD_DIM} (padded to a multiple of {HEAD_DIM_ALIGN})"),
+    };
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(unsupported_dim());
+    }
+    let ty = match problem.dtype {
+        DType::F32 | DType::Bf16 => KernelType::F32,
+        DType::F16 if caps.f16 => KernelType::F16,
+        DType::F16 => {
+            return Err(Error::UnsupportedDType {
+                backend: "wgpu".into(),
+                dtype: DType::F16,
+                supported: format!("f32 and bf16 (widened to f32); {} lacks SHADER_F16", caps.name),
+            });
+        }
+    };
+    let d = padded_head_dim(s.head_dim) as u32;
+    let subgroup = caps.subgroup_min.is_some_and(|m| m >= ROW_THREADS);
+    let variant = candidates(ty, d, problem.is_causal(), subgroup)
+        .find(|v| v.threads() <= caps.invocations && v.shared_bytes() <= caps.workgroup_storage)
+        .ok_or_else(|| {
+            // Report the smallest candidate's needs: nothing smaller exists.
+            let smallest = candidates(ty, d, problem.is_causal(), subgroup).last().expect("never empty");
+            Error::OverDeviceLimit {
+                kernel: smallest.name(),
+                resource: "workgroup storage (bytes)",
+                needed: smallest.shared_bytes() as u64,
+                allowed: caps.workgroup_storage as u64,
+                device: caps.name.clone(),
+            }
+        })?;
+
+    // Buffers: every tensor is packed contiguous (BHSD, head dim padded) on upload.
+    let elem = ty.size();
+    let bh = (s.batch * s.heads_q) as u64;
+    let bhkv = (s.batch * s.heads_kv) as u64;
+    let tensors = [
+        ("q", bh * s.seq_q as u64 * d as u64 * elem),
+        ("k", bhkv * s.seq_k as u64 * d as u64 * elem),
+        ("v", bhkv * s.seq_k as u64 * d as u64 * elem),
+        ("o", bh * s.seq_q as u64 * d as u64 * elem),
+        ("lse", bh * s.seq_q as u64 * 4),
+    ];
+    // The kernel indexes buffers in vec4 units with u32 arithmetic.
+    let allowed = caps.storage_binding.min(16 * (u32::MAX as u64));
+    for (name, bytes) in tensors {
+        if bytes > allowed {
+            return Err(Error::OverDeviceLimit {
+                kernel: variant.name(),
+                resource: match name {
+                    "q" => "storage buffer binding of q (bytes)",
+                    "k" => "storage buffer binding of k (bytes)",
+                    "v" => "storage buffer binding of v (bytes)",
+                    "o" => "storage buffer binding of o (bytes)",
+                    _ => "storage buffer binding of lse (bytes)",
+                },
+                needed: bytes,
+                allowed,
+                device: caps.name.clone(),
+            });
+        }
+    }
+    let device_bytes = tensors.iter().map(|(_, b)| b).sum();
+
+    let q_blocks = s.seq_q.div_ceil(variant.block_m() as usize) as u64;
+    let per_dim = caps.workgroups_per_dim.max(1) as u64;
+    let grid_y = bh.min(per_dim);
+    let grid_z = bh.div_ceil(grid_y);
+    let launch = Launch {
+        grid: [q_blocks.min(u32::MAX as u64) as u32, grid_y as u32, grid_z.min(u32::MAX as u64) as u32],
+        block: [variant.threads(), 1, 1],
+        dynamic_shared_bytes: 0,
+        static_shared_bytes: variant.shared_bytes(),
+        registers_per_thread: None,
+        spill_bytes: None,
+    };
+    launch.validate(&variant.name(), &caps.device_limits())?;
+
+    let mut notes = vec![format!(
+        "{} invocations, each a {MICRO}x{MICRO} tile of S and {MICRO} rows x {} columns of O; \
+         workgroup memory {} of {} B",
+        variant.threads(),
+        d / ROW_THREADS,
+        variant.shared_bytes(),
+        caps.workgroup_storage
+    )];
+    if variant.chunk < d {
+        notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
+    }
+    notes.push(if subgroup {
+        format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
+    } else {
+        "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than 8)".into()
+    });
+    if d as usize != s.head_dim {
+        notes.push(format!("head dim {} padded with zeros to {d} on upload", s.head_dim));
+    }
+    if problem.dtype == DType::Bf16 {
+        notes
+            .push("bf16 inputs widened to f32 on upload (exact); output rounded once to bf16 on read".into());
+    }
+    let packed = |st: &Strides, heads: usize, seq: usize| {
+        *st == attn_core::Layout::Bhsd.strides(heads, seq, s.head_dim)
+    };
+    let t: &TensorStrides = &problem.strides;
+    if !(packed(&t.q, s.heads_q, s.seq_q)
+        && packed(&t.k, s.heads_kv, s.seq_k)
+        && packed(&t.v, s.heads_kv, s.seq_k))
+        || d as usize != s.head_dim
+        || problem.dtype == DType::Bf16
+    {
+        notes.push("inputs repacked on the host to contiguous BHSD at prepare (not timed)".into());
+    }
+    notes.push(format!("device memory {device_bytes} B: q, k, v, o and lse only; no workspace, linear in S"));
+    notes.push(if caps.timestamps {
+        "kernel time from GPU timestamp queries around the dispatch".into()
+    } else {
+        "kernel time from the host clock around submit and wait (no TIMESTAMP_QUERY)".into()
+    });
+    if caps.kind == DeviceKind::SoftwareGpu {
+        notes.push(format!("{} is a software rasteriser on the CPU: correct, slow", caps.name));
+    }
+    let tiles = Tiles { block_m: variant.block_m() as usize, block_n: BLOCK_N as usize, stages: 1 };
+    Ok(Choice { variant, launch, tiles, device_bytes, notes })
+}
+
+/// Every variant for this dtype, head dim and mask, in order of preference: more rows per
+/// workgroup first (K/V tiles reused by more queries), then more of the head dim per stage.
+pub fn candidates(
+    ty: KernelType,
+    head_dim: u32,
+    causal: bool,
+    subgroup: bool,
+) -> impl Iterator<Item = Variant> {
+    ROW_GROUPS.into_iter().flat_map(move |row_groups| {
+        let chunks = (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
+        chunks.map(move |chunk| Variant { ty, head_dim, row_groups, chunk, causal, subgroup })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::Shape;
+
+    fn lavapipe() -> AdapterCaps {
+        AdapterCaps {
+            name: "llvmpipe (stated)".into(),
+            kind: DeviceKind::SoftwareGpu,
+            workgroup_storage: 32 * 1024,
+            invocations: 1024,
+            workgroups_per_dim: 65535,
+            storage_binding: 128 << 20,
+            f16: true,
+            subgroup_min: Some(8),
+            timestamps: true,
+        }
+    }
+
+    #[test]
+    fn head_dims_to_128_fit_webgpu_defaults_and_256_is_a_typed_error() {
+        for d in [1, 32, 40, 64, 96, 128] {
+            let p = Problem::new(Shape::new(1, 2, 100, d), DType::F32);
+            let c = choose(&p, &AdapterCaps::webgpu_defaults()).unwrap();
+            assert!(c.variant.shared_bytes() <= 16 * 1024, "d{d}: {}", c.variant.name());
+            assert_eq!(c.variant.head_dim as usize, padded_head_dim(d));
+        }
+        // Qᵀ alone of the smallest block (16 rows x 256) takes all 16 KiB.
+        let p = Problem::new(Shape::new(1, 2, 100, 256), DType::F32);
+        assert!(matches!(
+            choose(&p, &AdapterCaps::webgpu_defaults()),
+            Err(Error::OverDeviceLimit { resource: "workgroup storage (bytes)", .. })
+        ));
+    }
+
+    #[test]
+    fn more_workgroup_memory_gives_larger_tiles() {
+        let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F32);
+        let small = choose(&p, &lavapipe()).unwrap().variant;
+        let big = choose(&p, &AdapterCaps { workgroup_storage: 48 * 1024, ..lavapipe() }).unwrap().variant;
+        assert_eq!((small.block_m(), small.chunk), (32, 64));
+        assert_eq!((big.block_m(), big.chunk, big.subgroup), (64, 64, true));
+        assert_eq!(big.shared_bytes(), 48 * 1024);
+    }
+
+    #[test]
+    fn shared_bytes_formula() {
+        let v = Variant {
+            ty: KernelType::F32,
+            head_dim: 64,
+            row_groups: 8,
+            chunk: 64,
+            causal: false,
+            subgroup: false,
+        };
+        // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
+        assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
+    }
+
+    #[test]
+    fn over_the_binding_limit_is_a_typed_plan_error() {
+        // 2·32·4096·128 f32 = 128 MiB per tensor, one byte over a limit one byte smaller.
+        let p = Problem::new(Shape::new(2, 32, 4096, 128), DType::F32);
+        let caps = AdapterCaps { storage_binding: (128 << 20) - 1, ..lavapipe() };
+        match choose(&p, &caps) {
+            Err(Error::OverDeviceLimit { resource, needed, allowed, .. }) => {
+                assert!(resource.contains("storage buffer binding of q"), "{resource}");
+                assert_eq!((needed, allowed), (128 << 20, (128 << 20) - 1));
+            }
+            other => panic!("expected OverDeviceLimit, got {other:?}"),
+        }
+        assert!(choose(&p, &lavapipe()).is_ok());
+    }
+
+    #[test]
+    fn too_little_workgroup_memory_is_a_typed_error() {
+        let p = Problem::new(Shape::new(1, 1, 10, 256), DType::F32);
+        let caps = AdapterCaps { workgroup_storage: 8 * 1024, ..lavapipe() };
+        assert!(matches!(
+            choose(&p, &caps),
+            Err(Error::OverDeviceLimit { resource: "workgroup storage (bytes)", .. })
+        ));
+    }
+
+    #[test]
+    fn f16_needs_shader_f16_and_big_head_dims_are_refused() {
+        let p = Problem::new(Shape::new(1, 1, 10, 64), DType::F16);
+        let caps = AdapterCaps { f16: false, ..lavapipe() };
+        assert!(matches!(choose(&p, &caps), Err(Error::UnsupportedDType { .. })));
+        assert_eq!(choose(&p, &lavapipe()).unwrap().variant.ty, KernelType::F16);
+        let p = Problem::new(Shape::new(1, 1, 10, 257), DType::F32);
+        assert!(matches!(choose(&p, &lavapipe()), Err(Error::UnsupportedHeadDim { .. })));
+    }
+
+    #[test]
+    fn many_heads_spill_into_grid_z() {
+        let p = Problem::new(Shape::new(70000, 1, 4, 32), DType::F32);
+        let caps = AdapterCaps { storage_binding: 1 << 40, ..lavapipe() };
+        let c = choose(&p, &caps).unwrap();
+        assert_eq!(c.launch.grid, [1, 65535, 2]);
+    }
+
+    #[test]
+    fn narrow_subgroups_use_workgroup_memory() {
+        let p = Problem::new(Shape::new(1, 1, 10, 64), DType::F32);
+        let caps = AdapterCaps { subgroup_min: Some(4), ..lavapipe() };
+        assert!(!choose(&p, &caps).unwrap().variant.subgroup);
+    }
+}

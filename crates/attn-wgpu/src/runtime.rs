@@ -1,0 +1,203 @@
+//! The adapter, the device, and everything created once per backend: the bind-group layout,
+//! the pipeline layout, and a cache of compiled pipelines keyed by [`Variant`].
+//!
+//! wgpu reports validation errors through a callback that panics by default; the device here
+//! installs one that records the message instead, and every call that can fail is wrapped in an
+//! error scope, so that a mistake becomes an [`Error`] and never a panic or a lost device.
+
+use crate::plan::{AdapterCaps, Variant};
+use crate::shader;
+use attn_core::{DeviceKind, Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An open device and its per-backend state.
+pub struct Gpu {
+    /// The adapter's name and kind, limits and features, as the planner sees them.
+    pub caps: AdapterCaps,
+    /// `name (backend, driver)`, for `attn backends`.
+    pub description: String,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
+    /// The last error wgpu reported outside an error scope.
+    uncaptured: Arc<Mutex<Option<String>>>,
+}
+
+/// The one sentence a user without an adapter needs.
+const NO_ADAPTER: &str = "no Vulkan, Metal or DX12 adapter found: install a GPU driver, or \
+     Mesa's software one (Debian/Ubuntu: apt-get install mesa-vulkan-drivers) for lavapipe";
+
+impl Gpu {
+    /// Opens the preferred adapter (high performance; `WGPU_ADAPTER_NAME` and `WGPU_BACKEND`
+    /// are honoured) with its real limits, not wgpu's defaults, and the optional features the
+    /// kernel uses. Returns why not, as a sentence, when there is none.
+    pub fn open() -> std::result::Result<Gpu, String> {
+        // A missing loader can surface as a panic inside a driver probe; never let it escape.
+        std::panic::catch_unwind(Self::open_inner)
+            .unwrap_or_else(|_| Err(format!("{NO_ADAPTER} (wgpu panicked while probing)")))
+    }
+
+    fn open_inner() -> std::result::Result<Gpu, String> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        if std::env::var_os("WGPU_BACKEND").is_none() {
+            desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+        }
+        let instance = wgpu::Instance::new(desc);
+        let options = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
+            Ok(name) if !name.is_empty() => {
+                let all = pollster::block_on(instance.enumerate_adapters(desc_backends()));
+                let lower = name.to_lowercase();
+                all.into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&lower))
+                    .ok_or_else(|| format!("no adapter matches WGPU_ADAPTER_NAME={name}"))?
+            }
+            _ => {
+                pollster::block_on(instance.request_adapter(&options)).map_err(|_| NO_ADAPTER.to_string())?
+            }
+        };
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("attn"),
+            required_features: features,
+            required_limits: limits.clone(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            ..Default::default()
+        }))
+        .map_err(|e| format!("{}: could not open a device: {e}", info.name))?;
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }));
+        let caps = AdapterCaps {
+            name: info.name.clone(),
+            kind: if info.device_type == wgpu::DeviceType::Cpu {
+                DeviceKind::SoftwareGpu
+            } else {
+                DeviceKind::Gpu
+            },
+            workgroup_storage: limits.max_compute_workgroup_storage_size,
+            invocations: limits
+                .max_compute_invocations_per_workgroup
+                .min(limits.max_compute_workgroup_size_x),
+            workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            storage_binding: (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size),
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroup_min: features.contains(wgpu::Features::SUBGROUP).then_some(info.subgroup_min_size),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        let description = format!(
+            "{} ({:?}, {:?}, {} {})",
+            info.name, info.device_type, info.backend, info.driver, info.driver_info
+        );
+        let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("attn flash"),
+            entries: &[
+                wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                },
+                storage(1, true),
+                storage(2, true),
+                storage(3, true),
+                storage(4, false),
+                storage(5, false),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("attn flash"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        Ok(Gpu {
+            caps,
+            description,
+            device,
+            queue,
+            layout,
+            pipeline_layout,
+            pipelines: Mutex::new(HashMap::new()),
+            uncaptured,
+        })
+    }
+
+    /// The compiled pipeline of `variant`: generated, compiled and cached on first use.
+    pub(crate) fn pipeline(&self, variant: &Variant) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(variant) {
+            return Ok(p.clone());
+        }
+        let source = shader::generate(variant);
+        let pipeline = self.scoped(&format!("compiling {}", variant.name()), || {
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&variant.name()),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&variant.name()),
+                layout: Some(&self.pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })?;
+        let pipeline = Arc::new(pipeline);
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).insert(*variant, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes; an error in either (or one
+    /// reported through the uncaptured-error callback meanwhile) becomes an [`Error::Backend`]
+    /// that names `what`.
+    pub(crate) fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let errors = [pollster::block_on(validation.pop()), pollster::block_on(oom.pop())];
+        let uncaptured = self.uncaptured.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match errors.into_iter().flatten().map(|e| e.to_string()).chain(uncaptured).next() {
+            None => Ok(value),
+            Some(message) => Err(Error::backend("wgpu", format!("{what}: {message}"))),
+        }
+    }
+
+    /// Waits for all submitted work; a lost device or a timeout is an error.
+    pub(crate) fn wait(&self, what: &str) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::backend("wgpu", format!("{what}: {e}")))
+    }
+}
+
+/// The backends an instance from the environment enumerates.
+fn desc_backends() -> wgpu::Backends {
+    wgpu::Backends::from_env()
+        .unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12)
+}

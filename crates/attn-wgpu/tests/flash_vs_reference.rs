@@ -1,0 +1,208 @@
+//! The wgpu backend against the exact `Reference` on the edge cases of its kernel: one row,
+//! lengths that are not multiples of the tiles, every head-dim class, causal masks with
+//! seq_q < seq_k and seq_q > seq_k (rows that see nothing), GQA, both layouts and padded views,
+//! all three dtypes, and the LSE. Outputs are poisoned with NaN first, and elements outside a
+//! strided output view must stay poisoned.
+//!
+//! Without an adapter each test prints `SKIPPED <test>: <reason>` and passes, unless
+//! `ATTN_REQUIRE_WGPU=1` (set by `cargo xtask test`), where it fails.
+
+use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::{
+    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Problem, Shape, Strides, TensorStrides,
+};
+use attn_cpu::Reference;
+use attn_wgpu::Wgpu;
+use std::sync::OnceLock;
+
+/// The one backend of this test binary (one device, pipelines shared between tests), or `None`
+/// after printing why the test is skipped.
+fn backend(test: &str) -> Option<&'static Wgpu> {
+    static BACKEND: OnceLock<Wgpu> = OnceLock::new();
+    let b = BACKEND.get_or_init(Wgpu::new);
+    match b.availability() {
+        Availability::Available { .. } => Some(b),
+        Availability::Unavailable { reason } => {
+            if std::env::var("ATTN_REQUIRE_WGPU").as_deref() == Ok("1") {
+                panic!("an adapter is required (ATTN_REQUIRE_WGPU=1) but wgpu is unavailable: {reason}");
+            }
+            eprintln!("SKIPPED {test}: {reason}");
+            None
+        }
+    }
+}
+
+/// Allowed |wgpu − reference| per element, `atol + rtol·|reference|`: f32 accumulation plus one
+/// rounding of the output (the same rule the CPU backend's test uses).
+fn tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (2e-6, 2e-5),
+        DType::F16 => (2e-5, 2.0 * 2f64.powi(-11)),
+        DType::Bf16 => (2e-5, 2.0 * 2f64.powi(-8)),
+    }
+}
+
+/// Runs the backend on normal inputs and compares every row and LSE with the reference.
+fn check(backend: &Wgpu, problem: &Problem, seed: u64) {
+    let problem = problem.with_lse(true);
+    let mut rng = SplitMix64::new(seed);
+    let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
+    let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
+    let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
+    let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
+    let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    let mut o = Buffer::zeros(problem.dtype, o_len);
+    let mut lse = vec![0.0f32; problem.lse_len()];
+    let mut outputs = Outputs { o: o.as_data_mut(), lse: Some(lse.as_mut_slice()) };
+    outputs.poison();
+    let plan = backend.forward(&problem, inputs, outputs).unwrap_or_else(|e| panic!("{problem}: {e}"));
+
+    let s = problem.shape;
+    let (atol, rtol) = tolerance(problem.dtype);
+    // Scores carry an f32 error of about u32·|score|, which moves the output by that much times
+    // max|v|: the allowance attn-verify makes too, with the score bound scale·max‖q‖·max‖k‖.
+    let norm = |x: &Buffer, st: Strides, heads: usize, seq: usize| {
+        let x = x.to_f32_vec();
+        let mut max = 0f64;
+        for (b, h, i) in
+            (0..s.batch).flat_map(|b| (0..heads).flat_map(move |h| (0..seq).map(move |i| (b, h, i))))
+        {
+            let at = st.offset(b, h, i);
+            max = max.max(x[at..at + s.head_dim].iter().map(|&y| (y as f64).powi(2)).sum::<f64>().sqrt());
+        }
+        max
+    };
+    let bound = problem.scale() as f64
+        * norm(&q, problem.strides.q, s.heads_q, s.seq_q)
+        * norm(&k, problem.strides.k, s.heads_kv, s.seq_k);
+    let v_max = v.to_f32_vec().iter().fold(0f64, |m, &y| m.max((y as f64).abs()));
+    let atol = atol + 8.0 * 2f64.powi(-24) * bound * v_max;
+    let got = o.to_f32_vec();
+    let mut written = vec![false; o_len];
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            for i in 0..s.seq_q {
+                let want = Reference::row(&problem, &inputs, b, h, i);
+                let off = problem.strides.o.offset(b, h, i);
+                for (d, &w) in want.o.iter().enumerate() {
+                    let x = got[off + d] as f64;
+                    written[off + d] = true;
+                    assert!(
+                        (x - w).abs() <= atol + rtol * w.abs(),
+                        "seed {seed} {problem} ({}): o[{b},{h},{i},{d}] = {x}, reference {w}",
+                        plan.kernel
+                    );
+                }
+                let l = lse[(b * s.heads_q + h) * s.seq_q + i] as f64;
+                let ok = if want.lse == f64::NEG_INFINITY {
+                    l == f64::NEG_INFINITY
+                } else {
+                    (l - want.lse).abs() <= 1e-4 * want.lse.abs().max(1.0) + 8.0 * 2f64.powi(-24) * bound
+                };
+                assert!(
+                    ok,
+                    "seed {seed} {problem} ({}): lse[{b},{h},{i}] = {l}, reference {}",
+                    plan.kernel, want.lse
+                );
+            }
+        }
+    }
+    if let Some(i) = (0..o_len).find(|&i| !written[i] && !got[i].is_nan()) {
+        panic!("seed {seed} {problem}: element {i} outside the output view was written");
+    }
+}
+
+fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
+    Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
+}
+
+#[test]
+fn one_row_and_lengths_off_the_tiles() {
+    let Some(b) = backend("one_row_and_lengths_off_the_tiles") else { return };
+    check(b, &Problem::new(Shape::new(1, 2, 1, 64), DType::F32), 1);
+    check(b, &Problem::new(Shape::new(1, 2, 77, 32), DType::Bf16).causal(), 2);
+    check(b, &Problem::new(sk(65, 130, 2, 64), DType::F32), 3);
+    check(b, &Problem::new(sk(1, 33, 1, 64), DType::F32).causal(), 4);
+}
+
+#[test]
+fn head_dims() {
+    let Some(b) = backend("head_dims") else { return };
+    for (i, d) in [32, 40, 64, 96, 128, 256].into_iter().enumerate() {
+        check(b, &Problem::new(Shape::new(1, 2, 70, d), DType::F32), 10 + i as u64);
+        check(b, &Problem::new(Shape::new(1, 1, 45, d), DType::F16).causal(), 20 + i as u64);
+    }
+}
+
+#[test]
+fn causal_offsets_and_empty_rows() {
+    let Some(b) = backend("causal_offsets_and_empty_rows") else { return };
+    // seq_q < seq_k: every row sees a prefix longer than its index.
+    check(b, &Problem::new(sk(40, 150, 2, 64), DType::F32).causal(), 30);
+    // seq_q > seq_k: the first 110 rows see nothing (o = 0, lse = -inf), spanning whole blocks.
+    check(b, &Problem::new(sk(150, 40, 2, 64), DType::F32).causal(), 31);
+    check(b, &Problem::new(sk(150, 40, 2, 64), DType::Bf16).causal(), 32);
+    check(b, &Problem::new(Shape::new(2, 2, 200, 128), DType::F16).causal(), 33);
+}
+
+#[test]
+fn grouped_query_attention() {
+    let Some(b) = backend("grouped_query_attention") else { return };
+    for (i, kv) in [8, 2, 1].into_iter().enumerate() {
+        let shape = Shape { heads_kv: kv, ..Shape::new(2, 8, 50, 64) };
+        check(b, &Problem::new(shape, DType::F32).causal(), 40 + i as u64);
+        check(b, &Problem::new(shape, DType::F16), 45 + i as u64);
+    }
+}
+
+#[test]
+fn layouts_and_padded_views() {
+    let Some(b) = backend("layouts_and_padded_views") else { return };
+    let shape = Shape { heads_kv: 2, ..Shape::new(2, 4, 80, 64) };
+    for (i, dtype) in DType::ALL.into_iter().enumerate() {
+        check(b, &Problem::new(shape, dtype).with_layout(Layout::Bshd), 50 + i as u64);
+    }
+    let s = Shape::new(2, 2, 70, 64);
+    let row = s.head_dim + 8;
+    let pad = |heads: usize, seq: usize| Strides {
+        batch: heads * (seq + 2) * row,
+        head: (seq + 2) * row,
+        seq: row,
+    };
+    let t = TensorStrides { q: pad(2, 70), k: pad(2, 70), v: pad(2, 70), o: pad(2, 70) };
+    check(b, &Problem::new(s, DType::Bf16).causal().with_strides(t), 55);
+}
+
+#[test]
+fn large_logits_and_explicit_scale() {
+    let Some(b) = backend("large_logits_and_explicit_scale") else { return };
+    // Scores of size ~100: the running max must be subtracted before exp2.
+    check(b, &Problem::new(Shape::new(1, 2, 100, 64), DType::F32).with_scale(12.0), 60);
+    check(b, &Problem::new(Shape::new(1, 2, 100, 64), DType::F32).with_scale(0.01).causal(), 61);
+}
+
+#[test]
+fn plans_name_the_variant_and_reuse_the_pipeline() {
+    let Some(b) = backend("plans_name_the_variant_and_reuse_the_pipeline") else { return };
+    let p = Problem::new(Shape::new(1, 4, 300, 128), DType::F16).causal();
+    let plan = b.plan(&p).unwrap();
+    assert!(plan.kernel.starts_with("flash_f16_d128_"), "{}", plan.kernel);
+    assert!(plan.kernel.contains("_causal_"), "{}", plan.kernel);
+    let text = plan.to_string();
+    assert!(text.contains("workgroup memory") && text.contains("kernel time from"), "{text}");
+    let t = std::time::Instant::now();
+    assert_eq!(b.plan(&p).unwrap(), plan);
+    // The second plan finds the compiled pipeline in the cache: no compile, well under a second.
+    assert!(t.elapsed().as_secs_f64() < 1.0, "{:?}", t.elapsed());
+}
+
+#[test]
+fn reductions_through_workgroup_memory() {
+    let Some(_) = backend("reductions_through_workgroup_memory") else { return };
+    let b = Wgpu::new().without_subgroups();
+    let p = Problem::new(Shape { heads_kv: 1, ..Shape::new(1, 4, 150, 96) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_wgmem"));
+    check(&b, &p, 70);
+    check(&b, &Problem::new(sk(150, 40, 2, 64), DType::F16).causal(), 71);
+    check(&b, &Problem::new(Shape::new(1, 2, 33, 256), DType::Bf16), 72);
+}
