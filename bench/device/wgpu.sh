@@ -19,6 +19,8 @@ attn=.device/bin/attn
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 nv=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [[ -f $nv ]] && export VK_DRIVER_FILES=$nv
+egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+[[ -f $egl ]] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
 export XDG_RUNTIME_DIR=/tmp
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; ldconfig -p | grep libvulkan; \
   echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"; $attn backends; } 2>&1 | tee "$out/gpu.txt"

@@ -45,8 +45,10 @@ fn apt(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// `cargo xtask vulkan-loader`: downloads the amd64 Vulkan loader package into `.gl/` (git-ignored)
-/// for the GPU machine, whose image has the NVIDIA driver's Vulkan manifest but no loader. A
+/// `cargo xtask vulkan-loader`: downloads the amd64 Vulkan loader and the GL vendor-neutral
+/// dispatch packages into `.gl/` (git-ignored) for the GPU machine, whose image has the NVIDIA
+/// driver's Vulkan manifest but no loader; the driver's ICD library also needs libglvnd's
+/// dispatch (the loader alone finds no adapter there, as a run showed). A
 /// device run carries `.gl` and unpacks it with `dpkg -x` (see `bench/device/wgpu.sh`).
 pub fn fetch_loader_debs() -> Result<(), String> {
     let root = cmd::workspace_root();
@@ -59,7 +61,10 @@ pub fn fetch_loader_debs() -> Result<(), String> {
     let mut update = opts.to_vec();
     update.push("update");
     cmd::run("apt-get", &update)?;
-    let script = format!("cd .gl && apt-get {} download libvulkan1", opts.join(" "));
+    let script = format!(
+        "cd .gl && apt-get {} download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2",
+        opts.join(" ")
+    );
     cmd::run("sh", &["-c", &script])?;
     println!("Vulkan loader in {}: carry `.gl` in device runs", gl.display());
     Ok(())
