@@ -4,7 +4,8 @@
 // of 16 rows, so the softmax of a row never crosses warps, and every K or V fragment read from
 // shared memory feeds MT matrix products. Per key/value tile of BN keys:
 //   S = Q K^T      mma.sync m16n8k16 (16-bit in, f32 accumulate), Q and K fragments by ldmatrix
-//   online softmax in registers, in base 2 (scores pre-multiplied by scale * log2(e))
+//   online softmax in registers, in base 2: p = exp2(s * scale * log2(e) - max), one FFMA and
+//                  one MUFU.EX2 per score
 //   O += P V       P converted from the S accumulators to 16-bit A fragments in registers,
 //                  V fragments by ldmatrix.trans
 // K/V loads are cp.async, 16 bytes a thread, with two block barriers per tile. With one stage
@@ -19,8 +20,8 @@
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
 // 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_STAGES (1 or 2),
-// ATTN_CAUSAL. The host's plan
-// (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size computed here.
+// ATTN_CAUSAL. The host's plan (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size
+// computed here.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
