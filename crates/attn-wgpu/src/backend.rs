@@ -345,3 +345,24 @@ fn map_read(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
     buffer.unmap();
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Params;
+    use crate::plan::{KernelType, candidates};
+    use crate::shader::generate;
+
+    /// `Params` is written twice, here and in `flash.wgsl`: the WGSL struct (as naga lays it out)
+    /// must have the Rust struct's size, and as many 4-byte members, so that neither side can
+    /// gain or lose a field alone.
+    #[test]
+    fn params_match_the_wgsl_struct() {
+        let v = candidates(KernelType::F32, 64, false, false).next().expect("a variant");
+        let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
+        let (_, ty) =
+            module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params")).expect("struct Params");
+        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
+        assert_eq!(*span as usize, std::mem::size_of::<Params>());
+        assert_eq!(members.len(), std::mem::size_of::<Params>() / 4, "every field is 4 bytes");
+    }
+}
