@@ -43,7 +43,7 @@ const EXTRAS: &[Extra] = &[
     },
     Extra {
         name: "vulkan-loader",
-        about: "download the Vulkan loader .deb into .gl/ for the GPU machine (carry .gl there)",
+        about: "download the Vulkan loader and libglvnd .debs into .gl/ for the GPU machine (carry .gl there)",
         run: || exit_code(vulkan::fetch_loader_debs()),
     },
     Extra { name: "help", about: "list the subcommands", run: help },

@@ -121,17 +121,20 @@ impl Variant {
 }
 
 /// Tile configurations (warps, m-tiles per warp, keys per tile, K/V stages) for a head dim,
-/// preferred first; a device takes the first that fits it. Two m-tiles per warp halve the
-/// shared-memory reads per matrix product (the first version, one m-tile, measured 0.47-0.67x
-/// FlashAttention-2 on the H100, bound by those reads). Keys per tile are as many as the
-/// registers hold without a spill (CI checks it for every entry): at D = 128 the second m-tile's
-/// accumulators (128 registers) leave room for 64 keys with no register to spare (D = 96, whose
-/// 12-chunk rows need more address arithmetic, spills with 48 keys, or with two stages, under a
-/// causal mask). Two stages hide the K/V load
-/// latency behind a whole tile where shared memory allows (96 KB at D = 128: within an L4's 99
-/// KB). D = 256 keeps one m-tile (its accumulators alone are 128 registers) and 64 rows, so
-/// that Q + K + V (96 KB) fit an L4's 99 KB. The last entries are for devices with less shared
-/// memory.
+/// preferred first; a device takes the first that fits it.
+///
+/// - Two m-tiles per warp halve the shared-memory reads per matrix product (the first version,
+///   one m-tile, measured 0.47-0.67x FlashAttention-2 on the H100, bound by those reads).
+/// - Keys per tile are as many as the registers hold without a spill (CI checks every entry): at
+///   D = 128 the second m-tile's accumulators (128 registers) leave room for 64 keys with no
+///   register to spare; D = 96, whose 12-chunk rows need more address arithmetic, spills with 48
+///   keys, or with two stages, under a causal mask.
+/// - Two stages hide the K/V load latency behind a whole tile where shared memory allows (96 KB
+///   at D = 128: within an L4's 99 KB).
+/// - D = 256 keeps one m-tile (its accumulators alone are 128 registers) and 64 rows, so that
+///   Q + K + V (96 KB) fit an L4's 99 KB.
+///
+/// The last entries are for devices with less shared memory.
 pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize, u32)] {
     match head_dim {
         d if d > 128 => &[(4, 1, 64, 1), (4, 1, 32, 2), (4, 1, 32, 1)],
