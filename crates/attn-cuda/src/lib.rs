@@ -4,9 +4,9 @@
 //! NVRTC, and running them through the driver API.
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
-//! loads `libcuda` and `libnvrtc` dynamically, and [`probe`] / [`nvrtc_available`] open both
+//! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
 //! first and say what is missing and how to get it. Kernels are CUDA C++ in `kernels/`, compiled
-//! per specialisation and per architecture into CUBINs ([`compile`]) whose ptxas resource
+//! per specialisation and per architecture into CUBINs ([`compile()`]) whose ptxas resource
 //! report (registers, spills, shared memory) is parsed ([`KernelResources`]) so that plans and
 //! tests can check it. [`Gpu`] holds a device's context and stream, loads kernels once, sets
 //! their shared-memory opt-in and times launches with CUDA events.
