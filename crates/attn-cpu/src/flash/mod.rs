@@ -35,6 +35,11 @@ pub trait CpuElement: Element {
     fn widen(src: &[Self], dst: &mut [f32]);
     /// `dst[i] = src[i]` rounded to nearest even.
     fn narrow(src: &[f32], dst: &mut [Self]);
+    /// The slice itself where the element type is already `f32` (nothing to widen).
+    #[inline(always)]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
 }
 
 impl CpuElement for f32 {
@@ -45,6 +50,10 @@ impl CpuElement for f32 {
     #[inline(always)]
     fn narrow(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
     }
 }
 
@@ -248,19 +257,24 @@ impl Flash {
         macro_rules! typed {
             ($t:ty) => {{
                 let dp = problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr();
+                let v_in: &[$t] = inputs.v.typed().unwrap();
+                // f32 values whose rows are already a whole number of kernel widths are read
+                // in place by `O += P·V`: only Kᵀ is packed.
+                let v_direct = <$t>::as_f32(v_in).filter(|_| dp == problem.shape.head_dim);
                 let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
                 let (kt, v) = &mut *packed;
                 let ctx = Ctx::<$t> {
                     problem,
                     q: inputs.q.typed().unwrap(),
                     k: inputs.k.typed().unwrap(),
-                    v: inputs.v.typed().unwrap(),
+                    v: v_in,
+                    v_direct,
                     out: RowWriter::new(outputs.o.reborrow().typed::<$t>().unwrap()),
                     lse: outputs.lse.as_deref_mut().map(RowWriter::new),
                     block_m: plan.tiles.block_m,
                     block_n: plan.tiles.block_n,
                     dp,
-                    pack: PackDims::new(problem, plan.tiles.block_n, dp),
+                    pack: PackDims::new(problem, plan.tiles.block_n, dp, v_direct.is_some()),
                 };
                 self.install(|| run_all(&ctx, isa, kt, v));
             }};
@@ -280,6 +294,8 @@ pub(crate) struct Ctx<'a, T> {
     q: &'a [T],
     k: &'a [T],
     v: &'a [T],
+    /// `v` itself when it is read in place (see `run_into`); `None` when `V` is packed.
+    v_direct: Option<&'a [f32]>,
     out: RowWriter<T>,
     lse: Option<RowWriter<f32>>,
     block_m: usize,
@@ -355,7 +371,7 @@ fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa, kt: &mut Vec<f32>, vp: &mu
     let group = s.group_size();
     for first in (0..s.batch * s.heads_kv).step_by(heads_per_pass) {
         let pairs = first..(first + heads_per_pass).min(s.batch * s.heads_kv);
-        pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), ctx.block_n, ctx.dp, kt, vp);
+        pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), (ctx.block_n, ctx.dp, ctx.pack), kt, vp);
         let pass = Pass { pairs: pairs.clone(), kt, vp, heads_kv: s.heads_kv, pack: ctx.pack };
         // Last query blocks first: under a causal mask they see the most keys, and starting the
         // longest tasks first keeps all threads busy to the end.

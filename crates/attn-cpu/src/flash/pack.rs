@@ -18,56 +18,64 @@ pub(crate) struct PackDims {
 }
 
 impl PackDims {
-    pub fn new(problem: &Problem, block_n: usize, dp: usize) -> Self {
+    /// `v_direct`: `V` is read in place, so only `Kᵀ` is packed.
+    pub fn new(problem: &Problem, block_n: usize, dp: usize, v_direct: bool) -> Self {
         let tiles = problem.shape.seq_k.div_ceil(block_n);
         PackDims {
             tiles,
             kt_per_head: tiles * problem.shape.head_dim * block_n,
-            v_per_head: tiles * block_n * dp,
+            v_per_head: if v_direct { 0 } else { tiles * block_n * dp },
         }
     }
 }
 
-/// Packs the kv heads `pairs` (numbered `b · heads_kv + g`) into `kt` and `v`, in parallel over
-/// (head, tile).
+/// Packs the kv heads `pairs` (numbered `b · heads_kv + g`) into `kt_out` and, unless `dims`
+/// says `V` is read in place, `v_out`; in parallel over (head, tile).
 pub(crate) fn pack<T: CpuElement>(
     problem: &Problem,
     k: &[T],
     v: &[T],
     pairs: std::ops::Range<usize>,
-    block_n: usize,
-    dp: usize,
+    (block_n, dp, dims): (usize, usize, PackDims),
     kt_out: &mut [f32],
     v_out: &mut [f32],
 ) {
     let s = problem.shape;
     let d = s.head_dim;
-    let dims = PackDims::new(problem, block_n, dp);
     let n = pairs.len();
-    kt_out[..n * dims.kt_per_head]
-        .par_chunks_mut(d * block_n)
-        .zip(v_out[..n * dims.v_per_head].par_chunks_mut(block_n * dp))
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; d],
-            |row, (i, (kt, vt))| {
-                let (pair, t) = (pairs.start + i / dims.tiles, i % dims.tiles);
-                let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
-                let j0 = t * block_n;
-                let cols = block_n.min(s.seq_k - j0);
-                for c in 0..cols {
-                    T::widen(&k[problem.strides.k.offset(b, g, j0 + c)..][..d], row);
-                    for (kk, &x) in row.iter().enumerate() {
-                        kt[kk * block_n + c] = x;
-                    }
-                    let vrow = &mut vt[c * dp..(c + 1) * dp];
-                    T::widen(&v[problem.strides.v.offset(b, g, j0 + c)..][..d], &mut vrow[..d]);
-                    vrow[d..].fill(0.0);
-                }
-                for kk in 0..d {
-                    kt[kk * block_n + cols..(kk + 1) * block_n].fill(0.0);
-                }
-                vt[cols * dp..].fill(0.0);
-            },
-        );
+    // One (head, tile): `rows` holds the tile's keys, widened, before they are transposed.
+    let tile = |rows: &mut Vec<f32>, i: usize, kt: &mut [f32], vt: Option<&mut [f32]>| {
+        let (pair, t) = (pairs.start + i / dims.tiles, i % dims.tiles);
+        let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
+        let j0 = t * block_n;
+        let cols = block_n.min(s.seq_k - j0);
+        for c in 0..cols {
+            T::widen(&k[problem.strides.k.offset(b, g, j0 + c)..][..d], &mut rows[c * d..(c + 1) * d]);
+        }
+        // Transposed with contiguous writes: one output row (one feature of every key) at a
+        // time, reading the widened rows with stride `d` (a strided write per element was about
+        // three times slower).
+        for (kk, dst) in kt.chunks_exact_mut(block_n).enumerate() {
+            for (c, x) in dst[..cols].iter_mut().enumerate() {
+                *x = rows[c * d + kk];
+            }
+            dst[cols..].fill(0.0);
+        }
+        if let Some(vt) = vt {
+            for c in 0..cols {
+                let vrow = &mut vt[c * dp..(c + 1) * dp];
+                T::widen(&v[problem.strides.v.offset(b, g, j0 + c)..][..d], &mut vrow[..d]);
+                vrow[d..].fill(0.0);
+            }
+            vt[cols * dp..].fill(0.0);
+        }
+    };
+    let init = || vec![0.0f32; block_n * d];
+    let kt_tiles = kt_out[..n * dims.kt_per_head].par_chunks_mut(d * block_n).enumerate();
+    if dims.v_per_head == 0 {
+        kt_tiles.for_each_init(init, |rows, (i, kt)| tile(rows, i, kt, None));
+    } else {
+        let v_tiles = v_out[..n * dims.v_per_head].par_chunks_mut(block_n * dp);
+        kt_tiles.zip(v_tiles).for_each_init(init, |rows, ((i, kt), vt)| tile(rows, i, kt, Some(vt)));
+    }
 }

@@ -86,7 +86,11 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     for (t, j0) in (0..kv_end).step_by(bn).enumerate() {
         let cols = bn.min(kv_end - j0);
         let kt = &kt_all[t * d * bn..(t + 1) * d * bn];
-        let v = &v_all[t * bn * dp..(t + 1) * bn * dp];
+        // `V` rows j0..j0 + cols: packed (bn rows, zero past seq_k) or in place (only `cols`).
+        let (v, ldv, v_rows) = match ctx.v_direct {
+            Some(v) => (&v[p.strides.v.offset(b, s.kv_head(h), j0)..], p.strides.v.seq, cols),
+            None => (&v_all[t * bn * dp..(t + 1) * bn * dp], dp, bn),
+        };
 
         gemm::<K>(m, bn, d, &sc.q, d, kt, bn, &mut sc.s, bn, Accumulate::Overwrite);
 
@@ -98,7 +102,7 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
             sc.stats[r].sum += exp_sub_sum(row, sc.stats[r].exp_offset());
         }
 
-        gemm::<K>(m, dp, bn, &sc.s, bn, v, dp, &mut sc.o, dp, Accumulate::ScaleRows(&sc.factors));
+        gemm::<K>(m, dp, v_rows, &sc.s, bn, v, ldv, &mut sc.o, dp, Accumulate::ScaleRows(&sc.factors));
     }
 
     for r in 0..rows {
