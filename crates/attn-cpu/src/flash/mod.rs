@@ -304,11 +304,24 @@ pub(crate) struct Ctx<'a, T> {
     pack: PackDims,
 }
 
-/// The packed `Kᵀ` and `V` tiles of one kv head (see [`pack`]); `vp` is empty when `V` is read
-/// in place.
-pub(crate) struct Packed<'p> {
+/// One pass over a group of kv heads whose K and V are packed.
+pub(crate) struct Pass<'p> {
+    /// The kv heads (`b · heads_kv + g`) packed in `kt` and `vp`.
+    pairs: std::ops::Range<usize>,
     kt: &'p [f32],
     vp: &'p [f32],
+    heads_kv: usize,
+    pack: PackDims,
+}
+
+impl Pass<'_> {
+    /// Packed `Kᵀ` and `V` tiles of kv head `g` in batch `b` (which this pass holds).
+    #[inline(always)]
+    fn packed(&self, b: usize, g: usize) -> (&[f32], &[f32]) {
+        let i = b * self.heads_kv + g - self.pairs.start;
+        let (kn, vn) = (self.pack.kt_per_head, self.pack.v_per_head);
+        (&self.kt[i * kn..(i + 1) * kn], &self.vp[i * vn..(i + 1) * vn])
+    }
 }
 
 /// One task: query block `q_block` of head `h` in batch `b`.
@@ -344,60 +357,58 @@ impl<T> RowWriter<T> {
     }
 }
 
-/// Runs every task, kv heads in groups that fit [`Flash::PACK_BUDGET`] of packed K/V. One
-/// parallel region per group: each kv head is packed by the thread that takes it, and its query
-/// blocks are then shared out (rayon's nested work stealing), so no thread waits for all heads
-/// to be packed before it computes.
+/// Packs K/V for as many kv heads as fit [`Flash::PACK_BUDGET`], runs their tasks, and repeats.
 fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa, kt: &mut Vec<f32>, vp: &mut Vec<f32>) {
     let s = ctx.problem.shape;
-    let (kt_n, vp_n) = (ctx.pack.kt_per_head, ctx.pack.v_per_head);
-    let heads_per_pass = (Flash::PACK_BUDGET / ((kt_n + vp_n) * 4)).clamp(1, s.batch * s.heads_kv);
-    if kt.len() < heads_per_pass * kt_n || vp.len() < heads_per_pass * vp_n {
-        *kt = vec![0.0; heads_per_pass * kt_n];
-        *vp = vec![0.0; heads_per_pass * vp_n];
+    let per_head = (ctx.pack.kt_per_head + ctx.pack.v_per_head) * 4;
+    let heads_per_pass = (Flash::PACK_BUDGET / per_head).clamp(1, s.batch * s.heads_kv);
+    let (kt_len, v_len) = (heads_per_pass * ctx.pack.kt_per_head, heads_per_pass * ctx.pack.v_per_head);
+    if kt.len() < kt_len || vp.len() < v_len {
+        *kt = vec![0.0; kt_len];
+        *vp = vec![0.0; v_len];
     }
     let blocks = s.seq_q.div_ceil(ctx.block_m);
     let group = s.group_size();
-    let dims = (ctx.block_m, ctx.block_n, s.head_dim, ctx.dp);
     for first in (0..s.batch * s.heads_kv).step_by(heads_per_pass) {
         let pairs = first..(first + heads_per_pass).min(s.batch * s.heads_kv);
-        let vp_heads: Vec<&mut [f32]> = match vp_n {
-            0 => pairs.clone().map(|_| Default::default()).collect(),
-            n => vp.chunks_mut(n).take(pairs.len()).collect(),
-        };
-        let heads: Vec<_> = pairs.zip(kt.chunks_mut(kt_n)).zip(vp_heads).collect();
-        heads.into_par_iter().for_each(|((pair, kt), vp)| {
-            pack::pack(ctx.problem, ctx.k, ctx.v, pair, (ctx.block_n, ctx.dp, ctx.pack), kt, vp);
-            let packed = &Packed { kt, vp };
-            let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
-            // Last query blocks first: under a causal mask they see the most keys, and starting
-            // the longest tasks first keeps all threads busy to the end.
-            (0..blocks * group).into_par_iter().for_each(|i| {
-                let task = Task { b, h: g * group + i % group, q_block: blocks - 1 - i / group };
-                tile::with_scratch(dims, |scratch| match isa {
-                    // SAFETY: `isa` came from Isa::detect/supported, which checked the CPU has
-                    // these features.
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => unsafe { task_avx512(ctx, packed, task, scratch) },
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { task_avx2(ctx, packed, task, scratch) },
-                    _ => tile::run_task::<T, gemm::Portable>(ctx, packed, task, scratch),
+        pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), (ctx.block_n, ctx.dp, ctx.pack), kt, vp);
+        let pass = Pass { pairs: pairs.clone(), kt, vp, heads_kv: s.heads_kv, pack: ctx.pack };
+        // Last query blocks first: under a causal mask they see the most keys, and starting the
+        // longest tasks first keeps all threads busy to the end.
+        let tasks: Vec<Task> = (0..blocks)
+            .rev()
+            .flat_map(|q_block| {
+                pairs.clone().flat_map(move |pair| {
+                    let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
+                    (g * group..(g + 1) * group).map(move |h| Task { b, h, q_block })
                 })
-            });
+            })
+            .collect();
+        let dims = (ctx.block_m, ctx.block_n, s.head_dim, ctx.dp);
+        let pass = &pass;
+        tasks.par_iter().for_each(|&task| {
+            tile::with_scratch(dims, |scratch| match isa {
+                // SAFETY: `isa` came from Isa::detect/supported, which checked the CPU has these features.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { task_avx512(ctx, pass, task, scratch) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { task_avx2(ctx, pass, task, scratch) },
+                _ => tile::run_task::<T, gemm::Portable>(ctx, pass, task, scratch),
+            })
         });
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn task_avx512<T: CpuElement>(ctx: &Ctx<'_, T>, packed: &Packed<'_>, task: Task, scratch: &mut Scratch) {
-    tile::run_task::<T, gemm::Avx512>(ctx, packed, task, scratch)
+fn task_avx512<T: CpuElement>(ctx: &Ctx<'_, T>, pass: &Pass<'_>, task: Task, scratch: &mut Scratch) {
+    tile::run_task::<T, gemm::Avx512>(ctx, pass, task, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn task_avx2<T: CpuElement>(ctx: &Ctx<'_, T>, packed: &Packed<'_>, task: Task, scratch: &mut Scratch) {
-    tile::run_task::<T, gemm::Avx2>(ctx, packed, task, scratch)
+fn task_avx2<T: CpuElement>(ctx: &Ctx<'_, T>, pass: &Pass<'_>, task: Task, scratch: &mut Scratch) {
+    tile::run_task::<T, gemm::Avx2>(ctx, pass, task, scratch)
 }
 
 impl Attention for Flash {

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 /// Sizes of the packed form of one (batch, kv head).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PackDims {
+    pub tiles: usize,
     pub kt_per_head: usize,
     pub v_per_head: usize,
 }
@@ -21,27 +22,30 @@ impl PackDims {
     pub fn new(problem: &Problem, block_n: usize, dp: usize, v_direct: bool) -> Self {
         let tiles = problem.shape.seq_k.div_ceil(block_n);
         PackDims {
+            tiles,
             kt_per_head: tiles * problem.shape.head_dim * block_n,
             v_per_head: if v_direct { 0 } else { tiles * block_n * dp },
         }
     }
 }
 
-/// Packs kv head `pair` (numbered `b · heads_kv + g`) into `kt_out` and, unless `dims` says `V`
-/// is read in place, `v_out`; in parallel over its tiles.
+/// Packs the kv heads `pairs` (numbered `b · heads_kv + g`) into `kt_out` and, unless `dims`
+/// says `V` is read in place, `v_out`; in parallel over (head, tile).
 pub(crate) fn pack<T: CpuElement>(
     problem: &Problem,
     k: &[T],
     v: &[T],
-    pair: usize,
+    pairs: std::ops::Range<usize>,
     (block_n, dp, dims): (usize, usize, PackDims),
     kt_out: &mut [f32],
     v_out: &mut [f32],
 ) {
     let s = problem.shape;
     let d = s.head_dim;
+    let n = pairs.len();
     // One (head, tile): `rows` holds the tile's keys, widened, before they are transposed.
-    let tile = |rows: &mut Vec<f32>, t: usize, kt: &mut [f32], vt: Option<&mut [f32]>| {
+    let tile = |rows: &mut Vec<f32>, i: usize, kt: &mut [f32], vt: Option<&mut [f32]>| {
+        let (pair, t) = (pairs.start + i / dims.tiles, i % dims.tiles);
         let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
         let j0 = t * block_n;
         let cols = block_n.min(s.seq_k - j0);
@@ -67,11 +71,11 @@ pub(crate) fn pack<T: CpuElement>(
         }
     };
     let init = || vec![0.0f32; block_n * d];
-    let kt_tiles = kt_out[..dims.kt_per_head].par_chunks_mut(d * block_n).enumerate();
+    let kt_tiles = kt_out[..n * dims.kt_per_head].par_chunks_mut(d * block_n).enumerate();
     if dims.v_per_head == 0 {
         kt_tiles.for_each_init(init, |rows, (i, kt)| tile(rows, i, kt, None));
     } else {
-        let v_tiles = v_out[..dims.v_per_head].par_chunks_mut(block_n * dp);
+        let v_tiles = v_out[..n * dims.v_per_head].par_chunks_mut(block_n * dp);
         kt_tiles.zip(v_tiles).for_each_init(init, |rows, ((i, kt), vt)| tile(rows, i, kt, Some(vt)));
     }
 }

@@ -7,7 +7,7 @@
 
 use super::exp::{exp, exp_sub_sum, max};
 use super::gemm::{Accumulate, Kernel, gemm};
-use super::{CpuElement, Ctx, Packed, Task};
+use super::{CpuElement, Ctx, Pass, Task};
 use attn_core::softmax::RowStats;
 use std::cell::RefCell;
 
@@ -56,7 +56,7 @@ pub(crate) fn with_scratch<R>(dims: (usize, usize, usize, usize), f: impl FnOnce
 #[inline(always)]
 pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     ctx: &Ctx<'_, T>,
-    packed: &Packed<'_>,
+    pass: &Pass<'_>,
     task: Task,
     sc: &mut Scratch,
 ) {
@@ -69,7 +69,7 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     let m = rows.div_ceil(K::MR) * K::MR;
     let mask = p.params.mask;
     let visible = |r: usize| if r < rows { mask.visible_keys(i0 + r, s.seq_q, s.seq_k) } else { 0 };
-    let (kt_all, v_all) = (packed.kt, packed.vp);
+    let (kt_all, v_all) = pass.packed(b, s.kv_head(h));
 
     // Queries, widened and pre-scaled once for all key tiles. Rows rows..m only pad the last
     // micro-kernel block: their results are never written out.
