@@ -21,7 +21,7 @@ model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 cat > "$out/meta.json" <<META
 {"suite": "cpu", "device": "$model, $threads threads (the CPU of the lent H100 machine)",
  "commit": "$(cat .device/COMMIT)", "date": "$(date -u +%FT%TZ)",
- "command": "ROUNDS=$rounds THREADS=$threads bash bench/device/cpu.sh",
+ "command": "ROUNDS=$rounds THREADS=$threads DTYPES=${DTYPES:-f32,bf16} bash bench/device/cpu.sh",
  "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
 META
 python3 bench/report.py --ours "$out/attn-cpu.jsonl" --peer "$out/torch-cpu.jsonl" --meta "$out/meta.json" \
