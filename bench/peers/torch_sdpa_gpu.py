@@ -7,7 +7,7 @@ is timed with CUDA events; the median of --iters after --warmup is reported. TFL
 4*B*H*S*S*D, halved for causal. `is_causal=True` aligns top-left, which equals attn's
 bottom-right alignment because every grid row has seq_q == seq_k.
 """
-import argparse, json, sys
+import argparse, json, sys, time
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,13 @@ TYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 def time_call(fn, warmup, iters):
-    for _ in range(warmup):
+    # At least `warmup` calls and at least 0.2 s (the same rule as attn's measure::time): a GPU
+    # left idle while the host prepared the inputs comes back at a low clock.
+    start, done = time.perf_counter(), 0
+    while done < warmup or time.perf_counter() - start < 0.2:
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

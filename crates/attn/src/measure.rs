@@ -33,8 +33,15 @@ pub struct Timing {
     pub device_bytes: Option<u64>,
 }
 
-/// Runs `backend` on `inputs` `warmup` times untimed, then `runs` times timed (the backend's own
-/// device-side timing), and leaves the output of the last run in `outputs`.
+/// The least wall-clock time spent warming up before timed runs. A GPU left idle while the host
+/// prepared the previous shape comes back at a low clock (measured on the H100: the first
+/// short shape after a pause ran at a third of its rate with two warm-up calls); the peer
+/// scripts in `bench/peers/` warm up by the same rule.
+pub const MIN_WARMUP: Duration = Duration::from_millis(200);
+
+/// Runs `backend` on `inputs` untimed `warmup` times and for at least [`MIN_WARMUP`], then
+/// `runs` times timed (the backend's own device-side timing), and leaves the output of the last
+/// run in `outputs`.
 pub fn time(
     backend: &dyn Attention,
     plan: &Plan,
@@ -44,8 +51,11 @@ pub fn time(
     runs: usize,
 ) -> Result<Timing> {
     let mut prepared = backend.prepare(plan, inputs)?;
-    for _ in 0..warmup {
+    let start = std::time::Instant::now();
+    let mut warmed = 0;
+    while warmed < warmup || start.elapsed() < MIN_WARMUP {
         prepared.run()?;
+        warmed += 1;
     }
     let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run()).collect::<Result<_>>()?;
     prepared.read(outputs)?;
