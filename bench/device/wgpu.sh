@@ -40,9 +40,12 @@ fi
 pack verify
 if has bench; then
   echo "== bench: attn wgpu (f32, f16, bf16 widened to f32)"
+  # SM clock and throttle reasons every 100 ms, to explain runs that come out slow.
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks_event_reasons.active,power.draw,temperature.gpu \
+    --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & smi=$!
   timeout 240 $attn bench --backend wgpu --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
     --check-rows 8 > "$out/attn-wgpu.jsonl" 2> "$out/attn-wgpu.log"
-  echo "bench exit $?"; tail -3 "$out/attn-wgpu.log"
+  echo "bench exit $?"; tail -3 "$out/attn-wgpu.log"; kill $smi 2>/dev/null
 fi
 pack bench
 if has cpu; then

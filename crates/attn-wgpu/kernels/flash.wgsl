@@ -5,8 +5,10 @@
 // units (Q is pre-multiplied by scale·log2(e)), so every exponential is one exp2.
 //
 // Roles: invocation (ty, tx), tx in 0..TX, ty in 0..TY, owns query rows 4·ty..4·ty+3 of the block,
-// key columns 4·tx..4·tx+3 of each score tile, and O columns (vec4 units) tx, tx+TX, tx+2·TX, ...
-// The TX invocations of a row reduce its max and sum together.
+// and in each score tile the KG groups of four keys 4·(g·TX + tx)..+3, g in 0..KG (so that the TX
+// invocations of a row read consecutive vec4s of Kᵀ), and O columns (vec4 units) tx, tx+TX, ...
+// The TX invocations of a row reduce its max and sum together. The generated names s{i}_{g} and
+// p{i}_{g} hold row i's scores and probabilities for key group g.
 {{ENABLE}}
 alias ET = {{ET}};
 
@@ -18,8 +20,10 @@ const NCH: u32 = D / DC;
 const TY: u32 = {{TY}}u;
 const TX: u32 = 8u;
 const T: u32 = TY * TX;
+const KG: u32 = {{KG}}u;
 const BM: u32 = TY * 4u;
-const BN: u32 = TX * 4u;
+const BN: u32 = TX * 4u * KG;
+const BN4: u32 = BN / 4u;
 const CAUSAL: bool = {{CAUSAL}};
 // Masked scores: finite, so that max and subtraction never meet inf - inf.
 const NEG: f32 = -3.0e38;
@@ -48,10 +52,14 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 
+// Indices stay in bounds by construction (the shader is compiled without naga's clamps, see
+// runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[d·BN4 + n/4] (K) with d < DC,
+// n/4 < BN4, or kv[n·DC4 + d/4] (V) with n < BN, d/4 < DC4; ps[n·TY + m/4] with n < BN; the
+// storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4.
 // Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
 var<workgroup> qs: array<vec4<f32>, D * TY>;
-// A K chunk transposed (kv[d·TX + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]).
-var<workgroup> kv: array<vec4<f32>, DC * TX>;
+// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]).
+var<workgroup> kv: array<vec4<f32>, DC * BN4>;
 // Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.
 var<workgroup> ps: array<vec4<f32>, BN * TY>;
 {{RED_DECL}}
@@ -85,6 +93,10 @@ fn hsum(x: vec4<f32>) -> f32 {
     return (x.x + x.y) + (x.z + x.w);
 }
 
+fn add(x: f32, y: f32) -> f32 {
+    return x + y;
+}
+
 // The four rows' maxima (or sums) over the TX invocations of each row.
 fn row_max(x: vec4<f32>, tx: u32, ty: u32) -> vec4<f32> {
 {{REDUCE_MAX}}
@@ -115,6 +127,21 @@ fn main(
     let q_base = bh * P.seq_q * D4;
     let kv_base = (b * P.heads_kv + h / P.group) * P.seq_k * D4;
 
+    // Keys this block can see: all, or (causal) up to the last row's diagonal.
+    var n_end = P.seq_k;
+    if (CAUSAL) {
+        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
+    }
+    let n_tiles = (n_end + BN - 1u) / BN;
+
+    // K and V pass through registers on their way to workgroup memory: each stage's global loads
+    // (pre*) are issued before the previous stage's arithmetic and stored after it, so their
+    // latency hides under that arithmetic. The first K chunk is loaded under the Q staging.
+{{PRE_DECL}}
+    if (n_tiles > 0u) {
+{{FETCH_K_FIRST}}
+    }
+
     // Q block -> Qᵀ, 4 rows x 4 dims per step, transposed in registers so stores are vec4.
     for (var blk = lid; blk < TY * D4; blk += T) {
         let mb = blk % TY;
@@ -130,80 +157,47 @@ fn main(
         qs[(db * 4u + 3u) * TY + mb] = vec4<f32>(r0.w, r1.w, r2.w, r3.w) * sc;
     }
 
-    // Keys this block can see: all, or (causal) up to the last row's diagonal.
-    var n_end = P.seq_k;
-    if (CAUSAL) {
-        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
-    }
-    let n_tiles = (n_end + BN - 1u) / BN;
-
     var m = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);
 {{O_DECL}}
     for (var t = 0u; t < n_tiles; t++) {
         let n0 = t * BN;
-        var s0 = vec4<f32>(0.0);
-        var s1 = vec4<f32>(0.0);
-        var s2 = vec4<f32>(0.0);
-        var s3 = vec4<f32>(0.0);
+{{S_DECL}}
         for (var c = 0u; c < NCH; c++) {
             workgroupBarrier();
-            for (var blk = lid; blk < TX * DC4; blk += T) {
-                let nb = blk % TX;
-                let db = blk / TX;
-                let dq = c * DC4 + db;
-                let k0 = load_k(kv_base, n0 + nb * 4u, dq);
-                let k1 = load_k(kv_base, n0 + nb * 4u + 1u, dq);
-                let k2 = load_k(kv_base, n0 + nb * 4u + 2u, dq);
-                let k3 = load_k(kv_base, n0 + nb * 4u + 3u, dq);
-                kv[(db * 4u) * TX + nb] = vec4<f32>(k0.x, k1.x, k2.x, k3.x);
-                kv[(db * 4u + 1u) * TX + nb] = vec4<f32>(k0.y, k1.y, k2.y, k3.y);
-                kv[(db * 4u + 2u) * TX + nb] = vec4<f32>(k0.z, k1.z, k2.z, k3.z);
-                kv[(db * 4u + 3u) * TX + nb] = vec4<f32>(k0.w, k1.w, k2.w, k3.w);
-            }
+{{STORE_K}}
             workgroupBarrier();
+            if (c + 1u < NCH) {
+{{FETCH_K_NEXT}}
+            } else {
+{{FETCH_V_FIRST}}
+            }
             let qd = c * DC * TY + ty;
             for (var d = 0u; d < DC; d++) {
                 let a = qs[qd + d * TY];
-                let kk = kv[d * TX + tx];
-                s0 = fma(vec4<f32>(a.x), kk, s0);
-                s1 = fma(vec4<f32>(a.y), kk, s1);
-                s2 = fma(vec4<f32>(a.z), kk, s2);
-                s3 = fma(vec4<f32>(a.w), kk, s3);
+{{S_FMA}}
             }
         }
 
         // Mask only the tiles that reach past seq_k or past the first row's diagonal.
         let row0 = m0 + ty * 4u;
         if (n0 + BN > P.seq_k || (CAUSAL && i32(n0 + BN) - 1 > i32(m0) + P.causal_offset)) {
-            let key = vec4<i32>(vec4<u32>(n0 + tx * 4u) + vec4<u32>(0u, 1u, 2u, 3u));
-            let in_k = key < vec4<i32>(i32(P.seq_k));
             var lim = vec4<i32>(i32(P.seq_k));
             if (CAUSAL) {
-                lim = vec4<i32>(i32(row0) + P.causal_offset + 1) + vec4<i32>(0, 1, 2, 3);
+                lim = min(lim, vec4<i32>(i32(row0) + P.causal_offset + 1) + vec4<i32>(0, 1, 2, 3));
             }
-            s0 = select(vec4<f32>(NEG), s0, in_k & (key < vec4<i32>(lim.x)));
-            s1 = select(vec4<f32>(NEG), s1, in_k & (key < vec4<i32>(lim.y)));
-            s2 = select(vec4<f32>(NEG), s2, in_k & (key < vec4<i32>(lim.z)));
-            s3 = select(vec4<f32>(NEG), s3, in_k & (key < vec4<i32>(lim.w)));
+{{S_MASK}}
         }
 
-        let m_new = max(m, row_max(vec4<f32>(hmax(s0), hmax(s1), hmax(s2), hmax(s3)), tx, ty));
+        let m_new = max(m, row_max({{S_ROWMAX}}, tx, ty));
         // Rows that have seen no key yet keep NEG; subtracting 0 makes their exp2 underflow to 0.
         let m_use = select(m_new, vec4<f32>(0.0), m_new <= vec4<f32>(NEG));
         let alpha = exp2(m - m_use);
         m = m_new;
-        let p0 = exp2(s0 - vec4<f32>(m_use.x));
-        let p1 = exp2(s1 - vec4<f32>(m_use.y));
-        let p2 = exp2(s2 - vec4<f32>(m_use.z));
-        let p3 = exp2(s3 - vec4<f32>(m_use.w));
+{{S_EXP}}
         // Each invocation keeps its own part of the row sums; they are reduced once, at the end.
-        l = l * alpha + vec4<f32>(hsum(p0), hsum(p1), hsum(p2), hsum(p3));
-        let pn = tx * 4u * TY + ty;
-        ps[pn] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
-        ps[pn + TY] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
-        ps[pn + 2u * TY] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
-        ps[pn + 3u * TY] = vec4<f32>(p0.w, p1.w, p2.w, p3.w);
+        l = l * alpha + {{S_ROWSUM}};
+{{P_STORE}}
 {{O_RESCALE}}
 {{PV}}
     }

@@ -35,6 +35,8 @@ pub struct Wgpu {
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     /// Plan as if the adapter had no `SUBGROUP` (the workgroup-memory reductions).
     no_subgroups: bool,
+    /// Only this micro-tile width (key groups per invocation), where set.
+    key_groups: Option<u32>,
 }
 
 impl Wgpu {
@@ -50,10 +52,31 @@ impl Wgpu {
         self
     }
 
-    /// [`Wgpu::new`], or [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`.
+    /// Plans only with micro-tiles of `groups` key groups (1: 4x4, 2: 4x8): to time one width
+    /// against the other. A problem that no variant of that width fits is a plan error.
+    pub fn with_key_groups(mut self, groups: u32) -> Self {
+        self.key_groups = Some(groups);
+        self
+    }
+
+    /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0` and
+    /// [`Wgpu::with_key_groups`] when `ATTN_WGPU_KEY_GROUPS` is 1 or 2.
     pub fn from_env() -> Self {
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
-        Wgpu { no_subgroups: off, ..Self::default() }
+        let groups = std::env::var("ATTN_WGPU_KEY_GROUPS").ok().and_then(|v| v.trim().parse().ok());
+        let backend = Wgpu { no_subgroups: off, ..Self::default() };
+        match groups {
+            Some(g) if plan::KEY_GROUPS.contains(&g) => backend.with_key_groups(g),
+            _ => backend,
+        }
+    }
+
+    /// [`plan::choose`], limited to this backend's micro-tile width where it has one.
+    fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
+        match self.key_groups {
+            Some(g) => plan::choose_among(problem, caps, &[g]),
+            None => plan::choose(problem, caps),
+        }
     }
 
     /// The adapter's capabilities as this backend plans with them.
@@ -75,7 +98,7 @@ impl Wgpu {
 
     /// The variant and launch the plan names, recomputed (planning is deterministic).
     fn variant_of(&self, gpu: &Gpu, plan: &Plan) -> Result<(Variant, [u32; 3])> {
-        let choice = plan::choose(&plan.problem, &self.caps(gpu))?;
+        let choice = self.choose(&plan.problem, &self.caps(gpu))?;
         if choice.variant.name() != plan.kernel {
             return Err(Error::PlanMismatch {
                 what: format!(
@@ -109,10 +132,11 @@ impl Attention for Wgpu {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let gpu = self.gpu()?;
-        let mut choice = plan::choose(problem, &self.caps(&gpu))?;
+        let mut choice = self.choose(problem, &self.caps(&gpu))?;
         // Compiled here (once per variant and process), so that a compile error is a plan error.
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
+        choice.notes.push(gpu.checks().describe().into());
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),

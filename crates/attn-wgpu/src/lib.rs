@@ -21,7 +21,15 @@
 //! specialisation from `kernels/flash.wgsl`; [`runtime`] opens the adapter with its real limits,
 //! and compiles each pipeline once per process. Where the adapter has `SUBGROUP` (subgroups of
 //! 8 or more), row reductions use subgroup shuffles, otherwise workgroup memory. Kernel time
-//! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`.
+//! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`. K and V pass through
+//! registers on their way to workgroup memory, so that each chunk's global loads overlap the
+//! previous chunk's arithmetic. Shaders are compiled without naga's run-time index clamps and
+//! loop caps ([`runtime::Checks`] says why that is sound and what it bought).
+//!
+//! ## Knobs (environment)
+//! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2`:
+//! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
+//! They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

@@ -2,8 +2,8 @@
 //! synthetic limits on a machine without an adapter.
 //!
 //! The kernel's shape (see `kernels/flash.wgsl`): a workgroup of `8·TY` invocations computes a
-//! `BM × BN = 4·TY × 32` score tile, each invocation a 4×4 micro-tile of S and the matching 4 rows
-//! × `D/8` columns of O. Workgroup memory holds Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the
+//! `BM × BN = 4·TY × 32·KG` score tile, each invocation a 4 × 4·KG micro-tile of S and the
+//! matching 4 rows × `D/8` columns of O. Workgroup memory holds Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the
 //! head dim staged `DC` columns at a time when all of it does not fit), Pᵀ (`BN × BM`), and, on
 //! the path without subgroup operations, the row-reduction scratch (`8 × BM`). All f32.
 
@@ -14,10 +14,10 @@ use attn_core::{
 /// Invocations sharing one query row's scores (the `TX` of the kernel); the subgroup path needs
 /// subgroups at least this wide.
 pub const ROW_THREADS: u32 = 8;
-/// Rows and key columns of each invocation's score micro-tile.
+/// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
-/// Keys per tile: `ROW_THREADS · MICRO`.
-pub const BLOCK_N: u32 = ROW_THREADS * MICRO;
+/// Key groups per invocation (`KG`) tried, most first: 8 or 4 keys of each score row.
+pub const KEY_GROUPS: [u32; 2] = [2, 1];
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
 pub const HEAD_DIM_ALIGN: usize = 32;
 /// The largest head dim (after padding) the kernel is built for: O takes `D/2` registers per
@@ -109,6 +109,8 @@ pub struct Variant {
     pub head_dim: u32,
     /// Row groups: `8·row_groups` invocations, `BM = 4·row_groups`.
     pub row_groups: u32,
+    /// Groups of four keys per invocation and score row: `BN = 32·key_groups`.
+    pub key_groups: u32,
     /// Head-dim columns of K or V staged at once; divides `head_dim`, multiple of 32.
     pub chunk: u32,
     /// Bottom-right causal mask.
@@ -128,13 +130,18 @@ impl Variant {
         self.row_groups * MICRO
     }
 
+    /// Keys per score tile.
+    pub fn block_n(&self) -> u32 {
+        ROW_THREADS * MICRO * self.key_groups
+    }
+
     /// Workgroup memory, bytes: Qᵀ, the K/V chunk, Pᵀ and (without subgroups) the reduction
     /// scratch, all f32. Must match the `var<workgroup>` declarations of the kernel, which a
     /// test checks through naga.
     pub fn shared_bytes(&self) -> u32 {
-        let bm = self.block_m();
+        let (bm, bn) = (self.block_m(), self.block_n());
         let red = if self.subgroup { 0 } else { ROW_THREADS * bm };
-        4 * (bm * self.head_dim + BLOCK_N * self.chunk + BLOCK_N * bm + red)
+        4 * (bm * self.head_dim + bn * self.chunk + bn * bm + red)
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n32_c64_causal_sg`.
@@ -147,7 +154,7 @@ impl Variant {
             "flash_{ty}_d{}_m{}n{}_c{}_{}_{}",
             self.head_dim,
             self.block_m(),
-            BLOCK_N,
+            self.block_n(),
             self.chunk,
             if self.causal { "causal" } else { "full" },
             if self.subgroup { "sg" } else { "wgmem" }
@@ -178,6 +185,12 @@ pub struct Choice {
 /// Picks the specialisation and launch for `problem` on an adapter with `caps`, or says why it
 /// cannot run there: a typed error, raised before any buffer exists.
 pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
+    choose_among(problem, caps, &KEY_GROUPS)
+}
+
+/// [`choose`] with the micro-tile widths limited to `key_groups` (a tuning knob, so that one
+/// width can be timed against the other on the same adapter).
+pub fn choose_among(problem: &Problem, caps: &AdapterCaps, key_groups: &[u32]) -> Result<Choice> {
     problem.validate()?;
     let s = problem.shape;
     let unsupported_dim = || Error::UnsupportedHeadDim {
@@ -202,6 +215,7 @@ pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
     let d = padded_head_dim(s.head_dim) as u32;
     let subgroup = caps.subgroup_min.is_some_and(|m| m >= ROW_THREADS);
     let variant = candidates(ty, d, problem.is_causal(), subgroup)
+        .filter(|v| key_groups.contains(&v.key_groups))
         .find(|v| v.threads() <= caps.invocations && v.shared_bytes() <= caps.workgroup_storage)
         .ok_or_else(|| {
             // Report the smallest candidate's needs: nothing smaller exists.
@@ -262,9 +276,10 @@ pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
     launch.validate(&variant.name(), &caps.device_limits())?;
 
     let mut notes = vec![format!(
-        "{} invocations, each a {MICRO}x{MICRO} tile of S and {MICRO} rows x {} columns of O; \
+        "{} invocations, each a {MICRO}x{} tile of S and {MICRO} rows x {} columns of O; \
          workgroup memory {} of {} B",
         variant.threads(),
+        MICRO * variant.key_groups,
         d / ROW_THREADS,
         variant.shared_bytes(),
         caps.workgroup_storage
@@ -305,21 +320,23 @@ pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
     if caps.kind == DeviceKind::SoftwareGpu {
         notes.push(format!("{} is a software rasteriser on the CPU: correct, slow", caps.name));
     }
-    let tiles = Tiles { block_m: variant.block_m() as usize, block_n: BLOCK_N as usize, stages: 1 };
+    let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
     Ok(Choice { variant, launch, tiles, device_bytes, notes })
 }
 
 /// Every variant for this dtype, head dim and mask, in order of preference: more rows per
-/// workgroup first (K/V tiles reused by more queries), then more of the head dim per stage.
+/// workgroup first (K/V tiles reused by more queries), then wider micro-tiles (more FMAs per
+/// workgroup-memory read, fewer barriers per key), then more of the head dim per stage.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
     causal: bool,
     subgroup: bool,
 ) -> impl Iterator<Item = Variant> {
-    ROW_GROUPS.into_iter().flat_map(move |row_groups| {
+    let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
+    shapes.flat_map(move |(row_groups, key_groups)| {
         let chunks = (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
-        chunks.map(move |chunk| Variant { ty, head_dim, row_groups, chunk, causal, subgroup })
+        chunks.map(move |chunk| Variant { ty, head_dim, row_groups, key_groups, chunk, causal, subgroup })
     })
 }
 
@@ -363,9 +380,14 @@ mod tests {
         let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F32);
         let small = choose(&p, &lavapipe()).unwrap().variant;
         let big = choose(&p, &AdapterCaps { workgroup_storage: 48 * 1024, ..lavapipe() }).unwrap().variant;
-        assert_eq!((small.block_m(), small.chunk), (32, 64));
-        assert_eq!((big.block_m(), big.chunk, big.subgroup), (64, 64, true));
+        // 32 KiB: 32 rows, the wide micro-tile (64 keys), K/V staged 32 head-dim columns at a time.
+        assert_eq!((small.block_m(), small.block_n(), small.chunk), (32, 64, 32));
+        // 48 KiB: 64 rows before the wide micro-tile (Qᵀ and Pᵀ of 64 x 64 alone would take it all).
+        assert_eq!((big.block_m(), big.block_n(), big.chunk, big.subgroup), (64, 32, 64, true));
         assert_eq!(big.shared_bytes(), 48 * 1024);
+        let d64 = Problem::new(Shape::new(1, 2, 1000, 64), DType::F32);
+        let wide = choose(&d64, &AdapterCaps { workgroup_storage: 48 * 1024, ..lavapipe() }).unwrap().variant;
+        assert_eq!((wide.block_m(), wide.block_n(), wide.chunk), (64, 64, 64));
     }
 
     #[test]
@@ -374,12 +396,17 @@ mod tests {
             ty: KernelType::F32,
             head_dim: 64,
             row_groups: 8,
+            key_groups: 1,
             chunk: 64,
             causal: false,
             subgroup: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
+        // Twice the keys: K/V 64x64, Pᵀ 64x32.
+        let wide = Variant { key_groups: 2, subgroup: true, ..v };
+        assert_eq!(wide.block_n(), 64);
+        assert_eq!(wide.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Gpu {
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
+    /// What naga adds to every shader: see [`Checks`].
+    checks: Checks,
     /// The last error wgpu reported outside an error scope.
     uncaptured: Arc<Mutex<Option<String>>>,
 }
@@ -143,8 +145,14 @@ impl Gpu {
             layout,
             pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
+            checks: Checks::from_env(),
             uncaptured,
         })
+    }
+
+    /// The run-time guards its shaders are compiled with.
+    pub fn checks(&self) -> Checks {
+        self.checks
     }
 
     /// The compiled pipeline of `variant`: generated, compiled and cached on first use.
@@ -154,10 +162,17 @@ impl Gpu {
         }
         let source = shader::generate(variant);
         let pipeline = self.scoped(&format!("compiling {}", variant.name()), || {
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(&variant.name()),
                 source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
-            });
+            };
+            let checks = self.checks.runtime_checks();
+            // SAFETY: the kernel's loops all end (their bounds are constants or uniform sizes,
+            // never data) and its indices stay in bounds (workgroup arrays by their constant
+            // loop limits; storage buffers by the seq_q / seq_k guards and the buffer sizes
+            // `plan::choose` derives from the same problem); `Checks` says which promise each
+            // mode leans on.
+            let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&variant.name()),
                 layout: Some(&self.pipeline_layout),
@@ -193,6 +208,63 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
             .map_err(|e| Error::backend("wgpu", format!("{what}: {e}")))
+    }
+}
+
+/// Which of naga's run-time guards the kernel is compiled with (`ATTN_WGPU_CHECKS`).
+///
+/// The default is none of them, because both promises they stand in for hold by construction:
+/// - every loop ends: its bound is a constant of the variant or a uniform size, never data;
+/// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
+///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
+///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
+///   which is how `plan::choose` sizes the buffers; the verify suite runs this default.
+///
+/// What they cost on the H100 (f32, D=128, bench/device/wgpu-explore.sh): the loop caps halved
+/// the kernel's rate (S=8192: 9.7 TFLOP/s with them, 19.7 without); the index clamps took
+/// another 12% (S=4096: 21.5 TFLOP/s with them, 24.5 without).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checks {
+    /// Every guard: indices clamped into their arrays, every loop given an iteration cap.
+    All,
+    /// Indices still clamped; loops not capped (all of the kernel's loops end by construction).
+    NoLoopBounds,
+    /// Neither: the generated code is the kernel as written.
+    None,
+}
+
+impl Checks {
+    /// `ATTN_WGPU_CHECKS` = `all`, `bounds` (index clamps, no loop caps) or `none`; unset means
+    /// `none`.
+    pub fn from_env() -> Checks {
+        match std::env::var("ATTN_WGPU_CHECKS").as_deref().map(str::trim) {
+            Ok("all") => Checks::All,
+            Ok("bounds") => Checks::NoLoopBounds,
+            _ => Checks::None,
+        }
+    }
+
+    /// One line for the plan.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Checks::All => {
+                "naga run-time checks: all (index clamps, loop iteration caps; ATTN_WGPU_CHECKS=all)"
+            }
+            Checks::NoLoopBounds => "naga run-time checks: index clamps only (ATTN_WGPU_CHECKS=bounds)",
+            Checks::None => "naga run-time checks: none (indices and loops bounded by construction)",
+        }
+    }
+
+    fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
+        let mut c = wgpu::ShaderRuntimeChecks::checked();
+        if self != Checks::All {
+            c.force_loop_bounding = false;
+        }
+        if self == Checks::None {
+            c.bounds_checks = false;
+            c.int_div_checks = false;
+        }
+        c
     }
 }
 

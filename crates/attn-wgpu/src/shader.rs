@@ -62,6 +62,53 @@ pub fn generate(variant: &Variant) -> String {
         }
         let _ = writeln!(o_store, "    }}");
     }
+    // Scores: s{i}_{g} is row i's vec4 of scores for key group g (keys 4·(g·TX + tx)..+3).
+    let groups = variant.key_groups;
+    let mut s_decl = String::new();
+    let mut s_fma = String::new();
+    let mut s_mask = String::new();
+    let mut s_exp = String::new();
+    let mut p_store = String::new();
+    for g in 0..groups {
+        let _ = writeln!(s_fma, "                let k{g} = kv[d * BN4 + {g}u * TX + tx];");
+        let _ = writeln!(
+            s_mask,
+            "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
+        );
+        let _ = writeln!(p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
+        for j in 0..4 {
+            let _ = writeln!(
+                p_store,
+                "        ps[pn{g} + {j}u * TY] = vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l});",
+                l = LANE[j]
+            );
+        }
+        for i in 0..4 {
+            let _ = writeln!(s_decl, "        var s{i}_{g} = vec4<f32>(0.0);");
+            let _ =
+                writeln!(s_fma, "                s{i}_{g} = fma(vec4<f32>(a.{}), k{g}, s{i}_{g});", LANE[i]);
+            let _ = writeln!(
+                s_mask,
+                "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{}));",
+                LANE[i]
+            );
+            let _ = writeln!(s_exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{}));", LANE[i]);
+        }
+    }
+    // Per-row reductions over the invocation's own keys: vec4(row 0, .., row 3).
+    let over_groups = |f: &str, v: &str, join: &str| -> String {
+        let rows: Vec<String> = (0..4)
+            .map(|i| {
+                let terms: Vec<String> = (0..groups).map(|g| format!("{f}({v}{i}_{g})")).collect();
+                terms.into_iter().reduce(|a, b| format!("{join}({a}, {b})")).unwrap_or_default()
+            })
+            .collect();
+        format!("vec4<f32>({})", rows.join(", "))
+    };
+    let s_rowmax = over_groups("hmax", "s", "max");
+    let s_rowsum = over_groups("hsum", "p", "add");
+
+    let staging = Staging::new(variant);
     let mut pv = String::new();
     for chunk in 0..chunks {
         let _ = writeln!(
@@ -71,13 +118,15 @@ pub fn generate(variant: &Variant) -> String {
             (chunk + 1) * variant.chunk / 4
         );
         let _ = writeln!(pv, "        workgroupBarrier();");
-        let _ = writeln!(pv, "        for (var blk = lid; blk < BN * DC4; blk += T) {{");
-        let _ = writeln!(
-            pv,
-            "            kv[blk] = load_v(kv_base, n0 + blk / DC4, {chunk}u * DC4 + blk % DC4);"
-        );
-        let _ = writeln!(pv, "        }}");
+        pv.push_str(&staging.store_v("        "));
         let _ = writeln!(pv, "        workgroupBarrier();");
+        if chunk + 1 < chunks {
+            pv.push_str(&staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1)));
+        } else {
+            let _ = writeln!(pv, "        if (t + 1u < n_tiles) {{");
+            pv.push_str(&staging.fetch_k("            ", "n0 + BN", "0u"));
+            let _ = writeln!(pv, "        }}");
+        }
         let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
         let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
         let _ = writeln!(pv, "            let vb = n * DC4 + tx;");
@@ -101,6 +150,14 @@ pub fn generate(variant: &Variant) -> String {
         ("{{D}}", variant.head_dim.to_string()),
         ("{{DC}}", variant.chunk.to_string()),
         ("{{TY}}", variant.row_groups.to_string()),
+        ("{{KG}}", groups.to_string()),
+        ("{{S_DECL}}", s_decl),
+        ("{{S_FMA}}", s_fma),
+        ("{{S_MASK}}", s_mask),
+        ("{{S_ROWMAX}}", s_rowmax),
+        ("{{S_EXP}}", s_exp),
+        ("{{S_ROWSUM}}", s_rowsum),
+        ("{{P_STORE}}", p_store),
         ("{{CAUSAL}}", variant.causal.to_string()),
         ("{{RED_DECL}}", red_decl),
         ("{{REDUCE_MAX}}", reduce_max),
@@ -110,11 +167,124 @@ pub fn generate(variant: &Variant) -> String {
         ("{{O_DECL}}", o_decl),
         ("{{O_RESCALE}}", o_rescale),
         ("{{PV}}", pv),
+        ("{{PRE_DECL}}", staging.declare("    ")),
+        ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
+        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
+        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
+        ("{{STORE_K}}", staging.store_k("            ")),
         ("{{O_STORE}}", o_store),
     ] {
         src = src.replace(key, &value);
     }
     format!("// {}\n{src}", variant.name())
+}
+
+/// How one stage (a `BN × DC` chunk of K or V) travels from global memory through each
+/// invocation's `pre*` registers into `kv`: K in blocks of 4 keys × 4 dims, transposed on the way
+/// (`kv[d·BN4 + n/4]`), V as plain vec4s (`kv[n·DC4 + d/4]`). Invocation `lid` takes K blocks
+/// `lid + b·T` and V vec4s `lid + r·T`; where a chunk has fewer blocks than invocations, the
+/// rest idle (guarded).
+struct Staging {
+    /// K blocks per invocation (each 4 vec4 registers).
+    k_blocks: u32,
+    /// K blocks in a chunk: `BN/4 · DC/4`.
+    k_total: u32,
+    /// V vec4s per invocation.
+    v_vecs: u32,
+    /// V vec4s in a chunk: `BN · DC/4`.
+    v_total: u32,
+    /// Invocations per workgroup.
+    threads: u32,
+}
+
+impl Staging {
+    fn new(v: &Variant) -> Self {
+        let t = v.threads();
+        let k_total = v.block_n() / 4 * v.chunk / 4;
+        let v_total = v.block_n() * v.chunk / 4;
+        Staging { k_blocks: k_total.div_ceil(t), k_total, v_vecs: v_total.div_ceil(t), v_total, threads: t }
+    }
+
+    /// vec4 registers: four per K block, which is at least one per V vec4.
+    fn registers(&self) -> u32 {
+        (4 * self.k_blocks).max(self.v_vecs)
+    }
+
+    fn declare(&self, ind: &str) -> String {
+        (0..self.registers()).map(|r| format!("{ind}var pre{r} = vec4<f32>(0.0);\n")).collect()
+    }
+
+    /// One block per item `i` in `0..count` of invocation `lid`: `let {index} = lid + i·T;`, then
+    /// `body(i)` (lines, indented under `ind`), behind `{index} < total` where the chunk does not
+    /// give every invocation the same share (otherwise the test would always hold: lid < T).
+    fn each(
+        &self,
+        ind: &str,
+        count: u32,
+        total: u32,
+        index: &str,
+        body: impl Fn(u32) -> Vec<String>,
+    ) -> String {
+        let mut s = String::new();
+        let guarded = !total.is_multiple_of(self.threads);
+        let inner = if guarded { format!("{ind}        ") } else { format!("{ind}    ") };
+        for i in 0..count {
+            let _ = writeln!(s, "{ind}{{");
+            let _ = writeln!(s, "{ind}    let {index} = lid + {i}u * T;");
+            if guarded {
+                let _ = writeln!(s, "{ind}    if ({index} < {total}u) {{");
+            }
+            for line in body(i) {
+                let _ = writeln!(s, "{inner}{line}");
+            }
+            if guarded {
+                let _ = writeln!(s, "{ind}    }}");
+            }
+            let _ = writeln!(s, "{ind}}}");
+        }
+        s
+    }
+
+    /// Loads K chunk `c` of the tile starting at key `n0` into the registers.
+    fn fetch_k(&self, ind: &str, n0: &str, c: &str) -> String {
+        self.each(ind, self.k_blocks, self.k_total, "blk", |b| {
+            let mut lines =
+                vec!["let nb = blk % BN4;".to_string(), format!("let dq = ({c}) * DC4 + blk / BN4;")];
+            lines.extend(
+                (0..4).map(|j| format!("pre{} = load_k(kv_base, {n0} + nb * 4u + {j}u, dq);", 4 * b + j)),
+            );
+            lines
+        })
+    }
+
+    /// Stores the registers' K blocks transposed into `kv`.
+    fn store_k(&self, ind: &str) -> String {
+        self.each(ind, self.k_blocks, self.k_total, "blk", |b| {
+            let mut lines = vec!["let nb = blk % BN4;".to_string(), "let db = blk / BN4;".to_string()];
+            let r = 4 * b;
+            lines.extend(LANE.iter().enumerate().map(|(j, l)| {
+                format!(
+                    "kv[(db * 4u + {j}u) * BN4 + nb] = vec4<f32>(pre{r}.{l}, pre{}.{l}, pre{}.{l}, pre{}.{l});",
+                    r + 1,
+                    r + 2,
+                    r + 3
+                )
+            }));
+            lines
+        })
+    }
+
+    /// Loads V chunk `c` of the tile starting at key `n0` into the registers.
+    fn fetch_v(&self, ind: &str, n0: &str, c: &str) -> String {
+        self.each(ind, self.v_vecs, self.v_total, "e", |r| {
+            vec![format!("pre{r} = load_v(kv_base, {n0} + e / DC4, ({c}) * DC4 + e % DC4);")]
+        })
+    }
+
+    /// Stores the registers' V vec4s into `kv`.
+    fn store_v(&self, ind: &str) -> String {
+        self.each(ind, self.v_vecs, self.v_total, "e", |r| vec![format!("kv[e] = pre{r};")])
+    }
 }
 
 /// A butterfly over the TX = 8 lanes of a row: `step` combines `r` with its partner `MASK` away.
