@@ -6,7 +6,9 @@
 # (carry both). Writes $OUT/wgpu.tgz (everything, repacked after each step) and
 # $OUT/wgpu-table.md. Steps: STEPS="verify bench cpu sdpa report" (default: all).
 # Budget: at most 9.5 minutes (each step under its own timeout; partial results are kept), about
-# 6 expected. One device call: timeout_s=600, carry .device and .gl.
+# 6 expected. One device call: timeout_s=600, carry .device and .gl. Every shape warms up for
+# $WARMUP_MS (default 1000) before its timed runs, ours and the peers alike: with 200 ms, the
+# first shapes of a freshly built pipeline still came out up to 3x slow in some runs (67c657c).
 set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/wgpu; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/wgpu.tgz" -C "$final" wgpu; }
@@ -43,8 +45,8 @@ if has bench; then
   # SM clock and throttle reasons every 100 ms, to explain runs that come out slow.
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks_event_reasons.active,power.draw,temperature.gpu \
     --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & smi=$!
-  timeout 240 $attn bench --backend wgpu --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
-    --check-rows 8 > "$out/attn-wgpu.jsonl" 2> "$out/attn-wgpu.log"
+  timeout 300 $attn bench --backend wgpu --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
+    --min-warmup-ms ${WARMUP_MS:-1000} --check-rows 8 > "$out/attn-wgpu.jsonl" 2> "$out/attn-wgpu.log"
   echo "bench exit $?"; tail -3 "$out/attn-wgpu.log"; kill $smi 2>/dev/null
 fi
 pack bench
@@ -61,7 +63,7 @@ if has sdpa; then
   # with the softmax, within 80 GB; a shape that runs out of memory is reported as an error row.
   echo "== bench: pytorch sdpa math + efficient"
   timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" \
-    --warmup 2 --iters ${ITERS:-10} --math-iters 3 > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
+    --warmup 2 --iters ${ITERS:-10} --math-iters 3 --min-warmup-ms ${WARMUP_MS:-1000} > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
   echo "sdpa exit $?"; tail -2 "$out/sdpa.log"
 fi
 pack sdpa

@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--min-warmup-ms", type=float, default=200)
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--check-rows", type=int, default=32)
     a = ap.parse_args()
@@ -37,9 +38,9 @@ def main():
                     shape = (a.batch, a.heads, s, d)
                     q, k, v = (torch.randn(shape).to(types[dt]) for _ in range(3))
                     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                        # At least --warmup calls and 0.2 s, the rule attn's measure::time follows.
+                        # At least --warmup calls and --min-warmup-ms, as attn's measure::time.
                         start, done = time.perf_counter(), 0
-                        while done < a.warmup or time.perf_counter() - start < 0.2:
+                        while done < a.warmup or time.perf_counter() - start < a.min_warmup_ms / 1e3:
                             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             done += 1
                         times = []

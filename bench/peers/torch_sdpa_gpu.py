@@ -18,11 +18,12 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
 TYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def time_call(fn, warmup, iters):
-    # At least `warmup` calls and at least 0.2 s (the same rule as attn's measure::time): a GPU
-    # left idle while the host prepared the inputs comes back at a low clock.
+def time_call(fn, warmup, iters, min_warmup_s):
+    # At least `warmup` calls and at least `min_warmup_s` seconds (the rule of attn's
+    # measure::time, same default): a GPU left idle while the host prepared the inputs needs a
+    # moment to reach full speed.
     start, done = time.perf_counter(), 0
-    while done < warmup or time.perf_counter() - start < 0.2:
+    while done < warmup or time.perf_counter() - start < min_warmup_s:
         fn()
         torch.cuda.synchronize()
         done += 1
@@ -48,6 +49,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--model-dim", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--min-warmup-ms", type=float, default=200)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--math-iters", type=int, default=None,
                     help="timed runs for the unfused math backend (slow and memory-bound); default --iters")
@@ -70,7 +72,7 @@ def main():
                             warmup = min(a.warmup, iters)
                             with sdpa_kernel([BACKENDS[name]]):
                                 times = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                                  warmup, iters)
+                                                  warmup, iters, a.min_warmup_ms / 1e3)
                         except RuntimeError as e:  # a backend that does not support the shape, or out of memory
                             torch.cuda.empty_cache()
                             row.update(error=str(e).splitlines()[0][:200])

@@ -37,6 +37,8 @@ pub struct Wgpu {
     no_subgroups: bool,
     /// Only this micro-tile width (key groups per invocation), where set.
     key_groups: Option<u32>,
+    /// Only this K/V chunk width (head-dim columns per stage), where set.
+    chunk: Option<u32>,
 }
 
 impl Wgpu {
@@ -59,24 +61,33 @@ impl Wgpu {
         self
     }
 
-    /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0` and
-    /// [`Wgpu::with_key_groups`] when `ATTN_WGPU_KEY_GROUPS` is 1 or 2.
+    /// Plans only with K/V chunks of `columns` head-dim columns (a multiple of 32): to time
+    /// smaller stages (less workgroup memory, more barriers) against larger ones.
+    pub fn with_chunk(mut self, columns: u32) -> Self {
+        self.chunk = Some(columns);
+        self
+    }
+
+    /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
+    /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2) and [`Wgpu::with_chunk`]
+    /// from `ATTN_WGPU_CHUNK`.
     pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
-        let groups = std::env::var("ATTN_WGPU_KEY_GROUPS").ok().and_then(|v| v.trim().parse().ok());
-        let backend = Wgpu { no_subgroups: off, ..Self::default() };
-        match groups {
-            Some(g) if plan::KEY_GROUPS.contains(&g) => backend.with_key_groups(g),
-            _ => backend,
+        Wgpu {
+            no_subgroups: off,
+            key_groups: var("ATTN_WGPU_KEY_GROUPS"),
+            chunk: var("ATTN_WGPU_CHUNK"),
+            ..Self::default()
         }
     }
 
-    /// [`plan::choose`], limited to this backend's micro-tile width where it has one.
+    /// [`plan::choose`], limited to this backend's tile knobs where it has them.
     fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
-        match self.key_groups {
-            Some(g) => plan::choose_among(problem, caps, &[g]),
-            None => plan::choose(problem, caps),
-        }
+        let allowed = |v: &Variant| {
+            self.key_groups.is_none_or(|g| v.key_groups == g) && self.chunk.is_none_or(|c| v.chunk == c)
+        };
+        plan::choose_among(problem, caps, &allowed)
     }
 
     /// The adapter's capabilities as this backend plans with them.

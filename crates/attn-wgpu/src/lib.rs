@@ -28,7 +28,8 @@
 //!
 //! ## Knobs (environment)
 //! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2`:
-//! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
+//! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
+//! head-dim columns; `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
 //! They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
 //!
 //! ## Without an adapter

@@ -185,12 +185,16 @@ pub struct Choice {
 /// Picks the specialisation and launch for `problem` on an adapter with `caps`, or says why it
 /// cannot run there: a typed error, raised before any buffer exists.
 pub fn choose(problem: &Problem, caps: &AdapterCaps) -> Result<Choice> {
-    choose_among(problem, caps, &KEY_GROUPS)
+    choose_among(problem, caps, &|_| true)
 }
 
-/// [`choose`] with the micro-tile widths limited to `key_groups` (a tuning knob, so that one
-/// width can be timed against the other on the same adapter).
-pub fn choose_among(problem: &Problem, caps: &AdapterCaps, key_groups: &[u32]) -> Result<Choice> {
+/// [`choose`] among the variants that `allowed` accepts (tuning knobs, so that one tile shape
+/// can be timed against another on the same adapter).
+pub fn choose_among(
+    problem: &Problem,
+    caps: &AdapterCaps,
+    allowed: &dyn Fn(&Variant) -> bool,
+) -> Result<Choice> {
     problem.validate()?;
     let s = problem.shape;
     let unsupported_dim = || Error::UnsupportedHeadDim {
@@ -215,7 +219,7 @@ pub fn choose_among(problem: &Problem, caps: &AdapterCaps, key_groups: &[u32]) -
     let d = padded_head_dim(s.head_dim) as u32;
     let subgroup = caps.subgroup_min.is_some_and(|m| m >= ROW_THREADS);
     let variant = candidates(ty, d, problem.is_causal(), subgroup)
-        .filter(|v| key_groups.contains(&v.key_groups))
+        .filter(|v| allowed(v))
         .find(|v| v.threads() <= caps.invocations && v.shared_bytes() <= caps.workgroup_storage)
         .ok_or_else(|| {
             // Report the smallest candidate's needs: nothing smaller exists.

@@ -18,8 +18,8 @@ pub fn inputs(bufs: &[Buffer; 3]) -> Inputs<'_> {
     Inputs { q: bufs[0].as_data(), k: bufs[1].as_data(), v: bufs[2].as_data() }
 }
 
-/// Median, minimum and maximum of repeated timings.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+/// Median, minimum and maximum of repeated timings, and every run in order.
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Timing {
     /// Median seconds.
     pub median_s: f64,
@@ -29,42 +29,46 @@ pub struct Timing {
     pub max_s: f64,
     /// Timed runs.
     pub runs: usize,
+    /// Each timed run, seconds, in the order they ran.
+    pub each_s: Vec<f64>,
     /// Device memory the prepared call held, as measured by the backend ([`Prepared::device_bytes`]).
     pub device_bytes: Option<u64>,
 }
 
-/// The least wall-clock time spent warming up before timed runs. A GPU left idle while the host
-/// prepared the previous shape comes back at a low clock (measured on the H100: the first
-/// short shape after a pause ran at a third of its rate with two warm-up calls); the peer
-/// scripts in `bench/peers/` warm up by the same rule.
+/// The default least wall-clock time spent warming up before timed runs (`attn bench
+/// --min-warmup-ms`): a device left idle while the host prepared the inputs needs a moment to
+/// reach full speed. The peer scripts in `bench/peers/` warm up by the same rule.
 pub const MIN_WARMUP: Duration = Duration::from_millis(200);
 
-/// Runs `backend` on `inputs` untimed `warmup` times and for at least [`MIN_WARMUP`], then
-/// `runs` times timed (the backend's own device-side timing), and leaves the output of the last
-/// run in `outputs`.
+/// Runs `backend` on `inputs` untimed `warmup` times and for at least `min_warmup` (see
+/// [`MIN_WARMUP`]), then `runs` times timed (the backend's own device-side timing), and leaves
+/// the output of the last run in `outputs`.
 pub fn time(
     backend: &dyn Attention,
     plan: &Plan,
     inputs: Inputs<'_>,
     outputs: Outputs<'_>,
     warmup: usize,
+    min_warmup: Duration,
     runs: usize,
 ) -> Result<Timing> {
     let mut prepared = backend.prepare(plan, inputs)?;
     let start = std::time::Instant::now();
     let mut warmed = 0;
-    while warmed < warmup || start.elapsed() < MIN_WARMUP {
+    while warmed < warmup || start.elapsed() < min_warmup {
         prepared.run()?;
         warmed += 1;
     }
     let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run()).collect::<Result<_>>()?;
     prepared.read(outputs)?;
+    let each_s = times.iter().map(Duration::as_secs_f64).collect();
     times.sort();
     Ok(Timing {
         median_s: times[times.len() / 2].as_secs_f64(),
         min_s: times[0].as_secs_f64(),
         max_s: times[times.len() - 1].as_secs_f64(),
         runs: times.len(),
+        each_s,
         device_bytes: prepared.device_bytes(),
     })
 }

@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// Untimed runs per shape.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
+    /// Least wall-clock time of untimed runs per shape, milliseconds (on top of --warmup).
+    #[arg(long, default_value_t = attn::measure::MIN_WARMUP.as_millis() as u64)]
+    min_warmup_ms: u64,
     /// Timed runs per shape (median reported).
     #[arg(long, default_value_t = 7)]
     iters: usize,
@@ -108,7 +111,15 @@ fn bench_one(
     let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
     let mut outputs = Outputs { o: o.as_data_mut(), lse: None };
     outputs.poison();
-    let t = measure::time(backend, &plan, measure::inputs(&bufs), outputs, args.warmup, args.iters)?;
+    let t = measure::time(
+        backend,
+        &plan,
+        measure::inputs(&bufs),
+        outputs,
+        args.warmup,
+        std::time::Duration::from_millis(args.min_warmup_ms),
+        args.iters,
+    )?;
     let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows);
     if let Some(dir) = &args.dump {
         dump(dir, backend.name(), problem, &bufs, &o).map_err(|e| attn::Error::backend("dump", e))?;
@@ -126,6 +137,7 @@ fn bench_one(
         "causal": problem.is_causal(),
         "threads": threads,
         "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
+        "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
         "gflops": problem.flops() / t.median_s / 1e9,
         "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
         "device_bytes": t.device_bytes,

@@ -201,7 +201,15 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut outputs = Outputs { o: o.as_data_mut(), lse: lse.as_deref_mut() };
     outputs.poison();
     progress(&format!("running {} ({} warm-up + {} timed)", backend.name(), args.warmup, args.iters));
-    let timing = measure::time(&*backend, &plan, measure::inputs(&bufs), outputs, args.warmup, args.iters)?;
+    let timing = measure::time(
+        &*backend,
+        &plan,
+        measure::inputs(&bufs),
+        outputs,
+        args.warmup,
+        measure::MIN_WARMUP,
+        args.iters,
+    )?;
     let accuracy = (args.check_rows > 0).then(|| {
         progress(&format!("checking {} rows against the f64 reference", args.check_rows));
         measure::accuracy(&problem, &measure::inputs(&bufs), &o, args.check_rows)
