@@ -220,9 +220,9 @@ impl Gpu {
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
 ///   which is how `plan::choose` sizes the buffers; the verify suite runs this default.
 ///
-/// What they cost on the H100 (f32, D=128, bench/device/wgpu-explore.sh): the loop caps halved
-/// the kernel's rate (S=8192: 9.7 TFLOP/s with them, 19.7 without); the index clamps took
-/// another 12% (S=4096: 21.5 TFLOP/s with them, 24.5 without).
+/// What they cost on the H100 (f32, D=128; bench/results/2026-11-22-h100-wgpu-explore): the
+/// loop caps halved the kernel's rate (S=8192: 9.7 TFLOP/s with them, 19.7 without); the index
+/// clamps took another 12% (S=4096: 21.5 TFLOP/s with them, 24.5 without).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Checks {
     /// Every guard: indices clamped into their arrays, every loop given an iteration cap.
