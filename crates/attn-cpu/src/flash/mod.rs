@@ -184,13 +184,22 @@ impl Flash {
     /// Query rows per task when `BLOCK_M` would give fewer than [`Flash::TASKS_PER_THREAD`]
     /// tasks per thread (short sequences, few heads).
     pub const BLOCK_M_SMALL: usize = 64;
-    /// Tasks per thread below which the plan uses smaller blocks, so that a causal mask's
-    /// unequal tasks still balance.
+    /// Tasks per thread below which the plan uses smaller blocks (equal tasks: no mask).
     pub const TASKS_PER_THREAD: usize = 4;
+    /// The same under a causal mask, whose tasks differ in length and balance only in numbers:
+    /// on 16 Xeon cores (B=1, H=16, f32, S=512 and 1024) 64-row blocks were 7-17% faster than
+    /// 128-row ones with a causal mask and within 2% without
+    /// (`bench/results/2026-11-22-cpu-xeon16-tiles.json`).
+    pub const TASKS_PER_THREAD_CAUSAL: usize = 16;
     /// Keys per tile; a multiple of every ISA's `NR`.
     pub const BLOCK_N: usize = 64;
     /// Bytes of packed K/V per pass: heads are processed in groups that fit (one head at least).
     pub const PACK_BUDGET: usize = 512 << 20;
+
+    /// The fewest tasks per thread that keep 128-row blocks (see [`Flash::TASKS_PER_THREAD`]).
+    fn tasks_per_thread(&self, problem: &Problem) -> usize {
+        if problem.is_causal() { Self::TASKS_PER_THREAD_CAUSAL } else { Self::TASKS_PER_THREAD }
+    }
 
     /// On rayon's global thread pool.
     pub fn new() -> Self {
@@ -445,7 +454,7 @@ impl Attention for Flash {
                 });
             }
             Some(tiles) => tiles,
-            None if tasks(Self::BLOCK_M) >= Self::TASKS_PER_THREAD * self.threads() => {
+            None if tasks(Self::BLOCK_M) >= self.tasks_per_thread(problem) * self.threads() => {
                 (Self::BLOCK_M, Self::BLOCK_N)
             }
             None => (Self::BLOCK_M_SMALL, Self::BLOCK_N),
