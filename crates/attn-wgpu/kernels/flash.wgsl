@@ -60,8 +60,7 @@ struct Params {
 var<workgroup> qs: array<vec4<f32>, D * TY>;
 // A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]).
 var<workgroup> kv: array<vec4<f32>, DC * BN4>;
-// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.
-var<workgroup> ps: array<vec4<f32>, BN * TY>;
+{{PS_DECL}}
 {{RED_DECL}}
 
 fn load_q(base: u32, row: u32, dq: u32) -> vec4<f32> {
@@ -115,6 +114,7 @@ fn main(
     let lid = {{LID}};
     let tx = lid % TX;
     let ty = lid / TX;
+{{ROW_LANE0}}
     let bh = wid.y + wid.z * P.grid_y;
     if (bh >= P.bh_total) {
         return;

@@ -39,6 +39,8 @@ pub struct Wgpu {
     key_groups: Option<u32>,
     /// Only this K/V chunk width (head-dim columns per stage), where set.
     chunk: Option<u32>,
+    /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
+    p_shuffle: Option<bool>,
 }
 
 impl Wgpu {
@@ -68,9 +70,16 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
+    /// workgroup memory (`false`): to time one against the other.
+    pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
+        self.p_shuffle = Some(shuffle);
+        self
+    }
+
     /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
-    /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2) and [`Wgpu::with_chunk`]
-    /// from `ATTN_WGPU_CHUNK`.
+    /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
+    /// from `ATTN_WGPU_CHUNK` and [`Wgpu::with_p_shuffle`] from `ATTN_WGPU_P_SHUFFLE` (0 or 1).
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -78,6 +87,7 @@ impl Wgpu {
             no_subgroups: off,
             key_groups: var("ATTN_WGPU_KEY_GROUPS"),
             chunk: var("ATTN_WGPU_CHUNK"),
+            p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
     }
@@ -85,7 +95,9 @@ impl Wgpu {
     /// [`plan::choose`], limited to this backend's tile knobs where it has them.
     fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
         let allowed = |v: &Variant| {
-            self.key_groups.is_none_or(|g| v.key_groups == g) && self.chunk.is_none_or(|c| v.chunk == c)
+            self.key_groups.is_none_or(|g| v.key_groups == g)
+                && self.chunk.is_none_or(|c| v.chunk == c)
+                && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
         };
         plan::choose_among(problem, caps, &allowed)
     }

@@ -20,7 +20,8 @@
 //! sizes) and refuses with a typed error what cannot run; [`shader`] generates the WGSL of each
 //! specialisation from `kernels/flash.wgsl`; [`runtime`] opens the adapter with its real limits,
 //! and compiles each pipeline once per process. Where the adapter has `SUBGROUP` (subgroups of
-//! 8 or more), row reductions use subgroup shuffles, otherwise workgroup memory. Kernel time
+//! 8 or more), row reductions and the hand-over of probabilities from the invocation that
+//! computed them to its row's others use subgroup shuffles, otherwise workgroup memory. Kernel time
 //! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`. K and V pass through
 //! registers on their way to workgroup memory, so that each chunk's global loads overlap the
 //! previous chunk's arithmetic. Shaders are compiled without naga's run-time index clamps and
@@ -30,7 +31,8 @@
 //! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2`:
 //! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
 //! head-dim columns; `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
-//! They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
+//! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could
+//! shuffle them. They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

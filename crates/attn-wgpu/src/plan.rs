@@ -117,6 +117,9 @@ pub struct Variant {
     pub causal: bool,
     /// Row reductions with subgroup shuffles instead of workgroup memory.
     pub subgroup: bool,
+    /// Probabilities handed to the row's other invocations by subgroup shuffles instead of
+    /// through workgroup memory (Pᵀ); needs `subgroup`.
+    pub p_shuffle: bool,
 }
 
 impl Variant {
@@ -141,23 +144,25 @@ impl Variant {
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
         let red = if self.subgroup { 0 } else { ROW_THREADS * bm };
-        4 * (bm * self.head_dim + bn * self.chunk + bn * bm + red)
+        let p = if self.p_shuffle { 0 } else { bn * bm };
+        4 * (bm * self.head_dim + bn * self.chunk + p + red)
     }
 
-    /// The name plans and errors use, e.g. `flash_f32_d128_m64n32_c64_causal_sg`.
+    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl`.
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
             KernelType::F16 => "f16",
         };
         format!(
-            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}",
+            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}",
             self.head_dim,
             self.block_m(),
             self.block_n(),
             self.chunk,
             if self.causal { "causal" } else { "full" },
-            if self.subgroup { "sg" } else { "wgmem" }
+            if self.subgroup { "sg" } else { "wgmem" },
+            if self.p_shuffle { "_pshfl" } else { "" }
         )
     }
 }
@@ -328,8 +333,9 @@ pub fn choose_among(
     Ok(Choice { variant, launch, tiles, device_bytes, notes })
 }
 
-/// Every variant for this dtype, head dim and mask, in order of preference: more rows per
-/// workgroup first (K/V tiles reused by more queries), then wider micro-tiles (more FMAs per
+/// Every variant for this dtype, head dim and mask, in order of preference: probabilities
+/// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
+/// workgroup (K/V tiles reused by more queries), then wider micro-tiles (more FMAs per
 /// workgroup-memory read, fewer barriers per key), then more of the head dim per stage.
 pub fn candidates(
     ty: KernelType,
@@ -337,10 +343,23 @@ pub fn candidates(
     causal: bool,
     subgroup: bool,
 ) -> impl Iterator<Item = Variant> {
-    let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
-    shapes.flat_map(move |(row_groups, key_groups)| {
-        let chunks = (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
-        chunks.map(move |chunk| Variant { ty, head_dim, row_groups, key_groups, chunk, causal, subgroup })
+    let exchanges: &[bool] = if subgroup { &[true, false] } else { &[false] };
+    exchanges.iter().flat_map(move |&p_shuffle| {
+        let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
+        shapes.flat_map(move |(row_groups, key_groups)| {
+            let chunks =
+                (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
+            chunks.map(move |chunk| Variant {
+                ty,
+                head_dim,
+                row_groups,
+                key_groups,
+                chunk,
+                causal,
+                subgroup,
+                p_shuffle,
+            })
+        })
     })
 }
 
@@ -381,17 +400,25 @@ mod tests {
 
     #[test]
     fn more_workgroup_memory_gives_larger_tiles() {
-        let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F32);
-        let small = choose(&p, &lavapipe()).unwrap().variant;
-        let big = choose(&p, &AdapterCaps { workgroup_storage: 48 * 1024, ..lavapipe() }).unwrap().variant;
-        // 32 KiB: 32 rows, the wide micro-tile (64 keys), K/V staged 32 head-dim columns at a time.
-        assert_eq!((small.block_m(), small.block_n(), small.chunk), (32, 64, 32));
-        // 48 KiB: 64 rows before the wide micro-tile (Qᵀ and Pᵀ of 64 x 64 alone would take it all).
-        assert_eq!((big.block_m(), big.block_n(), big.chunk, big.subgroup), (64, 32, 64, true));
-        assert_eq!(big.shared_bytes(), 48 * 1024);
-        let d64 = Problem::new(Shape::new(1, 2, 1000, 64), DType::F32);
-        let wide = choose(&d64, &AdapterCaps { workgroup_storage: 48 * 1024, ..lavapipe() }).unwrap().variant;
-        assert_eq!((wide.block_m(), wide.block_n(), wide.chunk), (64, 64, 64));
+        let tiles = |d: usize, kib: u32, subgroups: bool| {
+            let p = Problem::new(Shape::new(1, 2, 1000, d), DType::F32);
+            let caps = AdapterCaps {
+                workgroup_storage: kib * 1024,
+                subgroup_min: subgroups.then_some(32),
+                ..lavapipe()
+            };
+            let v = choose(&p, &caps).unwrap().variant;
+            assert!(v.shared_bytes() <= kib * 1024, "{}", v.name());
+            (v.block_m(), v.block_n(), v.chunk, v.p_shuffle)
+        };
+        // With subgroups, P is shuffled and takes no workgroup memory: at 48 KiB, D=128 gets
+        // 64 x 64 tiles (Qᵀ 32 KiB + a K/V chunk of 64 x 64 16 KiB); at 32 KiB only 32 rows.
+        assert_eq!(tiles(128, 48, true), (64, 64, 64, true));
+        assert_eq!(tiles(128, 32, true), (32, 64, 64, true));
+        assert_eq!(tiles(64, 48, true), (64, 64, 64, true));
+        // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
+        assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
+        assert_eq!(tiles(64, 48, false), (64, 64, 32, false));
     }
 
     #[test]
@@ -404,6 +431,7 @@ mod tests {
             chunk: 64,
             causal: false,
             subgroup: false,
+            p_shuffle: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
@@ -411,6 +439,9 @@ mod tests {
         let wide = Variant { key_groups: 2, subgroup: true, ..v };
         assert_eq!(wide.block_n(), 64);
         assert_eq!(wide.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
+        // P shuffled: no Pᵀ.
+        let shuffled = Variant { p_shuffle: true, ..wide };
+        assert_eq!(shuffled.shared_bytes(), 4 * (32 * 64 + 64 * 64));
     }
 
     #[test]

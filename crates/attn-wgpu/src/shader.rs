@@ -75,13 +75,16 @@ pub fn generate(variant: &Variant) -> String {
             s_mask,
             "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
         );
-        let _ = writeln!(p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
+        if !variant.p_shuffle {
+            let _ = writeln!(p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
+        }
         for j in 0..4 {
-            let _ = writeln!(
-                p_store,
-                "        ps[pn{g} + {j}u * TY] = vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l});",
-                l = LANE[j]
-            );
+            let value = format!("vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l})", l = LANE[j]);
+            let _ = if variant.p_shuffle {
+                writeln!(p_store, "        let pt{g}_{j} = {value};")
+            } else {
+                writeln!(p_store, "        ps[pn{g} + {j}u * TY] = {value};")
+            };
         }
         for i in 0..4 {
             let _ = writeln!(s_decl, "        var s{i}_{g} = vec4<f32>(0.0);");
@@ -108,6 +111,18 @@ pub fn generate(variant: &Variant) -> String {
     let s_rowmax = over_groups("hmax", "s", "max");
     let s_rowsum = over_groups("hsum", "p", "add");
 
+    // Probabilities travel from the invocation that computed them to the row's other seven
+    // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
+    let (ps_decl, row_lane0) = if variant.p_shuffle {
+        (String::new(), "    let row_lane0 = sg_lane & ~(TX - 1u);".to_string())
+    } else {
+        (
+            "// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.\n\
+             var<workgroup> ps: array<vec4<f32>, BN * TY>;"
+                .to_string(),
+            String::new(),
+        )
+    };
     let staging = Staging::new(variant);
     let mut pv = String::new();
     for chunk in 0..chunks {
@@ -127,20 +142,41 @@ pub fn generate(variant: &Variant) -> String {
             pv.push_str(&staging.fetch_k("            ", "n0 + BN", "0u"));
             let _ = writeln!(pv, "        }}");
         }
-        let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
-        let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
-        let _ = writeln!(pv, "            let vb = n * DC4 + tx;");
-        for lc in 0..per_chunk {
-            let _ = writeln!(pv, "            let v{lc} = kv[vb + {lc}u * TX];");
-        }
-        for i in 0..4 {
+        // O += P·V over this chunk's columns, for key `n` with its probabilities in `pv`.
+        let fmas = |ind: &str| -> String {
+            let mut s = String::new();
+            let _ = writeln!(s, "{ind}let vb = n * DC4 + tx;");
             for lc in 0..per_chunk {
-                let c = chunk * per_chunk + lc;
-                let _ =
-                    writeln!(pv, "            o{i}_{c} = fma(vec4<f32>(pv.{}), v{lc}, o{i}_{c});", LANE[i]);
+                let _ = writeln!(s, "{ind}let v{lc} = kv[vb + {lc}u * TX];");
             }
+            for i in 0..4 {
+                for lc in 0..per_chunk {
+                    let c = chunk * per_chunk + lc;
+                    let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{}), v{lc}, o{i}_{c});", LANE[i]);
+                }
+            }
+            s
+        };
+        if variant.p_shuffle {
+            // Key 4·(g·TX + src) + j is held by lane src of this row's eight, as pt{g}_{j}.
+            let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
+            let _ = writeln!(pv, "            let owner = row_lane0 + src;");
+            for g in 0..groups {
+                for j in 0..4 {
+                    let _ = writeln!(pv, "            {{");
+                    let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
+                    let _ = writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);");
+                    pv.push_str(&fmas("                "));
+                    let _ = writeln!(pv, "            }}");
+                }
+            }
+            let _ = writeln!(pv, "        }}");
+        } else {
+            let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
+            let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
+            pv.push_str(&fmas("            "));
+            let _ = writeln!(pv, "        }}");
         }
-        let _ = writeln!(pv, "        }}");
     }
 
     let mut src = TEMPLATE.to_string();
@@ -167,6 +203,8 @@ pub fn generate(variant: &Variant) -> String {
         ("{{O_DECL}}", o_decl),
         ("{{O_RESCALE}}", o_rescale),
         ("{{PV}}", pv),
+        ("{{PS_DECL}}", ps_decl),
+        ("{{ROW_LANE0}}", row_lane0),
         ("{{PRE_DECL}}", staging.declare("    ")),
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
         ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
