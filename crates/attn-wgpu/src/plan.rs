@@ -16,8 +16,16 @@ use attn_core::{
 pub const ROW_THREADS: u32 = 8;
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
-/// Key groups per invocation (`KG`) tried, most first: 8 or 4 keys of each score row.
+/// Key groups per invocation (`KG`): 8 or 4 keys of each score row.
 pub const KEY_GROUPS: [u32; 2] = [2, 1];
+
+/// The micro-tile widths in order of preference for a head dim, as measured on the H100 with
+/// probabilities shuffled (bench/results/2026-11-22-h100-wgpu-explore, run 5, S=4096): at D=64
+/// the narrow one, whose smaller workgroups fit more per SM, was 6% faster in f32 and 28% in
+/// f16; at D=128 the wide one (64 x 64 tiles) was 1% faster in f32, 0-4% slower in f16.
+fn key_groups_for(head_dim: u32) -> [u32; 2] {
+    if head_dim <= 64 { [1, 2] } else { [2, 1] }
+}
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
 pub const HEAD_DIM_ALIGN: usize = 32;
 /// The largest head dim (after padding) the kernel is built for: O takes `D/2` registers per
@@ -335,8 +343,8 @@ pub fn choose_among(
 
 /// Every variant for this dtype, head dim and mask, in order of preference: probabilities
 /// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
-/// workgroup (K/V tiles reused by more queries), then wider micro-tiles (more FMAs per
-/// workgroup-memory read, fewer barriers per key), then more of the head dim per stage.
+/// workgroup (K/V tiles reused by more queries), then the micro-tile width measured best for
+/// the head dim ([`key_groups_for`]), then more of the head dim per stage (fewer barriers).
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -345,7 +353,9 @@ pub fn candidates(
 ) -> impl Iterator<Item = Variant> {
     let exchanges: &[bool] = if subgroup { &[true, false] } else { &[false] };
     exchanges.iter().flat_map(move |&p_shuffle| {
-        let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
+        let shapes = ROW_GROUPS
+            .into_iter()
+            .flat_map(move |r| key_groups_for(head_dim).into_iter().map(move |k| (r, k)));
         shapes.flat_map(move |(row_groups, key_groups)| {
             let chunks =
                 (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
@@ -415,10 +425,10 @@ mod tests {
         // 64 x 64 tiles (Qᵀ 32 KiB + a K/V chunk of 64 x 64 16 KiB); at 32 KiB only 32 rows.
         assert_eq!(tiles(128, 48, true), (64, 64, 64, true));
         assert_eq!(tiles(128, 32, true), (32, 64, 64, true));
-        assert_eq!(tiles(64, 48, true), (64, 64, 64, true));
+        assert_eq!(tiles(64, 48, true), (64, 32, 64, true));
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
         assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
-        assert_eq!(tiles(64, 48, false), (64, 64, 32, false));
+        assert_eq!(tiles(64, 48, false), (64, 32, 64, false));
     }
 
     #[test]
