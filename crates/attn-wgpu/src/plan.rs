@@ -19,13 +19,24 @@ pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row.
 pub const KEY_GROUPS: [u32; 2] = [2, 1];
 
-/// The micro-tile widths in order of preference for a head dim, as measured on the H100 with
-/// probabilities shuffled (bench/results/2026-11-22-h100-wgpu-explore, run 5, S=4096): at D=64
-/// the narrow one, whose smaller workgroups fit more per SM, was 6% faster in f32 and 28% in
-/// f16; at D=128 the wide one (64 x 64 tiles) was 1% faster in f32, 0-4% slower in f16.
-fn key_groups_for(head_dim: u32) -> [u32; 2] {
-    if head_dim <= 64 { [1, 2] } else { [2, 1] }
+/// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
+/// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
+/// before the generic order of [`candidates`], where it fits. `(p_shuffle, key_groups, chunk)`;
+/// 64 rows each.
+/// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3);
+/// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
+/// - f32 D=128: shuffled, 4x8, 64 columns: 24.9 (next best 24.6);
+/// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
+fn measured_best(ty: KernelType, head_dim: u32) -> Option<(bool, u32, u32)> {
+    match (ty, head_dim) {
+        (KernelType::F32, 64) => Some((true, 2, 32)),
+        (KernelType::F16, 64) => Some((true, 1, 64)),
+        (KernelType::F32, 128) => Some((true, 2, 64)),
+        (KernelType::F16, 128) => Some((false, 1, 64)),
+        _ => None,
+    }
 }
+
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
 pub const HEAD_DIM_ALIGN: usize = 32;
 /// The largest head dim (after padding) the kernel is built for: O takes `D/2` registers per
@@ -343,34 +354,38 @@ pub fn choose_among(
 
 /// Every variant for this dtype, head dim and mask, in order of preference: probabilities
 /// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
-/// workgroup (K/V tiles reused by more queries), then the micro-tile width measured best for
-/// the head dim ([`key_groups_for`]), then more of the head dim per stage (fewer barriers).
+/// workgroup (K/V tiles reused by more queries), then wider micro-tiles, then more of the head
+/// dim per stage (fewer barriers); first of all, where there is one, the shape measured
+/// fastest for this dtype and head dim ([`measured_best`]).
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
     causal: bool,
     subgroup: bool,
 ) -> impl Iterator<Item = Variant> {
+    let variant = move |p_shuffle, row_groups, key_groups, chunk| Variant {
+        ty,
+        head_dim,
+        row_groups,
+        key_groups,
+        chunk,
+        causal,
+        subgroup,
+        p_shuffle,
+    };
+    let best = measured_best(ty, head_dim)
+        .filter(|&(p_shuffle, _, _)| subgroup || !p_shuffle)
+        .map(|(p_shuffle, key_groups, chunk)| variant(p_shuffle, ROW_GROUPS[0], key_groups, chunk));
     let exchanges: &[bool] = if subgroup { &[true, false] } else { &[false] };
-    exchanges.iter().flat_map(move |&p_shuffle| {
-        let shapes = ROW_GROUPS
-            .into_iter()
-            .flat_map(move |r| key_groups_for(head_dim).into_iter().map(move |k| (r, k)));
+    let generic = exchanges.iter().flat_map(move |&p_shuffle| {
+        let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
         shapes.flat_map(move |(row_groups, key_groups)| {
             let chunks =
                 (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
-            chunks.map(move |chunk| Variant {
-                ty,
-                head_dim,
-                row_groups,
-                key_groups,
-                chunk,
-                causal,
-                subgroup,
-                p_shuffle,
-            })
+            chunks.map(move |chunk| variant(p_shuffle, row_groups, key_groups, chunk))
         })
-    })
+    });
+    best.into_iter().chain(generic)
 }
 
 #[cfg(test)]
@@ -425,10 +440,15 @@ mod tests {
         // 64 x 64 tiles (Qᵀ 32 KiB + a K/V chunk of 64 x 64 16 KiB); at 32 KiB only 32 rows.
         assert_eq!(tiles(128, 48, true), (64, 64, 64, true));
         assert_eq!(tiles(128, 32, true), (32, 64, 64, true));
-        assert_eq!(tiles(64, 48, true), (64, 32, 64, true));
+        assert_eq!(tiles(64, 48, true), (64, 64, 32, true));
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
         assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
-        assert_eq!(tiles(64, 48, false), (64, 32, 64, false));
+        assert_eq!(tiles(64, 48, false), (64, 64, 32, false));
+        // f16 at D=128 measured fastest with P through workgroup memory, even with subgroups.
+        let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
+        let caps = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
+        let v = choose(&p, &caps).unwrap().variant;
+        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle), (64, 32, 64, false));
     }
 
     #[test]
