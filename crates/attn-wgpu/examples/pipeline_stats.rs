@@ -1,0 +1,244 @@
+//! What the driver made of each kernel variant: registers, spills, instruction counts, as the
+//! Vulkan driver reports them through `VK_KHR_pipeline_executable_properties`.
+//!
+//! wgpu neither enables that extension nor asks for statistics, so this opens its own Vulkan
+//! device (through `ash`) on the adapter wgpu would pick, compiles the same WGSL to SPIR-V with
+//! the same naga options the backend uses (no index clamps, no loop caps), and prints every
+//! statistic of every variant that fits the adapter for the given dtypes and head dims (the
+//! planner's choice marked `*`). Workgroup memory is not zero-initialised here (wgpu does that
+//! per dispatch); everything else matches.
+//!
+//! `cargo run --release -p attn-wgpu --example pipeline_stats -- [f32,f16] [64,128]`
+//! Prints why not and exits 0 where there is no Vulkan adapter or the driver lacks the extension.
+
+use ash::vk;
+use attn_core::{DType, Problem, Shape};
+use attn_wgpu::plan::{self, KernelType, Variant};
+use attn_wgpu::runtime::Gpu;
+use attn_wgpu::shader;
+use std::error::Error;
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dtypes = args.first().map_or("f32,f16", String::as_str).to_string();
+    let dims = args.get(1).map_or("64,128", String::as_str).to_string();
+    let gpu = match Gpu::open() {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("SKIPPED pipeline_stats: {reason}");
+            return Ok(());
+        }
+    };
+    let caps = gpu.caps.clone();
+    // SAFETY: loading the system's Vulkan loader; it stays loaded for the life of `entry`.
+    let vulkan = match unsafe { Vulkan::open(&caps.name) } {
+        Ok(v) => v,
+        Err(reason) => {
+            println!("SKIPPED pipeline_stats: {reason}");
+            return Ok(());
+        }
+    };
+    println!("adapter {} ({} B of workgroup memory)", caps.name, caps.workgroup_storage);
+    for dtype in dtypes.split(',') {
+        let (ty, dt) = match dtype {
+            "f16" => (KernelType::F16, DType::F16),
+            _ => (KernelType::F32, DType::F32),
+        };
+        for d in dims.split(',').map(str::parse::<u32>) {
+            let d = d?;
+            let problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
+            let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
+            let subgroup = caps.subgroup_min.is_some_and(|m| m >= plan::ROW_THREADS);
+            for v in plan::candidates(ty, d, false, subgroup) {
+                if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
+                    continue;
+                }
+                let mark = if Some(v) == chosen { "*" } else { " " };
+                // SAFETY: `vulkan` owns a live device; the SPIR-V comes from a validated module.
+                let stats = unsafe { vulkan.statistics(&spirv(&v)?)? };
+                println!("{mark} {:<44} {:>6} B  {stats}", v.name(), v.shared_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The variant's WGSL as SPIR-V, with the options the backend's shaders are built with.
+fn spirv(v: &Variant) -> Result<Vec<u32>, Box<dyn Error>> {
+    let module = naga::front::wgsl::parse_str(&shader::generate(v))?;
+    let info =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        flags: naga::back::spv::WriterFlags::empty(),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Unchecked,
+            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
+            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        emit_int_div_checks: false,
+        ..Default::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    Ok(naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))?)
+}
+
+/// A Vulkan device with pipeline statistics enabled, and the one layout every variant uses.
+struct Vulkan {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    stats: ash::khr::pipeline_executable_properties::Device,
+    layout: vk::PipelineLayout,
+}
+
+impl Vulkan {
+    /// Opens the physical device whose name contains `name`, with the extension and the 16-bit
+    /// features the f16 kernels need.
+    unsafe fn open(name: &str) -> Result<Vulkan, String> {
+        fn err(what: &'static str) -> impl Fn(vk::Result) -> String {
+            move |e| format!("{what}: {e}")
+        }
+        // SAFETY (whole body): plain Vulkan setup calls on objects created here, in order.
+        unsafe {
+            let entry = ash::Entry::load().map_err(|e| format!("no Vulkan loader: {e}"))?;
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+            let instance = entry
+                .create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None)
+                .map_err(err("vkCreateInstance"))?;
+            let physical = instance
+                .enumerate_physical_devices()
+                .map_err(err("vkEnumeratePhysicalDevices"))?
+                .into_iter()
+                .find(|&pd| {
+                    let props = instance.get_physical_device_properties(pd);
+                    props.device_name_as_c_str().is_ok_and(|n| name.contains(&*n.to_string_lossy()))
+                })
+                .ok_or_else(|| format!("no Vulkan device named like {name}"))?;
+            let ext = ash::khr::pipeline_executable_properties::NAME;
+            let has_ext = instance
+                .enumerate_device_extension_properties(physical)
+                .map_err(err("vkEnumerateDeviceExtensionProperties"))?
+                .iter()
+                .any(|e| e.extension_name_as_c_str() == Ok(ext));
+            if !has_ext {
+                return Err(format!("{name} does not offer {}", ext.to_string_lossy()));
+            }
+            let family = instance
+                .get_physical_device_queue_family_properties(physical)
+                .iter()
+                .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+                .ok_or("no compute queue")? as u32;
+            let mut v11 = vk::PhysicalDeviceVulkan11Features::default();
+            let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+            let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut v11).push_next(&mut v12);
+            instance.get_physical_device_features2(physical, &mut features);
+            let (f16, storage16) = (v12.shader_float16, v11.storage_buffer16_bit_access);
+            let mut v11 =
+                vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(storage16 != 0);
+            let mut v12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(f16 != 0);
+            let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+                .pipeline_executable_info(true);
+            let priorities = [1.0];
+            let queues = [vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities)];
+            let names = [ext.as_ptr()];
+            let info = vk::DeviceCreateInfo::default()
+                .queue_create_infos(&queues)
+                .enabled_extension_names(&names)
+                .push_next(&mut exec)
+                .push_next(&mut v11)
+                .push_next(&mut v12);
+            let device = instance.create_device(physical, &info, None).map_err(err("vkCreateDevice"))?;
+            let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+            // The backend's bind group layout: a uniform, then q, k, v (read) and o, lse.
+            let bindings: Vec<_> = (0..6)
+                .map(|b| {
+                    vk::DescriptorSetLayoutBinding::default()
+                        .binding(b)
+                        .descriptor_type(if b == 0 {
+                            vk::DescriptorType::UNIFORM_BUFFER
+                        } else {
+                            vk::DescriptorType::STORAGE_BUFFER
+                        })
+                        .descriptor_count(1)
+                        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                })
+                .collect();
+            let set = device
+                .create_descriptor_set_layout(
+                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
+                    None,
+                )
+                .map_err(err("vkCreateDescriptorSetLayout"))?;
+            let sets = [set];
+            let layout = device
+                .create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets), None)
+                .map_err(err("vkCreatePipelineLayout"))?;
+            Ok(Vulkan { _entry: entry, instance, device, stats, layout })
+        }
+    }
+
+    /// Compiles `words` into a compute pipeline and returns the driver's statistics, one line.
+    unsafe fn statistics(&self, words: &[u32]) -> Result<String, Box<dyn Error>> {
+        // SAFETY (whole body): the module and pipeline are created, queried and destroyed here.
+        unsafe {
+            let module =
+                self.device.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)?;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(c"main");
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(self.layout)
+                .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            let pipeline = self
+                .device
+                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                .map_err(|(_, e)| e)?[0];
+            let mut parts = vec![];
+            let executables = self
+                .stats
+                .get_pipeline_executable_properties(&vk::PipelineInfoKHR::default().pipeline(pipeline))?;
+            for index in 0..executables.len() as u32 {
+                let which =
+                    vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(index);
+                for s in self.stats.get_pipeline_executable_statistics(&which)? {
+                    let name =
+                        s.name_as_c_str().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let value = match s.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => (s.value.b32 != 0).to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                        _ => format!("{:.1}", s.value.f64),
+                    };
+                    parts.push(format!("{name}={value}"));
+                }
+            }
+            self.device.destroy_pipeline(pipeline, None);
+            self.device.destroy_shader_module(module, None);
+            Ok(parts.join(" "))
+        }
+    }
+}
+
+impl Drop for Vulkan {
+    fn drop(&mut self) {
+        // SAFETY: nothing created from the device outlives it; the layout's set layout leaks
+        // with the process, as it is the only one.
+        unsafe {
+            self.device.destroy_pipeline_layout(self.layout, None);
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
