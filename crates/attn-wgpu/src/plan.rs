@@ -320,6 +320,14 @@ pub fn choose_among(
     } else {
         "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than 8)".into()
     });
+    notes.push(if variant.p_shuffle {
+        "probabilities handed to the row's other invocations by subgroup shuffles".into()
+    } else {
+        format!(
+            "probabilities handed around through workgroup memory (Pᵀ, {} B)",
+            4 * variant.block_m() * variant.block_n()
+        )
+    });
     if d as usize != s.head_dim {
         notes.push(format!("head dim {} padded with zeros to {d} on upload", s.head_dim));
     }

@@ -1,5 +1,6 @@
 //! WGSL generation: `kernels/flash.wgsl` with one [`Variant`]'s constants substituted and its
-//! O accumulator code unrolled.
+//! register-resident code unrolled: the score micro-tile ([`Scores`]), the K/V staging registers
+//! ([`Staging`]), the row reductions ([`Reductions`]), the O accumulator ([`Output`]) and P·V.
 //!
 //! O lives in `4 · D/32` named vec4 variables per invocation rather than an array, so that no
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
@@ -20,97 +21,10 @@ pub fn generate(variant: &Variant) -> String {
         crate::plan::KernelType::F32 => ("f32", ""),
         crate::plan::KernelType::F16 => ("f16", "enable f16;"),
     };
-    let (red_decl, reduce_max, reduce_sum, sg_args, lid) = if variant.subgroup {
-        (
-            String::new(),
-            shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))"),
-            shuffle_reduce("r + subgroupShuffleXor(r, MASK)"),
-            "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
-             @builtin(subgroup_invocation_id) sg_lane: u32,"
-                .to_string(),
-            // Roles follow subgroup lanes, so the TX invocations of a row are lanes that differ
-            // in their low three bits, whatever order the driver numbers invocations in.
-            "sg_id * sg_size + sg_lane",
-        )
-    } else {
-        (
-            "// Row-reduction scratch: red[tx·TY + ty] holds one invocation's part of 4 rows.\n\
-             var<workgroup> red: array<vec4<f32>, TX * TY>;"
-                .to_string(),
-            memory_reduce("max(r, red[i * TY + ty])"),
-            memory_reduce("r + red[i * TY + ty]"),
-            String::new(),
-            "lidx",
-        )
-    };
-    let per_row = variant.head_dim / 4 / ROW_THREADS; // vec4 columns of O per invocation and row
-    let per_chunk = variant.chunk / 4 / ROW_THREADS;
-    let chunks = variant.head_dim / variant.chunk;
-
-    let mut o_decl = String::new();
-    let mut o_rescale = String::new();
-    let mut o_store = String::new();
-    for i in 0..4 {
-        for c in 0..per_row {
-            let _ = writeln!(o_decl, "    var o{i}_{c} = vec4<f32>(0.0);");
-            let _ = writeln!(o_rescale, "        o{i}_{c} = o{i}_{c} * alpha.{};", LANE[i]);
-        }
-        let _ = writeln!(o_store, "    if (row0 + {i}u < P.seq_q) {{");
-        let _ = writeln!(o_store, "        let ob = q_base + (row0 + {i}u) * D4 + tx;");
-        for c in 0..per_row {
-            let _ = writeln!(o_store, "        o[ob + {c}u * TX] = vec4<ET>(o{i}_{c} * inv.{});", LANE[i]);
-        }
-        let _ = writeln!(o_store, "    }}");
-    }
-    // Scores: s{i}_{g} is row i's vec4 of scores for key group g (keys 4·(g·TX + tx)..+3).
-    let groups = variant.key_groups;
-    let mut s_decl = String::new();
-    let mut s_fma = String::new();
-    let mut s_mask = String::new();
-    let mut s_exp = String::new();
-    let mut p_store = String::new();
-    for g in 0..groups {
-        let _ = writeln!(s_fma, "                let k{g} = kv[d * BN4 + {g}u * TX + tx];");
-        let _ = writeln!(
-            s_mask,
-            "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
-        );
-        if !variant.p_shuffle {
-            let _ = writeln!(p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
-        }
-        for j in 0..4 {
-            let value = format!("vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l})", l = LANE[j]);
-            let _ = if variant.p_shuffle {
-                writeln!(p_store, "        let pt{g}_{j} = {value};")
-            } else {
-                writeln!(p_store, "        ps[pn{g} + {j}u * TY] = {value};")
-            };
-        }
-        for i in 0..4 {
-            let _ = writeln!(s_decl, "        var s{i}_{g} = vec4<f32>(0.0);");
-            let _ =
-                writeln!(s_fma, "                s{i}_{g} = fma(vec4<f32>(a.{}), k{g}, s{i}_{g});", LANE[i]);
-            let _ = writeln!(
-                s_mask,
-                "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{}));",
-                LANE[i]
-            );
-            let _ = writeln!(s_exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{}));", LANE[i]);
-        }
-    }
-    // Per-row reductions over the invocation's own keys: vec4(row 0, .., row 3).
-    let over_groups = |f: &str, v: &str, join: &str| -> String {
-        let rows: Vec<String> = (0..4)
-            .map(|i| {
-                let terms: Vec<String> = (0..groups).map(|g| format!("{f}({v}{i}_{g})")).collect();
-                terms.into_iter().reduce(|a, b| format!("{join}({a}, {b})")).unwrap_or_default()
-            })
-            .collect();
-        format!("vec4<f32>({})", rows.join(", "))
-    };
-    let s_rowmax = over_groups("hmax", "s", "max");
-    let s_rowsum = over_groups("hsum", "p", "add");
-
+    let rows = Reductions::new(variant);
+    let scores = Scores::new(variant);
+    let out = Output::new(variant);
+    let staging = Staging::new(variant);
     // Probabilities travel from the invocation that computed them to the row's other seven
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
     let (ps_decl, row_lane0) = if variant.p_shuffle {
@@ -123,15 +37,189 @@ pub fn generate(variant: &Variant) -> String {
             String::new(),
         )
     };
-    let staging = Staging::new(variant);
+
+    let mut src = TEMPLATE.to_string();
+    for (key, value) in [
+        ("{{ENABLE}}", enable.to_string()),
+        ("{{ET}}", et.to_string()),
+        ("{{D}}", variant.head_dim.to_string()),
+        ("{{DC}}", variant.chunk.to_string()),
+        ("{{TY}}", variant.row_groups.to_string()),
+        ("{{KG}}", variant.key_groups.to_string()),
+        ("{{CAUSAL}}", variant.causal.to_string()),
+        ("{{RED_DECL}}", rows.decl),
+        ("{{REDUCE_MAX}}", rows.max),
+        ("{{REDUCE_SUM}}", rows.sum),
+        ("{{SG_ARGS}}", rows.args),
+        ("{{LID}}", rows.lid.to_string()),
+        ("{{PS_DECL}}", ps_decl),
+        ("{{ROW_LANE0}}", row_lane0),
+        ("{{PRE_DECL}}", staging.declare("    ")),
+        ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
+        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
+        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
+        ("{{STORE_K}}", staging.store_k("            ")),
+        ("{{S_DECL}}", scores.decl),
+        ("{{S_FMA}}", scores.fma),
+        ("{{S_MASK}}", scores.mask),
+        ("{{S_ROWMAX}}", scores.row_max),
+        ("{{S_EXP}}", scores.exp),
+        ("{{S_ROWSUM}}", scores.row_sum),
+        ("{{P_STORE}}", scores.p_store),
+        ("{{O_DECL}}", out.decl),
+        ("{{O_RESCALE}}", out.rescale),
+        ("{{PV}}", pv(variant, &staging)),
+        ("{{O_STORE}}", out.store),
+    ] {
+        src = src.replace(key, &value);
+    }
+    format!("// {}\n{src}", variant.name())
+}
+
+/// Row max and sum over a row's TX invocations: subgroup shuffles, or workgroup memory.
+struct Reductions {
+    decl: String,
+    max: String,
+    sum: String,
+    /// The subgroup builtins the entry point takes.
+    args: String,
+    /// The invocation index the roles follow.
+    lid: &'static str,
+}
+
+impl Reductions {
+    fn new(variant: &Variant) -> Self {
+        if variant.subgroup {
+            Reductions {
+                decl: String::new(),
+                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))"),
+                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)"),
+                args:
+                    "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
+                       @builtin(subgroup_invocation_id) sg_lane: u32,"
+                        .to_string(),
+                // Roles follow subgroup lanes, so the TX invocations of a row are lanes that
+                // differ in their low three bits, whatever order the driver numbers them in.
+                lid: "sg_id * sg_size + sg_lane",
+            }
+        } else {
+            Reductions {
+                decl: "// Row-reduction scratch: red[tx·TY + ty] holds one invocation's part of 4 rows.\n\
+                       var<workgroup> red: array<vec4<f32>, TX * TY>;"
+                    .to_string(),
+                max: memory_reduce("max(r, red[i * TY + ty])"),
+                sum: memory_reduce("r + red[i * TY + ty]"),
+                args: String::new(),
+                lid: "lidx",
+            }
+        }
+    }
+}
+
+/// The score micro-tile: s{i}_{g} is row i's vec4 of scores for key group g (keys
+/// 4·(g·TX + tx)..+3); p{i}_{g} the probabilities; then their hand-over (`p_store`): Pᵀ stores,
+/// or pt{g}_{j}, key 4·(g·TX + tx) + j's probabilities of the four rows, for shuffling.
+struct Scores {
+    decl: String,
+    fma: String,
+    mask: String,
+    row_max: String,
+    exp: String,
+    row_sum: String,
+    p_store: String,
+}
+
+impl Scores {
+    fn new(variant: &Variant) -> Self {
+        let groups = variant.key_groups;
+        let mut c = Scores {
+            decl: String::new(),
+            fma: String::new(),
+            mask: String::new(),
+            row_max: String::new(),
+            exp: String::new(),
+            row_sum: String::new(),
+            p_store: String::new(),
+        };
+        for g in 0..groups {
+            let _ = writeln!(c.fma, "                let k{g} = kv[d * BN4 + {g}u * TX + tx];");
+            let _ = writeln!(
+                c.mask,
+                "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
+            );
+            if !variant.p_shuffle {
+                let _ = writeln!(c.p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
+            }
+            for (j, l) in LANE.iter().enumerate() {
+                let value = format!("vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l})");
+                let _ = if variant.p_shuffle {
+                    writeln!(c.p_store, "        let pt{g}_{j} = {value};")
+                } else {
+                    writeln!(c.p_store, "        ps[pn{g} + {j}u * TY] = {value};")
+                };
+            }
+            for (i, l) in LANE.iter().enumerate() {
+                let _ = writeln!(c.decl, "        var s{i}_{g} = vec4<f32>(0.0);");
+                let _ = writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
+                let _ = writeln!(
+                    c.mask,
+                    "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{l}));"
+                );
+                let _ = writeln!(c.exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{l}));");
+            }
+        }
+        // Per-row reductions over the invocation's own keys: vec4(row 0, .., row 3).
+        let over_groups = |f: &str, v: &str, join: &str| -> String {
+            let rows: Vec<String> = (0..4)
+                .map(|i| {
+                    let terms = (0..groups).map(|g| format!("{f}({v}{i}_{g})"));
+                    terms.reduce(|a, b| format!("{join}({a}, {b})")).unwrap_or_default()
+                })
+                .collect();
+            format!("vec4<f32>({})", rows.join(", "))
+        };
+        c.row_max = over_groups("hmax", "s", "max");
+        c.row_sum = over_groups("hsum", "p", "add");
+        c
+    }
+}
+
+/// O: 4 rows x D/8 columns per invocation, as named vec4s o{i}_{c}.
+struct Output {
+    decl: String,
+    rescale: String,
+    store: String,
+}
+
+impl Output {
+    fn new(variant: &Variant) -> Self {
+        let per_row = variant.head_dim / 4 / ROW_THREADS; // vec4 columns of O per invocation and row
+        let mut o = Output { decl: String::new(), rescale: String::new(), store: String::new() };
+        for (i, l) in LANE.iter().enumerate() {
+            for c in 0..per_row {
+                let _ = writeln!(o.decl, "    var o{i}_{c} = vec4<f32>(0.0);");
+                let _ = writeln!(o.rescale, "        o{i}_{c} = o{i}_{c} * alpha.{l};");
+            }
+            let _ = writeln!(o.store, "    if (row0 + {i}u < P.seq_q) {{");
+            let _ = writeln!(o.store, "        let ob = q_base + (row0 + {i}u) * D4 + tx;");
+            for c in 0..per_row {
+                let _ = writeln!(o.store, "        o[ob + {c}u * TX] = vec4<ET>(o{i}_{c} * inv.{l});");
+            }
+            let _ = writeln!(o.store, "    }}");
+        }
+        o
+    }
+}
+
+/// O += P·V, one V chunk at a time: store the staged chunk, start loading the next stage (the
+/// next V chunk, or the next tile's first K chunk), then the FMAs over this chunk's columns.
+fn pv(variant: &Variant, staging: &Staging) -> String {
+    let per_chunk = variant.chunk / 4 / ROW_THREADS;
+    let chunks = variant.head_dim / variant.chunk;
     let mut pv = String::new();
     for chunk in 0..chunks {
-        let _ = writeln!(
-            pv,
-            "        // V columns {}..{} (vec4 units)",
-            chunk * variant.chunk / 4,
-            (chunk + 1) * variant.chunk / 4
-        );
+        let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
+        let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units)");
         let _ = writeln!(pv, "        workgroupBarrier();");
         pv.push_str(&staging.store_v("        "));
         let _ = writeln!(pv, "        workgroupBarrier();");
@@ -142,17 +230,17 @@ pub fn generate(variant: &Variant) -> String {
             pv.push_str(&staging.fetch_k("            ", "n0 + BN", "0u"));
             let _ = writeln!(pv, "        }}");
         }
-        // O += P·V over this chunk's columns, for key `n` with its probabilities in `pv`.
+        // For key `n`, with its four rows' probabilities in `pv`.
         let fmas = |ind: &str| -> String {
             let mut s = String::new();
             let _ = writeln!(s, "{ind}let vb = n * DC4 + tx;");
             for lc in 0..per_chunk {
                 let _ = writeln!(s, "{ind}let v{lc} = kv[vb + {lc}u * TX];");
             }
-            for i in 0..4 {
+            for (i, l) in LANE.iter().enumerate() {
                 for lc in 0..per_chunk {
                     let c = chunk * per_chunk + lc;
-                    let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{}), v{lc}, o{i}_{c});", LANE[i]);
+                    let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{l}), v{lc}, o{i}_{c});");
                 }
             }
             s
@@ -161,7 +249,7 @@ pub fn generate(variant: &Variant) -> String {
             // Key 4·(g·TX + src) + j is held by lane src of this row's eight, as pt{g}_{j}.
             let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
             let _ = writeln!(pv, "            let owner = row_lane0 + src;");
-            for g in 0..groups {
+            for g in 0..variant.key_groups {
                 for j in 0..4 {
                     let _ = writeln!(pv, "            {{");
                     let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
@@ -178,43 +266,7 @@ pub fn generate(variant: &Variant) -> String {
             let _ = writeln!(pv, "        }}");
         }
     }
-
-    let mut src = TEMPLATE.to_string();
-    for (key, value) in [
-        ("{{ENABLE}}", enable.to_string()),
-        ("{{ET}}", et.to_string()),
-        ("{{D}}", variant.head_dim.to_string()),
-        ("{{DC}}", variant.chunk.to_string()),
-        ("{{TY}}", variant.row_groups.to_string()),
-        ("{{KG}}", groups.to_string()),
-        ("{{S_DECL}}", s_decl),
-        ("{{S_FMA}}", s_fma),
-        ("{{S_MASK}}", s_mask),
-        ("{{S_ROWMAX}}", s_rowmax),
-        ("{{S_EXP}}", s_exp),
-        ("{{S_ROWSUM}}", s_rowsum),
-        ("{{P_STORE}}", p_store),
-        ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{RED_DECL}}", red_decl),
-        ("{{REDUCE_MAX}}", reduce_max),
-        ("{{REDUCE_SUM}}", reduce_sum),
-        ("{{SG_ARGS}}", sg_args),
-        ("{{LID}}", lid.to_string()),
-        ("{{O_DECL}}", o_decl),
-        ("{{O_RESCALE}}", o_rescale),
-        ("{{PV}}", pv),
-        ("{{PS_DECL}}", ps_decl),
-        ("{{ROW_LANE0}}", row_lane0),
-        ("{{PRE_DECL}}", staging.declare("    ")),
-        ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
-        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
-        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
-        ("{{STORE_K}}", staging.store_k("            ")),
-        ("{{O_STORE}}", o_store),
-    ] {
-        src = src.replace(key, &value);
-    }
-    format!("// {}\n{src}", variant.name())
+    pv
 }
 
 /// How one stage (a `BN × DC` chunk of K or V) travels from global memory through each
