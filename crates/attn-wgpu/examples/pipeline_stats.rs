@@ -96,6 +96,7 @@ struct Vulkan {
     instance: ash::Instance,
     device: ash::Device,
     stats: ash::khr::pipeline_executable_properties::Device,
+    set_layout: vk::DescriptorSetLayout,
     layout: vk::PipelineLayout,
 }
 
@@ -173,17 +174,17 @@ impl Vulkan {
                         .stage_flags(vk::ShaderStageFlags::COMPUTE)
                 })
                 .collect();
-            let set = device
+            let set_layout = device
                 .create_descriptor_set_layout(
                     &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
                     None,
                 )
                 .map_err(err("vkCreateDescriptorSetLayout"))?;
-            let sets = [set];
+            let sets = [set_layout];
             let layout = device
                 .create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets), None)
                 .map_err(err("vkCreatePipelineLayout"))?;
-            Ok(Vulkan { _entry: entry, instance, device, stats, layout })
+            Ok(Vulkan { _entry: entry, instance, device, stats, set_layout, layout })
         }
     }
 
@@ -233,10 +234,11 @@ impl Vulkan {
 
 impl Drop for Vulkan {
     fn drop(&mut self) {
-        // SAFETY: nothing created from the device outlives it; the layout's set layout leaks
-        // with the process, as it is the only one.
+        // SAFETY: every pipeline and module made from these was destroyed after its query; the
+        // layouts go before the device, the device before the instance.
         unsafe {
             self.device.destroy_pipeline_layout(self.layout, None);
+            self.device.destroy_descriptor_set_layout(self.set_layout, None);
             self.device.destroy_device(None);
             self.instance.destroy_instance(None);
         }

@@ -218,7 +218,10 @@ impl Gpu {
 /// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
 ///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
-///   which is how `plan::choose` sizes the buffers; the verify suite runs this default.
+///   which is how `plan::choose` sizes the buffers; the verify suite runs this default;
+/// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
+///   divides only by constants and by head counts and the group size, which
+///   `Problem::validate` requires to be positive.
 ///
 /// What they cost on the H100 (f32, D=128; bench/results/2026-11-22-h100-wgpu-explore): the
 /// loop caps halved the kernel's rate (S=8192: 9.7 TFLOP/s with them, 19.7 without); the index
