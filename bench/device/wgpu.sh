@@ -16,14 +16,7 @@ steps=${STEPS:-verify bench cpu sdpa report}
 has() { [[ " $steps " == *" $1 "* ]]; }
 attn=.device/bin/attn
 
-# The Vulkan loader (the image has the driver's manifest but no libvulkan); unpacked into / as the
-# device notes say, and pointed at the NVIDIA manifest when the loader's search finds none.
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-nv=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[[ -f $nv ]] && export VK_DRIVER_FILES=$nv
-egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-[[ -f $egl ]] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
-export XDG_RUNTIME_DIR=/tmp
+source bench/device/vulkan-env.sh
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; ldconfig -p | grep libvulkan; \
   echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"; $attn backends; } 2>&1 | tee "$out/gpu.txt"
 # The plans of the grid's two head dims, with the adapter's limits and the tiles chosen from them.

@@ -48,8 +48,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             let d = d?;
             let problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
             let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
-            let subgroup = caps.subgroup_min.is_some_and(|m| m >= plan::ROW_THREADS);
-            for v in plan::candidates(ty, d, false, subgroup) {
+            for v in plan::candidates(ty, d, false, caps.subgroup_min) {
                 if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
                     continue;
                 }

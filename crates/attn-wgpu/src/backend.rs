@@ -39,6 +39,8 @@ pub struct Wgpu {
     key_groups: Option<u32>,
     /// Only this K/V chunk width (head-dim columns per stage), where set.
     chunk: Option<u32>,
+    /// Only this many invocations per query row (8 or 16), where set.
+    row_threads: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
 }
@@ -70,6 +72,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with `threads` invocations per query row (8 or 16; 16 needs subgroups of 16
+    /// or more where subgroups are used): to time one against the other.
+    pub fn with_row_threads(mut self, threads: u32) -> Self {
+        self.row_threads = Some(threads);
+        self
+    }
+
     /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
     /// workgroup memory (`false`): to time one against the other.
     pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
@@ -79,7 +88,8 @@ impl Wgpu {
 
     /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
-    /// from `ATTN_WGPU_CHUNK` and [`Wgpu::with_p_shuffle`] from `ATTN_WGPU_P_SHUFFLE` (0 or 1).
+    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16)
+    /// and [`Wgpu::with_p_shuffle`] from `ATTN_WGPU_P_SHUFFLE` (0 or 1).
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -87,6 +97,7 @@ impl Wgpu {
             no_subgroups: off,
             key_groups: var("ATTN_WGPU_KEY_GROUPS"),
             chunk: var("ATTN_WGPU_CHUNK"),
+            row_threads: var("ATTN_WGPU_ROW_THREADS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
@@ -97,6 +108,7 @@ impl Wgpu {
         let allowed = |v: &Variant| {
             self.key_groups.is_none_or(|g| v.key_groups == g)
                 && self.chunk.is_none_or(|c| v.chunk == c)
+                && self.row_threads.is_none_or(|t| v.row_threads == t)
                 && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
         };
         plan::choose_among(problem, caps, &allowed)
@@ -404,7 +416,7 @@ mod tests {
     /// gain or lose a field alone.
     #[test]
     fn params_match_the_wgsl_struct() {
-        let v = candidates(KernelType::F32, 64, false, false).next().expect("a variant");
+        let v = candidates(KernelType::F32, 64, false, None).next().expect("a variant");
         let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
         let (_, ty) =
             module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params")).expect("struct Params");

@@ -1,19 +1,21 @@
 //! Tile choice from the adapter's limits: pure functions, so that every rule can be tested with
 //! synthetic limits on a machine without an adapter.
 //!
-//! The kernel's shape (see `kernels/flash.wgsl`): a workgroup of `8·TY` invocations computes a
-//! `BM × BN = 4·TY × 32·KG` score tile, each invocation a 4 × 4·KG micro-tile of S and the
-//! matching 4 rows × `D/8` columns of O. Workgroup memory holds Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the
-//! head dim staged `DC` columns at a time when all of it does not fit), Pᵀ (`BN × BM`), and, on
-//! the path without subgroup operations, the row-reduction scratch (`8 × BM`). All f32.
+//! The kernel's shape (see `kernels/flash.wgsl`): a workgroup of `TX·TY` invocations (`TX` = 8
+//! or 16 per query row) computes a `BM × BN = 4·TY × 4·TX·KG` score tile, each invocation a
+//! 4 × 4·KG micro-tile of S and the matching 4 rows × `D/TX` columns of O. Workgroup memory holds
+//! Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the head dim staged `DC` columns at a time when all
+//! of it does not fit), Pᵀ (`BN × BM`), and, on the path without subgroup operations, the
+//! row-reduction scratch (`TX × BM`). All f32.
 
 use attn_core::{
     DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
 };
 
-/// Invocations sharing one query row's scores (the `TX` of the kernel); the subgroup path needs
-/// subgroups at least this wide.
-pub const ROW_THREADS: u32 = 8;
+/// Invocations sharing one query row's scores (the `TX` of the kernel), fewest first; the
+/// subgroup path needs subgroups at least this wide. 16 halves each invocation's share of O (and
+/// its registers) for twice the invocations per row.
+pub const ROW_THREADS: [u32; 2] = [8, 16];
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row.
@@ -126,9 +128,11 @@ pub struct Variant {
     pub ty: KernelType,
     /// Head dim after padding to [`HEAD_DIM_ALIGN`].
     pub head_dim: u32,
-    /// Row groups: `8·row_groups` invocations, `BM = 4·row_groups`.
+    /// Row groups: `row_threads·row_groups` invocations, `BM = 4·row_groups`.
     pub row_groups: u32,
-    /// Groups of four keys per invocation and score row: `BN = 32·key_groups`.
+    /// Invocations per query row (`TX`, one of [`ROW_THREADS`]).
+    pub row_threads: u32,
+    /// Groups of four keys per invocation and score row: `BN = 4·row_threads·key_groups`.
     pub key_groups: u32,
     /// Head-dim columns of K or V staged at once; divides `head_dim`, multiple of 32.
     pub chunk: u32,
@@ -144,7 +148,7 @@ pub struct Variant {
 impl Variant {
     /// Invocations per workgroup.
     pub fn threads(&self) -> u32 {
-        self.row_groups * ROW_THREADS
+        self.row_groups * self.row_threads
     }
 
     /// Query rows per workgroup.
@@ -154,7 +158,7 @@ impl Variant {
 
     /// Keys per score tile.
     pub fn block_n(&self) -> u32 {
-        ROW_THREADS * MICRO * self.key_groups
+        self.row_threads * MICRO * self.key_groups
     }
 
     /// Workgroup memory, bytes: Qᵀ, the K/V chunk, Pᵀ and (without subgroups) the reduction
@@ -162,26 +166,32 @@ impl Variant {
     /// test checks through naga.
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
-        let red = if self.subgroup { 0 } else { ROW_THREADS * bm };
+        let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
         4 * (bm * self.head_dim + bn * self.chunk + p + red)
     }
 
-    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl`.
+    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
+    /// `_tx16` at the end for 16 invocations per row).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
             KernelType::F16 => "f16",
         };
         format!(
-            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}",
+            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}{}",
             self.head_dim,
             self.block_m(),
             self.block_n(),
             self.chunk,
             if self.causal { "causal" } else { "full" },
             if self.subgroup { "sg" } else { "wgmem" },
-            if self.p_shuffle { "_pshfl" } else { "" }
+            if self.p_shuffle { "_pshfl" } else { "" },
+            if self.row_threads == ROW_THREADS[0] {
+                String::new()
+            } else {
+                format!("_tx{}", self.row_threads)
+            }
         )
     }
 }
@@ -241,13 +251,26 @@ pub fn choose_among(
         }
     };
     let d = padded_head_dim(s.head_dim) as u32;
-    let subgroup = caps.subgroup_min.is_some_and(|m| m >= ROW_THREADS);
-    let variant = candidates(ty, d, problem.is_causal(), subgroup)
-        .filter(|v| allowed(v))
+    let mut wanted =
+        candidates(ty, d, problem.is_causal(), caps.subgroup_min).filter(|v| allowed(v)).peekable();
+    if wanted.peek().is_none() {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            what: format!(
+                "no {ty:?} kernel for head dim {d} matches the tile knobs (ATTN_WGPU_* or Wgpu::with_*) \
+                 on {}",
+                caps.name
+            ),
+        });
+    }
+    let variant = wanted
         .find(|v| v.threads() <= caps.invocations && v.shared_bytes() <= caps.workgroup_storage)
         .ok_or_else(|| {
             // Report the smallest candidate's needs: nothing smaller exists.
-            let smallest = candidates(ty, d, problem.is_causal(), subgroup).last().expect("never empty");
+            let smallest = candidates(ty, d, problem.is_causal(), caps.subgroup_min)
+                .filter(|v| allowed(v))
+                .min_by_key(Variant::shared_bytes)
+                .expect("never empty");
             Error::OverDeviceLimit {
                 kernel: smallest.name(),
                 resource: "workgroup storage (bytes)",
@@ -308,17 +331,21 @@ pub fn choose_among(
          workgroup memory {} of {} B",
         variant.threads(),
         MICRO * variant.key_groups,
-        d / ROW_THREADS,
+        d / variant.row_threads,
         variant.shared_bytes(),
         caps.workgroup_storage
     )];
     if variant.chunk < d {
         notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
     }
-    notes.push(if subgroup {
+    notes.push(if variant.subgroup {
         format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
     } else {
-        "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than 8)".into()
+        format!(
+            "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than a row's {} \
+             invocations)",
+            variant.row_threads
+        )
     });
     notes.push(if variant.p_shuffle {
         "probabilities handed to the row's other invocations by subgroup shuffles".into()
@@ -364,33 +391,44 @@ pub fn choose_among(
 /// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
 /// workgroup (K/V tiles reused by more queries), then wider micro-tiles, then more of the head
 /// dim per stage (fewer barriers); first of all, where there is one, the shape measured
-/// fastest for this dtype and head dim ([`measured_best`]).
+/// fastest for this dtype and head dim ([`measured_best`]). Variants with 16 invocations per row
+/// come after all those with 8, where the head dim and chunk give each invocation at least one
+/// vec4 of O per row (`D` and `DC` multiples of 64). A variant uses subgroup operations where
+/// the adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
     causal: bool,
-    subgroup: bool,
+    subgroup_min: Option<u32>,
 ) -> impl Iterator<Item = Variant> {
-    let variant = move |p_shuffle, row_groups, key_groups, chunk| Variant {
+    let spans = move |row_threads: u32| subgroup_min.is_some_and(|m| m >= row_threads);
+    let variant = move |p_shuffle, row_threads, row_groups, key_groups, chunk| Variant {
         ty,
         head_dim,
         row_groups,
+        row_threads,
         key_groups,
         chunk,
         causal,
-        subgroup,
+        subgroup: spans(row_threads),
         p_shuffle,
     };
     let best = measured_best(ty, head_dim)
-        .filter(|&(p_shuffle, _, _)| subgroup || !p_shuffle)
-        .map(|(p_shuffle, key_groups, chunk)| variant(p_shuffle, ROW_GROUPS[0], key_groups, chunk));
-    let exchanges: &[bool] = if subgroup { &[true, false] } else { &[false] };
-    let generic = exchanges.iter().flat_map(move |&p_shuffle| {
-        let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
-        shapes.flat_map(move |(row_groups, key_groups)| {
-            let chunks =
-                (1..=head_dim / 32).rev().map(|k| k * 32).filter(move |c| head_dim.is_multiple_of(*c));
-            chunks.map(move |chunk| variant(p_shuffle, row_groups, key_groups, chunk))
+        .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
+        .map(|(p_shuffle, key_groups, chunk)| {
+            variant(p_shuffle, ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
+        });
+    let generic = ROW_THREADS.into_iter().flat_map(move |row_threads| {
+        let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
+        exchanges.iter().flat_map(move |&p_shuffle| {
+            let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
+            shapes.flat_map(move |(row_groups, key_groups)| {
+                let chunks = (1..=head_dim / 32)
+                    .rev()
+                    .map(|k| k * 32)
+                    .filter(move |c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads));
+                chunks.map(move |chunk| variant(p_shuffle, row_threads, row_groups, key_groups, chunk))
+            })
         })
     });
     best.into_iter().chain(generic)
@@ -465,6 +503,7 @@ mod tests {
             ty: KernelType::F32,
             head_dim: 64,
             row_groups: 8,
+            row_threads: 8,
             key_groups: 1,
             chunk: 64,
             causal: false,

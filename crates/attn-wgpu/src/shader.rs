@@ -6,7 +6,7 @@
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
-use crate::plan::{ROW_THREADS, Variant};
+use crate::plan::Variant;
 use std::fmt::Write;
 
 /// The kernel template.
@@ -45,6 +45,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{D}}", variant.head_dim.to_string()),
         ("{{DC}}", variant.chunk.to_string()),
         ("{{TY}}", variant.row_groups.to_string()),
+        ("{{TX}}", variant.row_threads.to_string()),
         ("{{KG}}", variant.key_groups.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
         ("{{RED_DECL}}", rows.decl),
@@ -92,14 +93,14 @@ impl Reductions {
         if variant.subgroup {
             Reductions {
                 decl: String::new(),
-                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))"),
-                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)"),
+                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))", variant.row_threads),
+                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)", variant.row_threads),
                 args:
                     "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
                        @builtin(subgroup_invocation_id) sg_lane: u32,"
                         .to_string(),
                 // Roles follow subgroup lanes, so the TX invocations of a row are lanes that
-                // differ in their low three bits, whatever order the driver numbers them in.
+                // differ in their low log2(TX) bits, whatever order the driver numbers them in.
                 lid: "sg_id * sg_size + sg_lane",
             }
         } else {
@@ -193,7 +194,7 @@ struct Output {
 
 impl Output {
     fn new(variant: &Variant) -> Self {
-        let per_row = variant.head_dim / 4 / ROW_THREADS; // vec4 columns of O per invocation and row
+        let per_row = variant.head_dim / 4 / variant.row_threads; // vec4 columns of O per invocation and row
         let mut o = Output { decl: String::new(), rescale: String::new(), store: String::new() };
         for (i, l) in LANE.iter().enumerate() {
             for c in 0..per_row {
@@ -214,7 +215,7 @@ impl Output {
 /// O += P·V, one V chunk at a time: store the staged chunk, start loading the next stage (the
 /// next V chunk, or the next tile's first K chunk), then the FMAs over this chunk's columns.
 fn pv(variant: &Variant, staging: &Staging) -> String {
-    let per_chunk = variant.chunk / 4 / ROW_THREADS;
+    let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
     let mut pv = String::new();
     for chunk in 0..chunks {
@@ -377,10 +378,10 @@ impl Staging {
     }
 }
 
-/// A butterfly over the TX = 8 lanes of a row: `step` combines `r` with its partner `MASK` away.
-fn shuffle_reduce(step: &str) -> String {
+/// A butterfly over the `tx` lanes of a row: `step` combines `r` with its partner `MASK` away.
+fn shuffle_reduce(step: &str, tx: u32) -> String {
     let mut s = String::from("    var r = x;\n");
-    for mask in [1, 2, 4] {
+    for mask in (0..tx.trailing_zeros()).map(|b| 1 << b) {
         let _ = writeln!(s, "    r = {};", step.replace("MASK", &format!("{mask}u")));
     }
     s.push_str("    return r;");
@@ -410,8 +411,8 @@ mod tests {
         for ty in [KernelType::F32, KernelType::F16] {
             for d in (32..=256).step_by(32) {
                 for causal in [false, true] {
-                    for subgroup in [false, true] {
-                        for v in candidates(ty, d, causal, subgroup) {
+                    for subgroup_min in [None, Some(8), Some(32)] {
+                        for v in candidates(ty, d, causal, subgroup_min) {
                             let src = generate(&v);
                             assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
                             let module = naga::front::wgsl::parse_str(&src)

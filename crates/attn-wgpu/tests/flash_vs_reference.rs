@@ -206,3 +206,16 @@ fn reductions_through_workgroup_memory() {
     check(&b, &Problem::new(sk(150, 40, 2, 64), DType::F16).causal(), 71);
     check(&b, &Problem::new(Shape::new(1, 2, 33, 256), DType::Bf16), 72);
 }
+
+#[test]
+fn sixteen_invocations_per_row() {
+    let Some(_) = backend("sixteen_invocations_per_row") else { return };
+    let b = Wgpu::new().with_row_threads(16);
+    let p = Problem::new(Shape { heads_kv: 2, ..Shape::new(1, 4, 150, 128) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_tx16"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 80);
+    check(&b, &Problem::new(sk(70, 130, 2, 64), DType::F16).causal(), 81);
+    check(&b, &Problem::new(Shape::new(2, 2, 65, 128), DType::Bf16), 82);
+    // Head dims that are not a multiple of 64 have no such variant: a plan error, not a fallback.
+    assert!(b.plan(&Problem::new(Shape::new(1, 1, 8, 96), DType::F32)).is_err());
+}
