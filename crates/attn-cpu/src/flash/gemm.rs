@@ -46,6 +46,9 @@ pub trait Kernel {
     const MR: usize;
     /// Columns of `C` per block.
     const NR: usize;
+    /// How the code around the kernel (the softmax) multiplies and adds: fused where the kernel
+    /// is compiled with FMA.
+    type Madd: super::exp::Madd;
     /// `C[r, j0 + c] ⊕= Σ_kk A[r, kk] · B[kk, j0 + c]` for `r < MR`, `c < NR`, `kk < k`.
     fn block(blk: Block<'_>);
 }
@@ -84,6 +87,10 @@ pub struct Portable;
 impl Kernel for Portable {
     const MR: usize = 4;
     const NR: usize = 8;
+    #[cfg(any(target_feature = "fma", target_arch = "aarch64"))]
+    type Madd = super::exp::Fused;
+    #[cfg(not(any(target_feature = "fma", target_arch = "aarch64")))]
+    type Madd = super::exp::Unfused;
     #[inline(always)]
     fn block(blk: Block<'_>) {
         let Block { k, a, lda, b, ldb, j0, c, ldc, mode } = blk;
@@ -146,6 +153,7 @@ mod x86 {
     impl Kernel for Avx512 {
         const MR: usize = 8;
         const NR: usize = 32;
+        type Madd = super::super::exp::Fused;
         #[inline(always)]
         fn block(blk: Block<'_>) {
             let (k, a, lda, b, ldb, c, ldc, f) = checked(blk, 8, 32);
@@ -157,6 +165,7 @@ mod x86 {
     impl Kernel for Avx2 {
         const MR: usize = 4;
         const NR: usize = 16;
+        type Madd = super::super::exp::Fused;
         #[inline(always)]
         fn block(blk: Block<'_>) {
             let (k, a, lda, b, ldb, c, ldc, f) = checked(blk, 4, 16);

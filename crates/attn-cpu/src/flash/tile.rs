@@ -94,12 +94,16 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
 
         gemm::<K>(m, bn, d, &sc.q, d, kt, bn, &mut sc.s, bn, Accumulate::Overwrite);
 
+        // In two passes over the rows, so that each pass's rows are independent of each other
+        // and the core overlaps one row's reductions (dependent chains) with the next row's.
         for r in 0..m {
             let row = &mut sc.s[r * bn..(r + 1) * bn];
             let n_vis = visible(r).saturating_sub(j0).min(cols);
             row[n_vis..].fill(f32::NEG_INFINITY);
-            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[..n_vis]), exp);
-            sc.stats[r].sum += exp_sub_sum(row, sc.stats[r].exp_offset());
+            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[..n_vis]), exp::<K::Madd>);
+        }
+        for (row, stats) in sc.s.chunks_exact_mut(bn).zip(&mut sc.stats[..m]) {
+            stats.sum += exp_sub_sum::<K::Madd>(row, stats.exp_offset());
         }
 
         gemm::<K>(m, dp, v_rows, &sc.s, bn, v, ldv, &mut sc.o, dp, Accumulate::ScaleRows(&sc.factors));
