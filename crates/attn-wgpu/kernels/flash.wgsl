@@ -25,6 +25,9 @@ const BM: u32 = TY * 4u;
 const BN: u32 = TX * 4u * KG;
 const BN4: u32 = BN / 4u;
 const CAUSAL: bool = {{CAUSAL}};
+// K/V stage buffers: 1, or 2 so that a stage is stored while the previous one is still read.
+const STAGES: u32 = {{STAGES}}u;
+const KV_STAGE: u32 = DC * BN4;
 // Masked scores: finite, so that max and subtraction never meet inf - inf.
 const NEG: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
@@ -53,13 +56,15 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 
 // Indices stay in bounds by construction (the shader is compiled without naga's clamps, see
-// runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[d·BN4 + n/4] (K) with d < DC,
-// n/4 < BN4, or kv[n·DC4 + d/4] (V) with n < BN, d/4 < DC4; ps[n·TY + m/4] with n < BN; the
+// runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[buf + d·BN4 + n/4] (K) with d < DC,
+// n/4 < BN4, or kv[buf + n·DC4 + d/4] (V) with n < BN, d/4 < DC4, buf = s·KV_STAGE with
+// s < STAGES; ps[n·TY + m/4] with n < BN; the
 // storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4.
 // Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
 var<workgroup> qs: array<vec4<f32>, D * TY>;
-// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]).
-var<workgroup> kv: array<vec4<f32>, DC * BN4>;
+// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]),
+// per stage buffer.
+var<workgroup> kv: array<vec4<f32>, KV_STAGE * STAGES>;
 {{PS_DECL}}
 {{RED_DECL}}
 
@@ -164,7 +169,9 @@ fn main(
         let n0 = t * BN;
 {{S_DECL}}
         for (var c = 0u; c < NCH; c++) {
-            workgroupBarrier();
+            // This chunk's buffer; with two, stage c of 2·NCH per tile uses buffer c % 2.
+            let kb = (c % STAGES) * KV_STAGE;
+{{BARRIER_BEFORE_STORE}}
 {{STORE_K}}
             workgroupBarrier();
             if (c + 1u < NCH) {

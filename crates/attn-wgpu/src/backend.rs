@@ -41,6 +41,8 @@ pub struct Wgpu {
     chunk: Option<u32>,
     /// Only this many invocations per query row (8 or 16), where set.
     row_threads: Option<u32>,
+    /// Only this many K/V stage buffers (1 or 2), where set.
+    stages: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
 }
@@ -79,6 +81,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with `stages` K/V stage buffers (1 or 2; 2 saves a barrier per stage for twice
+    /// the chunk's workgroup memory): to time one against the other.
+    pub fn with_stages(mut self, stages: u32) -> Self {
+        self.stages = Some(stages);
+        self
+    }
+
     /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
     /// workgroup memory (`false`): to time one against the other.
     pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
@@ -88,8 +97,9 @@ impl Wgpu {
 
     /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
-    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16)
-    /// and [`Wgpu::with_p_shuffle`] from `ATTN_WGPU_P_SHUFFLE` (0 or 1).
+    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16),
+    /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1).
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -98,6 +108,7 @@ impl Wgpu {
             key_groups: var("ATTN_WGPU_KEY_GROUPS"),
             chunk: var("ATTN_WGPU_CHUNK"),
             row_threads: var("ATTN_WGPU_ROW_THREADS"),
+            stages: var("ATTN_WGPU_STAGES"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
@@ -109,6 +120,7 @@ impl Wgpu {
             self.key_groups.is_none_or(|g| v.key_groups == g)
                 && self.chunk.is_none_or(|c| v.chunk == c)
                 && self.row_threads.is_none_or(|t| v.row_threads == t)
+                && self.stages.is_none_or(|n| v.stages == n)
                 && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
         };
         plan::choose_among(problem, caps, &allowed)

@@ -31,7 +31,8 @@
 //! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2`:
 //! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
 //! head-dim columns; `ATTN_WGPU_ROW_THREADS=8|16`: only that many invocations per query row (16
-//! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_CHECKS=all|bounds`:
+//! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V
+//! stage buffers, one barrier per stage (not yet timed); `ATTN_WGPU_CHECKS=all|bounds`:
 //! naga's guards back on.
 //! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could
 //! shuffle them. They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).

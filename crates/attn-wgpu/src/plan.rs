@@ -20,6 +20,9 @@ pub const ROW_THREADS: [u32; 2] = [8, 16];
 pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row.
 pub const KEY_GROUPS: [u32; 2] = [2, 1];
+/// K/V stage buffers, fewest first: with 2, a stage is stored while the previous one is still
+/// being read, which saves one of each stage's two barriers for twice the chunk's memory.
+pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
@@ -136,6 +139,8 @@ pub struct Variant {
     pub key_groups: u32,
     /// Head-dim columns of K or V staged at once; divides `head_dim`, multiple of 32.
     pub chunk: u32,
+    /// K/V stage buffers in workgroup memory (one of [`STAGES`]).
+    pub stages: u32,
     /// Bottom-right causal mask.
     pub causal: bool,
     /// Row reductions with subgroup shuffles instead of workgroup memory.
@@ -168,18 +173,18 @@ impl Variant {
         let (bm, bn) = (self.block_m(), self.block_n());
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
-        4 * (bm * self.head_dim + bn * self.chunk + p + red)
+        4 * (bm * self.head_dim + bn * self.chunk * self.stages + p + red)
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row).
+    /// `_tx16` at the end for 16 invocations per row and `_db` for two stage buffers).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
             KernelType::F16 => "f16",
         };
         format!(
-            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}{}",
+            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}{}{}",
             self.head_dim,
             self.block_m(),
             self.block_n(),
@@ -191,7 +196,8 @@ impl Variant {
                 String::new()
             } else {
                 format!("_tx{}", self.row_threads)
-            }
+            },
+            if self.stages == 2 { "_db" } else { "" }
         )
     }
 }
@@ -338,6 +344,9 @@ pub fn choose_among(
     if variant.chunk < d {
         notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
     }
+    if variant.stages == 2 {
+        notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
+    }
     notes.push(if variant.subgroup {
         format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
     } else {
@@ -383,7 +392,11 @@ pub fn choose_among(
     if caps.kind == DeviceKind::SoftwareGpu {
         notes.push(format!("{} is a software rasteriser on the CPU: correct, slow", caps.name));
     }
-    let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
+    let tiles = Tiles {
+        block_m: variant.block_m() as usize,
+        block_n: variant.block_n() as usize,
+        stages: variant.stages as usize,
+    };
     Ok(Choice { variant, launch, tiles, device_bytes, notes })
 }
 
@@ -393,7 +406,9 @@ pub fn choose_among(
 /// dim per stage (fewer barriers); first of all, where there is one, the shape measured
 /// fastest for this dtype and head dim ([`measured_best`]). Variants with 16 invocations per row
 /// come after all those with 8, where the head dim and chunk give each invocation at least one
-/// vec4 of O per row (`D` and `DC` multiples of 64). A variant uses subgroup operations where
+/// vec4 of O per row (`D` and `DC` multiples of 64); then, last of all, the same with two stage
+/// buffers ([`STAGES`]; not yet measured, so only chosen by the knob). A variant uses subgroup
+/// operations where
 /// the adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
 pub fn candidates(
     ty: KernelType,
@@ -402,13 +417,14 @@ pub fn candidates(
     subgroup_min: Option<u32>,
 ) -> impl Iterator<Item = Variant> {
     let spans = move |row_threads: u32| subgroup_min.is_some_and(|m| m >= row_threads);
-    let variant = move |p_shuffle, row_threads, row_groups, key_groups, chunk| Variant {
+    let variant = move |p_shuffle, stages, row_threads, row_groups, key_groups, chunk| Variant {
         ty,
         head_dim,
         row_groups,
         row_threads,
         key_groups,
         chunk,
+        stages,
         causal,
         subgroup: spans(row_threads),
         p_shuffle,
@@ -416,9 +432,10 @@ pub fn candidates(
     let best = measured_best(ty, head_dim)
         .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
         .map(|(p_shuffle, key_groups, chunk)| {
-            variant(p_shuffle, ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
+            variant(p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
         });
-    let generic = ROW_THREADS.into_iter().flat_map(move |row_threads| {
+    let threads = STAGES.into_iter().flat_map(|stages| ROW_THREADS.into_iter().map(move |t| (stages, t)));
+    let generic = threads.flat_map(move |(stages, row_threads)| {
         let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
         exchanges.iter().flat_map(move |&p_shuffle| {
             let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
@@ -427,7 +444,8 @@ pub fn candidates(
                     .rev()
                     .map(|k| k * 32)
                     .filter(move |c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads));
-                chunks.map(move |chunk| variant(p_shuffle, row_threads, row_groups, key_groups, chunk))
+                chunks
+                    .map(move |chunk| variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk))
             })
         })
     });
@@ -506,6 +524,7 @@ mod tests {
             row_threads: 8,
             key_groups: 1,
             chunk: 64,
+            stages: 1,
             causal: false,
             subgroup: false,
             p_shuffle: false,

@@ -48,6 +48,8 @@ pub fn generate(variant: &Variant) -> String {
         ("{{TX}}", variant.row_threads.to_string()),
         ("{{KG}}", variant.key_groups.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
+        ("{{STAGES}}", variant.stages.to_string()),
+        ("{{BARRIER_BEFORE_STORE}}", barrier_before_store(variant, "            ")),
         ("{{RED_DECL}}", rows.decl),
         ("{{REDUCE_MAX}}", rows.max),
         ("{{REDUCE_SUM}}", rows.sum),
@@ -143,7 +145,7 @@ impl Scores {
             p_store: String::new(),
         };
         for g in 0..groups {
-            let _ = writeln!(c.fma, "                let k{g} = kv[d * BN4 + {g}u * TX + tx];");
+            let _ = writeln!(c.fma, "                let k{g} = kv[kb + d * BN4 + {g}u * TX + tx];");
             let _ = writeln!(
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
@@ -220,9 +222,11 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
     let mut pv = String::new();
     for chunk in 0..chunks {
         let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
-        let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units)");
-        let _ = writeln!(pv, "        workgroupBarrier();");
-        pv.push_str(&staging.store_v("        "));
+        // Stage `chunks + chunk` of the tile (after its K chunks): a buffer known here.
+        let buf = format!("{}u", (chunks + chunk) % variant.stages * variant.chunk * variant.block_n() / 4);
+        let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units), stage buffer at {buf}");
+        pv.push_str(&barrier_before_store(variant, "        "));
+        pv.push_str(&staging.store_v("        ", &buf));
         let _ = writeln!(pv, "        workgroupBarrier();");
         if chunk + 1 < chunks {
             pv.push_str(&staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1)));
@@ -234,7 +238,7 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
         // For key `n`, with its four rows' probabilities in `pv`.
         let fmas = |ind: &str| -> String {
             let mut s = String::new();
-            let _ = writeln!(s, "{ind}let vb = n * DC4 + tx;");
+            let _ = writeln!(s, "{ind}let vb = {buf} + n * DC4 + tx;");
             for lc in 0..per_chunk {
                 let _ = writeln!(s, "{ind}let v{lc} = kv[vb + {lc}u * TX];");
             }
@@ -355,7 +359,7 @@ impl Staging {
             let r = 4 * b;
             lines.extend(LANE.iter().enumerate().map(|(j, l)| {
                 format!(
-                    "kv[(db * 4u + {j}u) * BN4 + nb] = vec4<f32>(pre{r}.{l}, pre{}.{l}, pre{}.{l}, pre{}.{l});",
+                    "kv[kb + (db * 4u + {j}u) * BN4 + nb] = vec4<f32>(pre{r}.{l}, pre{}.{l}, pre{}.{l}, pre{}.{l});",
                     r + 1,
                     r + 2,
                     r + 3
@@ -372,10 +376,17 @@ impl Staging {
         })
     }
 
-    /// Stores the registers' V vec4s into `kv`.
-    fn store_v(&self, ind: &str) -> String {
-        self.each(ind, self.v_vecs, self.v_total, "e", |r| vec![format!("kv[e] = pre{r};")])
+    /// Stores the registers' V vec4s into `kv`, in the stage buffer at `buf`.
+    fn store_v(&self, ind: &str, buf: &str) -> String {
+        self.each(ind, self.v_vecs, self.v_total, "e", |r| vec![format!("kv[{buf} + e] = pre{r};")])
     }
+}
+
+/// The barrier before a stage is stored: with one buffer, every invocation must first be done
+/// reading the previous stage from it. With two, none is needed: the buffer was last read two
+/// stages ago, and every invocation has since passed the previous stage's barrier after its store.
+fn barrier_before_store(variant: &Variant, ind: &str) -> String {
+    if variant.stages == 1 { format!("{ind}workgroupBarrier();\n") } else { String::new() }
 }
 
 /// A butterfly over the `tx` lanes of a row: `step` combines `r` with its partner `MASK` away.

@@ -219,3 +219,23 @@ fn sixteen_invocations_per_row() {
     // Head dims that are not a multiple of 64 have no such variant: a plan error, not a fallback.
     assert!(b.plan(&Problem::new(Shape::new(1, 1, 8, 96), DType::F32)).is_err());
 }
+
+#[test]
+fn two_stage_buffers() {
+    let Some(_) = backend("two_stage_buffers") else { return };
+    let b = Wgpu::new().with_stages(2);
+    let p = Problem::new(Shape { heads_kv: 1, ..Shape::new(1, 3, 200, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_db"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 90);
+    // Several K/V chunks per tile (the parity of each stage's buffer), and the memory reductions.
+    check(
+        &Wgpu::new().with_stages(2).with_chunk(32),
+        &Problem::new(sk(90, 170, 2, 128), DType::F16).causal(),
+        91,
+    );
+    check(
+        &Wgpu::new().with_stages(2).without_subgroups(),
+        &Problem::new(Shape::new(2, 2, 77, 96), DType::Bf16),
+        92,
+    );
+}
