@@ -32,28 +32,7 @@ const KV_STAGE: u32 = DC * BN4;
 const NEG: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 
-struct Params {
-    seq_q: u32,
-    seq_k: u32,
-    heads_q: u32,
-    heads_kv: u32,
-    group: u32,
-    n_qblocks: u32,
-    grid_y: u32,
-    bh_total: u32,
-    // seq_k - seq_q: row i sees key j iff j <= i + causal_offset (bottom-right).
-    causal_offset: i32,
-    scale_log2: f32,
-    neg_inf_bits: u32,
-    pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<ET>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<ET>>;
-@group(0) @binding(3) var<storage, read> v: array<vec4<ET>>;
-@group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+{{BINDINGS}}
 
 // Indices stay in bounds by construction (the shader is compiled without naga's clamps, see
 // runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[buf + d·BN4 + n/4] (K) with d < DC,

@@ -72,6 +72,9 @@ pub struct AdapterCaps {
     pub subgroup_min: Option<u32>,
     /// `TIMESTAMP_QUERY`: kernel time from GPU timestamps rather than the host clock.
     pub timestamps: bool,
+    /// Cooperative matrices of 16×16×16 with f16 inputs and f32 accumulators, on subgroups of
+    /// exactly 32, opened for use (see [`crate::runtime`]): the tensor-core kernel for f16.
+    pub coop_f16: bool,
 }
 
 impl AdapterCaps {
@@ -88,6 +91,7 @@ impl AdapterCaps {
             f16: false,
             subgroup_min: None,
             timestamps: false,
+            coop_f16: false,
         }
     }
 
@@ -148,6 +152,10 @@ pub struct Variant {
     /// Probabilities handed to the row's other invocations by subgroup shuffles instead of
     /// through workgroup memory (Pᵀ); needs `subgroup`.
     pub p_shuffle: bool,
+    /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
+    /// per 16 query rows, `BN = BM`; `row_threads`, `key_groups`, `chunk` and `stages` only
+    /// restate its shape (8, `BM/32`, the head dim, 1).
+    pub coop: bool,
 }
 
 impl Variant {
@@ -171,6 +179,10 @@ impl Variant {
     /// test checks through naga.
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
+        if self.coop {
+            // A K, V or Q tile in f16, S (f32) and P (f16) per 16 rows, two rescale flags.
+            return 2 * bn * self.head_dim + bm * bn * (4 + 2) + 8;
+        }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
         4 * (bm * self.head_dim + bn * self.chunk * self.stages + p + red)
@@ -197,8 +209,8 @@ impl Variant {
             } else {
                 format!("_tx{}", self.row_threads)
             },
-            if self.stages == 2 { "_db" } else { "" }
-        )
+            if self.stages == 2 { "_db" } else { "" },
+        ) + if self.coop { "_coop" } else { "" }
     }
 }
 
@@ -257,8 +269,11 @@ pub fn choose_among(
         }
     };
     let d = padded_head_dim(s.head_dim) as u32;
-    let mut wanted =
-        candidates(ty, d, problem.is_causal(), caps.subgroup_min).filter(|v| allowed(v)).peekable();
+    let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
+    let mut wanted = coop
+        .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
+        .filter(|v| allowed(v))
+        .peekable();
     if wanted.peek().is_none() {
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
@@ -332,38 +347,50 @@ pub fn choose_among(
     };
     launch.validate(&variant.name(), &caps.device_limits())?;
 
-    let mut notes = vec![format!(
-        "{} invocations, each a {MICRO}x{} tile of S and {MICRO} rows x {} columns of O; \
-         workgroup memory {} of {} B",
-        variant.threads(),
-        MICRO * variant.key_groups,
-        d / variant.row_threads,
-        variant.shared_bytes(),
-        caps.workgroup_storage
-    )];
-    if variant.chunk < d {
-        notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
-    }
-    if variant.stages == 2 {
-        notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
-    }
-    notes.push(if variant.subgroup {
-        format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
+    let memory = format!("workgroup memory {} of {} B", variant.shared_bytes(), caps.workgroup_storage);
+    let mut notes = vec![];
+    if variant.coop {
+        notes.push(format!(
+            "{} invocations, a subgroup of 32 per 16 query rows, S = Q·Kᵀ and O += P·V on 16x16x16 \
+             cooperative matrices (f16 inputs, P rounded to f16, f32 accumulators); {memory}",
+            variant.threads()
+        ));
+        notes.push(
+            "running max raised only when a row's tile max exceeds it by 8 (log2): O is rescaled \
+             through workgroup memory then; experimental (ATTN_WGPU_COOP=1)"
+                .into(),
+        );
     } else {
-        format!(
-            "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than a row's {} \
-             invocations)",
-            variant.row_threads
-        )
-    });
-    notes.push(if variant.p_shuffle {
-        "probabilities handed to the row's other invocations by subgroup shuffles".into()
-    } else {
-        format!(
-            "probabilities handed around through workgroup memory (Pᵀ, {} B)",
-            4 * variant.block_m() * variant.block_n()
-        )
-    });
+        notes.push(format!(
+            "{} invocations, each a {MICRO}x{} tile of S and {MICRO} rows x {} columns of O; {memory}",
+            variant.threads(),
+            MICRO * variant.key_groups,
+            d / variant.row_threads,
+        ));
+        if variant.chunk < d {
+            notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
+        }
+        if variant.stages == 2 {
+            notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
+        }
+        notes.push(if variant.subgroup {
+            format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
+        } else {
+            format!(
+                "row max/sum through workgroup memory (no SUBGROUP, or subgroups narrower than a row's {} \
+                 invocations)",
+                variant.row_threads
+            )
+        });
+        notes.push(if variant.p_shuffle {
+            "probabilities handed to the row's other invocations by subgroup shuffles".into()
+        } else {
+            format!(
+                "probabilities handed around through workgroup memory (Pᵀ, {} B)",
+                4 * variant.block_m() * variant.block_n()
+            )
+        });
+    }
     if d as usize != s.head_dim {
         notes.push(format!("head dim {} padded with zeros to {d} on upload", s.head_dim));
     }
@@ -428,6 +455,7 @@ pub fn candidates(
         causal,
         subgroup: spans(row_threads),
         p_shuffle,
+        coop: false,
     };
     let best = measured_best(ty, head_dim)
         .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
@@ -452,6 +480,24 @@ pub fn candidates(
     best.into_iter().chain(generic)
 }
 
+/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), most
+/// rows per workgroup first: 64 or 32 (4 or 2 subgroups of 32).
+pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
+    [64, 32].into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |bm: u32| Variant {
+        ty: KernelType::F16,
+        head_dim,
+        row_groups: bm / MICRO,
+        row_threads: ROW_THREADS[0],
+        key_groups: bm / (ROW_THREADS[0] * MICRO),
+        chunk: head_dim,
+        stages: 1,
+        causal,
+        subgroup: true,
+        p_shuffle: false,
+        coop: true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,6 +514,7 @@ mod tests {
             f16: true,
             subgroup_min: Some(8),
             timestamps: true,
+            coop_f16: false,
         }
     }
 
@@ -528,6 +575,7 @@ mod tests {
             causal: false,
             subgroup: false,
             p_shuffle: false,
+            coop: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
@@ -581,6 +629,29 @@ mod tests {
         let caps = AdapterCaps { storage_binding: 1 << 40, ..lavapipe() };
         let c = choose(&p, &caps).unwrap();
         assert_eq!(c.launch.grid, [1, 65535, 2]);
+    }
+
+    #[test]
+    fn cooperative_matrices_take_f16_where_opened() {
+        let caps = AdapterCaps {
+            workgroup_storage: 48 * 1024,
+            subgroup_min: Some(32),
+            coop_f16: true,
+            ..lavapipe()
+        };
+        let pick =
+            |d: usize, dtype| choose(&Problem::new(Shape::new(1, 2, 1000, d), dtype), &caps).unwrap().variant;
+        let v = pick(128, DType::F16);
+        assert!(v.coop && v.block_m() == 64 && v.block_n() == 64, "{}", v.name());
+        assert!(v.shared_bytes() <= 48 * 1024);
+        // D=256: a 64-row block would need 56 KiB; 32 rows fit.
+        assert_eq!((pick(256, DType::F16).coop, pick(256, DType::F16).block_m()), (true, 32));
+        // f32 and bf16 keep the FMA kernel; so does f16 where the device was not opened for them.
+        assert!(!pick(128, DType::F32).coop && !pick(128, DType::Bf16).coop);
+        let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
+        assert!(
+            !choose(&Problem::new(Shape::new(1, 2, 1000, 128), DType::F16), &plain).unwrap().variant.coop
+        );
     }
 
     #[test]

@@ -66,13 +66,24 @@ impl Gpu {
         };
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let features = adapter.features() & wanted;
+        let mut features = adapter.features() & wanted;
+        let coop_f16 = coop_wanted() && coop_f16_offered(&adapter);
+        if coop_f16 {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("attn"),
             required_features: features,
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
+            // SAFETY: only asked for with ATTN_WGPU_COOP=1 (an explicit opt-in to wgpu's
+            // experimental cooperative matrices), and only where the adapter offers them.
+            experimental_features: if coop_f16 {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|e| format!("{}: could not open a device: {e}", info.name))?;
@@ -97,9 +108,17 @@ impl Gpu {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup_min: features.contains(wgpu::Features::SUBGROUP).then_some(info.subgroup_min_size),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            coop_f16,
+        };
+        let coop_note = match (coop_wanted(), coop_f16) {
+            (true, true) => "; cooperative matrices on (ATTN_WGPU_COOP=1)",
+            (true, false) => {
+                "; ATTN_WGPU_COOP=1 ignored: no 16x16x16 f16/f32 cooperative matrices on subgroups of 32 here"
+            }
+            _ => "",
         };
         let description = format!(
-            "{} ({:?}, {:?}, {} {})",
+            "{} ({:?}, {:?}, {} {}{coop_note})",
             info.name, info.device_type, info.backend, info.driver, info.driver_info
         );
         let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
@@ -209,6 +228,27 @@ impl Gpu {
             .map(|_| ())
             .map_err(|e| Error::backend("wgpu", format!("{what}: {e}")))
     }
+}
+
+/// `ATTN_WGPU_COOP=1`: open the device with cooperative matrices where the adapter has them, so
+/// that f16 problems run on the cooperative-matrix kernel ([`crate::coop`]). Off by default:
+/// wgpu marks the feature experimental, and the kernel has not yet been verified on a GPU.
+fn coop_wanted() -> bool {
+    std::env::var("ATTN_WGPU_COOP").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The adapter offers what the cooperative-matrix kernel needs: the feature, a 16×16×16
+/// configuration with f16 inputs and f32 accumulators, and subgroups of exactly 32 (the kernel
+/// gives each lane half of one of 16 rows).
+fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType as S;
+    let info = adapter.get_info();
+    adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == S::F16 && p.cr_type == S::F32
+        })
 }
 
 /// Which of naga's run-time guards the kernel is compiled with (`ATTN_WGPU_CHECKS`).

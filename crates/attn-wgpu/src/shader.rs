@@ -11,12 +11,17 @@ use std::fmt::Write;
 
 /// The kernel template.
 pub const TEMPLATE: &str = include_str!("../kernels/flash.wgsl");
+/// Parameters and buffers, shared by every kernel template.
+pub const BINDINGS: &str = include_str!("../kernels/bindings.wgsl");
 
 /// Components of a vec4, by row of the micro-tile.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
 
 /// The WGSL source of `variant`, ready for `create_shader_module`.
 pub fn generate(variant: &Variant) -> String {
+    if variant.coop {
+        return crate::coop::generate(variant);
+    }
     let (et, enable) = match variant.ty {
         crate::plan::KernelType::F32 => ("f32", ""),
         crate::plan::KernelType::F16 => ("f16", "enable f16;"),
@@ -40,6 +45,7 @@ pub fn generate(variant: &Variant) -> String {
 
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
+        ("{{BINDINGS}}", BINDINGS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
         ("{{ET}}", et.to_string()),
         ("{{D}}", variant.head_dim.to_string()),
@@ -418,12 +424,15 @@ mod tests {
     /// and its workgroup memory is what `Variant::shared_bytes` says.
     #[test]
     fn every_variant_validates_and_matches_its_shared_bytes() {
-        let mut checked = 0;
+        let (mut checked, mut checked_coop) = (0, 0);
         for ty in [KernelType::F32, KernelType::F16] {
             for d in (32..=256).step_by(32) {
                 for causal in [false, true] {
                     for subgroup_min in [None, Some(8), Some(32)] {
-                        for v in candidates(ty, d, causal, subgroup_min) {
+                        // The cooperative-matrix kernel: f16, subgroups of 32.
+                        let coop = crate::plan::coop_candidates(d, causal)
+                            .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
+                        for v in coop.chain(candidates(ty, d, causal, subgroup_min)) {
                             let src = generate(&v);
                             assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
                             let module = naga::front::wgsl::parse_str(&src)
@@ -443,11 +452,13 @@ mod tests {
                                 .sum();
                             assert_eq!(shared, v.shared_bytes(), "{}", v.name());
                             checked += 1;
+                            checked_coop += usize::from(v.coop);
                         }
                     }
                 }
             }
         }
         assert!(checked > 100, "{checked}");
+        assert!(checked_coop >= 16, "{checked_coop}");
     }
 }

@@ -1,0 +1,24 @@
+// What every kernel variant takes: the parameters (laid out as `backend.rs`'s `Params`) and the
+// buffers, all contiguous BHSD with the head dim padded, in vec4 units of the element type ET.
+struct Params {
+    seq_q: u32,
+    seq_k: u32,
+    heads_q: u32,
+    heads_kv: u32,
+    group: u32,
+    n_qblocks: u32,
+    grid_y: u32,
+    bh_total: u32,
+    // seq_k - seq_q: row i sees key j iff j <= i + causal_offset (bottom-right).
+    causal_offset: i32,
+    scale_log2: f32,
+    neg_inf_bits: u32,
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<ET>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<ET>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<ET>>;
+@group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;

@@ -1,0 +1,159 @@
+// FlashAttention forward on cooperative matrices (tensor cores), f16 inputs, f32 accumulation;
+// one workgroup per (batch·head, block of BM query rows), one subgroup of 32 per 16 of those rows.
+//
+// Template: `coop.rs` substitutes the double-brace markers (constants, and the matrix code
+// unrolled per 16×16 block). Per key tile of BN keys:
+//   K tile → kvs; S = Q·Kᵀ on 16×16×16 products (Q's blocks stay in registers as A matrices);
+//   S → scratch (f32, per subgroup); each lane takes half of one row: mask, max, P = exp2(S - m)
+//   → ps (f16, per subgroup); V tile → kvs; O += P·V (O's blocks stay in registers).
+// The running max is raised only when a row's tile max exceeds it by more than RESCALE (P then
+// stays below 2^RESCALE): O sits in cooperative matrices, whose elements no invocation can
+// scale by row, so a rescale takes a trip through scratch, and most tiles need none. Whether any
+// row of the workgroup needs one is made uniform with workgroupUniformLoad, because cooperative
+// operations must be in uniform control flow.
+//
+// Layouts: Q, K, V, O contiguous BHSD with D padded; kvs holds a tile [key][d] (or, once, the Q
+// block [row][d]); scratch[sg][row][key] and ps[sg][row][key]. Indices stay in bounds by
+// construction: rows and keys beyond seq_q / seq_k are zero-filled on staging and masked.
+enable f16;
+enable wgpu_cooperative_matrix;
+alias ET = f16;
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const BM: u32 = {{BM}}u;
+const BN: u32 = BM;
+const SG: u32 = BM / 16u;
+const T: u32 = SG * 32u;
+const CAUSAL: bool = {{CAUSAL}};
+const NEG: f32 = -3.0e38;
+const LN2: f32 = 0.6931471805599453;
+// log2 units: P stays below 2^RESCALE between rescales.
+const RESCALE: f32 = 8.0;
+
+{{BINDINGS}}
+
+var<workgroup> kvs: array<f16, BN * D>;
+var<workgroup> scratch: array<f32, SG * 16u * BN>;
+var<workgroup> ps: array<f16, SG * 16u * BN>;
+// Set by any invocation whose row needs a rescale in this tile; two, alternating by tile, so
+// that one is reset while the other is in use.
+var<workgroup> rescale_any: array<u32, 2>;
+
+// Rows `first..first + BN` of a [row][D] tensor at vec4 index `base` into kvs, zero past `limit`.
+fn stage_rows(which: u32, base: u32, first: u32, limit: u32, lid: u32) {
+    for (var e = lid; e < BN * D4; e += T) {
+        let r = e / D4;
+        let c = e % D4;
+        var x = vec4<f16>(0.0);
+        if (first + r < limit) {
+            let at = base + (first + r) * D4 + c;
+            if (which == 0u) {
+                x = q[at];
+            } else if (which == 1u) {
+                x = k[at];
+            } else {
+                x = v[at];
+            }
+        }
+        let s = r * D + c * 4u;
+        kvs[s] = x.x;
+        kvs[s + 1u] = x.y;
+        kvs[s + 2u] = x.z;
+        kvs[s + 3u] = x.w;
+    }
+}
+
+@compute @workgroup_size(T)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let bh = wid.y + wid.z * P.grid_y;
+    if (bh >= P.bh_total) {
+        return;
+    }
+    let qblk = select(wid.x, P.n_qblocks - 1u - wid.x, CAUSAL);
+    let m0 = qblk * BM;
+    let b = bh / P.heads_q;
+    let h = bh % P.heads_q;
+    let q_base = bh * P.seq_q * D4;
+    let kv_base = (b * P.heads_kv + h / P.group) * P.seq_k * D4;
+    var n_end = P.seq_k;
+    if (CAUSAL) {
+        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
+    }
+    let n_tiles = (n_end + BN - 1u) / BN;
+
+    // This lane's row of the subgroup's 16, and which half of the tile's keys it takes.
+    let row = lane / 2u;
+    let half = lane % 2u;
+    let q_row = m0 + sg * 16u + row;
+    let sc = sg * 16u * BN; // this subgroup's scratch and ps
+    if (lid < 2u) {
+        rescale_any[lid] = 0u;
+    }
+
+    // The Q block through kvs into A matrices, held for every tile.
+    stage_rows(0u, q_base, m0, P.seq_q, lid);
+    workgroupBarrier();
+{{Q_LOAD}}
+{{O_DECL}}
+    var m_run = NEG; // this row's running max (both lanes of the row hold it)
+    var l_run = 0.0; // this lane's part of the row sum
+
+    for (var t = 0u; t < n_tiles; t++) {
+        let n0 = t * BN;
+        workgroupBarrier(); // every subgroup is done reading kvs (Q, or the last tile's V)
+        stage_rows(1u, kv_base, n0, P.seq_k, lid);
+        workgroupBarrier();
+{{S_MMA}}
+        workgroupBarrier(); // S in scratch; K no longer read
+        stage_rows(2u, kv_base, n0, P.seq_k, lid);
+
+        // Softmax of this lane's half row, in base-2 units (scores were scaled by scale·log2 e).
+        let lim = select(i32(P.seq_k), min(i32(P.seq_k), i32(q_row) + P.causal_offset + 1), CAUSAL);
+        var tmax = NEG;
+        for (var j = half * (BN / 2u); j < (half + 1u) * (BN / 2u); j++) {
+            let s = select(NEG, scratch[sc + row * BN + j], i32(n0 + j) < lim);
+            scratch[sc + row * BN + j] = s;
+            tmax = max(tmax, s);
+        }
+        tmax = max(tmax, subgroupShuffleXor(tmax, 1u));
+        let raise = tmax > m_run + RESCALE;
+        let m_new = select(m_run, tmax, raise);
+        let alpha = exp2(m_run - m_new); // 1 unless raised; 0 from the initial NEG
+        m_run = m_new;
+        l_run = l_run * alpha;
+        // Rows that have seen no key keep NEG; subtracting 0 makes their exp2 underflow to 0.
+        let offset = select(m_run, 0.0, m_run <= NEG);
+        for (var j = half * (BN / 2u); j < (half + 1u) * (BN / 2u); j++) {
+            let p = exp2(scratch[sc + row * BN + j] - offset);
+            l_run += p;
+            ps[sc + row * BN + j] = f16(p);
+        }
+        if (raise) {
+            rescale_any[t % 2u] = 1u;
+        }
+        // A barrier (V and P now visible) that also makes the flag uniform.
+        let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
+        if (lid == 0u) {
+            rescale_any[(t + 1u) % 2u] = 0u;
+        }
+        if (any_raise != 0u) {
+{{O_RESCALE}}
+        }
+{{PV_MMA}}
+    }
+
+    // Row sums, then O through scratch to global memory, normalised.
+    let l_row = l_run + subgroupShuffleXor(l_run, 1u);
+    let inv = select(1.0 / l_row, 0.0, l_row == 0.0);
+{{O_STORE}}
+    if (half == 0u && q_row < P.seq_q) {
+        let empty = l_row == 0.0;
+        lse[bh * P.seq_q + q_row] = select((m_run + log2(l_row)) * LN2, bitcast<f32>(P.neg_inf_bits), empty);
+    }
+}

@@ -1,0 +1,140 @@
+//! WGSL generation for the cooperative-matrix kernel (`kernels/flash_coop.wgsl`): f16 inputs on
+//! 16×16×16 tensor-core products with f32 accumulators, where the adapter offers them
+//! (wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX`; see [`crate::runtime`] for when it is asked for).
+//!
+//! Matrices are named variables, unrolled here where their counts are known: `qa{k}`, Q's
+//! 16-column blocks (A); `s{n}`, the tile's 16-key blocks of S (C); `o{j}`, O's 16-column blocks
+//! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from `kvs` as B matrices where
+//! they are used.
+
+use crate::plan::Variant;
+use std::fmt::Write;
+
+/// The kernel template.
+pub const TEMPLATE: &str = include_str!("../kernels/flash_coop.wgsl");
+
+/// Side of the cooperative matrices.
+const M: u32 = 16;
+
+/// The WGSL source of `variant` (a `coop` one).
+pub fn generate(variant: &Variant) -> String {
+    debug_assert!(variant.coop);
+    let (d, bn) = (variant.head_dim, variant.block_n());
+    let (d_blocks, n_blocks) = (d / M, bn / M);
+    let mut q_load = String::new();
+    let mut o_decl = String::new();
+    let mut s_mma = String::new();
+    let mut pv = String::new();
+    for kb in 0..d_blocks {
+        let _ = writeln!(
+            q_load,
+            "    let qa{kb} = coopLoadT<coop_mat16x16<f16, A>>(&kvs[(sg * 16u) * D + {}u], D);",
+            kb * M
+        );
+    }
+    for j in 0..d_blocks {
+        let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
+    }
+    for n in 0..n_blocks {
+        let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
+        for kb in 0..d_blocks {
+            let _ = writeln!(
+                s_mma,
+                "        s{n} = coopMultiplyAdd(qa{kb}, coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D), s{n});",
+                n * M,
+                kb * M
+            );
+        }
+        let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
+    }
+    for kk in 0..n_blocks {
+        let _ =
+            writeln!(pv, "        let pa{kk} = coopLoadT<coop_mat16x16<f16, A>>(&ps[sc + {}u], BN);", kk * M);
+    }
+    for j in 0..d_blocks {
+        for kk in 0..n_blocks {
+            let _ = writeln!(
+                pv,
+                "        o{j} = coopMultiplyAdd(pa{kk}, coopLoadT<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D), o{j});",
+                kk * M,
+                j * M
+            );
+        }
+    }
+
+    let mut src = TEMPLATE.to_string();
+    for (key, value) in [
+        ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
+        ("{{D}}", d.to_string()),
+        ("{{BM}}", variant.block_m().to_string()),
+        ("{{CAUSAL}}", variant.causal.to_string()),
+        ("{{Q_LOAD}}", q_load),
+        ("{{O_DECL}}", o_decl),
+        ("{{S_MMA}}", s_mma),
+        ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
+        ("{{PV_MMA}}", pv),
+        ("{{O_STORE}}", through_scratch(variant, "    ", "", false)),
+    ] {
+        src = src.replace(key, &value);
+    }
+    format!("// {}\n{src}", variant.name())
+}
+
+/// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
+/// lane works on its half of its row. `reload`: the lanes apply `update` (with `{x}` the element)
+/// and the blocks are loaded back (the rescale); otherwise the lanes write their elements to the
+/// output, normalised (the end).
+fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> String {
+    let (d_blocks, n_blocks) = (variant.head_dim / M, variant.block_n() / M);
+    let mut s = String::new();
+    let mut first = 0;
+    while first < d_blocks {
+        let count = n_blocks.min(d_blocks - first);
+        for i in 0..count {
+            let _ = writeln!(s, "{ind}coopStoreT(o{}, &scratch[sc + {}u], BN);", first + i, i * M);
+        }
+        let _ = writeln!(s, "{ind}subgroupBarrier();");
+        // This lane's half of the `count·16` columns just stored.
+        let width = count * M;
+        let _ = writeln!(
+            s,
+            "{ind}for (var c = half * {}u; c < (half + 1u) * {}u; c += 4u) {{",
+            width / 2,
+            width / 2
+        );
+        if reload {
+            for e in 0..4 {
+                let x = format!("scratch[sc + row * BN + c + {e}u]");
+                let _ = writeln!(s, "{ind}    {}", update.replace("{x}", &x));
+            }
+        } else {
+            let _ = writeln!(s, "{ind}    if (q_row < P.seq_q) {{");
+            let _ = writeln!(s, "{ind}        let x = sc + row * BN + c;");
+            let _ = writeln!(
+                s,
+                "{ind}        let y = vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u]) * inv;"
+            );
+            let _ = writeln!(
+                s,
+                "{ind}        o[q_base + q_row * D4 + ({}u + c) / 4u] = vec4<f16>(y);",
+                first * M
+            );
+            let _ = writeln!(s, "{ind}    }}");
+        }
+        let _ = writeln!(s, "{ind}}}");
+        let _ = writeln!(s, "{ind}subgroupBarrier();");
+        if reload {
+            for i in 0..count {
+                let _ = writeln!(
+                    s,
+                    "{ind}o{} = coopLoadT<coop_mat16x16<f32, C>>(&scratch[sc + {}u], BN);",
+                    first + i,
+                    i * M
+                );
+            }
+            let _ = writeln!(s, "{ind}subgroupBarrier();");
+        }
+        first += count;
+    }
+    s
+}
