@@ -38,7 +38,7 @@ var<workgroup> scratch: array<f32, SG * 16u * BN>;
 var<workgroup> ps: array<f16, SG * 16u * BN>;
 // Set by any invocation whose row needs a rescale in this tile; two, alternating by tile, so
 // that one is reset while the other is in use.
-var<workgroup> rescale_any: array<u32, 2>;
+var<workgroup> rescale_any: array<atomic<u32>, 2>;
 
 // Rows `first..first + BN` of a [row][D] tensor at vec4 index `base` into kvs, zero past `limit`.
 fn stage_rows(which: u32, base: u32, first: u32, limit: u32, lid: u32) {
@@ -93,7 +93,7 @@ fn main(
     let q_row = m0 + sg * 16u + row;
     let sc = sg * 16u * BN; // this subgroup's scratch and ps
     if (lid < 2u) {
-        rescale_any[lid] = 0u;
+        atomicStore(&rescale_any[lid], 0u);
     }
 
     // The Q block through kvs into A matrices, held for every tile.
@@ -135,12 +135,12 @@ fn main(
             ps[sc + row * BN + j] = f16(p);
         }
         if (raise) {
-            rescale_any[t % 2u] = 1u;
+            atomicStore(&rescale_any[t % 2u], 1u);
         }
         // A barrier (V and P now visible) that also makes the flag uniform.
         let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
         if (lid == 0u) {
-            rescale_any[(t + 1u) % 2u] = 0u;
+            atomicStore(&rescale_any[(t + 1u) % 2u], 0u);
         }
         if (any_raise != 0u) {
 {{O_RESCALE}}

@@ -172,9 +172,14 @@ impl Attention for Wgpu {
         }
     }
 
-    /// Scores, probabilities and accumulation in f32 for every dtype; the output is rounded once.
+    /// Scores, probabilities and accumulation in f32 for every dtype, the output rounded once;
+    /// but with cooperative matrices opened (`ATTN_WGPU_COOP=1`), f16 problems round P to f16 for
+    /// the P·V product, as tensor-core kernels do.
     fn numerics(&self) -> Numerics {
-        Numerics::F32Accumulate
+        match self.gpu() {
+            Ok(gpu) if gpu.caps.coop_f16 => Numerics::LowPrecisionP,
+            _ => Numerics::F32Accumulate,
+        }
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {

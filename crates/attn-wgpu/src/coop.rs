@@ -6,6 +6,11 @@
 //! 16-column blocks (A); `s{n}`, the tile's 16-key blocks of S (C); `o{j}`, O's 16-column blocks
 //! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from `kvs` as B matrices where
 //! they are used.
+//!
+//! A known risk, upstream: with cooperative matrices naga declares the Vulkan memory model but
+//! marks no access non-private, so the barriers' ordering of workgroup memory is, to the letter
+//! of that model, not promised (gfx-rs/wgpu issue 8805). The kernel must be verified against the
+//! reference on each driver before it is trusted; it is opt-in until it has been.
 
 use crate::plan::Variant;
 use std::fmt::Write;
@@ -81,7 +86,10 @@ pub fn generate(variant: &Variant) -> String {
 }
 
 /// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
-/// lane works on its half of its row. `reload`: the lanes apply `update` (with `{x}` the element)
+/// lane works on its half of its row. The hand-overs take workgroup barriers although the data is
+/// the subgroup's own: a subgroup barrier does not order workgroup memory under Vulkan (naga
+/// emits it with SubgroupMemory semantics, which Vulkan ignores). Both callers are in uniform
+/// control flow, and neither runs often (a rescale, or once at the end). `reload`: the lanes apply `update` (with `{x}` the element)
 /// and the blocks are loaded back (the rescale); otherwise the lanes write their elements to the
 /// output, normalised (the end).
 fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> String {
@@ -93,7 +101,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
         for i in 0..count {
             let _ = writeln!(s, "{ind}coopStoreT(o{}, &scratch[sc + {}u], BN);", first + i, i * M);
         }
-        let _ = writeln!(s, "{ind}subgroupBarrier();");
+        let _ = writeln!(s, "{ind}workgroupBarrier();");
         // This lane's half of the `count·16` columns just stored.
         let width = count * M;
         let _ = writeln!(
@@ -122,7 +130,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
             let _ = writeln!(s, "{ind}    }}");
         }
         let _ = writeln!(s, "{ind}}}");
-        let _ = writeln!(s, "{ind}subgroupBarrier();");
+        let _ = writeln!(s, "{ind}workgroupBarrier();");
         if reload {
             for i in 0..count {
                 let _ = writeln!(
@@ -132,7 +140,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
                     i * M
                 );
             }
-            let _ = writeln!(s, "{ind}subgroupBarrier();");
+            let _ = writeln!(s, "{ind}workgroupBarrier();");
         }
         first += count;
     }

@@ -243,7 +243,10 @@ fn coop_wanted() -> bool {
 fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
     use wgpu::CooperativeScalarType as S;
     let info = adapter.get_info();
-    adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    adapter.features().contains(needed)
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
         && adapter.cooperative_matrix_properties().iter().any(|p| {

@@ -437,10 +437,14 @@ mod tests {
                             assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
                             let module = naga::front::wgsl::parse_str(&src)
                                 .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
-                            let mut validator = naga::valid::Validator::new(
-                                naga::valid::ValidationFlags::all(),
-                                naga::valid::Capabilities::all(),
-                            );
+                            // Only what the device is opened with (runtime.rs): not, for
+                            // example, subgroup barriers.
+                            use naga::valid::Capabilities as C;
+                            let caps = C::SUBGROUP
+                                | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
+                                | if v.coop { C::COOPERATIVE_MATRIX } else { C::empty() };
+                            let mut validator =
+                                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
                             validator
                                 .validate(&module)
                                 .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
