@@ -1,7 +1,7 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
-//! release `attn` and attn-wgpu's `pipeline_stats` example here (same x86-64), copies them into
-//! `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit, and
-//! prints the command to run there.
+//! release `attn` and attn-wgpu's `pipeline_stats` and `adapters` examples here (same x86-64),
+//! copies them into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the
+//! commit, and prints the command to run there.
 
 use crate::cmd;
 
@@ -13,9 +13,11 @@ pub fn bundle() -> Result<(), String> {
     std::fs::create_dir_all(&bin).map_err(|e| format!("create {}: {e}", bin.display()))?;
     std::fs::copy(root.join("target/release/attn"), bin.join("attn"))
         .map_err(|e| format!("copy attn: {e}"))?;
-    cmd::cargo_run(&["build", "--release", "-p", "attn-wgpu", "--example", "pipeline_stats"])?;
-    std::fs::copy(root.join("target/release/examples/pipeline_stats"), bin.join("pipeline_stats"))
-        .map_err(|e| format!("copy pipeline_stats: {e}"))?;
+    for example in ["pipeline_stats", "adapters"] {
+        cmd::cargo_run(&["build", "--release", "-p", "attn-wgpu", "--example", example])?;
+        std::fs::copy(root.join("target/release/examples").join(example), bin.join(example))
+            .map_err(|e| format!("copy {example}: {e}"))?;
+    }
     let commit = cmd::output("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let dirty =
         cmd::output("git", &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());

@@ -1,4 +1,5 @@
-//! Lists the adapters wgpu finds here, with the features and limits the backend plans with.
+//! Lists the adapters wgpu finds here, with the features and limits the backend plans with, and
+//! the cooperative-matrix shapes each reports.
 fn main() {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     for a in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
@@ -20,5 +21,20 @@ fn main() {
             a.get_info().subgroup_min_size,
             a.get_info().subgroup_max_size
         );
+        for p in a.cooperative_matrix_properties() {
+            println!(
+                "  cooperative matrix {}x{}x{} {:?} -> {:?}{}",
+                p.m_size,
+                p.n_size,
+                p.k_size,
+                p.ab_type,
+                p.cr_type,
+                if a.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                    ""
+                } else {
+                    " (feature not offered)"
+                }
+            );
+        }
     }
 }
