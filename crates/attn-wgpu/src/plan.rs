@@ -457,27 +457,34 @@ pub fn candidates(
         p_shuffle,
         coop: false,
     };
-    let best = measured_best(ty, head_dim)
+    let mut all: Vec<Variant> = measured_best(ty, head_dim)
         .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
         .map(|(p_shuffle, key_groups, chunk)| {
             variant(p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
-        });
-    let threads = STAGES.into_iter().flat_map(|stages| ROW_THREADS.into_iter().map(move |t| (stages, t)));
-    let generic = threads.flat_map(move |(stages, row_threads)| {
-        let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
-        exchanges.iter().flat_map(move |&p_shuffle| {
-            let shapes = ROW_GROUPS.into_iter().flat_map(|r| KEY_GROUPS.into_iter().map(move |k| (r, k)));
-            shapes.flat_map(move |(row_groups, key_groups)| {
-                let chunks = (1..=head_dim / 32)
-                    .rev()
-                    .map(|k| k * 32)
-                    .filter(move |c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads));
-                chunks
-                    .map(move |chunk| variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk))
-            })
         })
-    });
-    best.into_iter().chain(generic)
+        .into_iter()
+        .collect();
+    for stages in STAGES {
+        for row_threads in ROW_THREADS {
+            let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
+            // Stages of whole vec4s of O per invocation and row, dividing the head dim.
+            let chunks: Vec<u32> = (1..=head_dim / 32)
+                .rev()
+                .map(|k| k * 32)
+                .filter(|c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads))
+                .collect();
+            for &p_shuffle in exchanges {
+                for row_groups in ROW_GROUPS {
+                    for key_groups in KEY_GROUPS {
+                        for &chunk in &chunks {
+                            all.push(variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    all.into_iter()
 }
 
 /// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), most
