@@ -31,6 +31,11 @@ if has verify; then
   echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-wgpu.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-wgpu.log"
   ATTN_WGPU_SUBGROUPS=0 timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-wgmem.txt" 2>&1
   echo "verify (no subgroups) exit $?"; tail -1 "$out/verify-wgpu-wgmem.txt"
+  # The opt-in variants (lavapipe's subgroups of 8 cannot run the 16-per-row subgroup path).
+  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2; do
+    env $knob timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
+    echo "verify ($knob) exit $?"; tail -1 "$out/verify-wgpu-${knob//=/_}.txt"
+  done
 fi
 pack verify
 if has bench; then

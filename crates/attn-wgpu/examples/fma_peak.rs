@@ -37,6 +37,10 @@ fn shader() -> String {
 
 fn main() {
     let workgroups: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4096);
+    if !(1..=65535).contains(&workgroups) {
+        eprintln!("fma_peak: workgroups must be 1..=65535 (one dispatch dimension), not {workgroups}");
+        std::process::exit(2);
+    }
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     let Ok(adapter) = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
         power_preference: wgpu::PowerPreference::HighPerformance,

@@ -7,10 +7,14 @@
 //! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from `kvs` as B matrices where
 //! they are used.
 //!
-//! A known risk, upstream: with cooperative matrices naga declares the Vulkan memory model but
-//! marks no access non-private, so the barriers' ordering of workgroup memory is, to the letter
-//! of that model, not promised (gfx-rs/wgpu issue 8805). The kernel must be verified against the
-//! reference on each driver before it is trusted; it is opt-in until it has been.
+//! **Status: wrong.** Its first run on the H100 (NVIDIA 580.159.04,
+//! `bench/results/2026-11-23-h100-wgpu-coop-stages/`) failed `attn verify` on every f16 case with
+//! random data, with errors of order one, and some outputs non-finite. The prime suspect is
+//! upstream: with cooperative matrices naga declares the Vulkan memory model but marks no access
+//! non-private and gives its barriers no MakeAvailable/MakeVisible semantics, so under that model
+//! the hand-overs through workgroup memory (K/V tiles, S, P, O) are not ordered (gfx-rs/wgpu issue
+//! 8805). Not yet ruled out: the layouts as the driver reads them. It stays opt-in
+//! (`ATTN_WGPU_COOP=1`) for that investigation; the planner never picks it otherwise.
 
 use crate::plan::Variant;
 use std::fmt::Write;

@@ -4,9 +4,10 @@
 //! The kernel's shape (see `kernels/flash.wgsl`): a workgroup of `TX·TY` invocations (`TX` = 8
 //! or 16 per query row) computes a `BM × BN = 4·TY × 4·TX·KG` score tile, each invocation a
 //! 4 × 4·KG micro-tile of S and the matching 4 rows × `D/TX` columns of O. Workgroup memory holds
-//! Qᵀ (`BM × D`), one K or V chunk (`BN × DC`, the head dim staged `DC` columns at a time when all
-//! of it does not fit), Pᵀ (`BN × BM`), and, on the path without subgroup operations, the
-//! row-reduction scratch (`TX × BM`). All f32.
+//! Qᵀ (`BM × D`), one K or V chunk per stage buffer (`BN × DC`, the head dim staged `DC` columns at
+//! a time when all of it does not fit), Pᵀ (`BN × BM`), and, on the path without subgroup
+//! operations, the row-reduction scratch (`TX × BM`). All f32. The cooperative-matrix kernel
+//! (`coop`) has its own layout ([`Variant::shared_bytes`]).
 
 use attn_core::{
     DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
@@ -44,8 +45,8 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<(bool, u32, u32)> {
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
 pub const HEAD_DIM_ALIGN: usize = 32;
-/// The largest head dim (after padding) the kernel is built for: O takes `D/2` registers per
-/// invocation.
+/// The largest head dim (after padding) the kernel is built for: O takes `4·D/TX` registers per
+/// invocation (`D/2` with 8 invocations per row).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Row groups (`TY`) tried, largest first: 128, 64 and 32 invocations, `BM` = 64, 32 and 16.
 pub const ROW_GROUPS: [u32; 3] = [16, 8, 4];
@@ -357,7 +358,8 @@ pub fn choose_among(
         ));
         notes.push(
             "running max raised only when a row's tile max exceeds it by 8 (log2): O is rescaled \
-             through workgroup memory then; experimental (ATTN_WGPU_COOP=1)"
+             through workgroup memory then; experimental (ATTN_WGPU_COOP=1): WRONG RESULTS on the H100 \
+             (NVIDIA 580.159.04), see docs/performance.md"
                 .into(),
         );
     } else {
@@ -434,9 +436,9 @@ pub fn choose_among(
 /// fastest for this dtype and head dim ([`measured_best`]). Variants with 16 invocations per row
 /// come after all those with 8, where the head dim and chunk give each invocation at least one
 /// vec4 of O per row (`D` and `DC` multiples of 64); then, last of all, the same with two stage
-/// buffers ([`STAGES`]; not yet measured, so only chosen by the knob). A variant uses subgroup
-/// operations where
-/// the adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
+/// buffers ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob). A variant uses
+/// subgroup operations where the adapter's smallest subgroup (`subgroup_min`) spans a row's
+/// invocations.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,

@@ -2,7 +2,7 @@
 //! register-resident code unrolled: the score micro-tile ([`Scores`]), the K/V staging registers
 //! ([`Staging`]), the row reductions ([`Reductions`]), the O accumulator ([`Output`]) and P·V.
 //!
-//! O lives in `4 · D/32` named vec4 variables per invocation rather than an array, so that no
+//! O lives in `4 · D/(4·TX)` named vec4 variables per invocation rather than an array, so that no
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
@@ -30,7 +30,7 @@ pub fn generate(variant: &Variant) -> String {
     let scores = Scores::new(variant);
     let out = Output::new(variant);
     let staging = Staging::new(variant);
-    // Probabilities travel from the invocation that computed them to the row's other seven
+    // Probabilities travel from the invocation that computed them to the row's other TX - 1
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
     let (ps_decl, row_lane0) = if variant.p_shuffle {
         (String::new(), "    let row_lane0 = sg_lane & ~(TX - 1u);".to_string())
@@ -193,7 +193,7 @@ impl Scores {
     }
 }
 
-/// O: 4 rows x D/8 columns per invocation, as named vec4s o{i}_{c}.
+/// O: 4 rows x D/TX columns per invocation, as named vec4s o{i}_{c}.
 struct Output {
     decl: String,
     rescale: String,
@@ -257,7 +257,7 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
             s
         };
         if variant.p_shuffle {
-            // Key 4·(g·TX + src) + j is held by lane src of this row's eight, as pt{g}_{j}.
+            // Key 4·(g·TX + src) + j is held by lane src of this row's TX, as pt{g}_{j}.
             let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
             let _ = writeln!(pv, "            let owner = row_lane0 + src;");
             for g in 0..variant.key_groups {
@@ -391,6 +391,10 @@ impl Staging {
 /// The barrier before a stage is stored: with one buffer, every invocation must first be done
 /// reading the previous stage from it. With two, none is needed: the buffer was last read two
 /// stages ago, and every invocation has since passed the previous stage's barrier after its store.
+/// Buffers alternate by stage, and a tile has an even number of stages (NCH for K, NCH for V), so
+/// a stage's buffer depends only on its place in the tile: K chunk `c` uses `c % 2` (computed in
+/// the kernel), V chunk `c` uses `(NCH + c) % 2` (a constant in `pv`). Pᵀ (`ps`) and the
+/// reduction scratch (`red`) rely only on the barrier after each store, which both forms keep.
 fn barrier_before_store(variant: &Variant, ind: &str) -> String {
     if variant.stages == 1 { format!("{ind}workgroupBarrier();\n") } else { String::new() }
 }

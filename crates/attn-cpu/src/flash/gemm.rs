@@ -310,16 +310,31 @@ mod tests {
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 check_kernel::<Avx2>();
+            } else {
+                eprintln!(
+                    "SKIPPED every_kernel_matches_naive_in_both_modes (avx2): this CPU lacks AVX2 and FMA"
+                );
             }
             if is_x86_feature_detected!("avx512f") {
                 check_kernel::<Avx512>();
+            } else {
+                eprintln!(
+                    "SKIPPED every_kernel_matches_naive_in_both_modes (avx512): this CPU lacks AVX-512"
+                );
             }
         }
     }
 
-    /// Small integers, so every product and sum is exact whatever the order or fusion.
+    /// Small integers, so every product and sum is exact whatever the order or fusion. Inner
+    /// lengths 1..=9 cover the kernels' unrolled steps and every remainder after them.
     fn check_kernel<K: Kernel>() {
-        let (m, n, k, lda) = (2 * K::MR, 2 * K::NR, 5, 7);
+        for k in 1..=9 {
+            check_kernel_at::<K>(k);
+        }
+    }
+
+    fn check_kernel_at<K: Kernel>(k: usize) {
+        let (m, n, lda) = (2 * K::MR, 2 * K::NR, 9);
         let a: Vec<f32> = (0..m * lda).map(|x| (x % 7) as f32 - 3.0).collect();
         let b: Vec<f32> = (0..k * n).map(|x| (x % 5) as f32 * 0.5).collect();
         let naive = |i: usize, j: usize| (0..k).map(|kk| a[i * lda + kk] * b[kk * n + j]).sum::<f32>();
@@ -328,7 +343,7 @@ mod tests {
         gemm::<K>(m, n, k, &a, lda, &b, n, &mut c, n, Accumulate::Overwrite);
         for i in 0..m {
             for j in 0..n {
-                assert_eq!(c[i * n + j], naive(i, j));
+                assert_eq!(c[i * n + j], naive(i, j), "k = {k}");
             }
         }
         let factors: Vec<f32> = (0..m).map(|i| i as f32).collect();
@@ -336,7 +351,7 @@ mod tests {
         gemm::<K>(m, n, k, &a, lda, &b, n, &mut c, n, Accumulate::ScaleRows(&factors));
         for i in 0..m {
             for j in 0..n {
-                assert_eq!(c[i * n + j], factors[i] * before[i * n + j] + naive(i, j));
+                assert_eq!(c[i * n + j], factors[i] * before[i * n + j] + naive(i, j), "k = {k}");
             }
         }
     }
