@@ -12,9 +12,13 @@
 //! random data, with errors of order one, and some outputs non-finite. The prime suspect is
 //! upstream: with cooperative matrices naga declares the Vulkan memory model but marks no access
 //! non-private and gives its barriers no MakeAvailable/MakeVisible semantics, so under that model
-//! the hand-overs through workgroup memory (K/V tiles, S, P, O) are not ordered (gfx-rs/wgpu issue
-//! 8805). Not yet ruled out: the layouts as the driver reads them. It stays opt-in
-//! (`ATTN_WGPU_COOP=1`) for that investigation; the planner never picks it otherwise.
+//! 8805). Two later runs narrowed it: the `coop_probe` example (the loads, stores, mixed-type
+//! products and a lane-scaled trip through workgroup memory, exactly as used here) is exact on
+//! the H100, so the layouts are right; and the kernel with one subgroup per workgroup
+//! (`ATTN_WGPU_COOP_ROWS=16`) fails like the one with four, with the same wrong value where a
+//! query sees a single key, so it is not an ordering problem between subgroups either. What is
+//! left is a mistake of this kernel's own, deterministic, to be found by dumping S and P of one
+//! tile. It stays opt-in (`ATTN_WGPU_COOP=1`); the planner never picks it otherwise.
 
 use crate::plan::Variant;
 use std::fmt::Write;

@@ -34,7 +34,8 @@
 //! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V
 //! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=1`: open the device with
 //! wgpu's experimental cooperative matrices where the adapter has 16×16×16 f16/f32 ones, and run
-//! f16 on the tensor-core kernel ([`coop`]; it fails verification on the H100, see there);
+//! f16 on the tensor-core kernel ([`coop`]; it fails verification on the H100, see there;
+//! `ATTN_WGPU_COOP_ROWS=16|32|64` keeps one of its shapes);
 //! `ATTN_WGPU_CHECKS=all|bounds`:
 //! naga's guards back on.
 //! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could

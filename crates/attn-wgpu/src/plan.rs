@@ -154,14 +154,17 @@ pub struct Variant {
     /// through workgroup memory (Pᵀ); needs `subgroup`.
     pub p_shuffle: bool,
     /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
-    /// per 16 query rows, `BN = BM`; `row_threads`, `key_groups`, `chunk` and `stages` only
-    /// restate its shape (8, `BM/32`, the head dim, 1).
+    /// per 16 query rows, `BN = BM`; `row_threads`, `key_groups`, `chunk` and `stages` do not
+    /// apply (8, 1, the head dim, 1).
     pub coop: bool,
 }
 
 impl Variant {
     /// Invocations per workgroup.
     pub fn threads(&self) -> u32 {
+        if self.coop {
+            return 2 * self.block_m(); // a subgroup of 32 per 16 rows
+        }
         self.row_groups * self.row_threads
     }
 
@@ -172,6 +175,9 @@ impl Variant {
 
     /// Keys per score tile.
     pub fn block_n(&self) -> u32 {
+        if self.coop {
+            return self.block_m();
+        }
         self.row_threads * MICRO * self.key_groups
     }
 
@@ -490,21 +496,27 @@ pub fn candidates(
 }
 
 /// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), most
-/// rows per workgroup first: 64 or 32 (4 or 2 subgroups of 32).
+/// rows per workgroup first: 64, 32 or 16 (4, 2 or 1 subgroups of 32). `ATTN_WGPU_COOP_ROWS`
+/// keeps only one of them (to tell apart what goes wrong between subgroups).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    [64, 32].into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |bm: u32| Variant {
-        ty: KernelType::F16,
-        head_dim,
-        row_groups: bm / MICRO,
-        row_threads: ROW_THREADS[0],
-        key_groups: bm / (ROW_THREADS[0] * MICRO),
-        chunk: head_dim,
-        stages: 1,
-        causal,
-        subgroup: true,
-        p_shuffle: false,
-        coop: true,
-    })
+    let only = std::env::var("ATTN_WGPU_COOP_ROWS").ok().and_then(|v| v.trim().parse::<u32>().ok());
+    [64, 32, 16]
+        .into_iter()
+        .filter(move |bm| only.is_none_or(|o| o == *bm))
+        .filter(move |_| head_dim.is_multiple_of(16))
+        .map(move |bm: u32| Variant {
+            ty: KernelType::F16,
+            head_dim,
+            row_groups: bm / MICRO,
+            row_threads: ROW_THREADS[0],
+            key_groups: 1,
+            chunk: head_dim,
+            stages: 1,
+            causal,
+            subgroup: true,
+            p_shuffle: false,
+            coop: true,
+        })
 }
 
 #[cfg(test)]
