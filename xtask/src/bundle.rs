@@ -1,7 +1,7 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
-//! release `attn` and attn-wgpu's `pipeline_stats`, `adapters`, `fma_peak` and `coop_probe`
-//! examples here (same x86-64), copies them into `.device/bin` (git-ignored, sent with the
-//! device tool's `carry`), records the commit, and prints the command to run there.
+//! release `attn` and attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`,
+//! `coop_probe`, `coop_debug`) here (same x86-64), copies them into `.device/bin` (git-ignored,
+//! sent with the device tool's `carry`), records the commit, and prints the command to run there.
 
 use crate::cmd;
 
@@ -13,7 +13,7 @@ pub fn bundle() -> Result<(), String> {
     std::fs::create_dir_all(&bin).map_err(|e| format!("create {}: {e}", bin.display()))?;
     std::fs::copy(root.join("target/release/attn"), bin.join("attn"))
         .map_err(|e| format!("copy attn: {e}"))?;
-    for example in ["pipeline_stats", "adapters", "fma_peak", "coop_probe"] {
+    for example in ["pipeline_stats", "adapters", "fma_peak", "coop_probe", "coop_debug"] {
         cmd::cargo_run(&["build", "--release", "-p", "attn-wgpu", "--example", example])?;
         std::fs::copy(root.join("target/release/examples").join(example), bin.join(example))
             .map_err(|e| format!("copy {example}: {e}"))?;

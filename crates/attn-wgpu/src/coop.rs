@@ -16,9 +16,11 @@
 //! products and a lane-scaled trip through workgroup memory, exactly as used here) is exact on
 //! the H100, so the layouts are right; and the kernel with one subgroup per workgroup
 //! (`ATTN_WGPU_COOP_ROWS=16`) fails like the one with four, with the same wrong value where a
-//! query sees a single key, so it is not an ordering problem between subgroups either. What is
-//! left is a mistake of this kernel's own, deterministic, to be found by dumping S and P of one
-//! tile. It stays opt-in (`ATTN_WGPU_COOP=1`); the planner never picks it otherwise.
+//! query sees a single key, so it is not an ordering problem between subgroups either. The
+//! `coop_debug` example then showed the P·V weights wrong but summing to one: the probabilities
+//! the lanes store are not the ones the matrix load reads, which is what unordered plain stores
+//! under the Vulkan memory model would give (the upstream issue above). It stays opt-in
+//! (`ATTN_WGPU_COOP=1`); the planner never picks it otherwise.
 
 use crate::plan::Variant;
 use std::fmt::Write;
