@@ -43,6 +43,8 @@ pub struct Wgpu {
     row_threads: Option<u32>,
     /// Only this many K/V stage buffers (1 or 2), where set.
     stages: Option<u32>,
+    /// Only cooperative-matrix shapes of this many rows (16, 32 or 64), where set.
+    coop_rows: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
 }
@@ -99,7 +101,8 @@ impl Wgpu {
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1).
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1); `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) keeps one shape of the
+    /// cooperative-matrix kernel (to tell apart what goes wrong between subgroups).
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -109,6 +112,7 @@ impl Wgpu {
             chunk: var("ATTN_WGPU_CHUNK"),
             row_threads: var("ATTN_WGPU_ROW_THREADS"),
             stages: var("ATTN_WGPU_STAGES"),
+            coop_rows: var("ATTN_WGPU_COOP_ROWS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
@@ -121,6 +125,7 @@ impl Wgpu {
                 && self.chunk.is_none_or(|c| v.chunk == c)
                 && self.row_threads.is_none_or(|t| v.row_threads == t)
                 && self.stages.is_none_or(|n| v.stages == n)
+                && self.coop_rows.is_none_or(|r| !v.coop || v.block_m() == r)
                 && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
         };
         plan::choose_among(problem, caps, &allowed)

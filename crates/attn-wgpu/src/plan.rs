@@ -496,27 +496,21 @@ pub fn candidates(
 }
 
 /// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), most
-/// rows per workgroup first: 64, 32 or 16 (4, 2 or 1 subgroups of 32). `ATTN_WGPU_COOP_ROWS`
-/// keeps only one of them (to tell apart what goes wrong between subgroups).
+/// rows per workgroup first: 64, 32 or 16 (4, 2 or 1 subgroups of 32).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let only = std::env::var("ATTN_WGPU_COOP_ROWS").ok().and_then(|v| v.trim().parse::<u32>().ok());
-    [64, 32, 16]
-        .into_iter()
-        .filter(move |bm| only.is_none_or(|o| o == *bm))
-        .filter(move |_| head_dim.is_multiple_of(16))
-        .map(move |bm: u32| Variant {
-            ty: KernelType::F16,
-            head_dim,
-            row_groups: bm / MICRO,
-            row_threads: ROW_THREADS[0],
-            key_groups: 1,
-            chunk: head_dim,
-            stages: 1,
-            causal,
-            subgroup: true,
-            p_shuffle: false,
-            coop: true,
-        })
+    [64, 32, 16].into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |bm: u32| Variant {
+        ty: KernelType::F16,
+        head_dim,
+        row_groups: bm / MICRO,
+        row_threads: ROW_THREADS[0],
+        key_groups: 1,
+        chunk: head_dim,
+        stages: 1,
+        causal,
+        subgroup: true,
+        p_shuffle: false,
+        coop: true,
+    })
 }
 
 #[cfg(test)]
