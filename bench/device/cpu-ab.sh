@@ -5,7 +5,12 @@
 # `attn verify` of cpu-flash with B (its AVX-512 kernel: the development machine may lack it) and
 # PyTorch's f32 GEMM rate on the same threads (what the cores reach on a plain matrix product).
 # Writes $OUT/cpu-ab.json, $OUT/cpu-ab.md and the raw JSON lines.
+# Making A (`cargo xtask bundle` makes only B): build the other commit in a worktree, e.g.
+#   git worktree add /tmp/a <commit> && (cd /tmp/a && cargo build --release -p attn)
+#   cp /tmp/a/target/release/attn .device/bin/attn-base && strip .device/bin/attn-base
+#   echo <commit> > .device/COMMIT-base
 set -uo pipefail
+[[ -x .device/bin/attn-base ]] || { echo "no .device/bin/attn-base (build A first: see the header)"; exit 2; }
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 threads=${THREADS:-16}; rounds=${ROUNDS:-5}
 grid=(--dtypes ${DTYPES:-f32} --dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096} --masks none,causal --batch 1 --heads 16)
