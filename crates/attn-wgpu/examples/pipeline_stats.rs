@@ -64,29 +64,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
 /// The variant's WGSL as SPIR-V, with the options the backend's shaders are built with.
 fn spirv(v: &Variant) -> Result<Vec<u32>, Box<dyn Error>> {
-    let module = naga::front::wgsl::parse_str(&shader::generate(v))?;
-    let info =
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-            .validate(&module)?;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 3),
-        flags: naga::back::spv::WriterFlags::empty(),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Unchecked,
-            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
-            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
-        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
-        force_loop_bounding: false,
-        emit_int_div_checks: false,
-        ..Default::default()
-    };
-    let pipeline = naga::back::spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
-    };
-    Ok(naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))?)
+    Ok(attn_wgpu::spirv::compile(&shader::generate(v), attn_wgpu::runtime::Checks::None, (1, 3))?)
 }
 
 /// A Vulkan device with pipeline statistics enabled, and the one layout every variant uses.

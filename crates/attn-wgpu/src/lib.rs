@@ -52,6 +52,7 @@ mod pack;
 pub mod plan;
 pub mod runtime;
 pub mod shader;
+pub mod spirv;
 
 pub use backend::Wgpu;
 pub use plan::{AdapterCaps, Variant};

@@ -69,7 +69,8 @@ impl Gpu {
         let mut features = adapter.features() & wanted;
         let coop_f16 = coop_wanted() && coop_f16_offered(&adapter);
         if coop_f16 {
-            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            // Its SPIR-V is compiled here and passed through (crate::spirv says why).
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
         }
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -182,20 +183,45 @@ impl Gpu {
             return Ok(p.clone());
         }
         let source = shader::generate(variant);
-        let pipeline = self.scoped(&format!("compiling {}", variant.name()), || {
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(&variant.name()),
-                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+        let name = variant.name();
+        let spirv = if variant.coop {
+            let words = crate::spirv::compile_coop(&source, self.checks, !coop_vulkan_model())
+                .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;
+            Some(words)
+        } else {
+            None
+        };
+        let pipeline = self.scoped(&format!("compiling {name}"), || {
+            // SAFETY (both arms): the kernel's loops all end (their bounds are constants or
+            // uniform sizes, never data) and its indices stay in bounds (workgroup arrays by
+            // their constant loop limits; storage buffers by the seq_q / seq_k guards and the
+            // buffer sizes `plan::choose` derives from the same problem); `Checks` says which
+            // promise each mode leans on. The passed-through SPIR-V is naga's output for the
+            // validated module, changed only in its memory-model declaration
+            // (`spirv::use_glsl450_memory_model`), and its bindings are the layout's.
+            let module = match &spirv {
+                Some(words) => unsafe {
+                    self.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                        label: Some(&name),
+                        entry_points: vec![wgpu::PassthroughShaderEntryPoint {
+                            name: "main".into(),
+                            workgroup_size: (variant.threads(), 1, 1),
+                        }]
+                        .into(),
+                        spirv: Some(words.as_slice().into()),
+                        ..Default::default()
+                    })
+                },
+                None => {
+                    let desc = wgpu::ShaderModuleDescriptor {
+                        label: Some(&name),
+                        source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+                    };
+                    unsafe { self.device.create_shader_module_trusted(desc, self.checks.runtime_checks()) }
+                }
             };
-            let checks = self.checks.runtime_checks();
-            // SAFETY: the kernel's loops all end (their bounds are constants or uniform sizes,
-            // never data) and its indices stay in bounds (workgroup arrays by their constant
-            // loop limits; storage buffers by the seq_q / seq_k guards and the buffer sizes
-            // `plan::choose` derives from the same problem); `Checks` says which promise each
-            // mode leans on.
-            let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&variant.name()),
+                label: Some(&name),
                 layout: Some(&self.pipeline_layout),
                 module: &module,
                 entry_point: Some("main"),
@@ -240,6 +266,12 @@ fn coop_wanted() -> bool {
     std::env::var("ATTN_WGPU_COOP").is_ok_and(|v| v.trim() == "1")
 }
 
+/// `ATTN_WGPU_COOP_MODEL=vulkan`: the cooperative-matrix kernel keeps the Vulkan memory model
+/// naga declares for it, to reproduce the fault that [`crate::spirv`] fixes.
+fn coop_vulkan_model() -> bool {
+    std::env::var("ATTN_WGPU_COOP_MODEL").is_ok_and(|v| v.trim() == "vulkan")
+}
+
 /// The adapter offers what the cooperative-matrix kernel needs: the feature, a 16×16×16
 /// configuration with f16 inputs and f32 accumulators, and subgroups of exactly 32 (the kernel
 /// gives each lane half of one of 16 rows).
@@ -247,6 +279,7 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
     use wgpu::CooperativeScalarType as S;
     let info = adapter.get_info();
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::PASSTHROUGH_SHADERS
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP;
     adapter.features().contains(needed)
