@@ -10,7 +10,7 @@ for cfg in ${CONFIGS:-default}; do
   echo "=== $cfg"
   tag=$(echo "$cfg" | tr ',=' '-_')
   settings=(); [[ $cfg != default ]] && IFS=, read -ra settings <<< "$cfg"
-  env "${settings[@]}" OUT="$OUT/$tag" STEPS="bench" DTYPES=f32,f16 DIMS=64,128 SEQS="${SEQS:-4096}" \
+  env "${settings[@]}" OUT="$OUT/$tag" STEPS="bench" DTYPES="${DTYPES:-f32,f16}" DIMS=64,128 SEQS="${SEQS:-4096}" \
     ITERS="${ITERS:-5}" bash bench/device/wgpu.sh > /dev/null 2>&1
   python3 - "$OUT/$tag/wgpu/attn-wgpu.jsonl" <<'PY'
 import json, sys

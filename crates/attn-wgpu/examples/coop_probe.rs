@@ -1,7 +1,8 @@
 //! Checks, on one adapter, what the cooperative-matrix kernel takes for granted: how `coopLoad`,
 //! `coopLoadT` and `coopStoreT` lay out 16×16 matrices in workgroup memory, that f16 × f16 + f32
 //! products come out right, and that a matrix survives a trip through workgroup memory in which
-//! each lane scales its own elements (the kernel's rescale). Each case is computed on the host
+//! each lane scales its own elements (the kernel's rescale), that a matrix variable declared
+//! with the zero value starts at zero, and that one carried through a loop accumulates. Each case is computed on the host
 //! too and the largest difference printed; inputs are small integers, so every result is exact.
 //!
 //! `ATTN_WGPU_COOP` is not needed: this opens its own device with the experimental feature.
@@ -74,6 +75,23 @@ fn main(@builtin(local_invocation_index) l: u32) {
     coopStoreT(c, &c32[16], S);
     workgroupBarrier();
     copy_out(3u, l);
+    workgroupBarrier();
+    // Case 4: a variable initialised to the zero matrix (naga: an OpVariable initializer), then
+    // accumulated into once: A·B.
+    var z = coop_mat16x16<f32, C>();
+    z = coopMultiplyAdd(a, b, z);
+    coopStoreT(z, &c32[16], S);
+    workgroupBarrier();
+    copy_out(4u, l);
+    workgroupBarrier();
+    // Case 5: a product carried through a loop (zero only as an operand): 3·A·B.
+    var acc = coopMultiplyAdd(a, b, coop_mat16x16<f32, C>());
+    for (var i = 0u; i < 2u; i++) {
+        acc = coopMultiplyAdd(a, b, acc);
+    }
+    coopStoreT(acc, &c32[16], S);
+    workgroupBarrier();
+    copy_out(5u, l);
 }
 "#;
 
@@ -112,7 +130,7 @@ fn main() {
         c
     };
     let ab = mm(false);
-    let cases: [(&str, Vec<f32>); 4] = [
+    let cases: [(&str, Vec<f32>); 6] = [
         ("A·B (coopLoadT for B)", ab.clone()),
         ("A·Bᵀ (coopLoad for B)", mm(true)),
         (
@@ -120,6 +138,8 @@ fn main() {
             (0..N * N).map(|i| ab[i] * ((i / N) as f32 + 2.0)).collect(),
         ),
         ("0.5 · A·B", ab.iter().map(|x| 0.5 * x).collect()),
+        ("A·B into a zero-initialised variable", ab.clone()),
+        ("3 · A·B carried through a loop", ab.iter().map(|x| 3.0 * x).collect()),
     ];
 
     use wgpu::util::DeviceExt;

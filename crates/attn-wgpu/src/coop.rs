@@ -47,18 +47,27 @@ pub fn generate(variant: &Variant) -> String {
             kb * M
         );
     }
+    // No matrix variable starts from the zero value (`var x = coop_mat16x16<f32, C>()`): on the
+    // H100 such a variable did not start at zero (see the module docs). O starts from a zero
+    // block loaded from scratch; each S from a product whose accumulator operand is zero.
+    let _ = writeln!(o_decl, "    for (var e = lane; e < 256u; e += 32u) {{");
+    let _ = writeln!(o_decl, "        scratch[sc + (e / 16u) * BN + e % 16u] = 0.0;");
+    let _ = writeln!(o_decl, "    }}");
+    let _ = writeln!(o_decl, "    workgroupBarrier();");
     for j in 0..d_blocks {
-        let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
+        let _ = writeln!(o_decl, "    var o{j} = coopLoadT<coop_mat16x16<f32, C>>(&scratch[sc], BN);");
     }
     for n in 0..n_blocks {
-        let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
         for kb in 0..d_blocks {
-            let _ = writeln!(
-                s_mma,
-                "        s{n} = coopMultiplyAdd(qa{kb}, coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D), s{n});",
-                n * M,
-                kb * M
-            );
+            let k_block = format!("coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D)", n * M, kb * M);
+            let _ = if kb == 0 {
+                writeln!(
+                    s_mma,
+                    "        var s{n} = coopMultiplyAdd(qa0, {k_block}, coop_mat16x16<f32, C>());"
+                )
+            } else {
+                writeln!(s_mma, "        s{n} = coopMultiplyAdd(qa{kb}, {k_block}, s{n});")
+            };
         }
         let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
     }
