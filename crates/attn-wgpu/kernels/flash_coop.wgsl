@@ -30,6 +30,7 @@ const NEG: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 // log2 units: P stays below 2^RESCALE between rescales.
 const RESCALE: f32 = 8.0;
+const DUMP: u32 = {{DUMP}}u;
 
 {{BINDINGS}}
 
@@ -139,6 +140,21 @@ fn main(
         }
         // A barrier (V and P now visible) that also makes the flag uniform.
         let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
+        // Debugging only (ATTN_WGPU_COOP_DUMP, see coop.rs): the first tile's masked scores (1)
+        // or probabilities (2) written where O would go, columns 0..min(BN, D); then stop.
+        if (DUMP != 0u) {
+            for (var c = half * (BN / 2u); c < (half + 1u) * (BN / 2u); c += 4u) {
+                if (q_row < P.seq_q && c < D) {
+                    let x = sc + row * BN + c;
+                    var y = vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u]);
+                    if (DUMP == 2u) {
+                        y = vec4<f32>(f32(ps[x]), f32(ps[x + 1u]), f32(ps[x + 2u]), f32(ps[x + 3u]));
+                    }
+                    o[q_base + q_row * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));
+                }
+            }
+            return;
+        }
         if (lid == 0u) {
             atomicStore(&rescale_any[(t + 1u) % 2u], 0u);
         }

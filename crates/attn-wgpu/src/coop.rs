@@ -92,6 +92,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{D}}", d.to_string()),
         ("{{BM}}", variant.block_m().to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
+        ("{{DUMP}}", dump().to_string()),
         ("{{Q_LOAD}}", q_load),
         ("{{O_DECL}}", o_decl),
         ("{{S_MMA}}", s_mma),
@@ -102,6 +103,17 @@ pub fn generate(variant: &Variant) -> String {
         src = src.replace(key, &value);
     }
     format!("// {}\n{src}", variant.name())
+}
+
+/// `ATTN_WGPU_COOP_DUMP=s|p`, for debugging the kernel only: it writes the first key tile's
+/// masked scores (`s`) or probabilities (`p`) where O would go (columns up to the head dim) and
+/// stops. Read where the shader is generated, so set it before the first f16 call.
+fn dump() -> u32 {
+    match std::env::var("ATTN_WGPU_COOP_DUMP").as_deref().map(str::trim) {
+        Ok("s") => 1,
+        Ok("p") => 2,
+        _ => 0,
+    }
 }
 
 /// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
