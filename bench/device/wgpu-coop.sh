@@ -15,7 +15,7 @@ for model in glsl450 vulkan; do
   echo "verify coop ($model memory model) exit $?: $(grep verdict "$out/verify-coop-$model.txt")"
 done
 timeout 60 .device/bin/coop_probe > "$out/coop-probe.txt" 2>&1; echo "coop_probe exit $?"; cat "$out/coop-probe.txt"
-ATTN_WGPU_COOP=1 timeout 60 .device/bin/coop_debug > "$out/coop-debug.txt" 2>&1; echo "coop_debug exit $?"
-head -40 "$out/coop-debug.txt"
+for rows in 16 64; do ATTN_WGPU_COOP=1 ATTN_WGPU_COOP_ROWS=$rows timeout 60 .device/bin/coop_debug; done > "$out/coop-debug.txt" 2>&1; echo "coop_debug exit $?"
+head -80 "$out/coop-debug.txt"
 CONFIGS=${CONFIGS:-"ATTN_WGPU_COOP=1 ATTN_WGPU_COOP=1,ATTN_WGPU_COOP_ROWS=32 ATTN_WGPU_COOP=1,ATTN_WGPU_COOP_ROWS=16"} \
   DTYPES=${DTYPES:-f16} SEQS=${SEQS:-4096} bash bench/device/wgpu-explore.sh 2>&1 | tee "$out/explore.txt"

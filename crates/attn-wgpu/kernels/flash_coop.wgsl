@@ -38,8 +38,10 @@ var<workgroup> kvs: array<f16, BN * D>;
 var<workgroup> scratch: array<f32, SG * 16u * BN>;
 var<workgroup> ps: array<f16, SG * 16u * BN>;
 // Set by any invocation whose row needs a rescale in this tile; two, alternating by tile, so
-// that one is reset while the other is in use.
-var<workgroup> rescale_any: array<atomic<u32>, 2>;
+// that one is reset while the other is in use. Four words, not two: every workgroup variable is
+// a multiple of 16 bytes, so that wherever the driver places them, the matrices' rows stay on
+// 16-byte boundaries (an 8-byte variable here is the suspect of the H100's wrong results).
+var<workgroup> rescale_any: array<atomic<u32>, 4>;
 
 // Rows `first..first + BN` of a [row][D] tensor at vec4 index `base` into kvs, zero past `limit`.
 fn stage_rows(which: u32, base: u32, first: u32, limit: u32, lid: u32) {

@@ -187,8 +187,9 @@ impl Variant {
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
         if self.coop {
-            // A K, V or Q tile in f16, S (f32) and P (f16) per 16 rows, two rescale flags.
-            return 2 * bn * self.head_dim + bm * bn * (4 + 2) + 8;
+            // A K, V or Q tile in f16, S (f32) and P (f16) per 16 rows, the rescale flags (two,
+            // in 16 bytes).
+            return 2 * bn * self.head_dim + bm * bn * (4 + 2) + 16;
         }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
