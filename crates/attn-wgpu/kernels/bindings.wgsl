@@ -1,5 +1,6 @@
 // What every kernel variant takes: the parameters (laid out as `backend.rs`'s `Params`) and the
-// buffers, all contiguous BHSD with the head dim padded, in vec4 units of the element type ET.
+// buffers, all contiguous BHSD with the head dim padded. O is in vec4 units of the element type
+// ET; the inputs in units of IN (the FMA kernel: vec4<ET>; the cooperative-matrix kernel: ET).
 struct Params {
     seq_q: u32,
     seq_k: u32,
@@ -17,8 +18,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<ET>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<ET>>;
-@group(0) @binding(3) var<storage, read> v: array<vec4<ET>>;
+@group(0) @binding(1) var<storage, read> q: array<IN>;
+@group(0) @binding(2) var<storage, read> k: array<IN>;
+@group(0) @binding(3) var<storage, read> v: array<IN>;
 @group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;

@@ -11,6 +11,7 @@
 // p{i}_{g} hold row i's scores and probabilities for key group g.
 {{ENABLE}}
 alias ET = {{ET}};
+alias IN = vec4<ET>;
 
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;

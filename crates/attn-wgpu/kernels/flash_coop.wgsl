@@ -2,27 +2,35 @@
 // one workgroup per (batch·head, block of BM query rows), one subgroup of 32 per 16 of those rows.
 //
 // Template: `coop.rs` substitutes the double-brace markers (constants, and the matrix code
-// unrolled per 16×16 block). Per key tile of BN keys:
-//   K tile → kvs; S = Q·Kᵀ on 16×16×16 products (Q's blocks stay in registers as A matrices);
-//   S → scratch (f32, per subgroup); each lane takes half of one row: mask, max, P = exp2(S - m)
-//   → ps (f16, per subgroup); V tile → kvs; O += P·V (O's blocks stay in registers).
+// unrolled per 16×16 block). Each subgroup works on its own 16 rows; per key tile of BN keys:
+//   S = Q·Kᵀ on 16×16×16 products (Q's blocks stay in registers as A matrices, K's are loaded
+//   straight from the storage buffer as B matrices) → scratch (f32); each lane takes half of one
+//   row: mask, max, P = exp2(S - m) → ps (f16); O += P·V (V's blocks from the buffer, O's blocks
+//   in registers).
+// The subgroups share nothing but the K/V lines in cache; workgroup barriers only order each
+// subgroup's hand-overs between its lanes and its matrices (a subgroup barrier would not order
+// workgroup memory under Vulkan).
 // The running max is raised only when a row's tile max exceeds it by more than RESCALE (P then
 // stays below 2^RESCALE): O sits in cooperative matrices, whose elements no invocation can
 // scale by row, so a rescale takes a trip through scratch, and most tiles need none. Whether any
 // row of the workgroup needs one is made uniform with workgroupUniformLoad, because cooperative
 // operations must be in uniform control flow.
 //
-// Layouts: Q, K, V, O contiguous BHSD with D padded; kvs holds a tile [key][d] (or, once, the Q
-// block [row][d]); scratch[sg][row][key] and ps[sg][row][key]. Indices stay in bounds by
-// construction: rows and keys beyond seq_q / seq_k are zero-filled on staging and masked.
+// Layouts: Q, K and V are packed per head with their rows padded with zeros to whole blocks
+// (Q to BM rows, K and V to BN; `pack.rs`), so every matrix load stays inside its head and keys
+// past seq_k carry zeros; O is unpadded. scratch[sg][row][key] and ps[sg][row][key]. A lane
+// walks its half row starting at a lane-dependent column (ROT), so that the 32 lanes of a
+// subgroup touch 32 different banks at every step.
 enable f16;
 enable wgpu_cooperative_matrix;
 alias ET = f16;
+alias IN = f16;
 
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
 const BM: u32 = {{BM}}u;
-const BN: u32 = BM;
+const BN: u32 = {{BN}}u;
+const W: u32 = BN / 2u; // keys per lane per tile
 const SG: u32 = BM / 16u;
 const T: u32 = SG * 32u;
 const CAUSAL: bool = {{CAUSAL}};
@@ -34,38 +42,14 @@ const DUMP: u32 = {{DUMP}}u;
 
 {{BINDINGS}}
 
-var<workgroup> kvs: array<f16, BN * D>;
+// Every workgroup variable is a multiple of 16 bytes, so that wherever the driver places them,
+// matrix rows stay on 16-byte boundaries: with an 8-byte variable among them the H100 returned
+// wrong products (bench/results/2026-11-23-h100-wgpu-coop-aligned-*).
 var<workgroup> scratch: array<f32, SG * 16u * BN>;
 var<workgroup> ps: array<f16, SG * 16u * BN>;
 // Set by any invocation whose row needs a rescale in this tile; two, alternating by tile, so
-// that one is reset while the other is in use. Four words, not two: every workgroup variable is
-// a multiple of 16 bytes, so that wherever the driver places them, the matrices' rows stay on
-// 16-byte boundaries (an 8-byte variable here is the suspect of the H100's wrong results).
+// that one is reset while the other is in use (four words: see above).
 var<workgroup> rescale_any: array<atomic<u32>, 4>;
-
-// Rows `first..first + BN` of a [row][D] tensor at vec4 index `base` into kvs, zero past `limit`.
-fn stage_rows(which: u32, base: u32, first: u32, limit: u32, lid: u32) {
-    for (var e = lid; e < BN * D4; e += T) {
-        let r = e / D4;
-        let c = e % D4;
-        var x = vec4<f16>(0.0);
-        if (first + r < limit) {
-            let at = base + (first + r) * D4 + c;
-            if (which == 0u) {
-                x = q[at];
-            } else if (which == 1u) {
-                x = k[at];
-            } else {
-                x = v[at];
-            }
-        }
-        let s = r * D + c * 4u;
-        kvs[s] = x.x;
-        kvs[s + 1u] = x.y;
-        kvs[s + 2u] = x.z;
-        kvs[s + 3u] = x.w;
-    }
-}
 
 @compute @workgroup_size(T)
 fn main(
@@ -82,26 +66,29 @@ fn main(
     let m0 = qblk * BM;
     let b = bh / P.heads_q;
     let h = bh % P.heads_q;
-    let q_base = bh * P.seq_q * D4;
-    let kv_base = (b * P.heads_kv + h / P.group) * P.seq_k * D4;
+    // Padded rows per head of the packed Q and K/V.
+    let q_rows = (P.seq_q + BM - 1u) / BM * BM;
+    let k_rows = (P.seq_k + BN - 1u) / BN * BN;
+    let q_at = (bh * q_rows + m0 + sg * 16u) * D; // this subgroup's first Q element
+    let kv_at = (b * P.heads_kv + h / P.group) * k_rows * D;
     var n_end = P.seq_k;
     if (CAUSAL) {
         n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
     }
     let n_tiles = (n_end + BN - 1u) / BN;
 
-    // This lane's row of the subgroup's 16, and which half of the tile's keys it takes.
+    // This lane's row of the subgroup's 16, which half of the tile's keys it takes, and where in
+    // that half it starts.
     let row = lane / 2u;
     let half = lane % 2u;
+    let rot = lane * W / 32u;
     let q_row = m0 + sg * 16u + row;
     let sc = sg * 16u * BN; // this subgroup's scratch and ps
+    let mine = sc + row * BN + half * W; // this lane's half row in them
     if (lid < 2u) {
         atomicStore(&rescale_any[lid], 0u);
     }
 
-    // The Q block through kvs into A matrices, held for every tile.
-    stage_rows(0u, q_base, m0, P.seq_q, lid);
-    workgroupBarrier();
 {{Q_LOAD}}
 {{O_DECL}}
     var m_run = NEG; // this row's running max (both lanes of the row hold it)
@@ -109,21 +96,15 @@ fn main(
 
     for (var t = 0u; t < n_tiles; t++) {
         let n0 = t * BN;
-        workgroupBarrier(); // every subgroup is done reading kvs (Q, or the last tile's V)
-        stage_rows(1u, kv_base, n0, P.seq_k, lid);
-        workgroupBarrier();
+        let k_at = kv_at + n0 * D;
 {{S_MMA}}
-        workgroupBarrier(); // S in scratch; K no longer read
-        stage_rows(2u, kv_base, n0, P.seq_k, lid);
+        workgroupBarrier(); // S in scratch
 
         // Softmax of this lane's half row, in base-2 units (scores were scaled by scale·log2 e).
         let lim = select(i32(P.seq_k), min(i32(P.seq_k), i32(q_row) + P.causal_offset + 1), CAUSAL);
+        let first = i32(n0 + half * W);
         var tmax = NEG;
-        for (var j = half * (BN / 2u); j < (half + 1u) * (BN / 2u); j++) {
-            let s = select(NEG, scratch[sc + row * BN + j], i32(n0 + j) < lim);
-            scratch[sc + row * BN + j] = s;
-            tmax = max(tmax, s);
-        }
+{{S_READ}}
         tmax = max(tmax, subgroupShuffleXor(tmax, 1u));
         let raise = tmax > m_run + RESCALE;
         let m_new = select(m_run, tmax, raise);
@@ -132,27 +113,24 @@ fn main(
         l_run = l_run * alpha;
         // Rows that have seen no key keep NEG; subtracting 0 makes their exp2 underflow to 0.
         let offset = select(m_run, 0.0, m_run <= NEG);
-        for (var j = half * (BN / 2u); j < (half + 1u) * (BN / 2u); j++) {
-            let p = exp2(scratch[sc + row * BN + j] - offset);
-            l_run += p;
-            ps[sc + row * BN + j] = f16(p);
-        }
-        if (raise) {
+{{P_WRITE}}
+        // The first tile's raise needs no rescale: O is still zero.
+        if (raise && t > 0u) {
             atomicStore(&rescale_any[t % 2u], 1u);
         }
-        // A barrier (V and P now visible) that also makes the flag uniform.
+        // A barrier (P now visible) that also makes the flag uniform.
         let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
-        // Debugging only (ATTN_WGPU_COOP_DUMP, see coop.rs): the first tile's masked scores (1)
-        // or probabilities (2) written where O would go, columns 0..min(BN, D); then stop.
+        // Debugging only (ATTN_WGPU_COOP_DUMP, see coop.rs): the first tile's scores (1) or
+        // probabilities (2) written where O would go, columns 0..min(BN, D); then stop.
         if (DUMP != 0u) {
-            for (var c = half * (BN / 2u); c < (half + 1u) * (BN / 2u); c += 4u) {
+            for (var c = half * W; c < (half + 1u) * W; c += 4u) {
                 if (q_row < P.seq_q && c < D) {
                     let x = sc + row * BN + c;
                     var y = vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u]);
                     if (DUMP == 2u) {
                         y = vec4<f32>(f32(ps[x]), f32(ps[x + 1u]), f32(ps[x + 2u]), f32(ps[x + 3u]));
                     }
-                    o[q_base + q_row * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));
+                    o[(bh * P.seq_q + q_row) * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));
                 }
             }
             return;
@@ -169,6 +147,7 @@ fn main(
     // Row sums, then O through scratch to global memory, normalised.
     let l_row = l_run + subgroupShuffleXor(l_run, 1u);
     let inv = select(1.0 / l_row, 0.0, l_row == 0.0);
+    workgroupBarrier(); // every lane is done with scratch
 {{O_STORE}}
     if (half == 0u && q_row < P.seq_q) {
         let empty = l_row == 0.0;

@@ -39,17 +39,16 @@ pub fn generate(variant: &Variant) -> String {
     let mut q_load = String::new();
     let mut o_decl = String::new();
     let mut s_mma = String::new();
+    let mut s_read = String::new();
+    let mut p_write = String::new();
     let mut pv = String::new();
     for kb in 0..d_blocks {
-        let _ = writeln!(
-            q_load,
-            "    let qa{kb} = coopLoadT<coop_mat16x16<f16, A>>(&kvs[(sg * 16u) * D + {}u], D);",
-            kb * M
-        );
+        let _ =
+            writeln!(q_load, "    let qa{kb} = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + {}u], D);", kb * M);
     }
-    // No matrix variable starts from the zero value (`var x = coop_mat16x16<f32, C>()`): on the
-    // H100 such a variable did not start at zero (see the module docs). O starts from a zero
-    // block loaded from scratch; each S from a product whose accumulator operand is zero.
+    // No matrix variable starts from the zero value (`var x = coop_mat16x16<f32, C>()`): O
+    // starts from a zero block loaded from scratch; each S from a product whose accumulator
+    // operand is zero.
     let _ = writeln!(o_decl, "    for (var e = lane; e < 256u; e += 32u) {{");
     let _ = writeln!(o_decl, "        scratch[sc + (e / 16u) * BN + e % 16u] = 0.0;");
     let _ = writeln!(o_decl, "    }}");
@@ -57,9 +56,11 @@ pub fn generate(variant: &Variant) -> String {
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coopLoadT<coop_mat16x16<f32, C>>(&scratch[sc], BN);");
     }
-    for n in 0..n_blocks {
-        for kb in 0..d_blocks {
-            let k_block = format!("coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D)", n * M, kb * M);
+    // S: the k-blocks outermost, so that the BN/16 products in flight are independent.
+    for kb in 0..d_blocks {
+        for n in 0..n_blocks {
+            let k_block =
+                format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
             let _ = if kb == 0 {
                 writeln!(
                     s_mma,
@@ -69,17 +70,31 @@ pub fn generate(variant: &Variant) -> String {
                 writeln!(s_mma, "        s{n} = coopMultiplyAdd(qa{kb}, {k_block}, s{n});")
             };
         }
+    }
+    for n in 0..n_blocks {
         let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
+    }
+    // The lane's W = BN/2 scores, held in registers between the two passes.
+    for e in 0..bn / 2 {
+        let _ = writeln!(s_read, "        let c{e} = ({e}u + rot) % W;");
+        let _ = writeln!(
+            s_read,
+            "        let x{e} = select(NEG, scratch[mine + c{e}], first + i32(c{e}) < lim);"
+        );
+        let _ = writeln!(s_read, "        tmax = max(tmax, x{e});");
+        let _ = writeln!(p_write, "        let p{e} = exp2(x{e} - offset);");
+        let _ = writeln!(p_write, "        l_run += p{e};");
+        let _ = writeln!(p_write, "        ps[mine + c{e}] = f16(p{e});");
     }
     for kk in 0..n_blocks {
         let _ =
             writeln!(pv, "        let pa{kk} = coopLoadT<coop_mat16x16<f16, A>>(&ps[sc + {}u], BN);", kk * M);
     }
-    for j in 0..d_blocks {
-        for kk in 0..n_blocks {
+    for kk in 0..n_blocks {
+        for j in 0..d_blocks {
             let _ = writeln!(
                 pv,
-                "        o{j} = coopMultiplyAdd(pa{kk}, coopLoadT<coop_mat16x16<f16, B>>(&kvs[{}u * D + {}u], D), o{j});",
+                "        o{j} = coopMultiplyAdd(pa{kk}, coopLoadT<coop_mat16x16<f16, B>>(&v[k_at + {}u * D + {}u], D), o{j});",
                 kk * M,
                 j * M
             );
@@ -91,11 +106,14 @@ pub fn generate(variant: &Variant) -> String {
         ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
         ("{{D}}", d.to_string()),
         ("{{BM}}", variant.block_m().to_string()),
+        ("{{BN}}", bn.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
         ("{{DUMP}}", dump().to_string()),
         ("{{Q_LOAD}}", q_load),
         ("{{O_DECL}}", o_decl),
         ("{{S_MMA}}", s_mma),
+        ("{{S_READ}}", s_read),
+        ("{{P_WRITE}}", p_write),
         ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
         ("{{PV_MMA}}", pv),
         ("{{O_STORE}}", through_scratch(variant, "    ", "", false)),
@@ -103,6 +121,14 @@ pub fn generate(variant: &Variant) -> String {
         src = src.replace(key, &value);
     }
     format!("// {}\n{src}", variant.name())
+}
+
+/// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
+/// kernel (`rot`); the walk visits column `(e + rot) % (block_n / 2)` at step `e`. Chosen so that
+/// at every step the 32 lanes read f32 scores, and write f16 probabilities, in 32 different
+/// banks of 4 bytes (checked by a test).
+pub fn start_column(lane: u32, block_n: u32) -> u32 {
+    lane * (block_n / 2) / 32
 }
 
 /// `ATTN_WGPU_COOP_DUMP=s|p`, for debugging the kernel only: it writes the first key tile's
@@ -155,7 +181,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
             );
             let _ = writeln!(
                 s,
-                "{ind}        o[q_base + q_row * D4 + ({}u + c) / 4u] = vec4<f16>(y);",
+                "{ind}        o[(bh * P.seq_q + q_row) * D4 + ({}u + c) / 4u] = vec4<f16>(y);",
                 first * M
             );
             let _ = writeln!(s, "{ind}    }}");
@@ -176,4 +202,32 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
         first += count;
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At every step of the softmax walk, the 32 lanes (row = lane / 2, half = lane % 2) touch
+    /// 32 different 4-byte banks, both reading scores (f32) and writing probabilities (f16; two
+    /// lanes writing the two halves of one word share it, which is no conflict).
+    #[test]
+    fn the_softmax_walk_is_free_of_bank_conflicts() {
+        for bn in [32u32, 64] {
+            let w = bn / 2;
+            for step in 0..w {
+                let column = |lane: u32| {
+                    let (row, half) = (lane / 2, lane % 2);
+                    row * bn + half * w + (step + start_column(lane, bn)) % w
+                };
+                let f32_banks: std::collections::HashSet<u32> = (0..32).map(|l| column(l) % 32).collect();
+                assert_eq!(f32_banks.len(), 32, "BN={bn} step {step}: f32 reads conflict");
+                let mut words: Vec<u32> = (0..32).map(|l| column(l) / 2).collect();
+                words.sort();
+                words.dedup();
+                let f16_banks: std::collections::HashSet<u32> = words.iter().map(|w| w % 32).collect();
+                assert_eq!(f16_banks.len(), words.len(), "BN={bn} step {step}: f16 writes conflict");
+            }
+        }
+    }
 }

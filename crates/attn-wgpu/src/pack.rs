@@ -10,12 +10,19 @@ use crate::plan::KernelType;
 use attn_core::{Data, DataMut, Element, Inputs, Problem, Strides};
 use half::f16;
 
-/// q, k and v as the bytes of the kernel's buffers.
-pub fn pack_inputs(problem: &Problem, inputs: &Inputs<'_>, ty: KernelType, d_pad: usize) -> [Vec<u8>; 3] {
+/// q, k and v as the bytes of the kernel's buffers: each head's rows padded with zeros to
+/// `rows` (q, then k and v; [`crate::plan::padded_rows`]).
+pub fn pack_inputs(
+    problem: &Problem,
+    inputs: &Inputs<'_>,
+    ty: KernelType,
+    d_pad: usize,
+    rows: (usize, usize),
+) -> [Vec<u8>; 3] {
     let s = problem.shape;
     let t = problem.strides;
-    let one = |data: Data<'_>, st: Strides, heads: usize, seq: usize| -> Vec<u8> {
-        let dims = Dims { batch: s.batch, heads, seq, d: s.head_dim, d_pad };
+    let one = |data: Data<'_>, st: Strides, heads: usize, seq: usize, seq_pad: usize| -> Vec<u8> {
+        let dims = Dims { batch: s.batch, heads, seq, seq_pad, d: s.head_dim, d_pad };
         match (data, ty) {
             (Data::F32(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v)).to_vec(),
             (Data::Bf16(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v.to_f32())).to_vec(),
@@ -28,9 +35,9 @@ pub fn pack_inputs(problem: &Problem, inputs: &Inputs<'_>, ty: KernelType, d_pad
         }
     };
     [
-        one(inputs.q, t.q, s.heads_q, s.seq_q),
-        one(inputs.k, t.k, s.heads_kv, s.seq_k),
-        one(inputs.v, t.v, s.heads_kv, s.seq_k),
+        one(inputs.q, t.q, s.heads_q, s.seq_q, rows.0),
+        one(inputs.k, t.k, s.heads_kv, s.seq_k, rows.1),
+        one(inputs.v, t.v, s.heads_kv, s.seq_k, rows.1),
     ]
 }
 
@@ -74,22 +81,24 @@ struct Dims {
     batch: usize,
     heads: usize,
     seq: usize,
+    /// Rows per head in the packed tensor (`seq` and then zeros).
+    seq_pad: usize,
     d: usize,
     d_pad: usize,
 }
 
-/// Contiguous `[batch, heads, seq, d_pad]` from a strided view, converting each element.
+/// Contiguous `[batch, heads, seq_pad, d_pad]` from a strided view, converting each element;
+/// the padding is zeros.
 fn pack<T: Copy, U: Copy + Default>(src: &[T], st: Strides, n: Dims, convert: impl Fn(T) -> U) -> Vec<U> {
-    let mut out = vec![U::default(); n.batch * n.heads * n.seq * n.d_pad];
-    let mut row = 0;
+    let mut out = vec![U::default(); n.batch * n.heads * n.seq_pad * n.d_pad];
     for b in 0..n.batch {
         for h in 0..n.heads {
             for i in 0..n.seq {
                 let at = st.offset(b, h, i);
+                let row = (b * n.heads + h) * n.seq_pad + i;
                 for (x, &y) in out[row * n.d_pad..row * n.d_pad + n.d].iter_mut().zip(&src[at..at + n.d]) {
                     *x = convert(y);
                 }
-                row += 1;
             }
         }
     }

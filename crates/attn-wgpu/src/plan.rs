@@ -154,8 +154,8 @@ pub struct Variant {
     /// through workgroup memory (Pᵀ); needs `subgroup`.
     pub p_shuffle: bool,
     /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
-    /// per 16 query rows, `BN = BM`; `row_threads`, `key_groups`, `chunk` and `stages` do not
-    /// apply (8, 1, the head dim, 1).
+    /// per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`, `chunk` and
+    /// `stages` do not apply (8, the head dim, 1).
     pub coop: bool,
 }
 
@@ -176,9 +176,16 @@ impl Variant {
     /// Keys per score tile.
     pub fn block_n(&self) -> u32 {
         if self.coop {
-            return self.block_m();
+            return 16 * self.key_groups; // 16-key blocks
         }
         self.row_threads * MICRO * self.key_groups
+    }
+
+    /// The packed Q, K and V hold each head's rows padded with zeros to a multiple of these
+    /// (Q, K/V): whole blocks for the cooperative-matrix kernel, which loads its matrices straight
+    /// from the buffers; none for the FMA kernel, whose loads are guarded.
+    pub fn row_align(&self) -> (usize, usize) {
+        if self.coop { (self.block_m() as usize, self.block_n() as usize) } else { (1, 1) }
     }
 
     /// Workgroup memory, bytes: Qᵀ, the K/V chunk, Pᵀ and (without subgroups) the reduction
@@ -187,9 +194,8 @@ impl Variant {
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
         if self.coop {
-            // A K, V or Q tile in f16, S (f32) and P (f16) per 16 rows, the rescale flags (two,
-            // in 16 bytes).
-            return 2 * bn * self.head_dim + bm * bn * (4 + 2) + 16;
+            // S (f32) and P (f16) per 16 rows, the rescale flags (two, in 16 bytes).
+            return bm * bn * (4 + 2) + 16;
         }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
@@ -220,6 +226,13 @@ impl Variant {
             if self.stages == 2 { "_db" } else { "" },
         ) + if self.coop { "_coop" } else { "" }
     }
+}
+
+/// Rows per head of the packed Q and of K/V: `seq_q` and `seq_k` rounded up to
+/// [`Variant::row_align`].
+pub fn padded_rows(variant: &Variant, seq_q: usize, seq_k: usize) -> (usize, usize) {
+    let (q, k) = variant.row_align();
+    (seq_q.div_ceil(q) * q, seq_k.div_ceil(k) * k)
 }
 
 /// The head dim the kernel runs at: `d` rounded up to a multiple of [`HEAD_DIM_ALIGN`].
@@ -313,16 +326,19 @@ pub fn choose_among(
     let elem = ty.size();
     let bh = (s.batch * s.heads_q) as u64;
     let bhkv = (s.batch * s.heads_kv) as u64;
+    let (q_rows, k_rows) = padded_rows(&variant, s.seq_q, s.seq_k);
     let tensors = [
-        ("q", bh * s.seq_q as u64 * d as u64 * elem),
-        ("k", bhkv * s.seq_k as u64 * d as u64 * elem),
-        ("v", bhkv * s.seq_k as u64 * d as u64 * elem),
+        ("q", bh * q_rows as u64 * d as u64 * elem),
+        ("k", bhkv * k_rows as u64 * d as u64 * elem),
+        ("v", bhkv * k_rows as u64 * d as u64 * elem),
         ("o", bh * s.seq_q as u64 * d as u64 * elem),
         ("lse", bh * s.seq_q as u64 * 4),
     ];
-    // The kernel indexes buffers in vec4 units with u32 arithmetic.
-    let allowed = caps.storage_binding.min(16 * (u32::MAX as u64));
+    // The kernels index buffers with u32 arithmetic: in vec4 units, but the cooperative-matrix
+    // kernel its inputs in f16 elements.
     for (name, bytes) in tensors {
+        let unit = if variant.coop && name != "o" && name != "lse" { 2 } else { 16 };
+        let allowed = caps.storage_binding.min(unit * (u32::MAX as u64));
         if bytes > allowed {
             return Err(Error::OverDeviceLimit {
                 kernel: variant.name(),
@@ -496,15 +512,16 @@ pub fn candidates(
     all.into_iter()
 }
 
-/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), most
-/// rows per workgroup first: 64, 32 or 16 (4, 2 or 1 subgroups of 32).
+/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16): 64, 32 or
+/// 16 rows per workgroup (4, 2 or 1 subgroups of 32), each with tiles of 64 or 32 keys.
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    [64, 32, 16].into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |bm: u32| Variant {
+    let shapes = [(64, 64), (64, 32), (32, 64), (32, 32), (16, 64), (16, 32)];
+    shapes.into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |(bm, bn): (u32, u32)| Variant {
         ty: KernelType::F16,
         head_dim,
         row_groups: bm / MICRO,
         row_threads: ROW_THREADS[0],
-        key_groups: 1,
+        key_groups: bn / 16,
         chunk: head_dim,
         stages: 1,
         causal,
@@ -660,8 +677,12 @@ mod tests {
         let v = pick(128, DType::F16);
         assert!(v.coop && v.block_m() == 64 && v.block_n() == 64, "{}", v.name());
         assert!(v.shared_bytes() <= 48 * 1024);
-        // D=256: a 64-row block would need 56 KiB; 32 rows fit.
-        assert_eq!((pick(256, DType::F16).coop, pick(256, DType::F16).block_m()), (true, 32));
+        // Workgroup memory does not grow with the head dim (K and V come straight from the
+        // buffers); with 16 KiB a 64x64 tile (24 KiB of S and P) gives way to 64x32.
+        assert_eq!(pick(256, DType::F16).name(), "flash_f16_d256_m64n64_c256_full_sg_coop");
+        let small = AdapterCaps { workgroup_storage: 16 * 1024, ..caps.clone() };
+        let v = choose(&Problem::new(Shape::new(1, 2, 1000, 256), DType::F16), &small).unwrap().variant;
+        assert_eq!((v.coop, v.block_m(), v.block_n()), (true, 64, 32));
         // f32 and bf16 keep the FMA kernel; so does f16 where the device was not opened for them.
         assert!(!pick(128, DType::F32).coop && !pick(128, DType::Bf16).coop);
         let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
