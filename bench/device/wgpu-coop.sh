@@ -13,8 +13,8 @@ ATTN_WGPU_COOP=1 timeout 120 $attn verify --backend wgpu > "$out/verify-coop.txt
 echo "verify coop (planner's shape, full grid) exit $?: $(grep verdict "$out/verify-coop.txt")"
 for s in $shapes; do
   ATTN_WGPU_COOP=1 ATTN_WGPU_COOP_ROWS=${s%:*} ATTN_WGPU_COOP_KEYS=${s#*:} timeout 60 $attn verify --quick \
-    --backend wgpu > "$out/verify-coop-$s.txt" 2>&1
-  echo "verify coop m${s%:*}n${s#*:} (quick grid) exit $?: $(grep verdict "$out/verify-coop-$s.txt")"
+    --backend wgpu > "$out/verify-coop-m${s%:*}n${s#*:}.txt" 2>&1
+  echo "verify coop m${s%:*}n${s#*:} (quick grid) exit $?: $(grep verdict "$out/verify-coop-m${s%:*}n${s#*:}.txt")"
 done
 timeout 60 .device/bin/coop_probe > "$out/coop-probe.txt" 2>&1; echo "coop_probe exit $?"; cat "$out/coop-probe.txt"
 for rows in 16 64; do ATTN_WGPU_COOP=1 ATTN_WGPU_COOP_ROWS=$rows timeout 60 .device/bin/coop_debug; done > "$out/coop-debug.txt" 2>&1

@@ -114,8 +114,7 @@ fn main(
         // Rows that have seen no key keep NEG; subtracting 0 makes their exp2 underflow to 0.
         let offset = select(m_run, 0.0, m_run <= NEG);
 {{P_WRITE}}
-        // The first tile's raise needs no rescale: O is still zero.
-        if (raise && t > 0u) {
+        if (raise) {
             atomicStore(&rescale_any[t % 2u], 1u);
         }
         // A barrier (P now visible) that also makes the flag uniform.
