@@ -56,6 +56,8 @@ pub fn generate(variant: &Variant) -> String {
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coopLoadT<coop_mat16x16<f32, C>>(&scratch[sc], BN);");
     }
+    // The first tile's S overwrites that block: every lane's part of these loads comes first.
+    let _ = writeln!(o_decl, "    workgroupBarrier();");
     // S: the k-blocks outermost, so that the BN/16 products in flight are independent.
     for kb in 0..d_blocks {
         for n in 0..n_blocks {
