@@ -32,7 +32,8 @@ if has verify; then
   ATTN_WGPU_SUBGROUPS=0 timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-wgmem.txt" 2>&1
   echo "verify (no subgroups) exit $?"; tail -1 "$out/verify-wgpu-wgmem.txt"
   # The opt-in variants (lavapipe's subgroups of 8 cannot run the 16-per-row subgroup path).
-  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2; do
+  # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
+  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0; do
     env $knob timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
     echo "verify ($knob) exit $?"; tail -1 "$out/verify-wgpu-${knob//=/_}.txt"
   done
@@ -77,7 +78,8 @@ META
   python3 bench/report.py --unit TFLOP/s --ours "$out/attn-wgpu.jsonl" "${peers[@]}" \
     --meta "$out/meta.json" --out "$out/wgpu-results.json" > "$out/wgpu-table.md"
   cp "$out/wgpu-table.md" "$final/wgpu-table.md"; cat "$out/wgpu-table.md"
-  # The issue's targets, row by row (fp32 FMA peak measured at ~60 TFLOP/s on this GPU).
+  # The issue's targets, row by row: the f32 one is half the f32 FMA peak that the fma_peak
+  # example measured through Vulkan on this GPU, 63.9 TFLOP/s (bench/results/2026-11-23-h100-wgpu-coop-stages).
   python3 - "$out/wgpu-results.json" <<'PY' | tee "$out/targets.txt"
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["rows"]]
@@ -92,9 +94,10 @@ for (dt, d, s, c), t in sorted(by.items()):
     if m: line += f"  vs math {w / m:5.2f}x {'ok' if w > m else 'MISS'}"
     if e: line += f"  vs efficient {w / e:5.2f}x"
     if dt == "f32" and s >= 2048:
-        line += f"  [f32 S>=2048: >=30 TFLOP/s {'ok' if w >= 30 else 'MISS'}; >=0.75x efficient {'ok' if e and w >= 0.75 * e else 'MISS'}]"
+        line += f"  [f32 S>=2048: >=31.9 TFLOP/s {'ok' if w >= 31.9 else 'MISS'}; >=0.75x efficient {'ok' if e and w >= 0.75 * e else 'MISS'}]"
     if dt == "f16" and ("f32", d, s, c) in by and "wgpu" in by[("f32", d, s, c)]:
-        line += f"  f16/f32 {w / by[('f32', d, s, c)]['wgpu']:.2f}x"
+        r = w / by[('f32', d, s, c)]['wgpu']
+        line += f"  f16/f32 {r:.2f}x {'ok' if r > 1 else 'MISS'}"
     print(line)
 PY
 fi

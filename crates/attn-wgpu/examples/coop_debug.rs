@@ -38,7 +38,7 @@ fn main() {
         };
         let (q, k, v, o) = (q.to_f32_vec(), k.to_f32_vec(), v.to_f32_vec(), o.to_f32_vec());
         // The host's scores in log2 units (what the kernel keeps), masked, and the rest from them.
-        let scale = problem.scale() as f32 * std::f32::consts::LOG2_E;
+        let scale = problem.scale() * std::f32::consts::LOG2_E;
         let score = |i: usize, j: usize| -> f32 {
             if causal && j > i {
                 return f32::NEG_INFINITY;

@@ -45,7 +45,6 @@ pub struct Wgpu {
     stages: Option<u32>,
     /// Only cooperative-matrix shapes of this many rows (16, 32 or 64), where set.
     coop_rows: Option<u32>,
-    coop_keys: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
 }
@@ -102,9 +101,8 @@ impl Wgpu {
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1); `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and
-    /// `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the cooperative-matrix kernel's shapes with that many
-    /// rows per workgroup or keys per tile.
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1); `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) keeps the
+    /// cooperative-matrix kernel's shape with that many rows per workgroup.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -115,7 +113,6 @@ impl Wgpu {
             row_threads: var("ATTN_WGPU_ROW_THREADS"),
             stages: var("ATTN_WGPU_STAGES"),
             coop_rows: var("ATTN_WGPU_COOP_ROWS"),
-            coop_keys: var("ATTN_WGPU_COOP_KEYS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
@@ -129,7 +126,6 @@ impl Wgpu {
                 && self.row_threads.is_none_or(|t| v.row_threads == t)
                 && self.stages.is_none_or(|n| v.stages == n)
                 && self.coop_rows.is_none_or(|r| !v.coop || v.block_m() == r)
-                && self.coop_keys.is_none_or(|n| !v.coop || v.block_n() == n)
                 && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
         };
         plan::choose_among(problem, caps, &allowed)

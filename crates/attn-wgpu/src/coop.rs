@@ -1,26 +1,26 @@
 //! WGSL generation for the cooperative-matrix kernel (`kernels/flash_coop.wgsl`): f16 inputs on
 //! 16×16×16 tensor-core products with f32 accumulators, where the adapter offers them
 //! (wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX`; see [`crate::runtime`] for when it is asked for).
+//! Its SPIR-V is compiled by [`crate::spirv`] and passed through.
 //!
 //! Matrices are named variables, unrolled here where their counts are known: `qa{k}`, Q's
 //! 16-column blocks (A); `s{n}`, the tile's 16-key blocks of S (C); `o{j}`, O's 16-column blocks
-//! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from `kvs` as B matrices where
-//! they are used.
+//! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from the storage buffers as B
+//! matrices where they are used.
 //!
-//! **Status: wrong.** Its first run on the H100 (NVIDIA 580.159.04,
-//! `bench/results/2026-11-23-h100-wgpu-coop-stages/`) failed `attn verify` on every f16 case with
-//! random data, with errors of order one, and some outputs non-finite. The prime suspect is
-//! upstream: with cooperative matrices naga declares the Vulkan memory model but marks no access
-//! non-private and gives its barriers no MakeAvailable/MakeVisible semantics, so under that model
-//! 8805). Two later runs narrowed it: the `coop_probe` example (the loads, stores, mixed-type
-//! products and a lane-scaled trip through workgroup memory, exactly as used here) is exact on
-//! the H100, so the layouts are right; and the kernel with one subgroup per workgroup
-//! (`ATTN_WGPU_COOP_ROWS=16`) fails like the one with four, with the same wrong value where a
-//! query sees a single key, so it is not an ordering problem between subgroups either. The
-//! `coop_debug` example then showed the P·V weights wrong but summing to one: the probabilities
-//! the lanes store are not the ones the matrix load reads, which is what unordered plain stores
-//! under the Vulkan memory model would give (the upstream issue above). It stays opt-in
-//! (`ATTN_WGPU_COOP=1`); the planner never picks it otherwise.
+//! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` (55 of 55) with 32-key tiles. How
+//! it got there, each step measured (bench/results/2026-11-23-h100-wgpu-coop-*):
+//! - The first version failed every f16 case with random data. Naga's Vulkan memory model was
+//!   suspected and ruled out ([`crate::spirv`] moves the module to GLSL450; same failures, same
+//!   values). First-tile dumps (`ATTN_WGPU_COOP_DUMP`) then showed Q·Kᵀ already wrong, and the
+//!   cause was alignment: an 8-byte workgroup variable (two flags) had shifted the matrices off
+//!   16-byte boundaries. Every workgroup variable is now a multiple of 16 bytes.
+//! - The second version loads K, V and Q straight from the buffers (rows padded per head), with
+//!   three barriers per tile instead of five and a softmax free of bank conflicts: 33-37 TFLOP/s
+//!   at S=4096 where the first ran 10-24.
+//! - With 64-key tiles it fails in causal cases with large scores, where a tile after the first
+//!   rescales O (outputs of 0 in the second query block); 32-key tiles pass the same grid and
+//!   are as fast, so only they are planned. The cause is not known.
 
 use crate::plan::Variant;
 use std::fmt::Write;

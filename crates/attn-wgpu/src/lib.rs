@@ -32,10 +32,10 @@
 //! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
 //! head-dim columns; `ATTN_WGPU_ROW_THREADS=8|16`: only that many invocations per query row (16
 //! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V
-//! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=1`: open the device with
-//! wgpu's experimental cooperative matrices where the adapter has 16×16×16 f16/f32 ones, and run
-//! f16 on the tensor-core kernel ([`coop`]; it fails verification on the H100, see there;
-//! `ATTN_WGPU_COOP_ROWS=16|32|64` keeps one of its shapes);
+//! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=0|1`: f16 on
+//! the cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature) off,
+//! or on for any adapter with 16×16×16 f16/f32 matrices (by default: on NVIDIA adapters, where
+//! it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64` keeps one of its shapes;
 //! `ATTN_WGPU_CHECKS=all|bounds`:
 //! naga's guards back on.
 //! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could

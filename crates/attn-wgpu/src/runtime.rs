@@ -67,7 +67,7 @@ impl Gpu {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
-        let coop_f16 = coop_wanted() && coop_f16_offered(&adapter);
+        let coop_f16 = coop_wanted(&info) && coop_f16_offered(&adapter);
         if coop_f16 {
             // Its SPIR-V is compiled here and passed through (crate::spirv says why).
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
@@ -78,8 +78,9 @@ impl Gpu {
             required_features: features,
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
-            // SAFETY: only asked for with ATTN_WGPU_COOP=1 (an explicit opt-in to wgpu's
-            // experimental cooperative matrices), and only where the adapter offers them.
+            // SAFETY: wgpu's experimental cooperative matrices, asked for only where the adapter
+            // offers them and the kernel that uses them has passed verification on that vendor's
+            // driver (or ATTN_WGPU_COOP=1 says to try); see `coop_wanted`.
             experimental_features: if coop_f16 {
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
@@ -111,12 +112,12 @@ impl Gpu {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_f16,
         };
-        let coop_note = match (coop_wanted(), coop_f16) {
+        let coop_note = match (coop_wanted(&info), coop_f16) {
             (true, true) => {
-                "; cooperative matrices on (ATTN_WGPU_COOP=1: experimental, failed verification on the H100)"
+                "; f16 on cooperative matrices (wgpu's experimental feature; ATTN_WGPU_COOP=0 turns it off)"
             }
             (true, false) => {
-                "; ATTN_WGPU_COOP=1 ignored: no 16x16x16 f16/f32 cooperative matrices on subgroups of 32 here"
+                "; no cooperative matrices for f16: no 16x16x16 f16/f32 ones on subgroups of 32 here"
             }
             _ => "",
         };
@@ -258,12 +259,20 @@ impl Gpu {
     }
 }
 
-/// `ATTN_WGPU_COOP=1`: open the device with cooperative matrices where the adapter has them, so
-/// that f16 problems run on the cooperative-matrix kernel ([`crate::coop`]). Off by default, and
-/// **wrong where it has run**: on the H100 (NVIDIA 580.159.04) it failed `attn verify` on every
-/// f16 case with random data (18 of 55). The knob exists to reproduce and fix that.
-fn coop_wanted() -> bool {
-    std::env::var("ATTN_WGPU_COOP").is_ok_and(|v| v.trim() == "1")
+/// PCI vendor id of NVIDIA, the one vendor whose driver has run the cooperative-matrix kernel
+/// through `attn verify` (the H100, driver 580.159.04).
+const NVIDIA: u32 = 0x10de;
+
+/// Whether to open the device with cooperative matrices (where the adapter has them), so that
+/// f16 problems run on the cooperative-matrix kernel ([`crate::coop`]): by default on NVIDIA
+/// adapters, where it has passed verification; `ATTN_WGPU_COOP=1` asks for it on any adapter,
+/// `ATTN_WGPU_COOP=0` turns it off.
+fn coop_wanted(info: &wgpu::AdapterInfo) -> bool {
+    match std::env::var("ATTN_WGPU_COOP").as_deref().map(str::trim) {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => info.vendor == NVIDIA,
+    }
 }
 
 /// `ATTN_WGPU_COOP_MODEL=vulkan`: the cooperative-matrix kernel keeps the Vulkan memory model
