@@ -380,9 +380,10 @@ pub fn choose_among(
             variant.threads()
         ));
         notes.push(
-            "running max raised only when a row's tile max exceeds it by 8 (log2): O is rescaled \
-             through workgroup memory then; experimental (ATTN_WGPU_COOP=1): WRONG RESULTS on the H100 \
-             (NVIDIA 580.159.04), see docs/performance.md"
+            "K, V and Q matrices loaded straight from the buffers (rows padded per head to whole \
+             tiles); running max raised only when a row's tile max exceeds it by 8 (log2): O is \
+             rescaled through workgroup memory then; wgpu's experimental cooperative matrices \
+             (ATTN_WGPU_COOP=0 for the FMA kernel)"
                 .into(),
         );
     } else {
