@@ -2,8 +2,9 @@
 //! `coopLoadT` and `coopStoreT` lay out 16×16 matrices in workgroup memory, that f16 × f16 + f32
 //! products come out right, and that a matrix survives a trip through workgroup memory in which
 //! each lane scales its own elements (the kernel's rescale), that a matrix variable declared
-//! with the zero value starts at zero, and that one carried through a loop accumulates. Each case is computed on the host
-//! too and the largest difference printed; inputs are small integers, so every result is exact.
+//! with the zero value starts at zero, and that one carried through a loop accumulates. Each
+//! case is computed on the host too and the largest difference printed; inputs are small
+//! integers, so every result is exact.
 //!
 //! `ATTN_WGPU_COOP` is not needed: this opens its own device with the experimental feature.
 //! `cargo run --release -p attn-wgpu --example coop_probe`

@@ -7,9 +7,10 @@
 //   straight from the storage buffer as B matrices) → scratch (f32); each lane takes half of one
 //   row: mask, max, P = exp2(S - m) → ps (f16); O += P·V (V's blocks from the buffer, O's blocks
 //   in registers).
-// The subgroups share nothing but the K/V lines in cache; workgroup barriers only order each
-// subgroup's hand-overs between its lanes and its matrices (a subgroup barrier would not order
-// workgroup memory under Vulkan).
+// The subgroups share only the K/V lines in cache and the rescale flag (one row's raise sends
+// every subgroup through the rescale); workgroup barriers otherwise order each subgroup's
+// hand-overs between its lanes and its matrices (a subgroup barrier would not order workgroup
+// memory under Vulkan).
 // The running max is raised only when a row's tile max exceeds it by more than RESCALE (P then
 // stays below 2^RESCALE): O sits in cooperative matrices, whose elements no invocation can
 // scale by row, so a rescale takes a trip through scratch, and most tiles need none. Whether any
@@ -38,7 +39,6 @@ const NEG: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 // log2 units: P stays below 2^RESCALE between rescales.
 const RESCALE: f32 = 8.0;
-const DUMP: u32 = {{DUMP}}u;
 
 {{BINDINGS}}
 
@@ -119,21 +119,7 @@ fn main(
         }
         // A barrier (P now visible) that also makes the flag uniform.
         let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
-        // Debugging only (ATTN_WGPU_COOP_DUMP, see coop.rs): the first tile's scores (1) or
-        // probabilities (2) written where O would go, columns 0..min(BN, D); then stop.
-        if (DUMP != 0u) {
-            for (var c = half * W; c < (half + 1u) * W; c += 4u) {
-                if (q_row < P.seq_q && c < D) {
-                    let x = sc + row * BN + c;
-                    var y = vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u]);
-                    if (DUMP == 2u) {
-                        y = vec4<f32>(f32(ps[x]), f32(ps[x + 1u]), f32(ps[x + 2u]), f32(ps[x + 3u]));
-                    }
-                    o[(bh * P.seq_q + q_row) * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));
-                }
-            }
-            return;
-        }
+{{DUMP_TILE}}
         if (lid == 0u) {
             atomicStore(&rescale_any[(t + 1u) % 2u], 0u);
         }

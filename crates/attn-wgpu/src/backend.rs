@@ -45,6 +45,9 @@ pub struct Wgpu {
     stages: Option<u32>,
     /// Only cooperative-matrix shapes of this many rows (16, 32 or 64), where set.
     coop_rows: Option<u32>,
+    /// Only cooperative-matrix shapes with tiles of this many keys (32, or 64, which the planner
+    /// never picks on its own: see `plan::coop_candidates`), where set.
+    coop_keys: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
 }
@@ -101,8 +104,9 @@ impl Wgpu {
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1); `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) keeps the
-    /// cooperative-matrix kernel's shape with that many rows per workgroup.
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), all for the FMA kernel; `ATTN_WGPU_COOP_ROWS` (16, 32 or
+    /// 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the cooperative-matrix kernel's shapes with
+    /// that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -113,20 +117,27 @@ impl Wgpu {
             row_threads: var("ATTN_WGPU_ROW_THREADS"),
             stages: var("ATTN_WGPU_STAGES"),
             coop_rows: var("ATTN_WGPU_COOP_ROWS"),
+            coop_keys: var("ATTN_WGPU_COOP_KEYS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             ..Self::default()
         }
     }
 
-    /// [`plan::choose`], limited to this backend's tile knobs where it has them.
+    /// [`plan::choose`], limited to this backend's tile knobs where it has them: each kernel's
+    /// knobs filter only that kernel's shapes, so that timing one never moves a dtype to the
+    /// other (`ATTN_WGPU_COOP=0` is how f16 gets the FMA kernel where both exist).
     fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
         let allowed = |v: &Variant| {
-            self.key_groups.is_none_or(|g| v.key_groups == g)
-                && self.chunk.is_none_or(|c| v.chunk == c)
-                && self.row_threads.is_none_or(|t| v.row_threads == t)
-                && self.stages.is_none_or(|n| v.stages == n)
-                && self.coop_rows.is_none_or(|r| !v.coop || v.block_m() == r)
-                && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
+            if v.coop {
+                self.coop_rows.is_none_or(|r| v.block_m() == r)
+                    && self.coop_keys.is_none_or(|n| v.block_n() == n)
+            } else {
+                self.key_groups.is_none_or(|g| v.key_groups == g)
+                    && self.chunk.is_none_or(|c| v.chunk == c)
+                    && self.row_threads.is_none_or(|t| v.row_threads == t)
+                    && self.stages.is_none_or(|n| v.stages == n)
+                    && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
+            }
         };
         plan::choose_among(problem, caps, &allowed)
     }
@@ -178,8 +189,9 @@ impl Attention for Wgpu {
     }
 
     /// Scores, probabilities and accumulation in f32 for every dtype, the output rounded once;
-    /// but with cooperative matrices opened (`ATTN_WGPU_COOP=1`), f16 problems round P to f16 for
-    /// the P·V product, as tensor-core kernels do.
+    /// but where the device was opened with cooperative matrices (by default on NVIDIA), f16
+    /// problems round P to f16 for the P·V product, as tensor-core kernels do. The promise is
+    /// the backend's, so the looser one then covers every dtype.
     fn numerics(&self) -> Numerics {
         match self.gpu() {
             Ok(gpu) if gpu.caps.coop_f16 => Numerics::LowPrecisionP,

@@ -46,9 +46,10 @@ pub fn generate(variant: &Variant) -> String {
         let _ =
             writeln!(q_load, "    let qa{kb} = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + {}u], D);", kb * M);
     }
-    // No matrix variable starts from the zero value (`var x = coop_mat16x16<f32, C>()`): O
-    // starts from a zero block loaded from scratch; each S from a product whose accumulator
-    // operand is zero.
+    // O starts from a zero block loaded from scratch and each S from a product whose accumulator
+    // operand is zero. That was a workaround for a suspicion that proved wrong (the zero value
+    // works: coop_probe's zero-initialised case); it is kept because it is what was verified and
+    // timed, and can go with the next measurement.
     let _ = writeln!(o_decl, "    for (var e = lane; e < 256u; e += 32u) {{");
     let _ = writeln!(o_decl, "        scratch[sc + (e / 16u) * BN + e % 16u] = 0.0;");
     let _ = writeln!(o_decl, "    }}");
@@ -94,12 +95,9 @@ pub fn generate(variant: &Variant) -> String {
     }
     for kk in 0..n_blocks {
         for j in 0..d_blocks {
-            let _ = writeln!(
-                pv,
-                "        o{j} = coopMultiplyAdd(pa{kk}, coopLoadT<coop_mat16x16<f16, B>>(&v[k_at + {}u * D + {}u], D), o{j});",
-                kk * M,
-                j * M
-            );
+            let v_block =
+                format!("coopLoadT<coop_mat16x16<f16, B>>(&v[k_at + {}u * D + {}u], D)", kk * M, j * M);
+            let _ = writeln!(pv, "        o{j} = coopMultiplyAdd(pa{kk}, {v_block}, o{j});");
         }
     }
 
@@ -110,7 +108,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{BM}}", variant.block_m().to_string()),
         ("{{BN}}", bn.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{DUMP}}", dump().to_string()),
+        ("{{DUMP_TILE}}", dump_tile()),
         ("{{Q_LOAD}}", q_load),
         ("{{O_DECL}}", o_decl),
         ("{{S_MMA}}", s_mma),
@@ -133,24 +131,37 @@ pub fn start_column(lane: u32, block_n: u32) -> u32 {
     lane * (block_n / 2) / 32
 }
 
-/// `ATTN_WGPU_COOP_DUMP=s|p`, for debugging the kernel only: it writes the first key tile's
-/// masked scores (`s`) or probabilities (`p`) where O would go (columns up to the head dim) and
-/// stops. Read where the shader is generated, so set it before the first f16 call.
-fn dump() -> u32 {
-    match std::env::var("ATTN_WGPU_COOP_DUMP").as_deref().map(str::trim) {
-        Ok("s") => 1,
-        Ok("p") => 2,
-        _ => 0,
-    }
+/// `ATTN_WGPU_COOP_DUMP=s|p`, for debugging the kernel only: code that writes the first key
+/// tile's masked scores (`s`) or probabilities (`p`) where O would go (columns up to the head
+/// dim) and stops; nothing otherwise. Read where the shader is generated, so set it before the
+/// first f16 call.
+fn dump_tile() -> String {
+    let source = match std::env::var("ATTN_WGPU_COOP_DUMP").as_deref().map(str::trim) {
+        Ok("s") => "vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u])",
+        Ok("p") => "vec4<f32>(f32(ps[x]), f32(ps[x + 1u]), f32(ps[x + 2u]), f32(ps[x + 3u]))",
+        _ => return String::new(),
+    };
+    [
+        "        // Debugging only (ATTN_WGPU_COOP_DUMP): this tile's S or P where O would go.",
+        "        for (var c = half * W; c < (half + 1u) * W; c += 4u) {",
+        "            if (q_row < P.seq_q && c < D) {",
+        "                let x = sc + row * BN + c;",
+        &format!("                let y = {source};"),
+        "                o[(bh * P.seq_q + q_row) * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));",
+        "            }",
+        "        }",
+        "        return;",
+    ]
+    .join("\n")
 }
 
 /// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
 /// lane works on its half of its row. The hand-overs take workgroup barriers although the data is
 /// the subgroup's own: a subgroup barrier does not order workgroup memory under Vulkan (naga
 /// emits it with SubgroupMemory semantics, which Vulkan ignores). Both callers are in uniform
-/// control flow, and neither runs often (a rescale, or once at the end). `reload`: the lanes apply `update` (with `{x}` the element)
-/// and the blocks are loaded back (the rescale); otherwise the lanes write their elements to the
-/// output, normalised (the end).
+/// control flow, and neither runs often (a rescale, or once at the end). `reload`: the lanes
+/// apply `update` (with `{x}` the element) and the blocks are loaded back (the rescale);
+/// otherwise the lanes write their elements to the output, normalised (the end).
 fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> String {
     let (d_blocks, n_blocks) = (variant.head_dim / M, variant.block_n() / M);
     let mut s = String::new();
@@ -177,10 +188,8 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
         } else {
             let _ = writeln!(s, "{ind}    if (q_row < P.seq_q) {{");
             let _ = writeln!(s, "{ind}        let x = sc + row * BN + c;");
-            let _ = writeln!(
-                s,
-                "{ind}        let y = vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u]) * inv;"
-            );
+            let row4 = "vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u])";
+            let _ = writeln!(s, "{ind}        let y = {row4} * inv;");
             let _ = writeln!(
                 s,
                 "{ind}        o[(bh * P.seq_q + q_row) * D4 + ({}u + c) / 4u] = vec4<f16>(y);",
@@ -213,6 +222,14 @@ mod tests {
     /// At every step of the softmax walk, the 32 lanes (row = lane / 2, half = lane % 2) touch
     /// 32 different 4-byte banks, both reading scores (f32) and writing probabilities (f16; two
     /// lanes writing the two halves of one word share it, which is no conflict).
+    /// The kernel's `rot` is `start_column`'s formula (W = BN / 2), which the test below checks.
+    #[test]
+    fn the_kernel_starts_where_start_column_says() {
+        assert!(TEMPLATE.contains("const W: u32 = BN / 2u;"));
+        assert!(TEMPLATE.contains("let rot = lane * W / 32u;"));
+        assert!((0..32).all(|lane| start_column(lane, 64) == lane * 32 / 32));
+    }
+
     #[test]
     fn the_softmax_walk_is_free_of_bank_conflicts() {
         for bn in [32u32, 64] {

@@ -35,7 +35,10 @@
 //! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=0|1`: f16 on
 //! the cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature) off,
 //! or on for any adapter with 16×16×16 f16/f32 matrices (by default: on NVIDIA adapters, where
-//! it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64` keeps one of its shapes;
+//! it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64` and `ATTN_WGPU_COOP_KEYS=32|64` keep
+//! its shapes with that many rows or keys (64-key tiles fail verification on the H100 and are
+//! never planned otherwise); `ATTN_WGPU_COOP_MODEL=glsl450|vulkan|annotated` picks how its SPIR-V
+//! declares the memory model ([`spirv::MemoryModel`]);
 //! `ATTN_WGPU_CHECKS=all|bounds`:
 //! naga's guards back on.
 //! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could

@@ -334,10 +334,15 @@ pub fn choose_among(
         ("o", bh * s.seq_q as u64 * d as u64 * elem),
         ("lse", bh * s.seq_q as u64 * 4),
     ];
-    // The kernels index buffers with u32 arithmetic: in vec4 units, but the cooperative-matrix
-    // kernel its inputs in f16 elements.
+    // The kernels index buffers with u32 arithmetic: in vec4 units of the element type, lse in
+    // f32, and the cooperative-matrix kernel its inputs in f16 elements.
     for (name, bytes) in tensors {
-        let unit = if variant.coop && name != "o" && name != "lse" { 2 } else { 16 };
+        let unit = match name {
+            "lse" => 4,
+            "o" => 4 * elem,
+            _ if variant.coop => elem,
+            _ => 4 * elem,
+        };
         let allowed = caps.storage_binding.min(unit * (u32::MAX as u64));
         if bytes > allowed {
             return Err(Error::OverDeviceLimit {
@@ -514,12 +519,14 @@ pub fn candidates(
 }
 
 /// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16): 16, 32 or
-/// 64 rows per workgroup (1, 2 or 4 subgroups of 32), fastest on the H100 first, all with tiles
-/// of 32 keys. Tiles of 64 keys (the kernel takes them) are left out: on the H100 they failed
-/// `attn verify` in causal cases with large scores, where a tile after the first rescales O, while
-/// 32-key tiles passed the same grid (bench/results/2026-11-23-h100-wgpu-coop-n32-*).
+/// 64 rows per workgroup (1, 2 or 4 subgroups of 32), fastest on the H100 first, with tiles of
+/// 32 keys; then the same with 64-key tiles, last, so that the planner never reaches them (they
+/// need more workgroup memory than the 32-key ones), only `ATTN_WGPU_COOP_KEYS=64` does: on the
+/// H100 they failed `attn verify` in causal cases with large scores, where a tile after the first
+/// rescales O, while 32-key tiles passed the same grid
+/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let shapes = [(16, 32), (32, 32), (64, 32)];
+    let shapes = [(16, 32), (32, 32), (64, 32), (16, 64), (32, 64), (64, 64)];
     shapes.into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |(bm, bn): (u32, u32)| Variant {
         ty: KernelType::F16,
         head_dim,

@@ -186,8 +186,9 @@ impl Gpu {
         let source = shader::generate(variant);
         let name = variant.name();
         let spirv = if variant.coop {
-            let words = crate::spirv::compile_coop(&source, self.checks, !coop_vulkan_model())
-                .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;
+            let words =
+                crate::spirv::compile_coop(&source, self.checks, crate::spirv::MemoryModel::from_env())
+                    .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;
             Some(words)
         } else {
             None
@@ -195,11 +196,13 @@ impl Gpu {
         let pipeline = self.scoped(&format!("compiling {name}"), || {
             // SAFETY (both arms): the kernel's loops all end (their bounds are constants or
             // uniform sizes, never data) and its indices stay in bounds (workgroup arrays by
-            // their constant loop limits; storage buffers by the seq_q / seq_k guards and the
-            // buffer sizes `plan::choose` derives from the same problem); `Checks` says which
+            // their constant loop limits; storage buffers by the seq_q / seq_k guards of the FMA
+            // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads, each
+            // head's rows padded to whole tiles (`plan::padded_rows`, `pack::pack_inputs`), and
+            // the buffer sizes `plan::choose` derives from the same problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
-            // validated module, changed only in its memory-model declaration
-            // (`spirv::use_glsl450_memory_model`), and its bindings are the layout's.
+            // validated module, changed only as `spirv::MemoryModel` says (its memory-model
+            // declaration or annotations), and its bindings are the layout's.
             let module = match &spirv {
                 Some(words) => unsafe {
                     self.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
@@ -275,12 +278,6 @@ fn coop_wanted(info: &wgpu::AdapterInfo) -> bool {
     }
 }
 
-/// `ATTN_WGPU_COOP_MODEL=vulkan`: the cooperative-matrix kernel keeps the Vulkan memory model
-/// naga declares for it, to reproduce the fault that [`crate::spirv`] fixes.
-fn coop_vulkan_model() -> bool {
-    std::env::var("ATTN_WGPU_COOP_MODEL").is_ok_and(|v| v.trim() == "vulkan")
-}
-
 /// The adapter offers what the cooperative-matrix kernel needs: the feature, a 16×16×16
 /// configuration with f16 inputs and f32 accumulators, and subgroups of exactly 32 (the kernel
 /// gives each lane half of one of 16 rows).
@@ -306,7 +303,9 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
 /// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
 ///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
-///   which is how `plan::choose` sizes the buffers; the verify suite runs this default;
+///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads
+///   are not guarded but stay inside each head's rows, which are padded to whole tiles
+///   (`plan::padded_rows`); the verify suite runs this default;
 /// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
 ///   divides only by constants and by head counts and the group size, which
 ///   `Problem::validate` requires to be positive.

@@ -1,27 +1,57 @@
-//! SPIR-V for the cooperative-matrix kernel, compiled here instead of by wgpu, so that it can be
-//! given the memory model its workgroup hand-overs need.
+//! SPIR-V for the cooperative-matrix kernel, compiled here instead of by wgpu, so that its
+//! memory model can be chosen ([`MemoryModel`]); the module goes to the driver through wgpu's
+//! SPIR-V passthrough.
 //!
 //! naga (30) declares the Vulkan memory model for any shader with cooperative matrices, but
-//! writes SPIR-V for the older GLSL450 model: no access is marked `NonPrivatePointer` and its
-//! barriers carry no `MakeAvailable`/`MakeVisible` semantics (gfx-rs/wgpu#8805). Under the
-//! Vulkan model such plain workgroup stores are not ordered before another invocation's loads
-//! by a barrier, which is exactly what the kernel relies on (probabilities stored by lanes, read
-//! by a cooperative load). [`compile_coop`] therefore runs naga itself and declares the GLSL450
-//! model instead ([`use_glsl450_memory_model`]): nothing in naga's output uses the Vulkan
-//! model's extra operands, and `SPV_KHR_cooperative_matrix` does not require that model. The
-//! module then goes to the driver through wgpu's SPIR-V passthrough.
+//! writes the rest of the module as for the older GLSL450 model: no workgroup access is marked
+//! `NonPrivatePointer` and its barriers carry no `MakeAvailable`/`MakeVisible` semantics
+//! (gfx-rs/wgpu#8805). Under the Vulkan model, plain workgroup stores are then not ordered
+//! before other invocations' loads by a barrier, which is what the kernel's hand-overs rely on.
+//! Two ways out, both here:
+//! - [`use_glsl450_memory_model`] declares GLSL450 instead. The driver takes it and the kernel
+//!   passes `attn verify` on the H100 with it (the measured configuration), but SPIRV-Tools
+//!   (2025) rejects the module: cooperative matrices in a shader require the Vulkan model.
+//! - [`annotate_vulkan_memory_model`] keeps the Vulkan model and adds what naga leaves out: the
+//!   module is then what the specification asks for. Not yet run on a GPU.
+//!
+//! With naga's module as it is (`MemoryModel::NagaVulkan`) the kernel also passed on the H100:
+//! this driver orders the accesses anyway. The choice is `ATTN_WGPU_COOP_MODEL`.
 
 use crate::runtime::Checks;
+use std::collections::{HashMap, HashSet};
+
+/// How [`compile_coop`] leaves the module's memory model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryModel {
+    /// Declared GLSL450 ([`use_glsl450_memory_model`]); the default, verified on the H100.
+    Glsl450,
+    /// Naga's output unchanged: Vulkan, without the annotations it needs.
+    NagaVulkan,
+    /// Vulkan, with the annotations added ([`annotate_vulkan_memory_model`]).
+    Annotated,
+}
+
+impl MemoryModel {
+    /// `ATTN_WGPU_COOP_MODEL` = `glsl450` (or unset), `vulkan` or `annotated`.
+    pub fn from_env() -> MemoryModel {
+        match std::env::var("ATTN_WGPU_COOP_MODEL").as_deref().map(str::trim) {
+            Ok("vulkan") => MemoryModel::NagaVulkan,
+            Ok("annotated") => MemoryModel::Annotated,
+            _ => MemoryModel::Glsl450,
+        }
+    }
+}
 
 /// SPIR-V words of `wgsl` (one compute entry point, `main`) for a Vulkan 1.3 device, as
-/// wgpu would compile them with `checks`, then moved to the GLSL450 memory model when `glsl450`
-/// (the fix; `false` keeps naga's declaration, to reproduce the fault).
-pub fn compile_coop(wgsl: &str, checks: Checks, glsl450: bool) -> Result<Vec<u32>, String> {
+/// wgpu would compile them with `checks`, with the memory model `model`.
+pub fn compile_coop(wgsl: &str, checks: Checks, model: MemoryModel) -> Result<Vec<u32>, String> {
     // What wgpu asks of naga on a Vulkan 1.3+ device; the cooperative-matrix path is only
     // opened where the driver offers VK_KHR_cooperative_matrix, which needs such a driver.
     let mut words = compile(wgsl, checks, (1, 6))?;
-    if glsl450 {
-        use_glsl450_memory_model(&mut words)?;
+    match model {
+        MemoryModel::Glsl450 => use_glsl450_memory_model(&mut words)?,
+        MemoryModel::NagaVulkan => {}
+        MemoryModel::Annotated => annotate_vulkan_memory_model(&mut words)?,
     }
     Ok(words)
 }
@@ -59,51 +89,120 @@ pub fn compile(wgsl: &str, checks: Checks, lang_version: (u8, u8)) -> Result<Vec
     spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())
 }
 
+const MAGIC: u32 = 0x0723_0203;
+const HEADER: usize = 5;
+const OP_NAME: u32 = 5;
+const OP_MEMBER_NAME: u32 = 6;
 const OP_EXTENSION: u32 = 10;
 const OP_MEMORY_MODEL: u32 = 14;
 const OP_CAPABILITY: u32 = 17;
+const OP_TYPE_VOID: u32 = 19;
+const OP_TYPE_POINTER: u32 = 32;
+const OP_TYPE_FORWARD_POINTER: u32 = 39;
+const OP_CONSTANT: u32 = 43;
+const OP_VARIABLE: u32 = 59;
+const OP_DECORATE: u32 = 71;
+const OP_MEMBER_DECORATE: u32 = 72;
+const DECORATION_ARRAY_STRIDE: u32 = 6;
 const OP_LOAD: u32 = 61;
 const OP_STORE: u32 = 62;
+const OP_ACCESS_CHAIN: u32 = 65;
+const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+const OP_PTR_ACCESS_CHAIN: u32 = 67;
+const OP_COPY_OBJECT: u32 = 83;
+const OP_CONTROL_BARRIER: u32 = 224;
+const OP_MEMORY_BARRIER: u32 = 225;
+const OP_COOP_LOAD: u32 = 4457;
+const OP_COOP_STORE: u32 = 4458;
 const CAPABILITY_VULKAN_MEMORY_MODEL: u32 = 5345;
 const MEMORY_MODEL_GLSL450: u32 = 1;
 const MEMORY_MODEL_VULKAN: u32 = 3;
-/// Memory-operand bits that exist only under the Vulkan model: MakePointerAvailable,
-/// MakePointerVisible, NonPrivatePointer.
-const VULKAN_ONLY_OPERANDS: u32 = 0x8 | 0x10 | 0x20;
+const STORAGE_WORKGROUP: u32 = 4;
+/// Memory-operand bits: MakePointerAvailable, MakePointerVisible (both exist only under the
+/// Vulkan model), NonPrivatePointer.
+const MAKE_POINTER_AVAILABLE: u32 = 0x8;
+const MAKE_POINTER_VISIBLE: u32 = 0x10;
+const NON_PRIVATE_POINTER: u32 = 0x20;
+/// Memory-semantics bits: Acquire, Release, AcquireRelease, SequentiallyConsistent (any
+/// ordering), and MakeAvailable, MakeVisible (Vulkan model only).
+const ORDERING: u32 = 0x2 | 0x4 | 0x8 | 0x10;
+const MAKE_AVAILABLE: u32 = 0x2000;
+const MAKE_VISIBLE: u32 = 0x4000;
 const VULKAN_EXTENSION: &str = "SPV_KHR_vulkan_memory_model";
 
-/// Rewrites a module that declares the Vulkan memory model to declare GLSL450: drops the
-/// `VulkanMemoryModel` capability and its extension and changes `OpMemoryModel`. Refuses (rather
-/// than change the meaning of) a module whose loads or stores use operands of the Vulkan model.
-/// A module already on GLSL450 is left as it is.
-pub fn use_glsl450_memory_model(words: &mut Vec<u32>) -> Result<(), String> {
-    const HEADER: usize = 5;
-    if words.len() < HEADER || words[0] != 0x0723_0203 {
+/// The instructions of a module: (first word, word count) each, after the header.
+fn instructions(words: &[u32]) -> Result<Vec<(usize, usize)>, String> {
+    if words.len() < HEADER || words[0] != MAGIC {
         return Err("not a SPIR-V module (bad magic number)".into());
     }
-    let mut out = words[..HEADER].to_vec();
+    let mut all = vec![];
     let mut at = HEADER;
     while at < words.len() {
         let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xffff;
         if count == 0 || at + count > words.len() {
             return Err(format!("malformed SPIR-V: instruction at word {at} runs past the end"));
         }
+        all.push((at, count));
+        at += count;
+    }
+    Ok(all)
+}
+
+/// Where an instruction's memory operands start (its fixed operands before them), for the
+/// accesses the passes look at: OpLoad (type, result, pointer), OpStore (pointer, object), and
+/// the cooperative load (type, result, pointer, layout, stride) and store (pointer, object,
+/// layout, stride), which naga always writes with a stride. Also the pointer's word.
+fn memory_access(opcode: u32) -> Option<(usize, usize)> {
+    match opcode {
+        OP_LOAD => Some((4, 3)),
+        OP_STORE => Some((3, 1)),
+        OP_COOP_LOAD => Some((6, 3)),
+        OP_COOP_STORE => Some((5, 1)),
+        _ => None,
+    }
+}
+
+/// The module's 32-bit scalar constants: id -> value.
+fn constants(words: &[u32], all: &[(usize, usize)]) -> HashMap<u32, u32> {
+    all.iter()
+        .filter(|&&(at, count)| words[at] & 0xffff == OP_CONSTANT && count == 4)
+        .map(|&(at, _)| (words[at + 2], words[at + 3]))
+        .collect()
+}
+
+/// The semantics operand of a barrier (its word), if `opcode` is one.
+fn barrier_semantics(opcode: u32) -> Option<usize> {
+    match opcode {
+        OP_CONTROL_BARRIER => Some(3),
+        OP_MEMORY_BARRIER => Some(2),
+        _ => None,
+    }
+}
+
+/// Rewrites a module that declares the Vulkan memory model to declare GLSL450: drops the
+/// `VulkanMemoryModel` capability and its extension and changes `OpMemoryModel`. Refuses (rather
+/// than change the meaning of) a module that uses the Vulkan model's operands: availability and
+/// visibility on accesses or barriers, or non-private accesses. A module already on GLSL450 is
+/// left as it is.
+pub fn use_glsl450_memory_model(words: &mut Vec<u32>) -> Result<(), String> {
+    let all = instructions(words)?;
+    let values = constants(words, &all);
+    let mut out = words[..HEADER].to_vec();
+    for &(at, count) in &all {
         let inst = &words[at..at + count];
+        let opcode = inst[0] & 0xffff;
         let drop = match opcode {
             OP_CAPABILITY => inst[1] == CAPABILITY_VULKAN_MEMORY_MODEL,
             OP_EXTENSION => literal_string(&inst[1..]) == VULKAN_EXTENSION,
             _ => false,
         };
-        // Memory operands follow the fixed operands: OpLoad (type, result, pointer) and OpStore
-        // (pointer, object).
-        let operands = match opcode {
-            OP_LOAD => inst.get(4),
-            OP_STORE => inst.get(3),
-            _ => None,
-        };
-        if operands.is_some_and(|m| m & VULKAN_ONLY_OPERANDS != 0) {
-            return Err(format!("word {at}: a load or store uses the Vulkan memory model's operands"));
+        let operands = memory_access(opcode).and_then(|(mem, _)| inst.get(mem));
+        let vulkan_operands = MAKE_POINTER_AVAILABLE | MAKE_POINTER_VISIBLE | NON_PRIVATE_POINTER;
+        let semantics = barrier_semantics(opcode).and_then(|w| values.get(&inst[w]));
+        if operands.is_some_and(|m| m & vulkan_operands != 0)
+            || semantics.is_some_and(|s| s & (MAKE_AVAILABLE | MAKE_VISIBLE) != 0)
+        {
+            return Err(format!("word {at}: an access or barrier uses the Vulkan memory model's operands"));
         }
         if !drop {
             out.extend_from_slice(inst);
@@ -112,10 +211,137 @@ pub fn use_glsl450_memory_model(words: &mut Vec<u32>) -> Result<(), String> {
                 out[last] = MEMORY_MODEL_GLSL450;
             }
         }
-        at += count;
     }
     *words = out;
     Ok(())
+}
+
+/// Adds to a module on the Vulkan memory model what its workgroup hand-overs need there: every
+/// load and store (plain or cooperative) through a workgroup pointer becomes `NonPrivatePointer`,
+/// and every barrier that orders memory also makes it available and visible (`MakeAvailable |
+/// MakeVisible`, through new constants defined after the ones they copy). Also drops the
+/// `ArrayStride` that naga puts on arrays used only in workgroup memory, which Vulkan forbids
+/// there (VUID-StandaloneSpirv-None-10684). Refuses a module that does not declare the Vulkan
+/// model. The result passes SPIRV-Tools' validator (2025.5) for Vulkan 1.3.
+pub fn annotate_vulkan_memory_model(words: &mut Vec<u32>) -> Result<(), String> {
+    let all = instructions(words)?;
+    if memory_model(words) != Some((MEMORY_MODEL_VULKAN, true)) {
+        return Err("the module does not declare the Vulkan memory model".into());
+    }
+    let values = constants(words, &all);
+    // Workgroup pointer types, then every pointer value of those types.
+    let mut types = HashSet::new();
+    let mut pointers = HashSet::new();
+    for &(at, count) in &all {
+        let opcode = words[at] & 0xffff;
+        if opcode == OP_TYPE_POINTER && count == 4 && words[at + 2] == STORAGE_WORKGROUP {
+            types.insert(words[at + 1]);
+        }
+        let derives =
+            [OP_VARIABLE, OP_ACCESS_CHAIN, OP_IN_BOUNDS_ACCESS_CHAIN, OP_PTR_ACCESS_CHAIN, OP_COPY_OBJECT];
+        if derives.contains(&opcode) && count >= 3 && types.contains(&words[at + 1]) {
+            pointers.insert(words[at + 2]);
+        }
+    }
+    // The semantics constants barriers use, and their annotated twins (new ids past the bound,
+    // defined right after the originals).
+    let mut twins: HashMap<u32, u32> = HashMap::new();
+    let mut bound = words[3];
+    for &(at, _) in &all {
+        let opcode = words[at] & 0xffff;
+        if let Some(w) = barrier_semantics(opcode) {
+            let id = words[at + w];
+            let value =
+                *values.get(&id).ok_or_else(|| format!("word {at}: barrier semantics not a constant"))?;
+            if value & ORDERING != 0 && !twins.contains_key(&id) {
+                twins.insert(id, bound);
+                bound += 1;
+            }
+        }
+    }
+    let strideless = workgroup_only_arrays(words, &all);
+    let mut out = words[..HEADER].to_vec();
+    out[3] = bound;
+    for &(at, count) in &all {
+        let mut inst = words[at..at + count].to_vec();
+        let opcode = inst[0] & 0xffff;
+        if opcode == OP_DECORATE
+            && count == 4
+            && inst[2] == DECORATION_ARRAY_STRIDE
+            && strideless.contains(&inst[1])
+        {
+            continue;
+        }
+        if let Some((mem, ptr)) = memory_access(opcode)
+            && pointers.contains(&inst[ptr])
+        {
+            if inst.len() > mem {
+                inst[mem] |= NON_PRIVATE_POINTER;
+            } else {
+                inst.push(NON_PRIVATE_POINTER);
+                inst[0] = ((inst.len() as u32) << 16) | opcode;
+            }
+        }
+        if let Some(w) = barrier_semantics(opcode)
+            && let Some(&twin) = twins.get(&inst[w])
+        {
+            inst[w] = twin;
+        }
+        out.extend_from_slice(&inst);
+        if opcode == OP_CONSTANT
+            && count == 4
+            && let Some(&twin) = twins.get(&inst[2])
+        {
+            out.extend_from_slice(&[
+                (4 << 16) | OP_CONSTANT,
+                inst[1],
+                twin,
+                inst[3] | MAKE_AVAILABLE | MAKE_VISIBLE,
+            ]);
+        }
+    }
+    *words = out;
+    Ok(())
+}
+
+/// Types that only workgroup pointer types point to. A type is used where an instruction names
+/// it as its result type (word 1 of a value instruction) or another type is built from it
+/// (struct members, array elements, other pointers, function signatures); ids are unique, so a
+/// word 1 that is a pointer or a block is never mistaken for a type.
+fn workgroup_only_arrays(words: &[u32], all: &[(usize, usize)]) -> HashSet<u32> {
+    const OP_SOURCE: u32 = 3;
+    const OP_TYPE_ARRAY: u32 = 28;
+    const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
+    const OP_TYPE_STRUCT: u32 = 30;
+    const OP_TYPE_FUNCTION: u32 = 33;
+    let mut pointees = HashSet::new();
+    let mut used = HashSet::new();
+    for &(at, count) in all {
+        let opcode = words[at] & 0xffff;
+        let operands = &words[at + 1..at + count];
+        match opcode {
+            OP_TYPE_POINTER if operands[1] == STORAGE_WORKGROUP => {
+                pointees.insert(operands[2]);
+            }
+            OP_TYPE_POINTER => {
+                used.insert(operands[2]);
+            }
+            OP_TYPE_ARRAY | OP_TYPE_RUNTIME_ARRAY => {
+                used.insert(operands[1]);
+            }
+            OP_TYPE_STRUCT | OP_TYPE_FUNCTION => used.extend(&operands[1..]),
+            // Literals in word 1, or declarations: nothing to count.
+            OP_SOURCE | OP_NAME | OP_MEMBER_NAME | OP_EXTENSION | OP_MEMORY_MODEL | OP_CAPABILITY
+            | OP_DECORATE | OP_MEMBER_DECORATE => {}
+            OP_TYPE_VOID..=OP_TYPE_FORWARD_POINTER => {}
+            _ => {
+                if let Some(&first) = operands.first() {
+                    used.insert(first);
+                }
+            }
+        }
+    }
+    pointees.difference(&used).copied().collect()
 }
 
 /// A nul-terminated SPIR-V literal string (four bytes per word, little-endian).
@@ -125,21 +351,15 @@ fn literal_string(words: &[u32]) -> String {
 }
 
 /// The memory model a module declares, and whether it names the `VulkanMemoryModel` capability.
-pub fn memory_model(words: &[u32]) -> Option<(u32, bool)> {
-    let mut at = 5;
+fn memory_model(words: &[u32]) -> Option<(u32, bool)> {
+    let all = instructions(words).ok()?;
     let (mut model, mut capability) = (None, false);
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xffff;
-        if count == 0 || at + count > words.len() {
-            return None;
-        }
-        match opcode {
+    for (at, count) in all {
+        match words[at] & 0xffff {
             OP_MEMORY_MODEL if count == 3 => model = Some(words[at + 2]),
             OP_CAPABILITY if words[at + 1] == CAPABILITY_VULKAN_MEMORY_MODEL => capability = true,
             _ => {}
         }
-        at += count;
     }
     model.map(|m| (m, capability))
 }
@@ -149,16 +369,17 @@ mod tests {
     use super::*;
     use crate::plan::{Variant, coop_candidates};
 
-    fn coop_variant() -> Variant {
-        coop_candidates(64, true).next().expect("a coop shape for D=64")
+    fn coop_wgsl() -> String {
+        let v: Variant = coop_candidates(64, true).next().expect("a coop shape for D=64");
+        crate::shader::generate(&v)
     }
 
     #[test]
     fn naga_declares_the_vulkan_model_and_the_rewrite_moves_it_to_glsl450() {
-        let wgsl = crate::shader::generate(&coop_variant());
-        let naga_words = compile_coop(&wgsl, Checks::None, false).unwrap();
+        let wgsl = coop_wgsl();
+        let naga_words = compile_coop(&wgsl, Checks::None, MemoryModel::NagaVulkan).unwrap();
         assert_eq!(memory_model(&naga_words), Some((MEMORY_MODEL_VULKAN, true)));
-        let fixed = compile_coop(&wgsl, Checks::None, true).unwrap();
+        let fixed = compile_coop(&wgsl, Checks::None, MemoryModel::Glsl450).unwrap();
         assert_eq!(memory_model(&fixed), Some((MEMORY_MODEL_GLSL450, false)));
         // Only the capability (2 words) and the extension went (1 word, then the name with its
         // nul in 4-byte words).
@@ -167,14 +388,80 @@ mod tests {
         assert!(!text.windows(VULKAN_EXTENSION.len()).any(|w| w == VULKAN_EXTENSION.as_bytes()));
     }
 
+    /// Every workgroup access of the annotated module is non-private and every ordering barrier
+    /// makes memory available and visible; nothing else changed, and the GLSL450 rewrite
+    /// refuses the result.
+    #[test]
+    fn the_annotations_cover_every_workgroup_access_and_barrier() {
+        let naga_words = compile_coop(&coop_wgsl(), Checks::None, MemoryModel::NagaVulkan).unwrap();
+        let mut words = naga_words.clone();
+        annotate_vulkan_memory_model(&mut words).unwrap();
+        let all = instructions(&words).unwrap();
+        let values = constants(&words, &all);
+        let (mut accesses, mut barriers) = (0, 0);
+        let workgroup: HashSet<u32> = {
+            let mut types = HashSet::new();
+            let mut pointers = HashSet::new();
+            for &(at, _) in &all {
+                let opcode = words[at] & 0xffff;
+                if opcode == OP_TYPE_POINTER && words[at + 2] == STORAGE_WORKGROUP {
+                    types.insert(words[at + 1]);
+                }
+                if [OP_VARIABLE, OP_ACCESS_CHAIN].contains(&opcode) && types.contains(&words[at + 1]) {
+                    pointers.insert(words[at + 2]);
+                }
+            }
+            pointers
+        };
+        for &(at, count) in &all {
+            let opcode = words[at] & 0xffff;
+            if let Some((mem, ptr)) = memory_access(opcode)
+                && workgroup.contains(&words[at + ptr])
+            {
+                assert!(count > mem && words[at + mem] & NON_PRIVATE_POINTER != 0, "word {at}");
+                accesses += 1;
+            }
+            if let Some(w) = barrier_semantics(opcode) {
+                let value = values[&words[at + w]];
+                assert_eq!(
+                    value & (MAKE_AVAILABLE | MAKE_VISIBLE),
+                    MAKE_AVAILABLE | MAKE_VISIBLE,
+                    "word {at}"
+                );
+                barriers += 1;
+            }
+        }
+        assert!(accesses > 10 && barriers > 3, "{accesses} accesses, {barriers} barriers");
+        // ArrayStride stays on the buffers' runtime arrays and goes from the workgroup arrays.
+        let strides = |w: &[u32]| {
+            let all = instructions(w).unwrap();
+            all.iter()
+                .filter(|&&(at, count)| {
+                    w[at] & 0xffff == OP_DECORATE && count == 4 && w[at + 2] == DECORATION_ARRAY_STRIDE
+                })
+                .count()
+        };
+        let workgroup_arrays = workgroup_only_arrays(&naga_words, &instructions(&naga_words).unwrap()).len();
+        assert_eq!(workgroup_arrays, 3, "scratch, ps and the flags");
+        assert_eq!(strides(&words), strides(&naga_words) - workgroup_arrays);
+        assert!(strides(&words) >= 3, "q/k/v, o and lse keep theirs");
+        // Each access grew by at most one word, each twin constant is 4 words, and each dropped
+        // decoration 4 words less.
+        let twins = (words[3] - naga_words[3]) as usize;
+        assert!(words.len() <= naga_words.len() + accesses + 4 * twins);
+        assert!(use_glsl450_memory_model(&mut words).unwrap_err().contains("Vulkan memory model"));
+    }
+
     #[test]
     fn refuses_what_it_cannot_rewrite() {
         let mut not_spirv = vec![1, 2, 3, 4, 5, 6];
         assert!(use_glsl450_memory_model(&mut not_spirv).unwrap_err().contains("magic"));
         // Header, then an OpStore (3 words + memory operands) with NonPrivatePointer.
-        let mut vulkan_store = vec![0x0723_0203, 0x0001_0600, 0, 10, 0, (4 << 16) | OP_STORE, 1, 2, 0x20];
+        let mut vulkan_store = vec![MAGIC, 0x0001_0600, 0, 10, 0, (4 << 16) | OP_STORE, 1, 2, 0x20];
         assert!(use_glsl450_memory_model(&mut vulkan_store).unwrap_err().contains("operands"));
-        let mut truncated = vec![0x0723_0203, 0x0001_0600, 0, 10, 0, (9 << 16) | OP_STORE, 1];
+        let mut truncated = vec![MAGIC, 0x0001_0600, 0, 10, 0, (9 << 16) | OP_STORE, 1];
         assert!(use_glsl450_memory_model(&mut truncated).unwrap_err().contains("past the end"));
+        let mut glsl = compile_coop(&coop_wgsl(), Checks::None, MemoryModel::Glsl450).unwrap();
+        assert!(annotate_vulkan_memory_model(&mut glsl).unwrap_err().contains("does not declare"));
     }
 }
