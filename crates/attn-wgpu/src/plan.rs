@@ -462,7 +462,7 @@ pub fn choose_among(
 /// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
 /// workgroup (K/V tiles reused by more queries), then wider micro-tiles, then more of the head
 /// dim per stage (fewer barriers); first of all, where there is one, the shape measured
-/// fastest for this dtype and head dim ([`measured_best`]). Variants with 16 invocations per row
+/// fastest for this dtype and head dim (`measured_best`). Variants with 16 invocations per row
 /// come after all those with 8, where the head dim and chunk give each invocation at least one
 /// vec4 of O per row (`D` and `DC` multiples of 64); then, last of all, the same with two stage
 /// buffers ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob). A variant uses
