@@ -1,6 +1,6 @@
 //! WGSL generation: `kernels/flash.wgsl` with one [`Variant`]'s constants substituted and its
-//! register-resident code unrolled: the score micro-tile ([`Scores`]), the K/V staging registers
-//! ([`Staging`]), the row reductions ([`Reductions`]), the O accumulator ([`Output`]) and P·V.
+//! register-resident code unrolled: the score micro-tile (`Scores`), the K/V staging registers
+//! (`Staging`), the row reductions (`Reductions`), the O accumulator (`Output`) and P·V.
 //!
 //! O lives in `4 · D/(4·TX)` named vec4 variables per invocation rather than an array, so that no
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
