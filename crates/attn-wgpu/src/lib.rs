@@ -28,8 +28,8 @@
 //! loop caps ([`runtime::Checks`] says why that is sound and what it bought).
 //!
 //! ## Knobs (environment)
-//! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2`:
-//! only 4x4 or 4x8 score micro-tiles; `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
+//! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2|4`:
+//! only 4x4, 4x8 or 4x16 score micro-tiles (4x16 only by this knob: not yet timed on a GPU); `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
 //! head-dim columns; `ATTN_WGPU_ROW_THREADS=8|16`: only that many invocations per query row (16
 //! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V
 //! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=0|1`: f16 on

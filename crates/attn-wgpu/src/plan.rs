@@ -19,8 +19,11 @@ use attn_core::{
 pub const ROW_THREADS: [u32; 2] = [8, 16];
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
-/// Key groups per invocation (`KG`): 8 or 4 keys of each score row.
-pub const KEY_GROUPS: [u32; 2] = [2, 1];
+/// Key groups per invocation (`KG`): 8 or 4 keys of each score row; then 16 (4x16 micro-tiles,
+/// fewer workgroup-memory loads per FMA: 20 floats per 64 where 4x8 loads 12 per 32), last, so
+/// that only `ATTN_WGPU_KEY_GROUPS=4` picks it until it is measured (it needs more memory than
+/// the others, so the planner never reaches it on its own).
+pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 /// K/V stage buffers, fewest first: with 2, a stage is stored while the previous one is still
 /// being read, which saves one of each stage's two barriers for twice the chunk's memory.
 pub const STAGES: [u32; 2] = [1, 2];
