@@ -1,6 +1,6 @@
 //! The backend trait.
 
-use crate::{Buffer, Inputs, Outputs, Plan, Problem, Result};
+use crate::{Buffer, DType, Inputs, Outputs, Plan, Problem, Result};
 use std::time::{Duration, Instant};
 
 /// What kind of hardware a backend computes on; [`Attention::kind`] lets the facade rank
@@ -70,8 +70,9 @@ pub trait Attention: Send + Sync {
     /// libraries are missing.
     fn availability(&self) -> Availability;
 
-    /// How this backend rounds (default: f32 throughout).
-    fn numerics(&self) -> Numerics {
+    /// How this backend rounds problems of `dtype` (default: f32 throughout).
+    fn numerics(&self, dtype: DType) -> Numerics {
+        let _ = dtype;
         Numerics::F32Accumulate
     }
 

@@ -131,7 +131,7 @@ impl Attention for Reference {
         Availability::Available { device: "host CPU (f64 scalar)".into(), kind: DeviceKind::Cpu }
     }
 
-    fn numerics(&self) -> Numerics {
+    fn numerics(&self, _dtype: attn_core::DType) -> Numerics {
         Numerics::Exact
     }
 

@@ -117,7 +117,7 @@ impl Attention for Cuda {
         }
     }
 
-    fn numerics(&self) -> Numerics {
+    fn numerics(&self, _dtype: attn_core::DType) -> Numerics {
         Numerics::LowPrecisionP
     }
 

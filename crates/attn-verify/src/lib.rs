@@ -43,7 +43,8 @@ pub fn run_suite(
         let inputs = case.inputs();
         let expected = run::Expected::compute(case, &inputs);
         for backend in backends {
-            let tol = expected.tolerance(Tolerance::for_numerics(backend.numerics(), case.problem.dtype));
+            let tol = expected
+                .tolerance(Tolerance::for_numerics(backend.numerics(case.problem.dtype), case.problem.dtype));
             let outcome = run::run_case(*backend, case, &inputs, &expected, tol);
             let worst_ratio = match &outcome {
                 Outcome::Pass { stats } | Outcome::Fail { stats: Some(stats), .. } => {

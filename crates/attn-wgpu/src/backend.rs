@@ -4,7 +4,8 @@ use crate::pack::{pack_inputs, unpack_output};
 use crate::plan::{self, AdapterCaps, Variant};
 use crate::runtime::Gpu;
 use attn_core::{
-    Attention, Availability, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared, Problem, Result,
+    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared, Problem,
+    Result,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -190,11 +191,10 @@ impl Attention for Wgpu {
 
     /// Scores, probabilities and accumulation in f32 for every dtype, the output rounded once;
     /// but where the device was opened with cooperative matrices (by default on NVIDIA), f16
-    /// problems round P to f16 for the P·V product, as tensor-core kernels do. The promise is
-    /// the backend's, so the looser one then covers every dtype.
-    fn numerics(&self) -> Numerics {
+    /// problems round P to f16 for the P·V product, as tensor-core kernels do.
+    fn numerics(&self, dtype: DType) -> Numerics {
         match self.gpu() {
-            Ok(gpu) if gpu.caps.coop_f16 => Numerics::LowPrecisionP,
+            Ok(gpu) if gpu.caps.coop_f16 && dtype == DType::F16 => Numerics::LowPrecisionP,
             _ => Numerics::F32Accumulate,
         }
     }
