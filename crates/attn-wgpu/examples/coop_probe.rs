@@ -2,9 +2,11 @@
 //! `coopLoadT` and `coopStoreT` lay out 16×16 matrices in workgroup memory, that f16 × f16 + f32
 //! products come out right, and that a matrix survives a trip through workgroup memory in which
 //! each lane scales its own elements (the kernel's rescale), that a matrix variable declared
-//! with the zero value starts at zero, and that one carried through a loop accumulates. Each
-//! case is computed on the host too and the largest difference printed; inputs are small
-//! integers, so every result is exact.
+//! with the zero value starts at zero, that one carried through a loop accumulates, and the
+//! kernel's O rescale with 64-key tiles (four matrices in 64-wide rows, one row scaled by 0,
+//! reloaded), which fails verification on the H100 while 32-key tiles pass. Each case is
+//! computed on the host too and the largest difference printed; inputs are small integers, so
+//! every result is exact.
 //!
 //! `ATTN_WGPU_COOP` is not needed: this opens its own device with the experimental feature.
 //! `cargo run --release -p attn-wgpu --example coop_probe`
@@ -24,6 +26,8 @@ const S: u32 = 48u;
 var<workgroup> ah: array<f16, 768>;
 var<workgroup> bh: array<f16, 768>;
 var<workgroup> c32: array<f32, 768>;
+// Four C matrices side by side in 64-wide rows, as the kernel's O rescale with 64-key tiles.
+var<workgroup> wide: array<f32, 1024>;
 
 fn copy_out(which: u32, l: u32) {
     for (var i = l; i < N * N; i += 32u) {
@@ -93,6 +97,39 @@ fn main(@builtin(local_invocation_index) l: u32) {
     coopStoreT(acc, &c32[16], S);
     workgroupBarrier();
     copy_out(5u, l);
+    workgroupBarrier();
+    // Cases 6-9: the kernel's rescale with 64-key tiles. Blocks j = 0..3 hold (j + 1)·A·B side
+    // by side at stride 64; each lane scales its half of one row (32 columns) by 0 for row 4
+    // (a row whose max jumped) and 1 otherwise; reloaded, and A·B added to each block.
+    let ab = coopMultiplyAdd(a, b, coop_mat16x16<f32, C>());
+    coopStoreT(ab, &wide[0], 64u);
+    coopStoreT(2.0 * ab, &wide[16], 64u);
+    coopStoreT(3.0 * ab, &wide[32], 64u);
+    coopStoreT(4.0 * ab, &wide[48], 64u);
+    workgroupBarrier();
+    let scale = select(1.0, 0.0, row == 4u);
+    for (var c = (l % 2u) * 32u; c < (l % 2u + 1u) * 32u; c += 4u) {
+        wide[row * 64u + c] = wide[row * 64u + c] * scale;
+        wide[row * 64u + c + 1u] = wide[row * 64u + c + 1u] * scale;
+        wide[row * 64u + c + 2u] = wide[row * 64u + c + 2u] * scale;
+        wide[row * 64u + c + 3u] = wide[row * 64u + c + 3u] * scale;
+    }
+    workgroupBarrier();
+    let w0 = coopMultiplyAdd(a, b, coopLoadT<coop_mat16x16<f32, C>>(&wide[0], 64u));
+    let w1 = coopMultiplyAdd(a, b, coopLoadT<coop_mat16x16<f32, C>>(&wide[16], 64u));
+    let w2 = coopMultiplyAdd(a, b, coopLoadT<coop_mat16x16<f32, C>>(&wide[32], 64u));
+    let w3 = coopMultiplyAdd(a, b, coopLoadT<coop_mat16x16<f32, C>>(&wide[48], 64u));
+    workgroupBarrier();
+    coopStoreT(w0, &wide[0], 64u);
+    coopStoreT(w1, &wide[16], 64u);
+    coopStoreT(w2, &wide[32], 64u);
+    coopStoreT(w3, &wide[48], 64u);
+    workgroupBarrier();
+    for (var i = l; i < 4u * N * N; i += 32u) {
+        let block = i / (N * N);
+        let e = i % (N * N);
+        out[(6u + block) * N * N + e] = wide[(e / N) * 64u + block * 16u + e % N];
+    }
 }
 "#;
 
@@ -131,7 +168,11 @@ fn main() {
         c
     };
     let ab = mm(false);
-    let cases: [(&str, Vec<f32>); 6] = [
+    // Cases 6-9: block j is (j + 2)·A·B, but only A·B in row 4 (scaled by 0 before the add).
+    let rescaled = |j: usize| -> Vec<f32> {
+        (0..N * N).map(|i| if i / N == 4 { ab[i] } else { ab[i] * (j as f32 + 2.0) }).collect()
+    };
+    let cases: [(&str, Vec<f32>); 10] = [
         ("A·B (coopLoadT for B)", ab.clone()),
         ("A·Bᵀ (coopLoad for B)", mm(true)),
         (
@@ -141,6 +182,10 @@ fn main() {
         ("0.5 · A·B", ab.iter().map(|x| 0.5 * x).collect()),
         ("A·B into a zero-initialised variable", ab.clone()),
         ("3 · A·B carried through a loop", ab.iter().map(|x| 3.0 * x).collect()),
+        ("64-wide rescale trip, block 0", rescaled(0)),
+        ("64-wide rescale trip, block 1", rescaled(1)),
+        ("64-wide rescale trip, block 2", rescaled(2)),
+        ("64-wide rescale trip, block 3", rescaled(3)),
     ];
 
     use wgpu::util::DeviceExt;
