@@ -103,7 +103,7 @@ impl Wgpu {
 
     /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
-    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8 or 16),
+    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), all for the FMA kernel; `ATTN_WGPU_COOP_ROWS` (16, 32 or
     /// 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the cooperative-matrix kernel's shapes with

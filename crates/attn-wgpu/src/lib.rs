@@ -28,21 +28,23 @@
 //! loop caps ([`runtime::Checks`] says why that is sound and what it bought).
 //!
 //! ## Knobs (environment)
-//! `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory; `ATTN_WGPU_KEY_GROUPS=1|2|4`:
-//! only 4x4, 4x8 or 4x16 score micro-tiles (4x16 only by this knob: not yet timed on a GPU); `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many
-//! head-dim columns; `ATTN_WGPU_ROW_THREADS=8|16`: only that many invocations per query row (16
-//! halves each one's registers; measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V
-//! stage buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_COOP=0|1`: f16 on
-//! the cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature) off,
-//! or on for any adapter with 16×16×16 f16/f32 matrices (by default: on NVIDIA adapters, where
-//! it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64` and `ATTN_WGPU_COOP_KEYS=32|64` keep
-//! its shapes with that many rows or keys (64-key tiles fail verification on the H100 and are
-//! never planned otherwise); `ATTN_WGPU_COOP_MODEL=glsl450|vulkan|annotated` picks how its SPIR-V
-//! declares the memory model ([`spirv::MemoryModel`]);
-//! `ATTN_WGPU_CHECKS=all|bounds`:
-//! naga's guards back on.
-//! `ATTN_WGPU_P_SHUFFLE=0`: probabilities through workgroup memory even where subgroups could
-//! shuffle them. They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
+//! They exist to verify and time the alternatives (`bench/device/wgpu-explore.sh`).
+//! - FMA kernel: `ATTN_WGPU_SUBGROUPS=0`: the reductions through workgroup memory;
+//!   `ATTN_WGPU_KEY_GROUPS=1|2|4`: only 4x4, 4x8 or 4x16 score micro-tiles;
+//!   `ATTN_WGPU_CHUNK=32|64|..`: only K/V stages of that many head-dim columns;
+//!   `ATTN_WGPU_ROW_THREADS=8|16|4`: only that many invocations per query row (16 halves each
+//!   one's registers, measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V stage
+//!   buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_P_SHUFFLE=0`:
+//!   probabilities through workgroup memory even where subgroups could shuffle them. 4x16 tiles
+//!   and 4 invocations per row are picked only by their knobs until timed on a GPU.
+//! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
+//!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by
+//!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`
+//!   and `ATTN_WGPU_COOP_KEYS=32|64`: only its shapes with that many rows or keys (64-key tiles
+//!   fail verification on the H100 and are never planned otherwise);
+//!   `ATTN_WGPU_COOP_MODEL=glsl450|vulkan|annotated`: how its SPIR-V declares the memory model
+//!   ([`spirv::MemoryModel`]).
+//! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

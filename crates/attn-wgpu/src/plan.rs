@@ -13,10 +13,12 @@ use attn_core::{
     DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
 };
 
-/// Invocations sharing one query row's scores (the `TX` of the kernel), fewest first; the
-/// subgroup path needs subgroups at least this wide. 16 halves each invocation's share of O (and
-/// its registers) for twice the invocations per row.
-pub const ROW_THREADS: [u32; 2] = [8, 16];
+/// Invocations sharing one query row's scores (the `TX` of the kernel), in order of preference;
+/// the subgroup path needs subgroups at least this wide. 16 halves each invocation's share of O
+/// (and its registers) for twice the invocations per row (measured no faster on the H100). 4
+/// doubles it and halves the probability shuffles per FMA of P·V; it comes last, so that only
+/// `ATTN_WGPU_ROW_THREADS=4` picks it until it is timed (or an adapter too small for the others).
+pub const ROW_THREADS: [u32; 3] = [8, 16, 4];
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row; then 16 (4x16 micro-tiles,

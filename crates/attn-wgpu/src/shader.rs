@@ -428,45 +428,57 @@ mod tests {
     /// and its workgroup memory is what `Variant::shared_bytes` says.
     #[test]
     fn every_variant_validates_and_matches_its_shared_bytes() {
+        // One thread per head dim: a few thousand shaders go through naga.
+        let counts: Vec<(usize, usize)> = std::thread::scope(|scope| {
+            let dims: Vec<_> =
+                (32..=256).step_by(32).map(|d| scope.spawn(move || check_head_dim(d))).collect();
+            dims.into_iter().map(|t| t.join().expect("a head dim's check panicked")).collect()
+        });
+        let checked: usize = counts.iter().map(|c| c.0).sum();
+        let checked_coop: usize = counts.iter().map(|c| c.1).sum();
+        assert!(checked > 100, "{checked}");
+        assert!(checked_coop >= 16, "{checked_coop}");
+    }
+
+    /// Every variant of head dim `d` (both dtypes and masks, every subgroup size): (checked,
+    /// of which cooperative-matrix).
+    fn check_head_dim(d: u32) -> (usize, usize) {
         let (mut checked, mut checked_coop) = (0, 0);
         for ty in [KernelType::F32, KernelType::F16] {
-            for d in (32..=256).step_by(32) {
-                for causal in [false, true] {
-                    for subgroup_min in [None, Some(8), Some(32)] {
-                        // The cooperative-matrix kernel: f16, subgroups of 32.
-                        let coop = crate::plan::coop_candidates(d, causal)
-                            .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
-                        for v in coop.chain(candidates(ty, d, causal, subgroup_min)) {
-                            let src = generate(&v);
-                            assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
-                            let module = naga::front::wgsl::parse_str(&src)
-                                .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
-                            // Only what the device is opened with (runtime.rs): not, for
-                            // example, subgroup barriers.
-                            use naga::valid::Capabilities as C;
-                            let caps = C::SUBGROUP
-                                | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
-                                | if v.coop { C::COOPERATIVE_MATRIX } else { C::empty() };
-                            let mut validator =
-                                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
-                            validator
-                                .validate(&module)
-                                .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
-                            let shared: u32 = module
-                                .global_variables
-                                .iter()
-                                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                                .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
-                                .sum();
-                            assert_eq!(shared, v.shared_bytes(), "{}", v.name());
-                            checked += 1;
-                            checked_coop += usize::from(v.coop);
-                        }
+            for causal in [false, true] {
+                for subgroup_min in [None, Some(8), Some(32)] {
+                    // The cooperative-matrix kernel: f16, subgroups of 32.
+                    let coop = crate::plan::coop_candidates(d, causal)
+                        .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
+                    for v in coop.chain(candidates(ty, d, causal, subgroup_min)) {
+                        let src = generate(&v);
+                        assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
+                        let module = naga::front::wgsl::parse_str(&src)
+                            .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
+                        // Only what the device is opened with (runtime.rs): not, for example,
+                        // subgroup barriers.
+                        use naga::valid::Capabilities as C;
+                        let caps = C::SUBGROUP
+                            | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
+                            | if v.coop { C::COOPERATIVE_MATRIX } else { C::empty() };
+                        let mut validator =
+                            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+                        validator
+                            .validate(&module)
+                            .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
+                        let shared: u32 = module
+                            .global_variables
+                            .iter()
+                            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                            .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+                            .sum();
+                        assert_eq!(shared, v.shared_bytes(), "{}", v.name());
+                        checked += 1;
+                        checked_coop += usize::from(v.coop);
                     }
                 }
             }
         }
-        assert!(checked > 100, "{checked}");
-        assert!(checked_coop >= 16, "{checked_coop}");
+        (checked, checked_coop)
     }
 }
