@@ -229,20 +229,7 @@ pub fn annotate_vulkan_memory_model(words: &mut Vec<u32>) -> Result<(), String> 
         return Err("the module does not declare the Vulkan memory model".into());
     }
     let values = constants(words, &all);
-    // Workgroup pointer types, then every pointer value of those types.
-    let mut types = HashSet::new();
-    let mut pointers = HashSet::new();
-    for &(at, count) in &all {
-        let opcode = words[at] & 0xffff;
-        if opcode == OP_TYPE_POINTER && count == 4 && words[at + 2] == STORAGE_WORKGROUP {
-            types.insert(words[at + 1]);
-        }
-        let derives =
-            [OP_VARIABLE, OP_ACCESS_CHAIN, OP_IN_BOUNDS_ACCESS_CHAIN, OP_PTR_ACCESS_CHAIN, OP_COPY_OBJECT];
-        if derives.contains(&opcode) && count >= 3 && types.contains(&words[at + 1]) {
-            pointers.insert(words[at + 2]);
-        }
-    }
+    let pointers = workgroup_pointers(words, &all);
     // The semantics constants barriers use, and their annotated twins (new ids past the bound,
     // defined right after the originals).
     let mut twins: HashMap<u32, u32> = HashMap::new();
@@ -302,6 +289,25 @@ pub fn annotate_vulkan_memory_model(words: &mut Vec<u32>) -> Result<(), String> 
     }
     *words = out;
     Ok(())
+}
+
+/// Every pointer value into workgroup memory: the workgroup pointer types, then the values of
+/// those types (variables, access chains and copies of them).
+fn workgroup_pointers(words: &[u32], all: &[(usize, usize)]) -> HashSet<u32> {
+    let mut types = HashSet::new();
+    let mut pointers = HashSet::new();
+    for &(at, count) in all {
+        let opcode = words[at] & 0xffff;
+        if opcode == OP_TYPE_POINTER && count == 4 && words[at + 2] == STORAGE_WORKGROUP {
+            types.insert(words[at + 1]);
+        }
+        let derives =
+            [OP_VARIABLE, OP_ACCESS_CHAIN, OP_IN_BOUNDS_ACCESS_CHAIN, OP_PTR_ACCESS_CHAIN, OP_COPY_OBJECT];
+        if derives.contains(&opcode) && count >= 3 && types.contains(&words[at + 1]) {
+            pointers.insert(words[at + 2]);
+        }
+    }
+    pointers
 }
 
 /// Types that only workgroup pointer types point to. A type is used where an instruction names
@@ -399,20 +405,7 @@ mod tests {
         let all = instructions(&words).unwrap();
         let values = constants(&words, &all);
         let (mut accesses, mut barriers) = (0, 0);
-        let workgroup: HashSet<u32> = {
-            let mut types = HashSet::new();
-            let mut pointers = HashSet::new();
-            for &(at, _) in &all {
-                let opcode = words[at] & 0xffff;
-                if opcode == OP_TYPE_POINTER && words[at + 2] == STORAGE_WORKGROUP {
-                    types.insert(words[at + 1]);
-                }
-                if [OP_VARIABLE, OP_ACCESS_CHAIN].contains(&opcode) && types.contains(&words[at + 1]) {
-                    pointers.insert(words[at + 2]);
-                }
-            }
-            pointers
-        };
+        let workgroup = workgroup_pointers(&words, &all);
         for &(at, count) in &all {
             let opcode = words[at] & 0xffff;
             if let Some((mem, ptr)) = memory_access(opcode)
