@@ -160,10 +160,7 @@ fn main(
 {{FETCH_V_FIRST}}
             }
             let qd = c * DC * TY + ty;
-            for (var d = 0u; d < DC; d++) {
-                let a = qs[qd + d * TY];
-{{S_FMA}}
-            }
+{{S_LOOP}}
         }
 
         // Mask only the tiles that reach past seq_k or past the first row's diagonal.

@@ -206,6 +206,11 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
+        if !choice.variant.coop && crate::shader::Ablation::from_env().any() {
+            choice
+                .notes
+                .push("ATTN_WGPU_ABLATE: parts of the kernel taken out for timing; RESULTS ARE WRONG".into());
+        }
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),

@@ -45,6 +45,8 @@
 //!   `ATTN_WGPU_COOP_MODEL=glsl450|vulkan|annotated`: how its SPIR-V declares the memory model
 //!   ([`spirv::MemoryModel`]).
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
+//! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv` takes those
+//!   parts out of the FMA kernel ([`shader::Ablation`]); the plan says so.
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

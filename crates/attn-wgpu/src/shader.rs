@@ -26,10 +26,12 @@ pub fn generate(variant: &Variant) -> String {
         crate::plan::KernelType::F32 => ("f32", ""),
         crate::plan::KernelType::F16 => ("f16", "enable f16;"),
     };
+    let ablate = Ablation::from_env();
     let rows = Reductions::new(variant);
-    let scores = Scores::new(variant);
+    let scores = Scores::new(variant, &ablate);
     let out = Output::new(variant);
     let staging = Staging::new(variant);
+    let s_loop = scores.qk_loop(ablate.qk_unroll);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
     let (ps_decl, row_lane0) = if variant.p_shuffle {
@@ -65,11 +67,11 @@ pub fn generate(variant: &Variant) -> String {
         ("{{ROW_LANE0}}", row_lane0),
         ("{{PRE_DECL}}", staging.declare("    ")),
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
-        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
-        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
+        ("{{FETCH_K_NEXT}}", ablate.fetch(staging.fetch_k("                ", "n0", "c + 1u"))),
+        ("{{FETCH_V_FIRST}}", ablate.fetch(staging.fetch_v("                ", "n0", "0u"))),
         ("{{STORE_K}}", staging.store_k("            ")),
         ("{{S_DECL}}", scores.decl),
-        ("{{S_FMA}}", scores.fma),
+        ("{{S_LOOP}}", s_loop),
         ("{{S_MASK}}", scores.mask),
         ("{{S_ROWMAX}}", scores.row_max),
         ("{{S_EXP}}", scores.exp),
@@ -77,12 +79,88 @@ pub fn generate(variant: &Variant) -> String {
         ("{{P_STORE}}", scores.p_store),
         ("{{O_DECL}}", out.decl),
         ("{{O_RESCALE}}", out.rescale),
-        ("{{PV}}", pv(variant, &staging)),
+        ("{{PV}}", pv(variant, &staging, &ablate)),
         ("{{O_STORE}}", out.store),
     ] {
         src = src.replace(key, &value);
     }
-    format!("// {}\n{src}", variant.name())
+    if ablate.barrier {
+        // Every barrier from the tile loop on (the reductions' own, on the path without
+        // subgroups, stay: they are in functions above it).
+        let at = src.find("for (var t = 0u").expect("the template's tile loop");
+        src = format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""));
+    }
+    format!("// {}{}\n{src}", variant.name(), ablate.comment())
+}
+
+/// `ATTN_WGPU_ABLATE`, a comma-separated list, for timing only: each named part of the FMA kernel
+/// is taken out, so that the time it costs is the difference to the whole kernel. The results
+/// are wrong (the plan says so). `qk`: of the 16·KG FMAs per head-dim step of S = Q·Kᵀ only
+/// one vec4 remains (the K loads stay, Q's go); `exp`: probabilities are the shifted scores,
+/// without exp2; `shuffle`: P·V uses the invocation's own probabilities, not shuffled ones;
+/// `pv`: no P·V at all (V is still staged).
+pub struct Ablation {
+    /// S = Q·Kᵀ reduced to one vec4 add per K load.
+    pub qk: bool,
+    /// No exp2 in the softmax.
+    pub exp: bool,
+    /// P·V without the probability shuffles.
+    pub shuffle: bool,
+    /// No P·V.
+    pub pv: bool,
+    /// No workgroup barriers inside the tile loop (races: timing only).
+    pub barrier: bool,
+    /// No global loads of K and V (stale stages are used).
+    pub load: bool,
+    /// Not an ablation (results stay right): head-dim steps per iteration of the S = Q·Kᵀ loop
+    /// (`ATTN_WGPU_QK_UNROLL`, default 1).
+    pub qk_unroll: u32,
+    /// Not an ablation: P·V's loop over a row's invocations unrolled, each key's shuffle issued
+    /// this many keys ahead of its FMAs (`ATTN_WGPU_PV_AHEAD`, default 0: the loop).
+    pub pv_ahead: u32,
+}
+
+impl Ablation {
+    /// The parts `ATTN_WGPU_ABLATE` names (none where it is unset).
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).unwrap_or_default();
+        let mut a = Ablation {
+            qk: false,
+            exp: false,
+            shuffle: false,
+            pv: false,
+            barrier: false,
+            load: false,
+            qk_unroll: var("ATTN_WGPU_QK_UNROLL").trim().parse().unwrap_or(1),
+            pv_ahead: var("ATTN_WGPU_PV_AHEAD").trim().parse().unwrap_or(0),
+        };
+        for part in var("ATTN_WGPU_ABLATE").split([',', '+']) {
+            match part.trim() {
+                "qk" => a.qk = true,
+                "exp" => a.exp = true,
+                "shuffle" => a.shuffle = true,
+                "pv" => a.pv = true,
+                "barrier" => a.barrier = true,
+                "load" => a.load = true,
+                _ => {}
+            }
+        }
+        a
+    }
+
+    /// Whether any part is taken out.
+    pub fn any(&self) -> bool {
+        self.qk || self.exp || self.shuffle || self.pv || self.barrier || self.load
+    }
+
+    /// `code` (global loads of a K or V stage), or nothing under `load`.
+    fn fetch(&self, code: String) -> String {
+        if self.load { String::new() } else { code }
+    }
+
+    fn comment(&self) -> String {
+        if self.any() { " (ATTN_WGPU_ABLATE: parts taken out, results wrong)".into() } else { String::new() }
+    }
 }
 
 /// Row max and sum over a row's TX invocations: subgroup shuffles, or workgroup memory.
@@ -139,7 +217,7 @@ struct Scores {
 }
 
 impl Scores {
-    fn new(variant: &Variant) -> Self {
+    fn new(variant: &Variant, ablate: &Ablation) -> Self {
         let groups = variant.key_groups;
         let mut c = Scores {
             decl: String::new(),
@@ -151,7 +229,7 @@ impl Scores {
             p_store: String::new(),
         };
         for g in 0..groups {
-            let _ = writeln!(c.fma, "                let k{g} = kv[kb + d * BN4 + {g}u * TX + tx];");
+            let _ = writeln!(c.fma, "                let k{g}U = kv[kb + (d + U) * BN4 + {g}u * TX + tx];");
             let _ = writeln!(
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
@@ -169,12 +247,20 @@ impl Scores {
             }
             for (i, l) in LANE.iter().enumerate() {
                 let _ = writeln!(c.decl, "        var s{i}_{g} = vec4<f32>(0.0);");
-                let _ = writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
+                if !ablate.qk {
+                    let _ = writeln!(
+                        c.fma,
+                        "                s{i}_{g} = fma(vec4<f32>(aU.{l}), k{g}U, s{i}_{g});"
+                    );
+                } else if i == 0 {
+                    let _ = writeln!(c.fma, "                s{i}_{g} = s{i}_{g} + k{g}U;");
+                }
                 let _ = writeln!(
                     c.mask,
                     "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{l}));"
                 );
-                let _ = writeln!(c.exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{l}));");
+                let exp = if ablate.exp { "" } else { "exp2" };
+                let _ = writeln!(c.exp, "        let p{i}_{g} = {exp}(s{i}_{g} - vec4<f32>(m_use.{l}));");
             }
         }
         // Per-row reductions over the invocation's own keys: vec4(row 0, .., row 3).
@@ -188,8 +274,34 @@ impl Scores {
             format!("vec4<f32>({})", rows.join(", "))
         };
         c.row_max = over_groups("hmax", "s", "max");
+        // (`fma` is one head-dim step's K loads then FMAs, with `U` standing for the step's offset.)
         c.row_sum = over_groups("hsum", "p", "add");
         c
+    }
+}
+
+impl Scores {
+    /// S += Q·Kᵀ over one stage's DC head-dim columns, `unroll` steps per loop iteration with
+    /// every step's Q and K loads issued before the first step's FMAs.
+    fn qk_loop(&self, unroll: u32) -> String {
+        let mut s = format!("            for (var d = 0u; d < DC; d += {unroll}u) {{\n");
+        let (mut loads, mut fmas) = (String::new(), String::new());
+        for u in 0..unroll {
+            let _ = writeln!(loads, "                let a{u} = qs[qd + (d + {u}u) * TY];");
+            for line in self.fma.lines() {
+                let line = line.replace("(d + U)", &format!("(d + {u}u)")).replace('U', &u.to_string());
+                if line.contains("= kv[") {
+                    loads += &line
+                } else {
+                    fmas += &line
+                }
+                if line.contains("= kv[") { loads.push('\n') } else { fmas.push('\n') }
+            }
+        }
+        s += &loads;
+        s += &fmas;
+        s += "            }";
+        s
     }
 }
 
@@ -222,7 +334,7 @@ impl Output {
 
 /// O += P·V, one V chunk at a time: store the staged chunk, start loading the next stage (the
 /// next V chunk, or the next tile's first K chunk), then the FMAs over this chunk's columns.
-fn pv(variant: &Variant, staging: &Staging) -> String {
+fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
     let mut pv = String::new();
@@ -235,15 +347,18 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
         pv.push_str(&staging.store_v("        ", &buf));
         let _ = writeln!(pv, "        workgroupBarrier();");
         if chunk + 1 < chunks {
-            pv.push_str(&staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1)));
+            pv.push_str(&ablate.fetch(staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1))));
         } else {
             let _ = writeln!(pv, "        if (t + 1u < n_tiles) {{");
-            pv.push_str(&staging.fetch_k("            ", "n0 + BN", "0u"));
+            pv.push_str(&ablate.fetch(staging.fetch_k("            ", "n0 + BN", "0u")));
             let _ = writeln!(pv, "        }}");
         }
         // For key `n`, with its four rows' probabilities in `pv`.
         let fmas = |ind: &str| -> String {
             let mut s = String::new();
+            if ablate.pv {
+                return s;
+            }
             let _ = writeln!(s, "{ind}let vb = {buf} + n * DC4 + tx;");
             for lc in 0..per_chunk {
                 let _ = writeln!(s, "{ind}let v{lc} = kv[vb + {lc}u * TX];");
@@ -256,7 +371,32 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
             }
             s
         };
-        if variant.p_shuffle {
+        if variant.p_shuffle && ablate.pv_ahead > 0 && !ablate.shuffle {
+            // Unrolled: key 4·(g·TX + src) + j, in the loop's order, its shuffle `ahead` keys early.
+            let ahead = ablate.pv_ahead as usize;
+            let keys: Vec<(u32, u32, u32)> = (0..variant.row_threads)
+                .flat_map(|src| (0..variant.key_groups).flat_map(move |g| (0..4).map(move |j| (src, g, j))))
+                .collect();
+            let shuffle = |k: usize| {
+                let (src, g, j) = keys[k];
+                format!("        let pv_{k} = subgroupShuffle(pt{g}_{j}, row_lane0 + {src}u);\n")
+            };
+            let _ = writeln!(pv, "        {{");
+            for k in 0..ahead.min(keys.len()) {
+                pv.push_str(&shuffle(k));
+            }
+            for (k, &(src, g, j)) in keys.iter().enumerate() {
+                if k + ahead < keys.len() {
+                    pv.push_str(&shuffle(k + ahead));
+                }
+                let _ = writeln!(pv, "        {{");
+                let _ = writeln!(pv, "            let n = {}u;", (g * variant.row_threads + src) * 4 + j);
+                let _ = writeln!(pv, "            let pv = pv_{k};");
+                pv.push_str(&fmas("            "));
+                let _ = writeln!(pv, "        }}");
+            }
+            let _ = writeln!(pv, "        }}");
+        } else if variant.p_shuffle {
             // Key 4·(g·TX + src) + j is held by lane src of this row's TX, as pt{g}_{j}.
             let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
             let _ = writeln!(pv, "            let owner = row_lane0 + src;");
@@ -264,7 +404,11 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
                 for j in 0..4 {
                     let _ = writeln!(pv, "            {{");
                     let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-                    let _ = writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);");
+                    let _ = if ablate.shuffle {
+                        writeln!(pv, "                let pv = pt{g}_{j};")
+                    } else {
+                        writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
+                    };
                     pv.push_str(&fmas("                "));
                     let _ = writeln!(pv, "            }}");
                 }
