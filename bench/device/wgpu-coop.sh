@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the cooperative-matrix (tensor-core) f16 kernel through Vulkan.
-# 1. attn verify on the full grid for each memory model (MODELS, ATTN_WGPU_COOP_MODEL: glsl450,
-#    the measured default; annotated, the specification's way) and each tile width (KEYS,
-#    ATTN_WGPU_COOP_KEYS: 32, and 64, which failed causal large-score cases with glsl450);
+# 1. attn verify on the full grid for each memory model (MODELS, ATTN_WGPU_COOP_MODEL: annotated,
+#    the default, and glsl450, both verified on the H100) and each tile width (KEYS,
+#    ATTN_WGPU_COOP_KEYS: 32, and 64, which fails causal large-score cases under both models);
 # 2. each shape (ROWS, ATTN_WGPU_COOP_ROWS) on the quick grid; the coop_probe and coop_debug
 #    examples;
 # 3. times with wgpu-explore.sh at S=$SEQS (default 4096): the FMA f16 kernel (ATTN_WGPU_COOP=0)
@@ -12,7 +12,7 @@ set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 source bench/device/vulkan-env.sh
 attn=.device/bin/attn
-models=${MODELS:-"glsl450 annotated"}
+models=${MODELS:-"annotated glsl450"}
 keys=${KEYS:-"32 64"}
 rows=${ROWS:-"16 32 64"}
 for m in $models; do for n in $keys; do

@@ -160,7 +160,10 @@ fn main(
 {{FETCH_V_FIRST}}
             }
             let qd = c * DC * TY + ty;
-{{S_LOOP}}
+            for (var d = 0u; d < DC; d++) {
+                let a = qs[qd + d * TY];
+{{S_FMA}}
+            }
         }
 
         // Mask only the tiles that reach past seq_k or past the first row's diagonal.

@@ -42,7 +42,7 @@
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`
 //!   and `ATTN_WGPU_COOP_KEYS=32|64`: only its shapes with that many rows or keys (64-key tiles
 //!   fail verification on the H100 and are never planned otherwise);
-//!   `ATTN_WGPU_COOP_MODEL=glsl450|vulkan|annotated`: how its SPIR-V declares the memory model
+//!   `ATTN_WGPU_COOP_MODEL=annotated|glsl450|vulkan`: how its SPIR-V declares the memory model
 //!   ([`spirv::MemoryModel`]).
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
 //! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv` takes those

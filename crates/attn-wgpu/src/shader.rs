@@ -31,7 +31,6 @@ pub fn generate(variant: &Variant) -> String {
     let scores = Scores::new(variant, &ablate);
     let out = Output::new(variant);
     let staging = Staging::new(variant);
-    let s_loop = scores.qk_loop(ablate.qk_unroll);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
     let (ps_decl, row_lane0) = if variant.p_shuffle {
@@ -71,7 +70,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{FETCH_V_FIRST}}", ablate.fetch(staging.fetch_v("                ", "n0", "0u"))),
         ("{{STORE_K}}", staging.store_k("            ")),
         ("{{S_DECL}}", scores.decl),
-        ("{{S_LOOP}}", s_loop),
+        ("{{S_FMA}}", scores.fma),
         ("{{S_MASK}}", scores.mask),
         ("{{S_ROWMAX}}", scores.row_max),
         ("{{S_EXP}}", scores.exp),
@@ -93,12 +92,14 @@ pub fn generate(variant: &Variant) -> String {
     format!("// {}{}\n{src}", variant.name(), ablate.comment())
 }
 
-/// `ATTN_WGPU_ABLATE`, a comma-separated list, for timing only: each named part of the FMA kernel
+/// `ATTN_WGPU_ABLATE`, a list separated by `,` or `+`, for timing only: each named part of the FMA kernel
 /// is taken out, so that the time it costs is the difference to the whole kernel. The results
 /// are wrong (the plan says so). `qk`: of the 16·KG FMAs per head-dim step of S = Q·Kᵀ only
 /// one vec4 remains (the K loads stay, Q's go); `exp`: probabilities are the shifted scores,
 /// without exp2; `shuffle`: P·V uses the invocation's own probabilities, not shuffled ones;
-/// `pv`: no P·V at all (V is still staged).
+/// `pv`: no P·V at all (V is still staged); `barrier`: no barrier inside the tile loop (races);
+/// `load`: no global loads of K and V (stale stages are used). Measured on the H100:
+/// bench/results/2026-11-23-h100-wgpu-f32-ablation.
 pub struct Ablation {
     /// S = Q·Kᵀ reduced to one vec4 add per K load.
     pub qk: bool,
@@ -112,29 +113,14 @@ pub struct Ablation {
     pub barrier: bool,
     /// No global loads of K and V (stale stages are used).
     pub load: bool,
-    /// Not an ablation (results stay right): head-dim steps per iteration of the S = Q·Kᵀ loop
-    /// (`ATTN_WGPU_QK_UNROLL`, default 1).
-    pub qk_unroll: u32,
-    /// Not an ablation: P·V's loop over a row's invocations unrolled, each key's shuffle issued
-    /// this many keys ahead of its FMAs (`ATTN_WGPU_PV_AHEAD`, default 0: the loop).
-    pub pv_ahead: u32,
 }
 
 impl Ablation {
     /// The parts `ATTN_WGPU_ABLATE` names (none where it is unset).
     pub fn from_env() -> Self {
-        let var = |name| std::env::var(name).unwrap_or_default();
-        let mut a = Ablation {
-            qk: false,
-            exp: false,
-            shuffle: false,
-            pv: false,
-            barrier: false,
-            load: false,
-            qk_unroll: var("ATTN_WGPU_QK_UNROLL").trim().parse().unwrap_or(1),
-            pv_ahead: var("ATTN_WGPU_PV_AHEAD").trim().parse().unwrap_or(0),
-        };
-        for part in var("ATTN_WGPU_ABLATE").split([',', '+']) {
+        let mut a =
+            Ablation { qk: false, exp: false, shuffle: false, pv: false, barrier: false, load: false };
+        for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
             match part.trim() {
                 "qk" => a.qk = true,
                 "exp" => a.exp = true,
@@ -229,7 +215,7 @@ impl Scores {
             p_store: String::new(),
         };
         for g in 0..groups {
-            let _ = writeln!(c.fma, "                let k{g}U = kv[kb + (d + U) * BN4 + {g}u * TX + tx];");
+            let _ = writeln!(c.fma, "                let k{g} = kv[kb + d * BN4 + {g}u * TX + tx];");
             let _ = writeln!(
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
@@ -248,12 +234,10 @@ impl Scores {
             for (i, l) in LANE.iter().enumerate() {
                 let _ = writeln!(c.decl, "        var s{i}_{g} = vec4<f32>(0.0);");
                 if !ablate.qk {
-                    let _ = writeln!(
-                        c.fma,
-                        "                s{i}_{g} = fma(vec4<f32>(aU.{l}), k{g}U, s{i}_{g});"
-                    );
+                    let _ =
+                        writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
                 } else if i == 0 {
-                    let _ = writeln!(c.fma, "                s{i}_{g} = s{i}_{g} + k{g}U;");
+                    let _ = writeln!(c.fma, "                s{i}_{g} = s{i}_{g} + k{g};");
                 }
                 let _ = writeln!(
                     c.mask,
@@ -274,34 +258,8 @@ impl Scores {
             format!("vec4<f32>({})", rows.join(", "))
         };
         c.row_max = over_groups("hmax", "s", "max");
-        // (`fma` is one head-dim step's K loads then FMAs, with `U` standing for the step's offset.)
         c.row_sum = over_groups("hsum", "p", "add");
         c
-    }
-}
-
-impl Scores {
-    /// S += Q·Kᵀ over one stage's DC head-dim columns, `unroll` steps per loop iteration with
-    /// every step's Q and K loads issued before the first step's FMAs.
-    fn qk_loop(&self, unroll: u32) -> String {
-        let mut s = format!("            for (var d = 0u; d < DC; d += {unroll}u) {{\n");
-        let (mut loads, mut fmas) = (String::new(), String::new());
-        for u in 0..unroll {
-            let _ = writeln!(loads, "                let a{u} = qs[qd + (d + {u}u) * TY];");
-            for line in self.fma.lines() {
-                let line = line.replace("(d + U)", &format!("(d + {u}u)")).replace('U', &u.to_string());
-                if line.contains("= kv[") {
-                    loads += &line
-                } else {
-                    fmas += &line
-                }
-                if line.contains("= kv[") { loads.push('\n') } else { fmas.push('\n') }
-            }
-        }
-        s += &loads;
-        s += &fmas;
-        s += "            }";
-        s
     }
 }
 
@@ -371,32 +329,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             }
             s
         };
-        if variant.p_shuffle && ablate.pv_ahead > 0 && !ablate.shuffle {
-            // Unrolled: key 4·(g·TX + src) + j, in the loop's order, its shuffle `ahead` keys early.
-            let ahead = ablate.pv_ahead as usize;
-            let keys: Vec<(u32, u32, u32)> = (0..variant.row_threads)
-                .flat_map(|src| (0..variant.key_groups).flat_map(move |g| (0..4).map(move |j| (src, g, j))))
-                .collect();
-            let shuffle = |k: usize| {
-                let (src, g, j) = keys[k];
-                format!("        let pv_{k} = subgroupShuffle(pt{g}_{j}, row_lane0 + {src}u);\n")
-            };
-            let _ = writeln!(pv, "        {{");
-            for k in 0..ahead.min(keys.len()) {
-                pv.push_str(&shuffle(k));
-            }
-            for (k, &(src, g, j)) in keys.iter().enumerate() {
-                if k + ahead < keys.len() {
-                    pv.push_str(&shuffle(k + ahead));
-                }
-                let _ = writeln!(pv, "        {{");
-                let _ = writeln!(pv, "            let n = {}u;", (g * variant.row_threads + src) * 4 + j);
-                let _ = writeln!(pv, "            let pv = pv_{k};");
-                pv.push_str(&fmas("            "));
-                let _ = writeln!(pv, "        }}");
-            }
-            let _ = writeln!(pv, "        }}");
-        } else if variant.p_shuffle {
+        if variant.p_shuffle {
             // Key 4·(g·TX + src) + j is held by lane src of this row's TX, as pt{g}_{j}.
             let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
             let _ = writeln!(pv, "            let owner = row_lane0 + src;");

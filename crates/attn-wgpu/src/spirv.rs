@@ -8,11 +8,13 @@
 //! (gfx-rs/wgpu#8805). Under the Vulkan model, plain workgroup stores are then not ordered
 //! before other invocations' loads by a barrier, which is what the kernel's hand-overs rely on.
 //! Two ways out, both here:
-//! - [`use_glsl450_memory_model`] declares GLSL450 instead. The driver takes it and the kernel
-//!   passes `attn verify` on the H100 with it (the measured configuration), but SPIRV-Tools
-//!   (2025) rejects the module: cooperative matrices in a shader require the Vulkan model.
 //! - [`annotate_vulkan_memory_model`] keeps the Vulkan model and adds what naga leaves out: the
-//!   module is then what the specification asks for. Not yet run on a GPU.
+//!   module is then what the specification asks for (it passes `spirv-val`). The default: on the
+//!   H100 it passed `attn verify` on the full grid at the GLSL450 module's speed
+//!   (bench/results/2026-11-23-h100-wgpu-levers-10d56fb).
+//! - [`use_glsl450_memory_model`] declares GLSL450 instead. The driver takes it and the kernel
+//!   passed `attn verify` on the H100 with it (the configuration of the first measurements), but
+//!   SPIRV-Tools (2025) rejects the module: cooperative matrices require the Vulkan model.
 //!
 //! With naga's module as it is (`MemoryModel::NagaVulkan`) the kernel also passed on the H100:
 //! this driver orders the accesses anyway. The choice is `ATTN_WGPU_COOP_MODEL`.
@@ -23,21 +25,21 @@ use std::collections::{HashMap, HashSet};
 /// How [`compile_coop`] leaves the module's memory model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemoryModel {
-    /// Declared GLSL450 ([`use_glsl450_memory_model`]); the default, verified on the H100.
+    /// Declared GLSL450 ([`use_glsl450_memory_model`]); verified on the H100, invalid SPIR-V.
     Glsl450,
     /// Naga's output unchanged: Vulkan, without the annotations it needs.
     NagaVulkan,
-    /// Vulkan, with the annotations added ([`annotate_vulkan_memory_model`]).
+    /// Vulkan, with the annotations added ([`annotate_vulkan_memory_model`]); the default.
     Annotated,
 }
 
 impl MemoryModel {
-    /// `ATTN_WGPU_COOP_MODEL` = `glsl450` (or unset), `vulkan` or `annotated`.
+    /// `ATTN_WGPU_COOP_MODEL` = `annotated` (or unset), `glsl450` or `vulkan`.
     pub fn from_env() -> MemoryModel {
         match std::env::var("ATTN_WGPU_COOP_MODEL").as_deref().map(str::trim) {
             Ok("vulkan") => MemoryModel::NagaVulkan,
-            Ok("annotated") => MemoryModel::Annotated,
-            _ => MemoryModel::Glsl450,
+            Ok("glsl450") => MemoryModel::Glsl450,
+            _ => MemoryModel::Annotated,
         }
     }
 }
