@@ -39,7 +39,9 @@ const LN2: f32 = 0.6931471805599453;
 // runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[buf + d·BN4 + n/4] (K) with d < DC,
 // n/4 < BN4, or kv[buf + n·DC4 + d/4] (V) with n < BN, d/4 < DC4, buf = s·KV_STAGE with
 // s < STAGES; ps[n·TY + m/4] with n < BN; the
-// storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4.
+// storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4; V read
+// straight from its buffer at rows n0 + n, n < BN, which the padding to whole tiles keeps within
+// the head's rows.
 // Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
 var<workgroup> qs: array<vec4<f32>, D * TY>;
 // A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]),
@@ -110,7 +112,8 @@ fn main(
     let b = bh / P.heads_q;
     let h = bh % P.heads_q;
     let q_base = bh * P.seq_q * D4;
-    let kv_base = (b * P.heads_kv + h / P.group) * P.seq_k * D4;
+    // K/V rows per head: seq_k, or (V read straight from its buffer) padded to whole tiles.
+    let kv_base = (b * P.heads_kv + h / P.group) * {{K_ROWS}} * D4;
 
     // Keys this block can see: all, or (causal) up to the last row's diagonal.
     var n_end = P.seq_k;

@@ -51,6 +51,9 @@ pub struct Wgpu {
     coop_keys: Option<u32>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
+    /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
+    /// set.
+    v_direct: Option<bool>,
 }
 
 impl Wgpu {
@@ -94,6 +97,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with V read straight from its buffer by P·V (`true`) or staged through
+    /// workgroup memory (`false`): to time one against the other.
+    pub fn with_v_direct(mut self, direct: bool) -> Self {
+        self.v_direct = Some(direct);
+        self
+    }
+
     /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
     /// workgroup memory (`false`): to time one against the other.
     pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
@@ -104,8 +114,9 @@ impl Wgpu {
     /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
-    /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2) and [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), all for the FMA kernel; `ATTN_WGPU_COOP_ROWS` (16, 32 or
+    /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1) and [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0 or
+    /// 1), all for the FMA kernel; `ATTN_WGPU_COOP_ROWS` (16, 32 or
     /// 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the cooperative-matrix kernel's shapes with
     /// that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
@@ -120,6 +131,7 @@ impl Wgpu {
             coop_rows: var("ATTN_WGPU_COOP_ROWS"),
             coop_keys: var("ATTN_WGPU_COOP_KEYS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
+            v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
             ..Self::default()
         }
     }
@@ -138,6 +150,7 @@ impl Wgpu {
                     && self.row_threads.is_none_or(|t| v.row_threads == t)
                     && self.stages.is_none_or(|n| v.stages == n)
                     && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
+                    && self.v_direct.is_none_or(|d| v.v_direct == d)
             }
         };
         plan::choose_among(problem, caps, &allowed)

@@ -35,8 +35,10 @@
 //!   `ATTN_WGPU_ROW_THREADS=8|16|4`: only that many invocations per query row (16 halves each
 //!   one's registers, measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V stage
 //!   buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_P_SHUFFLE=0`:
-//!   probabilities through workgroup memory even where subgroups could shuffle them. 4x16 tiles
-//!   and 4 invocations per row are picked only by their knobs until timed on a GPU.
+//!   probabilities through workgroup memory even where subgroups could shuffle them;
+//!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer (picked only by the knob until
+//!   timed on a GPU). 4x16 tiles and 4 invocations per row were timed slower on the H100 and are
+//!   picked only by their knobs.
 //! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
 //!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`

@@ -158,6 +158,11 @@ pub struct Variant {
     /// Probabilities handed to the row's other invocations by subgroup shuffles instead of
     /// through workgroup memory (Pᵀ); needs `subgroup`.
     pub p_shuffle: bool,
+    /// P·V reads V straight from its buffer (each head's K/V rows zero-padded to whole tiles)
+    /// instead of staging it through workgroup memory: no V stage barriers, and each key's
+    /// probabilities are shuffled once for all of the head dim rather than once per chunk.
+    /// Needs `p_shuffle`.
+    pub v_direct: bool,
     /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
     /// per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`, `chunk` and
     /// `stages` do not apply (8, the head dim, 1).
@@ -188,9 +193,16 @@ impl Variant {
 
     /// The packed Q, K and V hold each head's rows padded with zeros to a multiple of these
     /// (Q, K/V): whole blocks for the cooperative-matrix kernel, which loads its matrices straight
-    /// from the buffers; none for the FMA kernel, whose loads are guarded.
+    /// from the buffers; whole key tiles where the FMA kernel reads V straight from its buffer
+    /// (`v_direct`); none otherwise, where the FMA kernel's loads are guarded.
     pub fn row_align(&self) -> (usize, usize) {
-        if self.coop { (self.block_m() as usize, self.block_n() as usize) } else { (1, 1) }
+        if self.coop {
+            (self.block_m() as usize, self.block_n() as usize)
+        } else if self.v_direct {
+            (1, self.block_n() as usize)
+        } else {
+            (1, 1)
+        }
     }
 
     /// Workgroup memory, bytes: Qᵀ, the K/V chunk, Pᵀ and (without subgroups) the reduction
@@ -208,7 +220,8 @@ impl Variant {
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row and `_db` for two stage buffers).
+    /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
+    /// straight from its buffer).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -229,7 +242,8 @@ impl Variant {
                 format!("_tx{}", self.row_threads)
             },
             if self.stages == 2 { "_db" } else { "" },
-        ) + if self.coop { "_coop" } else { "" }
+        ) + if self.v_direct { "_vd" } else { "" }
+            + if self.coop { "_coop" } else { "" }
     }
 }
 
@@ -491,6 +505,7 @@ pub fn candidates(
         causal,
         subgroup: spans(row_threads),
         p_shuffle,
+        v_direct: false,
         coop: false,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
@@ -520,6 +535,15 @@ pub fn candidates(
             }
         }
     }
+    // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
+    // One stage buffer (it holds only K chunks), 8 invocations per row, shuffled probabilities.
+    let first = all.clone();
+    all.extend(
+        first
+            .into_iter()
+            .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+            .map(|v| Variant { v_direct: true, ..v }),
+    );
     all.into_iter()
 }
 
@@ -543,6 +567,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         causal,
         subgroup: true,
         p_shuffle: false,
+        v_direct: false,
         coop: true,
     })
 }
@@ -624,6 +649,7 @@ mod tests {
             causal: false,
             subgroup: false,
             p_shuffle: false,
+            v_direct: false,
             coop: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.

@@ -67,7 +67,8 @@ pub fn generate(variant: &Variant) -> String {
         ("{{PRE_DECL}}", staging.declare("    ")),
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
         ("{{FETCH_K_NEXT}}", ablate.fetch(staging.fetch_k("                ", "n0", "c + 1u"))),
-        ("{{FETCH_V_FIRST}}", ablate.fetch(staging.fetch_v("                ", "n0", "0u"))),
+        ("{{FETCH_V_FIRST}}", ablate.fetch(after_last_k_chunk(variant, &staging))),
+        ("{{K_ROWS}}", k_rows(variant).to_string()),
         ("{{STORE_K}}", staging.store_k("            ")),
         ("{{S_DECL}}", scores.decl),
         ("{{S_FMA}}", scores.fma),
@@ -146,6 +147,28 @@ impl Ablation {
 
     fn comment(&self) -> String {
         if self.any() { " (ATTN_WGPU_ABLATE: parts taken out, results wrong)".into() } else { String::new() }
+    }
+}
+
+/// K/V rows per head in the packed buffers (`plan::padded_rows`), as a WGSL expression.
+fn k_rows(variant: &Variant) -> &'static str {
+    match variant.row_align().1 {
+        1 => "P.seq_k",
+        _ => "((P.seq_k + BN - 1u) / BN * BN)",
+    }
+}
+
+/// What the last K chunk's stage loads next: the first V chunk, or, where P·V reads V straight
+/// from its buffer, the next tile's first K chunk.
+fn after_last_k_chunk(variant: &Variant, staging: &Staging) -> String {
+    if variant.v_direct {
+        let ind = "                ";
+        format!(
+            "{ind}if (t + 1u < n_tiles) {{\n{}{ind}}}",
+            staging.fetch_k(&format!("{ind}    "), "n0 + BN", "0u")
+        )
+    } else {
+        staging.fetch_v("                ", "n0", "0u")
     }
 }
 
@@ -293,6 +316,9 @@ impl Output {
 /// O += P·V, one V chunk at a time: store the staged chunk, start loading the next stage (the
 /// next V chunk, or the next tile's first K chunk), then the FMAs over this chunk's columns.
 fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
+    if variant.v_direct {
+        return pv_direct(variant, ablate);
+    }
     let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
     let mut pv = String::new();
@@ -357,6 +383,47 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     pv
 }
 
+/// O += P·V with V read straight from its buffer (`Variant::v_direct`): no stages and no
+/// barriers; for each key, one shuffle of its four rows' probabilities, then all of the
+/// invocation's `D/(4·TX)` vec4 columns of that V row (the row's TX invocations read consecutive
+/// vec4s; the subgroup's other rows read the same ones).
+fn pv_direct(variant: &Variant, ablate: &Ablation) -> String {
+    let per_row = variant.head_dim / 4 / variant.row_threads;
+    let mut pv = String::new();
+    let _ = writeln!(pv, "        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).");
+    let _ = writeln!(pv, "        let vrow0 = kv_base + n0 * D4 + tx;");
+    let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
+    let _ = writeln!(pv, "            let owner = row_lane0 + src;");
+    for g in 0..variant.key_groups {
+        for j in 0..4 {
+            let _ = writeln!(pv, "            {{");
+            let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
+            if ablate.pv {
+                let _ = writeln!(pv, "            }}");
+                continue;
+            }
+            let _ = if ablate.shuffle {
+                writeln!(pv, "                let pv = pt{g}_{j};")
+            } else {
+                writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
+            };
+            let _ = writeln!(pv, "                let vb = vrow0 + n * D4;");
+            for c in 0..per_row {
+                let _ = writeln!(pv, "                let v{c} = vec4<f32>(v[vb + {c}u * TX]);");
+            }
+            for (i, l) in LANE.iter().enumerate() {
+                for c in 0..per_row {
+                    let _ =
+                        writeln!(pv, "                o{i}_{c} = fma(vec4<f32>(pv.{l}), v{c}, o{i}_{c});");
+                }
+            }
+            let _ = writeln!(pv, "            }}");
+        }
+    }
+    let _ = writeln!(pv, "        }}");
+    pv
+}
+
 /// How one stage (a `BN × DC` chunk of K or V) travels from global memory through each
 /// invocation's `pre*` registers into `kv`: K in blocks of 4 keys × 4 dims, transposed on the way
 /// (`kv[d·BN4 + n/4]`), V as plain vec4s (`kv[n·DC4 + d/4]`). Invocation `lid` takes K blocks
@@ -379,7 +446,7 @@ impl Staging {
     fn new(v: &Variant) -> Self {
         let t = v.threads();
         let k_total = v.block_n() / 4 * v.chunk / 4;
-        let v_total = v.block_n() * v.chunk / 4;
+        let v_total = if v.v_direct { 0 } else { v.block_n() * v.chunk / 4 };
         Staging { k_blocks: k_total.div_ceil(t), k_total, v_vecs: v_total.div_ceil(t), v_total, threads: t }
     }
 

@@ -239,3 +239,23 @@ fn two_stage_buffers() {
         92,
     );
 }
+
+#[test]
+fn v_read_straight_from_its_buffer() {
+    let Some(_) = backend("v_read_straight_from_its_buffer") else { return };
+    let b = Wgpu::new().with_v_direct(true);
+    // Keys off the tiles (the padded rows), GQA, causal with an offset.
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_vd"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 100);
+    // Several K chunks per tile, then the next tile's first K chunk loaded after the last one.
+    check(
+        &Wgpu::new().with_v_direct(true).with_chunk(32),
+        &Problem::new(sk(70, 200, 2, 128), DType::F16),
+        101,
+    );
+    check(&b, &Problem::new(Shape::new(2, 2, 65, 256), DType::Bf16).causal(), 102);
+    // The BSHD layout: packing pads each head's K/V rows to whole tiles either way.
+    let s = Shape::new(1, 2, 40, 96);
+    check(&b, &Problem::new(s, DType::F32).with_layout(Layout::Bshd), 103);
+}
