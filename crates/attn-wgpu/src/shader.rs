@@ -356,23 +356,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             s
         };
         if variant.p_shuffle {
-            // Key 4·(g·TX + src) + j is held by lane src of this row's TX, as pt{g}_{j}.
-            let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
-            let _ = writeln!(pv, "            let owner = row_lane0 + src;");
-            for g in 0..variant.key_groups {
-                for j in 0..4 {
-                    let _ = writeln!(pv, "            {{");
-                    let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-                    let _ = if ablate.shuffle {
-                        writeln!(pv, "                let pv = pt{g}_{j};")
-                    } else {
-                        writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
-                    };
-                    pv.push_str(&fmas("                "));
-                    let _ = writeln!(pv, "            }}");
-                }
-            }
-            let _ = writeln!(pv, "        }}");
+            pv.push_str(&shuffled_keys(variant, ablate, &fmas));
         } else {
             let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
             let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
@@ -389,39 +373,50 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
 /// vec4s; the subgroup's other rows read the same ones).
 fn pv_direct(variant: &Variant, ablate: &Ablation) -> String {
     let per_row = variant.head_dim / 4 / variant.row_threads;
-    let mut pv = String::new();
-    let _ = writeln!(pv, "        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).");
-    let _ = writeln!(pv, "        let vrow0 = kv_base + n0 * D4 + tx;");
-    let _ = writeln!(pv, "        for (var src = 0u; src < TX; src++) {{");
-    let _ = writeln!(pv, "            let owner = row_lane0 + src;");
+    let fmas = |ind: &str| -> String {
+        let mut s = String::new();
+        if ablate.pv {
+            return s;
+        }
+        let _ = writeln!(s, "{ind}let vb = vrow0 + n * D4;");
+        for c in 0..per_row {
+            let _ = writeln!(s, "{ind}let v{c} = vec4<f32>(v[vb + {c}u * TX]);");
+        }
+        for (i, l) in LANE.iter().enumerate() {
+            for c in 0..per_row {
+                let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{l}), v{c}, o{i}_{c});");
+            }
+        }
+        s
+    };
+    let mut pv =
+        String::from("        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).\n");
+    pv += "        let vrow0 = kv_base + n0 * D4 + tx;\n";
+    pv + &shuffled_keys(variant, ablate, &fmas)
+}
+
+/// The loop over a tile's keys where probabilities are shuffled: key `n` = 4·(g·TX + src) + j
+/// is held by lane `src` of the row's TX, as pt{g}_{j}; for each, `pv` (its four rows'
+/// probabilities) and `n` are set and `body` (indented as given) uses them.
+fn shuffled_keys(variant: &Variant, ablate: &Ablation, body: &dyn Fn(&str) -> String) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "        for (var src = 0u; src < TX; src++) {{");
+    let _ = writeln!(s, "            let owner = row_lane0 + src;");
     for g in 0..variant.key_groups {
         for j in 0..4 {
-            let _ = writeln!(pv, "            {{");
-            let _ = writeln!(pv, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-            if ablate.pv {
-                let _ = writeln!(pv, "            }}");
-                continue;
-            }
+            let _ = writeln!(s, "            {{");
+            let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
             let _ = if ablate.shuffle {
-                writeln!(pv, "                let pv = pt{g}_{j};")
+                writeln!(s, "                let pv = pt{g}_{j};")
             } else {
-                writeln!(pv, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
+                writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
             };
-            let _ = writeln!(pv, "                let vb = vrow0 + n * D4;");
-            for c in 0..per_row {
-                let _ = writeln!(pv, "                let v{c} = vec4<f32>(v[vb + {c}u * TX]);");
-            }
-            for (i, l) in LANE.iter().enumerate() {
-                for c in 0..per_row {
-                    let _ =
-                        writeln!(pv, "                o{i}_{c} = fma(vec4<f32>(pv.{l}), v{c}, o{i}_{c});");
-                }
-            }
-            let _ = writeln!(pv, "            }}");
+            s.push_str(&body("                "));
+            let _ = writeln!(s, "            }}");
         }
     }
-    let _ = writeln!(pv, "        }}");
-    pv
+    let _ = writeln!(s, "        }}");
+    s
 }
 
 /// How one stage (a `BN × DC` chunk of K or V) travels from global memory through each
