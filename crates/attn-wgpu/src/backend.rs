@@ -54,6 +54,8 @@ pub struct Wgpu {
     /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
     /// set.
     v_direct: Option<bool>,
+    /// Only FMA-kernel variants with this many query rows per workgroup, where set.
+    rows: Option<u32>,
 }
 
 impl Wgpu {
@@ -104,6 +106,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with workgroups of `rows` query rows (FMA kernel: 16 to 128): to time one
+    /// height against another.
+    pub fn with_rows(mut self, rows: u32) -> Self {
+        self.rows = Some(rows);
+        self
+    }
+
     /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
     /// workgroup memory (`false`): to time one against the other.
     pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
@@ -115,10 +124,10 @@ impl Wgpu {
     /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1) and [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0 or
-    /// 1), all for the FMA kernel; `ATTN_WGPU_COOP_ROWS` (16, 32 or
-    /// 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the cooperative-matrix kernel's shapes with
-    /// that many rows per workgroup or keys per tile.
+    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
+    /// or 1) and [`Wgpu::with_rows`] from `ATTN_WGPU_ROWS`, all for the FMA kernel;
+    /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
+    /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -132,6 +141,7 @@ impl Wgpu {
             coop_keys: var("ATTN_WGPU_COOP_KEYS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
+            rows: var("ATTN_WGPU_ROWS"),
             ..Self::default()
         }
     }
@@ -151,6 +161,7 @@ impl Wgpu {
                     && self.stages.is_none_or(|n| v.stages == n)
                     && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
+                    && self.rows.is_none_or(|r| v.block_m() == r)
             }
         };
         plan::choose_among(problem, caps, &allowed)

@@ -53,7 +53,8 @@ pub const HEAD_DIM_ALIGN: usize = 32;
 /// The largest head dim (after padding) the kernel is built for: O takes `4·D/TX` registers per
 /// invocation (`D/2` with 8 invocations per row).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Row groups (`TY`) tried, largest first: 128, 64 and 32 invocations, `BM` = 64, 32 and 16.
+/// Row groups (`TY`) tried, largest first: 128, 64 and 32 invocations, `BM` = 64, 32 and 16
+/// (and, with V read straight from its buffer, twice the first: see [`candidates`]).
 pub const ROW_GROUPS: [u32; 3] = [16, 8, 4];
 
 /// What the planner needs to know about an adapter: read off a real one by the runtime, or
@@ -536,14 +537,21 @@ pub fn candidates(
         }
     }
     // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
-    // One stage buffer (it holds only K chunks), 8 invocations per row, shuffled probabilities.
-    let first = all.clone();
-    all.extend(
-        first
-            .into_iter()
-            .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
-            .map(|v| Variant { v_direct: true, ..v }),
-    );
+    // One stage buffer (it holds only K chunks), 8 invocations per row, shuffled probabilities;
+    // also with 128 rows (256 invocations), which the memory V no longer takes can afford at
+    // small head dims (`ATTN_WGPU_ROWS=128` picks those).
+    let direct: Vec<Variant> = all
+        .iter()
+        .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+        .map(|&v| Variant { v_direct: true, ..v })
+        .collect();
+    let tall: Vec<Variant> = direct
+        .iter()
+        .filter(|v| v.row_groups == ROW_GROUPS[0])
+        .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
+        .collect();
+    all.extend(direct);
+    all.extend(tall);
     all.into_iter()
 }
 

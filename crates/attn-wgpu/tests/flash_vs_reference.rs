@@ -258,4 +258,9 @@ fn v_read_straight_from_its_buffer() {
     // The BSHD layout: packing pads each head's K/V rows to whole tiles either way.
     let s = Shape::new(1, 2, 40, 96);
     check(&b, &Problem::new(s, DType::F32).with_layout(Layout::Bshd), 103);
+    // 128 rows per workgroup (256 invocations), at a head dim small enough for lavapipe's 32 KiB.
+    let tall = Wgpu::new().with_v_direct(true).with_rows(128);
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 32) }, DType::F32).causal();
+    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
+    check(&tall, &p, 104);
 }
