@@ -32,9 +32,11 @@ if has verify; then
   ATTN_WGPU_SUBGROUPS=0 timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-wgmem.txt" 2>&1
   echo "verify (no subgroups) exit $?"; tail -1 "$out/verify-wgpu-wgmem.txt"
   # The opt-in variants (lavapipe's subgroups of 8 cannot run the 16-per-row subgroup path).
+  # The verdict line counts skipped cases: 128-row workgroups fit only head dims up to 64.
   # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
   for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_KEY_GROUPS=4 \
-    ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128; do
+    ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
+    ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128; do
     env ${knob//,/ } timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
     echo "verify ($knob) exit $?"; tail -1 "$out/verify-wgpu-${knob//=/_}.txt"
   done

@@ -122,9 +122,10 @@ fn main(
     }
     let n_tiles = (n_end + BN - 1u) / BN;
 
-    // K and V pass through registers on their way to workgroup memory: each stage's global loads
-    // (pre*) are issued before the previous stage's arithmetic and stored after it, so their
-    // latency hides under that arithmetic. The first K chunk is loaded under the Q staging.
+    // K and V (or, where P·V reads V straight from its buffer, K alone) pass through registers on
+    // their way to workgroup memory: each stage's global loads (pre*) are issued before the
+    // previous stage's arithmetic and stored after it, so their latency hides under that
+    // arithmetic. The first K chunk is loaded under the Q staging.
 {{PRE_DECL}}
     if (n_tiles > 0u) {
 {{FETCH_K_FIRST}}

@@ -230,10 +230,12 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
-        if !choice.variant.coop && crate::shader::Ablation::from_env().any() {
-            choice
-                .notes
-                .push("ATTN_WGPU_ABLATE: parts of the kernel taken out for timing; RESULTS ARE WRONG".into());
+        let ablated = crate::shader::Ablation::from_env().parts();
+        if !choice.variant.coop && !ablated.is_empty() {
+            choice.notes.push(format!(
+                "ATTN_WGPU_ABLATE: {} taken out of the kernel for timing; RESULTS ARE WRONG",
+                ablated.join(", ")
+            ));
         }
         Ok(Plan {
             backend: self.name().into(),

@@ -23,8 +23,8 @@
 //! 8 or more), row reductions and the hand-over of probabilities from the invocation that
 //! computed them to its row's others use subgroup shuffles, otherwise workgroup memory. Kernel time
 //! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`. K and V pass through
-//! registers on their way to workgroup memory, so that each chunk's global loads overlap the
-//! previous chunk's arithmetic. Shaders are compiled without naga's run-time index clamps and
+//! registers on their way to workgroup memory (or V is read straight from its buffer, by knob),
+//! so that each chunk's global loads overlap the previous chunk's arithmetic. Shaders are compiled without naga's run-time index clamps and
 //! loop caps ([`runtime::Checks`] says why that is sound and what it bought).
 //!
 //! ## Knobs (environment)
@@ -38,8 +38,8 @@
 //!   probabilities through workgroup memory even where subgroups could shuffle them;
 //!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer (picked only by the knob until
 //!   timed on a GPU); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query rows
-//!   (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per row were timed slower on the H100 and are
-//!   picked only by their knobs.
+//!   (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per
+//!   row were timed slower on the H100 and are picked only by their knobs.
 //! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
 //!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`
@@ -48,8 +48,9 @@
 //!   `ATTN_WGPU_COOP_MODEL=annotated|glsl450|vulkan`: how its SPIR-V declares the memory model
 //!   ([`spirv::MemoryModel`]).
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
-//! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv` takes those
-//!   parts out of the FMA kernel ([`shader::Ablation`]); the plan says so.
+//! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv,barrier,load`
+//!   (any of them, separated by `,` or `+`) takes those parts out of the FMA kernel
+//!   ([`shader::Ablation`]); the plan says so.
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

@@ -16,15 +16,17 @@ use attn_core::{
 /// Invocations sharing one query row's scores (the `TX` of the kernel), in order of preference;
 /// the subgroup path needs subgroups at least this wide. 16 halves each invocation's share of O
 /// (and its registers) for twice the invocations per row (measured no faster on the H100). 4
-/// doubles it and halves the probability shuffles per FMA of P·V; it comes last, so that only
-/// `ATTN_WGPU_ROW_THREADS=4` picks it until it is timed (or an adapter too small for the others).
+/// doubles it and halves the probability shuffles per FMA of P·V, but measured slower on the H100
+/// (229-255 registers, some spilled; bench/results/2026-11-23-h100-wgpu-levers-10d56fb); it
+/// comes last, so that only `ATTN_WGPU_ROW_THREADS=4` picks it (or an adapter too small for the
+/// others).
 pub const ROW_THREADS: [u32; 3] = [8, 16, 4];
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row; then 16 (4x16 micro-tiles,
-/// fewer workgroup-memory loads per FMA: 20 floats per 64 where 4x8 loads 12 per 32), last, so
-/// that only `ATTN_WGPU_KEY_GROUPS=4` picks it until it is measured (it needs more memory than
-/// the others, so the planner never reaches it on its own).
+/// fewer workgroup-memory loads per FMA: 20 floats per 64 where 4x8 loads 12 per 32; measured
+/// 6-11% slower on the H100), last, so that only `ATTN_WGPU_KEY_GROUPS=4` picks it (it needs more
+/// memory than the others, so the planner never reaches it on its own).
 pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 /// K/V stage buffers, fewest first: with 2, a stage is stored while the previous one is still
 /// being read, which saves one of each stage's two barriers for twice the chunk's memory.
@@ -418,8 +420,16 @@ pub fn choose_among(
             MICRO * variant.key_groups,
             d / variant.row_threads,
         ));
+        let staged = if variant.v_direct { "K" } else { "K and V" };
         if variant.chunk < d {
-            notes.push(format!("K and V staged {} of {d} head-dim columns at a time", variant.chunk));
+            notes.push(format!("{staged} staged {} of {d} head-dim columns at a time", variant.chunk));
+        }
+        if variant.v_direct {
+            notes.push(
+                "P·V reads V straight from its buffer (each head's K/V rows padded to whole tiles): \
+                 no V stages, one probability shuffle per key"
+                    .into(),
+            );
         }
         if variant.stages == 2 {
             notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
@@ -484,10 +494,11 @@ pub fn choose_among(
 /// dim per stage (fewer barriers); first of all, where there is one, the shape measured
 /// fastest for this dtype and head dim (`measured_best`). Variants with 16 invocations per row
 /// come after all those with 8, where the head dim and chunk give each invocation at least one
-/// vec4 of O per row (`D` and `DC` multiples of 64); then, last of all, the same with two stage
-/// buffers ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob). A variant uses
-/// subgroup operations where the adapter's smallest subgroup (`subgroup_min`) spans a row's
-/// invocations.
+/// vec4 of O per row (`D` and `DC` multiples of 64); then the same with two stage buffers
+/// ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob); then, last of all, the
+/// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows
+/// (chosen only by their knobs until timed). A variant uses subgroup operations where the
+/// adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -537,14 +548,17 @@ pub fn candidates(
         }
     }
     // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
-    // One stage buffer (it holds only K chunks), 8 invocations per row, shuffled probabilities;
-    // also with 128 rows (256 invocations), which the memory V no longer takes can afford at
-    // small head dims (`ATTN_WGPU_ROWS=128` picks those).
-    let direct: Vec<Variant> = all
-        .iter()
-        .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
-        .map(|&v| Variant { v_direct: true, ..v })
-        .collect();
+    // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
+    // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
+    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, the measured
+    // shape first, each once (the measured shape also appears in the generic order).
+    let mut direct: Vec<Variant> = Vec::new();
+    for v in all.iter().filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0]) {
+        let v = Variant { v_direct: true, ..*v };
+        if !direct.contains(&v) {
+            direct.push(v);
+        }
+    }
     let tall: Vec<Variant> = direct
         .iter()
         .filter(|v| v.row_groups == ROW_GROUPS[0])
@@ -597,6 +611,37 @@ mod tests {
             subgroup_min: Some(8),
             timestamps: true,
             coop_f16: false,
+        }
+    }
+
+    /// The shapes that only knobs should pick (V read straight from its buffer, 128 rows) are
+    /// never the planner's own choice, on any adapter size, head dim, dtype or mask.
+    #[test]
+    fn knob_only_shapes_are_never_chosen_on_their_own() {
+        for kib in [16, 32, 48, 64, 100, 228] {
+            for subgroup_min in [None, Some(8), Some(32), Some(64)] {
+                for invocations in [128, 256, 1024] {
+                    let caps = AdapterCaps {
+                        workgroup_storage: kib * 1024,
+                        invocations,
+                        subgroup_min,
+                        ..lavapipe()
+                    };
+                    for d in (32..=256).step_by(32) {
+                        for dtype in [DType::F32, DType::F16] {
+                            for causal in [false, true] {
+                                let mut p = Problem::new(Shape::new(1, 2, 300, d), dtype);
+                                if causal {
+                                    p = p.causal();
+                                }
+                                let Ok(choice) = choose(&p, &caps) else { continue };
+                                let v = choice.variant;
+                                assert!(!v.v_direct && v.block_m() <= 64, "{}", v.name());
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -197,8 +197,10 @@ impl Gpu {
             // SAFETY (both arms): the kernel's loops all end (their bounds are constants or
             // uniform sizes, never data) and its indices stay in bounds (workgroup arrays by
             // their constant loop limits; storage buffers by the seq_q / seq_k guards of the FMA
-            // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads, each
-            // head's rows padded to whole tiles (`plan::padded_rows`, `pack::pack_inputs`), and
+            // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads and the FMA
+            // kernel's unguarded V reads where V is read straight from its buffer
+            // (`Variant::v_direct`), each head's rows padded to whole tiles
+            // (`plan::padded_rows`, `pack::pack_inputs`), and
             // the buffer sizes `plan::choose` derives from the same problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
             // validated module, changed only as `spirv::MemoryModel` says (its memory-model
@@ -303,8 +305,9 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
 /// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
 ///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
-///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads
-///   are not guarded but stay inside each head's rows, which are padded to whole tiles
+///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads,
+///   and the FMA kernel's V reads where it reads V straight from its buffer (`v_direct`), are not
+///   guarded but stay inside each head's rows, which are padded to whole tiles
 ///   (`plan::padded_rows`); the verify suite runs this default;
 /// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
 ///   divides only by constants and by head counts and the group size, which

@@ -96,10 +96,12 @@ pub fn generate(variant: &Variant) -> String {
 /// `ATTN_WGPU_ABLATE`, a list separated by `,` or `+`, for timing only: each named part of the FMA kernel
 /// is taken out, so that the time it costs is the difference to the whole kernel. The results
 /// are wrong (the plan says so). `qk`: of the 16·KG FMAs per head-dim step of S = Q·Kᵀ only
-/// one vec4 remains (the K loads stay, Q's go); `exp`: probabilities are the shifted scores,
-/// without exp2; `shuffle`: P·V uses the invocation's own probabilities, not shuffled ones;
-/// `pv`: no P·V at all (V is still staged); `barrier`: no barrier inside the tile loop (races);
-/// `load`: no global loads of K and V (stale stages are used). Measured on the H100:
+/// one vec4 add per key group remains (the K loads stay, Q's go); `exp`: probabilities are the
+/// shifted scores, without exp2; `shuffle`: P·V uses the invocation's own probabilities, not
+/// shuffled ones; `pv`: no P·V at all (V is still staged, or, read straight from its buffer, not
+/// read); `barrier`: no barrier inside the tile loop (races); `load`: no global loads of the K
+/// and V stages (stale stages are used; V read straight from its buffer is still read). Other
+/// words are ignored; the plan's note lists the parts taken out. Measured on the H100:
 /// bench/results/2026-11-23-h100-wgpu-f32-ablation.
 pub struct Ablation {
     /// S = Q·Kᵀ reduced to one vec4 add per K load.
@@ -135,9 +137,24 @@ impl Ablation {
         a
     }
 
+    /// The parts taken out, by name (empty where none is).
+    pub fn parts(&self) -> Vec<&'static str> {
+        [
+            (self.qk, "qk"),
+            (self.exp, "exp"),
+            (self.shuffle, "shuffle"),
+            (self.pv, "pv"),
+            (self.barrier, "barrier"),
+            (self.load, "load"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
     /// Whether any part is taken out.
     pub fn any(&self) -> bool {
-        self.qk || self.exp || self.shuffle || self.pv || self.barrier || self.load
+        !self.parts().is_empty()
     }
 
     /// `code` (global loads of a K or V stage), or nothing under `load`.
