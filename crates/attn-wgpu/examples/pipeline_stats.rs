@@ -8,7 +8,9 @@
 //! planner's choice marked `*`). Workgroup memory is not zero-initialised here (wgpu does that
 //! per dispatch); everything else matches.
 //!
-//! `cargo run --release -p attn-wgpu --example pipeline_stats -- [f32,f16] [64,128]`
+//! `cargo run --release -p attn-wgpu --example pipeline_stats -- [f32,f16] [64,128] [part]`
+//! (`part`: only variants whose name contains it, e.g. `_vd`; the planner's choice is always
+//! printed).
 //! Prints why not and exits 0 where there is no Vulkan adapter or the driver lacks the extension.
 
 use ash::vk;
@@ -22,6 +24,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dtypes = args.first().map_or("f32,f16", String::as_str).to_string();
     let dims = args.get(1).map_or("64,128", String::as_str).to_string();
+    let part = args.get(2).cloned().unwrap_or_default();
     let gpu = match Gpu::open() {
         Ok(gpu) => gpu,
         Err(reason) => {
@@ -50,6 +53,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
             for v in plan::candidates(ty, d, false, caps.subgroup_min) {
                 if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
+                    continue;
+                }
+                if Some(v) != chosen && !v.name().contains(&part) {
                     continue;
                 }
                 let mark = if Some(v) == chosen { "*" } else { " " };
