@@ -36,7 +36,7 @@ if has verify; then
   # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
   for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_KEY_GROUPS=4 \
     ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
-    ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128; do
+    ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128 ATTN_WGPU_K_DIRECT=1 ATTN_WGPU_K_DIRECT=1,ATTN_WGPU_ROWS=128; do
     env ${knob//,/ } timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
     echo "verify ($knob) exit $?"; tail -1 "$out/verify-wgpu-${knob//=/_}.txt"
   done

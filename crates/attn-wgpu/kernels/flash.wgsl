@@ -40,13 +40,11 @@ const LN2: f32 = 0.6931471805599453;
 // n/4 < BN4, or kv[buf + n·DC4 + d/4] (V) with n < BN, d/4 < DC4, buf = s·KV_STAGE with
 // s < STAGES; ps[n·TY + m/4] with n < BN; the
 // storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4; V read
-// straight from its buffer at rows n0 + n, n < BN, which the padding to whole tiles keeps within
-// the head's rows.
+// straight from its buffer at rows n0 + n, n < BN, and Kᵀ at kv_base + n0·D4 + d·BN4 + n/4 (the
+// tile's transposed block), which the padding to whole tiles keeps within the head's rows.
 // Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
 var<workgroup> qs: array<vec4<f32>, D * TY>;
-// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]),
-// per stage buffer.
-var<workgroup> kv: array<vec4<f32>, KV_STAGE * STAGES>;
+{{KV_DECL}}
 {{PS_DECL}}
 {{RED_DECL}}
 
@@ -145,6 +143,7 @@ fn main(
         qs[(db * 4u + 2u) * TY + mb] = vec4<f32>(r0.z, r1.z, r2.z, r3.z) * sc;
         qs[(db * 4u + 3u) * TY + mb] = vec4<f32>(r0.w, r1.w, r2.w, r3.w) * sc;
     }
+{{BARRIER_AFTER_Q}}
 
     var m = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);
@@ -153,11 +152,10 @@ fn main(
         let n0 = t * BN;
 {{S_DECL}}
         for (var c = 0u; c < NCH; c++) {
-            // This chunk's buffer; with two, stage c of 2·NCH per tile uses buffer c % 2.
-            let kb = (c % STAGES) * KV_STAGE;
+{{K_BASE}}
 {{BARRIER_BEFORE_STORE}}
 {{STORE_K}}
-            workgroupBarrier();
+{{BARRIER_AFTER_STORE}}
             if (c + 1u < NCH) {
 {{FETCH_K_NEXT}}
             } else {

@@ -54,6 +54,9 @@ pub struct Wgpu {
     /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
     /// set.
     v_direct: Option<bool>,
+    /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
+    /// set.
+    k_direct: Option<bool>,
     /// Only FMA-kernel variants with this many query rows per workgroup, where set.
     rows: Option<u32>,
 }
@@ -106,6 +109,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with K read straight from its buffer (packed transposed per tile) as well as V
+    /// (`true`), or never (`false`): to time one against the other.
+    pub fn with_k_direct(mut self, direct: bool) -> Self {
+        self.k_direct = Some(direct);
+        self
+    }
+
     /// Plans only with workgroups of `rows` query rows (FMA kernel: 16 to 128): to time one
     /// height against another.
     pub fn with_rows(mut self, rows: u32) -> Self {
@@ -125,7 +135,8 @@ impl Wgpu {
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
-    /// or 1) and [`Wgpu::with_rows`] from `ATTN_WGPU_ROWS`, all for the FMA kernel;
+    /// or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
+    /// from `ATTN_WGPU_ROWS`, all for the FMA kernel;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
@@ -142,6 +153,7 @@ impl Wgpu {
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
+            k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             ..Self::default()
         }
     }
@@ -162,6 +174,7 @@ impl Wgpu {
                     && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
                     && self.rows.is_none_or(|r| v.block_m() == r)
+                    && self.k_direct.is_none_or(|d| v.k_direct == d)
             }
         };
         plan::choose_among(problem, caps, &allowed)
@@ -257,7 +270,8 @@ impl Attention for Wgpu {
         let s = problem.shape;
         let d = variant.head_dim as usize;
         let rows = plan::padded_rows(&variant, s.seq_q, s.seq_k);
-        let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows);
+        let k_tiles = variant.k_direct.then_some(variant.block_n() as usize);
+        let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows, k_tiles);
         let params = Params {
             seq_q: s.seq_q as u32,
             seq_k: s.seq_k as u32,

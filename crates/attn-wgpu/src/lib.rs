@@ -36,9 +36,10 @@
 //!   one's registers, measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V stage
 //!   buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_P_SHUFFLE=0`:
 //!   probabilities through workgroup memory even where subgroups could shuffle them;
-//!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer (picked only by the knob until
-//!   timed on a GPU); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query rows
-//!   (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per
+//!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer; `ATTN_WGPU_K_DIRECT=1`: K
+//!   too, packed transposed per tile (no stages and no barriers in the tile loop); both picked
+//!   only by their knobs until timed on a GPU (or where nothing else fits the adapter); `ATTN_WGPU_ROWS=16|32|64|128`: only
+//!   workgroups of that many query rows (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per
 //!   row were timed slower on the H100 and are picked only by their knobs.
 //! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
 //!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by

@@ -11,18 +11,22 @@ use attn_core::{Data, DataMut, Element, Inputs, Problem, Strides};
 use half::f16;
 
 /// q, k and v as the bytes of the kernel's buffers: each head's rows padded with zeros to
-/// `rows` (q, then k and v; [`crate::plan::padded_rows`]).
+/// `rows` (q, then k and v; [`crate::plan::padded_rows`]). With `k_tiles` = `Some(bn)` (which
+/// `rows.1` is a multiple of), K is laid out transposed per tile of `bn` keys: each head's
+/// tile `t` is a `d_pad × bn` block, element (key `t·bn + n`, dim `d`) at `d·bn + n`, so that
+/// four consecutive keys at one dim are one vec4 (`Variant::k_direct`).
 pub fn pack_inputs(
     problem: &Problem,
     inputs: &Inputs<'_>,
     ty: KernelType,
     d_pad: usize,
     rows: (usize, usize),
+    k_tiles: Option<usize>,
 ) -> [Vec<u8>; 3] {
     let s = problem.shape;
     let t = problem.strides;
-    let one = |data: Data<'_>, st: Strides, heads: usize, seq: usize, seq_pad: usize| -> Vec<u8> {
-        let dims = Dims { batch: s.batch, heads, seq, seq_pad, d: s.head_dim, d_pad };
+    let one = |data: Data<'_>, st: Strides, heads: usize, seq: usize, seq_pad: usize, tiles| -> Vec<u8> {
+        let dims = Dims { batch: s.batch, heads, seq, seq_pad, d: s.head_dim, d_pad, tiles };
         match (data, ty) {
             (Data::F32(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v)).to_vec(),
             (Data::Bf16(x), _) => bytemuck::cast_slice(&pack(x, st, dims, |v| v.to_f32())).to_vec(),
@@ -35,9 +39,9 @@ pub fn pack_inputs(
         }
     };
     [
-        one(inputs.q, t.q, s.heads_q, s.seq_q, rows.0),
-        one(inputs.k, t.k, s.heads_kv, s.seq_k, rows.1),
-        one(inputs.v, t.v, s.heads_kv, s.seq_k, rows.1),
+        one(inputs.q, t.q, s.heads_q, s.seq_q, rows.0, None),
+        one(inputs.k, t.k, s.heads_kv, s.seq_k, rows.1, k_tiles),
+        one(inputs.v, t.v, s.heads_kv, s.seq_k, rows.1, None),
     ]
 }
 
@@ -85,19 +89,34 @@ struct Dims {
     seq_pad: usize,
     d: usize,
     d_pad: usize,
+    /// Transposed per tile of this many rows (a divisor of `seq_pad`), where set.
+    tiles: Option<usize>,
 }
 
 /// Contiguous `[batch, heads, seq_pad, d_pad]` from a strided view, converting each element;
-/// the padding is zeros.
+/// the padding is zeros. With `n.tiles = Some(bn)`, each head's rows are instead stored as
+/// `seq_pad / bn` blocks of `[d_pad, bn]` (each tile transposed).
 fn pack<T: Copy, U: Copy + Default>(src: &[T], st: Strides, n: Dims, convert: impl Fn(T) -> U) -> Vec<U> {
     let mut out = vec![U::default(); n.batch * n.heads * n.seq_pad * n.d_pad];
     for b in 0..n.batch {
         for h in 0..n.heads {
+            let head = (b * n.heads + h) * n.seq_pad * n.d_pad;
             for i in 0..n.seq {
                 let at = st.offset(b, h, i);
-                let row = (b * n.heads + h) * n.seq_pad + i;
-                for (x, &y) in out[row * n.d_pad..row * n.d_pad + n.d].iter_mut().zip(&src[at..at + n.d]) {
-                    *x = convert(y);
+                let row = &src[at..at + n.d];
+                match n.tiles {
+                    None => {
+                        let to = head + i * n.d_pad;
+                        for (x, &y) in out[to..to + n.d].iter_mut().zip(row) {
+                            *x = convert(y);
+                        }
+                    }
+                    Some(bn) => {
+                        let tile = head + (i / bn) * n.d_pad * bn;
+                        for (d, &y) in row.iter().enumerate() {
+                            out[tile + d * bn + i % bn] = convert(y);
+                        }
+                    }
                 }
             }
         }

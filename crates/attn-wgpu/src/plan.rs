@@ -166,6 +166,11 @@ pub struct Variant {
     /// probabilities are shuffled once for all of the head dim rather than once per chunk.
     /// Needs `p_shuffle`.
     pub v_direct: bool,
+    /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
+    /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
+    /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
+    /// with `v_direct` and `chunk == head_dim`.
+    pub k_direct: bool,
     /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
     /// per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`, `chunk` and
     /// `stages` do not apply (8, the head dim, 1).
@@ -219,7 +224,8 @@ impl Variant {
         }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
-        4 * (bm * self.head_dim + bn * self.chunk * self.stages + p + red)
+        let kv = if self.k_direct { 0 } else { bn * self.chunk * self.stages };
+        4 * (bm * self.head_dim + kv + p + red)
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
@@ -246,6 +252,7 @@ impl Variant {
             },
             if self.stages == 2 { "_db" } else { "" },
         ) + if self.v_direct { "_vd" } else { "" }
+            + if self.k_direct { "_kd" } else { "" }
             + if self.coop { "_coop" } else { "" }
     }
 }
@@ -421,7 +428,13 @@ pub fn choose_among(
             d / variant.row_threads,
         ));
         let staged = if variant.v_direct { "K" } else { "K and V" };
-        if variant.chunk < d {
+        if variant.k_direct {
+            notes.push(
+                "S = Q·Kᵀ reads Kᵀ straight from its buffer (packed transposed per tile): no stages, \
+                 no barriers in the tile loop"
+                    .into(),
+            );
+        } else if variant.chunk < d {
             notes.push(format!("{staged} staged {} of {d} head-dim columns at a time", variant.chunk));
         }
         if variant.v_direct {
@@ -496,8 +509,10 @@ pub fn choose_among(
 /// come after all those with 8, where the head dim and chunk give each invocation at least one
 /// vec4 of O per row (`D` and `DC` multiples of 64); then the same with two stage buffers
 /// ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob); then, last of all, the
-/// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows
-/// (chosen only by their knobs until timed). A variant uses subgroup operations where the
+/// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows, and
+/// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
+/// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
+/// alone). A variant uses subgroup operations where the
 /// adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
 pub fn candidates(
     ty: KernelType,
@@ -518,6 +533,7 @@ pub fn candidates(
         subgroup: spans(row_threads),
         p_shuffle,
         v_direct: false,
+        k_direct: false,
         coop: false,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
@@ -564,8 +580,17 @@ pub fn candidates(
         .filter(|v| v.row_groups == ROW_GROUPS[0])
         .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
         .collect();
+    // Then K straight from its buffer as well, last of all (`ATTN_WGPU_K_DIRECT=1`): the same
+    // shapes with the whole head dim in one pass.
+    let k_direct: Vec<Variant> = direct
+        .iter()
+        .chain(&tall)
+        .filter(|v| v.chunk == head_dim)
+        .map(|&v| Variant { k_direct: true, ..v })
+        .collect();
     all.extend(direct);
     all.extend(tall);
+    all.extend(k_direct);
     all.into_iter()
 }
 
@@ -590,6 +615,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         subgroup: true,
         p_shuffle: false,
         v_direct: false,
+        k_direct: false,
         coop: true,
     })
 }
@@ -614,10 +640,12 @@ mod tests {
         }
     }
 
-    /// The shapes that only knobs should pick (V read straight from its buffer, 128 rows) are
-    /// never the planner's own choice, on any adapter size, head dim, dtype or mask.
+    /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
+    /// 128 rows) are the planner's own choice only where no other shape fits the adapter (at
+    /// D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
     #[test]
-    fn knob_only_shapes_are_never_chosen_on_their_own() {
+    fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
+        let mut chosen_alone = 0;
         for kib in [16, 32, 48, 64, 100, 228] {
             for subgroup_min in [None, Some(8), Some(32), Some(64)] {
                 for invocations in [128, 256, 1024] {
@@ -636,13 +664,24 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                assert!(!v.v_direct && v.block_m() <= 64, "{}", v.name());
+                                if v.v_direct || v.block_m() > 64 {
+                                    let fits = |w: &Variant| {
+                                        w.shared_bytes() <= caps.workgroup_storage
+                                            && w.threads() <= caps.invocations
+                                    };
+                                    let other = candidates(v.ty, v.head_dim, causal, subgroup_min)
+                                        .find(|w| !w.v_direct && w.block_m() <= 64 && fits(w));
+                                    assert!(other.is_none(), "{} chosen over {:?}", v.name(), other);
+                                    chosen_alone += 1;
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        // The branch above is reached (D=256 with 16 KiB): the check is not vacuous.
+        assert!(chosen_alone > 0);
     }
 
     #[test]
@@ -703,6 +742,7 @@ mod tests {
             subgroup: false,
             p_shuffle: false,
             v_direct: false,
+            k_direct: false,
             coop: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.

@@ -198,8 +198,8 @@ impl Gpu {
             // uniform sizes, never data) and its indices stay in bounds (workgroup arrays by
             // their constant loop limits; storage buffers by the seq_q / seq_k guards of the FMA
             // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads and the FMA
-            // kernel's unguarded V reads where V is read straight from its buffer
-            // (`Variant::v_direct`), each head's rows padded to whole tiles
+            // kernel's unguarded V (and K) reads where it reads them straight from their buffers
+            // (`Variant::v_direct`, `k_direct`), each head's rows padded to whole tiles
             // (`plan::padded_rows`, `pack::pack_inputs`), and
             // the buffer sizes `plan::choose` derives from the same problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
@@ -306,7 +306,8 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
 ///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
 ///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads,
-///   and the FMA kernel's V reads where it reads V straight from its buffer (`v_direct`), are not
+///   and the FMA kernel's V (and K) reads where it reads them straight from their buffers
+///   (`v_direct`, `k_direct`), are not
 ///   guarded but stay inside each head's rows, which are padded to whole tiles
 ///   (`plan::padded_rows`); the verify suite runs this default;
 /// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel

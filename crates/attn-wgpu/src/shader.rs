@@ -57,6 +57,16 @@ pub fn generate(variant: &Variant) -> String {
         ("{{CAUSAL}}", variant.causal.to_string()),
         ("{{STAGES}}", variant.stages.to_string()),
         ("{{BARRIER_BEFORE_STORE}}", barrier_before_store(variant, "            ")),
+        ("{{KV_DECL}}", kv_decl(variant).into()),
+        (
+            "{{BARRIER_AFTER_Q}}",
+            if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
+        ),
+        ("{{K_BASE}}", k_base(variant).into()),
+        (
+            "{{BARRIER_AFTER_STORE}}",
+            if variant.k_direct { String::new() } else { "            workgroupBarrier();".into() },
+        ),
         ("{{RED_DECL}}", rows.decl),
         ("{{REDUCE_MAX}}", rows.max),
         ("{{REDUCE_SUM}}", rows.sum),
@@ -167,6 +177,34 @@ impl Ablation {
     }
 }
 
+/// The K/V stage buffers in workgroup memory, or (K and V read straight from their buffers)
+/// none.
+fn kv_decl(variant: &Variant) -> &'static str {
+    if variant.k_direct {
+        "// K (packed transposed per tile) and V are read straight from their buffers."
+    } else {
+        "// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]),\n\
+         // per stage buffer.\n\
+         var<workgroup> kv: array<vec4<f32>, KV_STAGE * STAGES>;"
+    }
+}
+
+/// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this
+/// chunk's stage buffer, or this tile's block of the K buffer, which packing transposed per tile.
+fn k_base(variant: &Variant) -> &'static str {
+    if variant.k_direct {
+        concat!(
+            "            // This tile's Kᵀ block of the buffer (packed transposed per tile, rows padded).\n",
+            "            let kb = kv_base + n0 * D4;"
+        )
+    } else {
+        concat!(
+            "            // This chunk's buffer; with two, stage c of 2·NCH per tile uses buffer c % 2.\n",
+            "            let kb = (c % STAGES) * KV_STAGE;"
+        )
+    }
+}
+
 /// K/V rows per head in the packed buffers (`plan::padded_rows`), as a WGSL expression.
 fn k_rows(variant: &Variant) -> &'static str {
     match variant.row_align().1 {
@@ -178,7 +216,9 @@ fn k_rows(variant: &Variant) -> &'static str {
 /// What the last K chunk's stage loads next: the first V chunk, or, where P·V reads V straight
 /// from its buffer, the next tile's first K chunk.
 fn after_last_k_chunk(variant: &Variant, staging: &Staging) -> String {
-    if variant.v_direct {
+    if variant.k_direct {
+        String::new()
+    } else if variant.v_direct {
         let ind = "                ";
         format!(
             "{ind}if (t + 1u < n_tiles) {{\n{}{ind}}}",
@@ -255,7 +295,12 @@ impl Scores {
             p_store: String::new(),
         };
         for g in 0..groups {
-            let _ = writeln!(c.fma, "                let k{g} = kv[kb + d * BN4 + {g}u * TX + tx];");
+            let load = if variant.k_direct {
+                "vec4<f32>(k[kb + d * BN4 + {g}u * TX + tx])"
+            } else {
+                "kv[kb + d * BN4 + {g}u * TX + tx]"
+            };
+            let _ = writeln!(c.fma, "                let k{g} = {};", load.replace("{g}", &g.to_string()));
             let _ = writeln!(
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
@@ -457,7 +502,7 @@ struct Staging {
 impl Staging {
     fn new(v: &Variant) -> Self {
         let t = v.threads();
-        let k_total = v.block_n() / 4 * v.chunk / 4;
+        let k_total = if v.k_direct { 0 } else { v.block_n() / 4 * v.chunk / 4 };
         let v_total = if v.v_direct { 0 } else { v.block_n() * v.chunk / 4 };
         Staging { k_blocks: k_total.div_ceil(t), k_total, v_vecs: v_total.div_ceil(t), v_total, threads: t }
     }
@@ -552,7 +597,11 @@ impl Staging {
 /// the kernel), V chunk `c` uses `(NCH + c) % 2` (a constant in `pv`). Pᵀ (`ps`) and the
 /// reduction scratch (`red`) rely only on the barrier after each store, which both forms keep.
 fn barrier_before_store(variant: &Variant, ind: &str) -> String {
-    if variant.stages == 1 { format!("{ind}workgroupBarrier();\n") } else { String::new() }
+    if variant.stages == 1 && !variant.k_direct {
+        format!("{ind}workgroupBarrier();\n")
+    } else {
+        String::new()
+    }
 }
 
 /// A butterfly over the `tx` lanes of a row: `step` combines `r` with its partner `MASK` away.

@@ -264,3 +264,22 @@ fn v_read_straight_from_its_buffer() {
     assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
     check(&tall, &p, 104);
 }
+
+#[test]
+fn k_and_v_read_straight_from_their_buffers() {
+    let Some(_) = backend("k_and_v_read_straight_from_their_buffers") else { return };
+    let b = Wgpu::new().with_k_direct(true);
+    // Keys off the tiles (the padded rows of the transposed K tiles), GQA, causal with an offset.
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_vd_kd"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 110);
+    check(&b, &Problem::new(sk(70, 200, 2, 128), DType::F16), 111);
+    check(&b, &Problem::new(Shape::new(2, 2, 65, 256), DType::Bf16).causal(), 112);
+    // A head dim that is padded (40 -> 64), and the BSHD layout.
+    check(&b, &Problem::new(Shape::new(1, 2, 40, 40), DType::F32).with_layout(Layout::Bshd), 113);
+    // 128 rows per workgroup (256 invocations): Qᵀ alone fits lavapipe's 32 KiB at D=64.
+    let tall = Wgpu::new().with_k_direct(true).with_rows(128);
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
+    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
+    check(&tall, &p, 114);
+}
