@@ -399,24 +399,10 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             pv.push_str(&ablate.fetch(staging.fetch_k("            ", "n0 + BN", "0u")));
             let _ = writeln!(pv, "        }}");
         }
-        // For key `n`, with its four rows' probabilities in `pv`.
-        let fmas = |ind: &str| -> String {
-            let mut s = String::new();
-            if ablate.pv {
-                return s;
-            }
-            let _ = writeln!(s, "{ind}let vb = {buf} + n * DC4 + tx;");
-            for lc in 0..per_chunk {
-                let _ = writeln!(s, "{ind}let v{lc} = kv[vb + {lc}u * TX];");
-            }
-            for (i, l) in LANE.iter().enumerate() {
-                for lc in 0..per_chunk {
-                    let c = chunk * per_chunk + lc;
-                    let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{l}), v{lc}, o{i}_{c});");
-                }
-            }
-            s
-        };
+        let row = format!("{buf} + n * DC4 + tx");
+        let columns = chunk * per_chunk..(chunk + 1) * per_chunk;
+        let fmas =
+            |ind: &str| v_row_fmas(ind, &row, &|lc| format!("kv[vb + {lc}u * TX]"), columns.clone(), ablate);
         if variant.p_shuffle {
             pv.push_str(&shuffled_keys(variant, ablate, &fmas));
         } else {
@@ -435,26 +421,39 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
 /// vec4s; the subgroup's other rows read the same ones).
 fn pv_direct(variant: &Variant, ablate: &Ablation) -> String {
     let per_row = variant.head_dim / 4 / variant.row_threads;
-    let fmas = |ind: &str| -> String {
-        let mut s = String::new();
-        if ablate.pv {
-            return s;
-        }
-        let _ = writeln!(s, "{ind}let vb = vrow0 + n * D4;");
-        for c in 0..per_row {
-            let _ = writeln!(s, "{ind}let v{c} = vec4<f32>(v[vb + {c}u * TX]);");
-        }
-        for (i, l) in LANE.iter().enumerate() {
-            for c in 0..per_row {
-                let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{l}), v{c}, o{i}_{c});");
-            }
-        }
-        s
+    let fmas = |ind: &str| {
+        v_row_fmas(ind, "vrow0 + n * D4", &|c| format!("vec4<f32>(v[vb + {c}u * TX])"), 0..per_row, ablate)
     };
     let mut pv =
         String::from("        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).\n");
     pv += "        let vrow0 = kv_base + n0 * D4 + tx;\n";
     pv + &shuffled_keys(variant, ablate, &fmas)
+}
+
+/// O += P·V for key `n`, with its four rows' probabilities in `pv`: `vb` = `row` (where the
+/// invocation's first vec4 of V's row `n` is), the vec4s `v{j} = load(j)`, j = 0, 1, .., each
+/// times `pv` into O's columns `columns` (vec4 units, in order); nothing under the `pv` ablation.
+fn v_row_fmas(
+    ind: &str,
+    row: &str,
+    load: &dyn Fn(u32) -> String,
+    columns: std::ops::Range<u32>,
+    ablate: &Ablation,
+) -> String {
+    let mut s = String::new();
+    if ablate.pv {
+        return s;
+    }
+    let _ = writeln!(s, "{ind}let vb = {row};");
+    for j in 0..columns.len() as u32 {
+        let _ = writeln!(s, "{ind}let v{j} = {};", load(j));
+    }
+    for (i, l) in LANE.iter().enumerate() {
+        for (j, c) in columns.clone().enumerate() {
+            let _ = writeln!(s, "{ind}o{i}_{c} = fma(vec4<f32>(pv.{l}), v{j}, o{i}_{c});");
+        }
+    }
+    s
 }
 
 /// The loop over a tile's keys where probabilities are shuffled: key `n` = 4·(g·TX + src) + j
