@@ -243,7 +243,7 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
-        let ablated = crate::shader::Ablation::from_env().parts();
+        let ablated = crate::shader::Ablation::current().parts();
         if !choice.variant.coop && !ablated.is_empty() {
             choice.notes.push(format!(
                 "ATTN_WGPU_ABLATE: {} taken out of the kernel for timing; RESULTS ARE WRONG",

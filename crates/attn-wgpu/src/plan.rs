@@ -230,7 +230,7 @@ impl Variant {
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
     /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
-    /// straight from its buffer).
+    /// straight from its buffer, `_kd` for K too).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -512,8 +512,8 @@ pub fn choose_among(
 /// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows, and
 /// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
-/// alone). A variant uses subgroup operations where the
-/// adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
+/// alone). A variant uses subgroup operations where the adapter's smallest subgroup
+/// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -543,6 +543,7 @@ pub fn candidates(
         })
         .into_iter()
         .collect();
+    let measured = all.len();
     for stages in STAGES {
         for row_threads in ROW_THREADS {
             let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
@@ -556,7 +557,11 @@ pub fn candidates(
                 for row_groups in ROW_GROUPS {
                     for key_groups in KEY_GROUPS {
                         for &chunk in &chunks {
-                            all.push(variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk));
+                            let v = variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk);
+                            // The measured shape is already first.
+                            if !all[..measured].contains(&v) {
+                                all.push(v);
+                            }
                         }
                     }
                 }
@@ -566,15 +571,12 @@ pub fn candidates(
     // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
     // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
     // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
-    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, the measured
-    // shape first, each once (the measured shape also appears in the generic order).
-    let mut direct: Vec<Variant> = Vec::new();
-    for v in all.iter().filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0]) {
-        let v = Variant { v_direct: true, ..*v };
-        if !direct.contains(&v) {
-            direct.push(v);
-        }
-    }
+    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above.
+    let direct: Vec<Variant> = all
+        .iter()
+        .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+        .map(|&v| Variant { v_direct: true, ..v })
+        .collect();
     let tall: Vec<Variant> = direct
         .iter()
         .filter(|v| v.row_groups == ROW_GROUPS[0])

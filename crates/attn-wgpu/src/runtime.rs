@@ -200,8 +200,8 @@ impl Gpu {
             // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads and the FMA
             // kernel's unguarded V (and K) reads where it reads them straight from their buffers
             // (`Variant::v_direct`, `k_direct`), each head's rows padded to whole tiles
-            // (`plan::padded_rows`, `pack::pack_inputs`), and
-            // the buffer sizes `plan::choose` derives from the same problem); `Checks` says which
+            // (`plan::padded_rows`, `pack::pack_inputs`), and the buffer sizes `plan::choose`
+            // derives from the same problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
             // validated module, changed only as `spirv::MemoryModel` says (its memory-model
             // declaration or annotations), and its bindings are the layout's.
@@ -307,9 +307,8 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
 ///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
 ///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads,
 ///   and the FMA kernel's V (and K) reads where it reads them straight from their buffers
-///   (`v_direct`, `k_direct`), are not
-///   guarded but stay inside each head's rows, which are padded to whole tiles
-///   (`plan::padded_rows`); the verify suite runs this default;
+///   (`v_direct`, `k_direct`), are not guarded but stay inside each head's rows, which are padded
+///   to whole tiles (`plan::padded_rows`); the verify suite runs this default;
 /// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
 ///   divides only by constants and by head counts and the group size, which
 ///   `Problem::validate` requires to be positive.

@@ -26,9 +26,9 @@ pub fn generate(variant: &Variant) -> String {
         crate::plan::KernelType::F32 => ("f32", ""),
         crate::plan::KernelType::F16 => ("f16", "enable f16;"),
     };
-    let ablate = Ablation::from_env();
+    let ablate = Ablation::current();
     let rows = Reductions::new(variant);
-    let scores = Scores::new(variant, &ablate);
+    let scores = Scores::new(variant, ablate);
     let out = Output::new(variant);
     let staging = Staging::new(variant);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
@@ -89,7 +89,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{P_STORE}}", scores.p_store),
         ("{{O_DECL}}", out.decl),
         ("{{O_RESCALE}}", out.rescale),
-        ("{{PV}}", pv(variant, &staging, &ablate)),
+        ("{{PV}}", pv(variant, &staging, ablate)),
         ("{{O_STORE}}", out.store),
     ] {
         src = src.replace(key, &value);
@@ -129,8 +129,15 @@ pub struct Ablation {
 }
 
 impl Ablation {
+    /// The parts `ATTN_WGPU_ABLATE` names, read once per process, so that the plans and the
+    /// shaders agree and planning does not read the environment each time.
+    pub fn current() -> &'static Ablation {
+        static CURRENT: std::sync::OnceLock<Ablation> = std::sync::OnceLock::new();
+        CURRENT.get_or_init(Ablation::from_env)
+    }
+
     /// The parts `ATTN_WGPU_ABLATE` names (none where it is unset).
-    pub fn from_env() -> Self {
+    fn from_env() -> Self {
         let mut a =
             Ablation { qk: false, exp: false, shuffle: false, pv: false, barrier: false, load: false };
         for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
@@ -219,14 +226,19 @@ fn after_last_k_chunk(variant: &Variant, staging: &Staging) -> String {
     if variant.k_direct {
         String::new()
     } else if variant.v_direct {
-        let ind = "                ";
-        format!(
-            "{ind}if (t + 1u < n_tiles) {{\n{}{ind}}}",
-            staging.fetch_k(&format!("{ind}    "), "n0 + BN", "0u")
-        )
+        next_tile_first_k(staging, "                ")
     } else {
         staging.fetch_v("                ", "n0", "0u")
     }
+}
+
+/// The next tile's first K chunk into the staging registers, where there is a next tile: what
+/// the tile's last stage loads (the last V chunk's, or the last K chunk's where V is not staged).
+fn next_tile_first_k(staging: &Staging, ind: &str) -> String {
+    format!(
+        "{ind}if (t + 1u < n_tiles) {{\n{}{ind}}}\n",
+        staging.fetch_k(&format!("{ind}    "), "n0 + BN", "0u")
+    )
 }
 
 /// Row max and sum over a row's TX invocations: subgroup shuffles, or workgroup memory.
@@ -295,12 +307,10 @@ impl Scores {
             p_store: String::new(),
         };
         for g in 0..groups {
-            let load = if variant.k_direct {
-                "vec4<f32>(k[kb + d * BN4 + {g}u * TX + tx])"
-            } else {
-                "kv[kb + d * BN4 + {g}u * TX + tx]"
-            };
-            let _ = writeln!(c.fma, "                let k{g} = {};", load.replace("{g}", &g.to_string()));
+            // Kᵀ at `kb`: the stage buffer, or the K buffer itself (`k_direct`).
+            let at = format!("kb + d * BN4 + {g}u * TX + tx");
+            let load = if variant.k_direct { format!("vec4<f32>(k[{at}])") } else { format!("kv[{at}]") };
+            let _ = writeln!(c.fma, "                let k{g} = {load};");
             let _ = writeln!(
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
@@ -395,9 +405,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
         if chunk + 1 < chunks {
             pv.push_str(&ablate.fetch(staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1))));
         } else {
-            let _ = writeln!(pv, "        if (t + 1u < n_tiles) {{");
-            pv.push_str(&ablate.fetch(staging.fetch_k("            ", "n0 + BN", "0u")));
-            let _ = writeln!(pv, "        }}");
+            pv.push_str(&ablate.fetch(next_tile_first_k(staging, "        ")));
         }
         let row = format!("{buf} + n * DC4 + tx");
         let columns = chunk * per_chunk..(chunk + 1) * per_chunk;
