@@ -59,6 +59,8 @@ pub struct Wgpu {
     k_direct: Option<bool>,
     /// Only FMA-kernel variants with this many query rows per workgroup, where set.
     rows: Option<u32>,
+    /// Only the 8x8 FMA kernel (`true`), or never it (`false`), where set.
+    wide: Option<bool>,
 }
 
 impl Wgpu {
@@ -123,6 +125,13 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Variant::wide`]) or never
+    /// with it (`false`): to time it against the 4x8 kernel.
+    pub fn with_wide(mut self, wide: bool) -> Self {
+        self.wide = Some(wide);
+        self
+    }
+
     /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
     /// workgroup memory (`false`): to time one against the other.
     pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
@@ -136,7 +145,8 @@ impl Wgpu {
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
     /// or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
-    /// from `ATTN_WGPU_ROWS`, all for the FMA kernel;
+    /// from `ATTN_WGPU_ROWS`, [`Wgpu::with_wide`] from `ATTN_WGPU_WIDE` (0 or 1), all for the FMA
+    /// kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
@@ -154,6 +164,7 @@ impl Wgpu {
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
+            wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
             ..Self::default()
         }
     }
@@ -175,6 +186,7 @@ impl Wgpu {
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
+                    && self.wide.is_none_or(|w| v.wide == w)
             }
         };
         plan::choose_among(problem, caps, &allowed)

@@ -65,6 +65,7 @@ pub mod plan;
 pub mod runtime;
 pub mod shader;
 pub mod spirv;
+pub mod wide;
 
 pub use backend::Wgpu;
 pub use plan::{AdapterCaps, Variant};

@@ -175,6 +175,12 @@ pub struct Variant {
     /// per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`, `chunk` and
     /// `stages` do not apply (8, the head dim, 1).
     pub coop: bool,
+    /// The FMA kernel with 8x8 register tiles (`kernels/flash_wide.wgsl`, [`crate::wide`]): each
+    /// invocation 8 query rows × 8 keys of S and 8 rows × 8 columns of O, probabilities through
+    /// workgroup memory, no subgroup operations. `row_threads` is `D/8` (`BN = D`),
+    /// `key_groups` 2, `chunk` the head-dim columns of each K stage (V is staged by as many
+    /// keys as fill the same buffer), `BM = 8·row_groups`.
+    pub wide: bool,
 }
 
 impl Variant {
@@ -188,6 +194,9 @@ impl Variant {
 
     /// Query rows per workgroup.
     pub fn block_m(&self) -> u32 {
+        if self.wide {
+            return 8 * self.row_groups;
+        }
         self.row_groups * MICRO
     }
 
@@ -222,6 +231,11 @@ impl Variant {
             // S (f32) and P (f16) per 16 rows, the rescale flags (two, in 16 bytes).
             return bm * bn * (4 + 2) + 16;
         }
+        if self.wide {
+            // Qᵀ, one K/V stage, Pᵀ with its rows padded by a vec4, the reduction scratch (two
+            // vec4s per invocation).
+            return 4 * (bm * self.head_dim + bn * self.chunk + bn * (bm + 4) + 8 * self.threads());
+        }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
         let kv = if self.k_direct { 0 } else { bn * self.chunk * self.stages };
@@ -254,6 +268,7 @@ impl Variant {
         ) + if self.v_direct { "_vd" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
             + if self.coop { "_coop" } else { "" }
+            + if self.wide { "_wide" } else { "" }
     }
 }
 
@@ -322,6 +337,7 @@ pub fn choose_among(
     let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
     let mut wanted = coop
         .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
+        .chain(wide_candidates(ty, d, problem.is_causal()))
         .filter(|v| allowed(v))
         .peekable();
     if wanted.peek().is_none() {
@@ -420,6 +436,22 @@ pub fn choose_among(
              (ATTN_WGPU_COOP=0 for the FMA kernel)"
                 .into(),
         );
+    } else if variant.wide {
+        notes.push(format!(
+            "{} invocations, each an 8x8 tile of S and 8 rows x 8 columns of O (FMAs, two vec4 loads \
+             of each operand per 64); {memory}",
+            variant.threads()
+        ));
+        notes.push(format!(
+            "K staged {} of {d} head-dim columns at a time, V {} of {} keys at a time",
+            variant.chunk,
+            variant.chunk * variant.block_n() / d,
+            variant.block_n()
+        ));
+        notes.push(format!(
+            "row max/sum and probabilities through workgroup memory (Pᵀ, {} B); no subgroup operations",
+            4 * variant.block_n() * (variant.block_m() + 4)
+        ));
     } else {
         notes.push(format!(
             "{} invocations, each a {MICRO}x{} tile of S and {MICRO} rows x {} columns of O; {memory}",
@@ -535,6 +567,7 @@ pub fn candidates(
         v_direct: false,
         k_direct: false,
         coop: false,
+        wide: false,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
         .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
@@ -596,6 +629,36 @@ pub fn candidates(
     all.into_iter()
 }
 
+/// Row groups (`TY`) of the 8x8 kernel ([`Variant::wide`]), largest first: `BM` = 128 down to 8.
+pub const WIDE_ROW_GROUPS: [u32; 5] = [16, 8, 4, 2, 1];
+
+/// The 8x8 kernel's shapes ([`Variant::wide`]) for head dim `head_dim` (a multiple of 32): more
+/// rows per workgroup first, then wider K stages (fewer barriers); `D/8` invocations per row
+/// group, so tiles of `D` keys. After every shape of [`candidates`] in the planner's order, so
+/// that until it is timed only `ATTN_WGPU_WIDE=1` picks it (or an adapter that fits nothing
+/// else).
+pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
+    let chunks = [64, 32, 16, 8].into_iter().filter(move |c| *c <= head_dim && head_dim.is_multiple_of(*c));
+    WIDE_ROW_GROUPS.into_iter().flat_map(move |row_groups| {
+        chunks.clone().map(move |chunk| Variant {
+            ty,
+            head_dim,
+            row_groups,
+            row_threads: head_dim / 8,
+            key_groups: 2,
+            chunk,
+            stages: 1,
+            causal,
+            subgroup: false,
+            p_shuffle: false,
+            v_direct: false,
+            k_direct: false,
+            coop: false,
+            wide: true,
+        })
+    })
+}
+
 /// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16): 16, 32 or
 /// 64 rows per workgroup (1, 2 or 4 subgroups of 32), fastest on the H100 first, with tiles of
 /// 32 keys; then the same with 64-key tiles, last, so that the planner never reaches them (they
@@ -619,6 +682,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         v_direct: false,
         k_direct: false,
         coop: true,
+        wide: false,
     })
 }
 
@@ -746,15 +810,16 @@ mod tests {
             v_direct: false,
             k_direct: false,
             coop: false,
+            wide: false,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
         // Twice the keys: K/V 64x64, Pᵀ 64x32.
-        let wide = Variant { key_groups: 2, subgroup: true, ..v };
-        assert_eq!(wide.block_n(), 64);
-        assert_eq!(wide.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
+        let two_groups = Variant { key_groups: 2, subgroup: true, ..v };
+        assert_eq!(two_groups.block_n(), 64);
+        assert_eq!(two_groups.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
         // P shuffled: no Pᵀ.
-        let shuffled = Variant { p_shuffle: true, ..wide };
+        let shuffled = Variant { p_shuffle: true, ..two_groups };
         assert_eq!(shuffled.shared_bytes(), 4 * (32 * 64 + 64 * 64));
     }
 

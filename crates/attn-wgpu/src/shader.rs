@@ -13,6 +13,8 @@ use std::fmt::Write;
 pub const TEMPLATE: &str = include_str!("../kernels/flash.wgsl");
 /// Parameters and buffers, shared by every kernel template.
 pub const BINDINGS: &str = include_str!("../kernels/bindings.wgsl");
+/// Guarded Q/K/V loads and vec4 reductions, shared by the FMA kernels.
+pub const LOADS: &str = include_str!("../kernels/loads.wgsl");
 
 /// Components of a vec4, by row of the micro-tile.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
@@ -21,6 +23,9 @@ const LANE: [&str; 4] = ["x", "y", "z", "w"];
 pub fn generate(variant: &Variant) -> String {
     if variant.coop {
         return crate::coop::generate(variant);
+    }
+    if variant.wide {
+        return crate::wide::generate(variant);
     }
     let (et, enable) = match variant.ty {
         crate::plan::KernelType::F32 => ("f32", ""),
@@ -47,6 +52,7 @@ pub fn generate(variant: &Variant) -> String {
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
         ("{{BINDINGS}}", BINDINGS.to_string()),
+        ("{{LOADS}}", LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
         ("{{ET}}", et.to_string()),
         ("{{D}}", variant.head_dim.to_string()),

@@ -1,0 +1,122 @@
+//! WGSL generation for the FMA kernel with 8x8 register tiles (`kernels/flash_wide.wgsl`,
+//! [`Variant::wide`]): each invocation computes 8 query rows × 8 keys of S and 8 rows × 8
+//! columns of O, reading two vec4s of each operand from workgroup memory per 64 FMAs (the 4x8
+//! kernel reads three per 32 in S = Q·Kᵀ, and in P·V receives each key's probabilities by a
+//! subgroup shuffle per 16 FMAs). Probabilities reach the row's other invocations through
+//! workgroup memory (Pᵀ), read back four rows per vec4; no subgroup operations.
+//!
+//! Names: s{i}_{g}, p{i}_{g}: row i's (0..8) vec4 of scores or probabilities for key group g
+//! (0..2); o{i}_{c}: row i's vec4 of O for column group c (0..2). Rows 0..3 are group `a`,
+//! 4..7 group `b` (the kernel's vec4s of row statistics: m_a, l_a, ...).
+
+use crate::plan::{KernelType, Variant};
+use std::fmt::Write;
+
+/// The kernel template.
+pub const TEMPLATE: &str = include_str!("../kernels/flash_wide.wgsl");
+
+/// Components of a vec4, by row within a group of four.
+const LANE: [&str; 4] = ["x", "y", "z", "w"];
+/// Rows of each invocation's tiles.
+const ROWS: usize = 8;
+/// vec4s of keys (S) or of columns (O) per invocation and row.
+const GROUPS: usize = 2;
+
+/// Row `i`'s group (`a` or `b`) and component.
+fn row(i: usize) -> (&'static str, &'static str) {
+    (if i < 4 { "a" } else { "b" }, LANE[i % 4])
+}
+
+/// The WGSL source of `variant` (a `wide` one).
+pub fn generate(variant: &Variant) -> String {
+    debug_assert!(variant.wide && variant.key_groups as usize == GROUPS);
+    let (et, enable) = match variant.ty {
+        KernelType::F32 => ("f32", ""),
+        KernelType::F16 => ("f16", "enable f16;"),
+    };
+    let mut c = Code::default();
+    for i in 0..ROWS {
+        let (grp, l) = row(i);
+        let q = if i < 4 { "a0" } else { "a1" };
+        for g in 0..GROUPS {
+            let _ = writeln!(c.s_decl, "        var s{i}_{g} = vec4<f32>(0.0);");
+            let _ = writeln!(c.s_fma, "                s{i}_{g} = fma(vec4<f32>({q}.{l}), k{g}, s{i}_{g});");
+            let _ = writeln!(
+                c.s_mask,
+                "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim_{grp}.{l}));"
+            );
+            let _ = writeln!(c.s_exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(mu_{grp}.{l}));");
+            let _ = writeln!(c.o_decl, "    var o{i}_{g} = vec4<f32>(0.0);");
+            let _ = writeln!(c.o_rescale, "        o{i}_{g} = o{i}_{g} * alpha_{grp}.{l};");
+            let p = if i < 4 { "pa" } else { "pb" };
+            let _ = writeln!(c.pv_fma, "                o{i}_{g} = fma(vec4<f32>({p}.{l}), v{g}, o{i}_{g});");
+        }
+        let _ = writeln!(c.o_store, "    if (row0 + {i}u < P.seq_q) {{");
+        let _ = writeln!(c.o_store, "        let ob = q_base + (row0 + {i}u) * D4 + tx;");
+        for g in 0..GROUPS {
+            let _ = writeln!(c.o_store, "        o[ob + {g}u * TX] = vec4<ET>(o{i}_{g} * inv_{grp}.{l});");
+        }
+        let _ = writeln!(c.o_store, "    }}");
+    }
+    for g in 0..GROUPS {
+        let key = format!("vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u)");
+        c.s_mask = format!("            let key{g} = vec4<i32>({key});\n") + &c.s_mask;
+        // Key 4·(g·TX + tx) + j's probabilities of rows 0..3 and 4..7.
+        for (j, l) in LANE.iter().enumerate() {
+            let at = format!("(({g}u * TX + tx) * 4u + {j}u) * PS + 2u * ty");
+            for (half, rows) in [(0, 0..4), (1, 4..8)] {
+                let values: Vec<String> = rows.map(|i| format!("p{i}_{g}.{l}")).collect();
+                let _ = writeln!(c.p_store, "        ps[{at} + {half}u] = vec4<f32>({});", values.join(", "));
+            }
+        }
+    }
+    // A vec4 of four rows' reductions (max, or sum) over the invocation's keys.
+    let rows = |rows: std::ops::Range<usize>, each: &dyn Fn(usize) -> String| -> String {
+        format!("vec4<f32>({})", rows.map(each).collect::<Vec<_>>().join(", "))
+    };
+    let row_max = |i| format!("max(hmax(s{i}_0), hmax(s{i}_1))");
+    let row_sum = |i| format!("hsum(p{i}_0) + hsum(p{i}_1)");
+
+    let mut src = TEMPLATE.to_string();
+    for (key, value) in [
+        ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
+        ("{{LOADS}}", crate::shader::LOADS.to_string()),
+        ("{{ENABLE}}", enable.to_string()),
+        ("{{ET}}", et.to_string()),
+        ("{{D}}", variant.head_dim.to_string()),
+        ("{{TX}}", variant.row_threads.to_string()),
+        ("{{TY}}", variant.row_groups.to_string()),
+        ("{{DC}}", variant.chunk.to_string()),
+        ("{{CAUSAL}}", variant.causal.to_string()),
+        ("{{O_DECL}}", c.o_decl),
+        ("{{S_DECL}}", c.s_decl),
+        ("{{S_FMA}}", c.s_fma),
+        ("{{S_MASK}}", c.s_mask),
+        ("{{S_ROWMAX_A}}", rows(0..4, &row_max)),
+        ("{{S_ROWMAX_B}}", rows(4..8, &row_max)),
+        ("{{S_EXP}}", c.s_exp),
+        ("{{S_ROWSUM_A}}", rows(0..4, &row_sum)),
+        ("{{S_ROWSUM_B}}", rows(4..8, &row_sum)),
+        ("{{O_RESCALE}}", c.o_rescale),
+        ("{{P_STORE}}", c.p_store),
+        ("{{PV_FMA}}", c.pv_fma),
+        ("{{O_STORE}}", c.o_store),
+    ] {
+        src = src.replace(key, &value);
+    }
+    format!("// {}\n{src}", variant.name())
+}
+
+/// The unrolled pieces of the kernel, one field per template marker.
+#[derive(Default)]
+struct Code {
+    s_decl: String,
+    s_fma: String,
+    s_mask: String,
+    s_exp: String,
+    p_store: String,
+    o_decl: String,
+    o_rescale: String,
+    pv_fma: String,
+    o_store: String,
+}
