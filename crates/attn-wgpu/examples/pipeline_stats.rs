@@ -51,7 +51,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             let d = d?;
             let problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
             let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
-            for v in plan::candidates(ty, d, false, caps.subgroup_min) {
+            for v in
+                plan::candidates(ty, d, false, caps.subgroup_min).chain(plan::wide_candidates(ty, d, false))
+            {
                 if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
                     continue;
                 }

@@ -335,12 +335,13 @@ pub fn choose_among(
     };
     let d = padded_head_dim(s.head_dim) as u32;
     let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
-    let mut wanted = coop
+    let wanted: Vec<Variant> = coop
         .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
         .chain(wide_candidates(ty, d, problem.is_causal()))
         .filter(|v| allowed(v))
-        .peekable();
-    if wanted.peek().is_none() {
+        .collect();
+    // Report the smallest wanted variant's needs where none fits: nothing smaller exists.
+    let Some(smallest) = wanted.iter().min_by_key(|v| v.shared_bytes()) else {
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
             what: format!(
@@ -349,22 +350,16 @@ pub fn choose_among(
                 caps.name
             ),
         });
-    }
-    let variant = wanted
+    };
+    let variant = *wanted
+        .iter()
         .find(|v| v.threads() <= caps.invocations && v.shared_bytes() <= caps.workgroup_storage)
-        .ok_or_else(|| {
-            // Report the smallest candidate's needs: nothing smaller exists.
-            let smallest = candidates(ty, d, problem.is_causal(), caps.subgroup_min)
-                .filter(|v| allowed(v))
-                .min_by_key(Variant::shared_bytes)
-                .expect("never empty");
-            Error::OverDeviceLimit {
-                kernel: smallest.name(),
-                resource: "workgroup storage (bytes)",
-                needed: smallest.shared_bytes() as u64,
-                allowed: caps.workgroup_storage as u64,
-                device: caps.name.clone(),
-            }
+        .ok_or_else(|| Error::OverDeviceLimit {
+            kernel: smallest.name(),
+            resource: "workgroup storage (bytes)",
+            needed: smallest.shared_bytes() as u64,
+            allowed: caps.workgroup_storage as u64,
+            device: caps.name.clone(),
         })?;
 
     // Buffers: every tensor is packed contiguous (BHSD, head dim padded) on upload.
@@ -748,6 +743,21 @@ mod tests {
         }
         // The branch above is reached (D=256 with 16 KiB): the check is not vacuous.
         assert!(chosen_alone > 0);
+    }
+
+    /// The 8x8 kernel is planned by its knob alone, and a knob that leaves only shapes too big
+    /// for the adapter is a typed error naming the smallest of them, not a panic.
+    #[test]
+    fn the_wide_kernel_only_by_knob_and_too_big_is_a_typed_error() {
+        let p = Problem::new(Shape::new(1, 2, 300, 64), DType::F32);
+        assert!(!choose(&p, &lavapipe()).unwrap().variant.wide);
+        let v = choose_among(&p, &lavapipe(), &|v| v.wide).unwrap().variant;
+        assert!(v.wide && v.block_n() == 64 && v.shared_bytes() <= 32 * 1024, "{}", v.name());
+        let tall = choose_among(&p, &lavapipe(), &|v| v.wide && v.block_m() == 128);
+        assert!(
+            matches!(&tall, Err(Error::OverDeviceLimit { kernel, .. }) if kernel.contains("_m128n64_") && kernel.ends_with("_wide")),
+            "{tall:?}"
+        );
     }
 
     #[test]
