@@ -104,6 +104,14 @@ fn main(
     }
     let n_tiles = (n_end + BN - 1u) / BN;
 
+    // Each stage (a K or V chunk) passes through the registers pre*: its global loads are issued
+    // before the previous stage's FMAs and stored to `kv` after them, so their latency hides
+    // under that arithmetic. The first K stage is loaded under the Q staging.
+{{PRE_DECL}}
+    if (n_tiles > 0u) {
+{{FETCH_K_FIRST}}
+    }
+
     // Q block -> Qᵀ, 4 rows x 4 dims per step, transposed in registers so stores are vec4. The
     // first K stage's barrier makes it visible.
     for (var blk = lid; blk < BM4 * D4; blk += T) {
@@ -133,19 +141,14 @@ fn main(
             // Every invocation is done with the buffer (the previous K stage, or the previous
             // tile's last V stage) before it is overwritten.
             workgroupBarrier();
-            for (var blk = lid; blk < BN4 * DC4; blk += T) {
-                let nb = blk % BN4;
-                let db = blk / BN4;
-                let r0 = load_k(kv_base, n0 + nb * 4u, c * DC4 + db);
-                let r1 = load_k(kv_base, n0 + nb * 4u + 1u, c * DC4 + db);
-                let r2 = load_k(kv_base, n0 + nb * 4u + 2u, c * DC4 + db);
-                let r3 = load_k(kv_base, n0 + nb * 4u + 3u, c * DC4 + db);
-                kv[(db * 4u) * BN4 + nb] = vec4<f32>(r0.x, r1.x, r2.x, r3.x);
-                kv[(db * 4u + 1u) * BN4 + nb] = vec4<f32>(r0.y, r1.y, r2.y, r3.y);
-                kv[(db * 4u + 2u) * BN4 + nb] = vec4<f32>(r0.z, r1.z, r2.z, r3.z);
-                kv[(db * 4u + 3u) * BN4 + nb] = vec4<f32>(r0.w, r1.w, r2.w, r3.w);
-            }
+{{STORE_K}}
             workgroupBarrier();
+            // The next stage's loads, in flight under this stage's FMAs.
+            if (c + 1u < NKC) {
+{{FETCH_K_NEXT}}
+            } else {
+{{FETCH_V_FIRST}}
+            }
             let qd = c * DC * BM4 + 2u * ty;
             for (var d = 0u; d < DC; d++) {
                 let a0 = qs[qd + d * BM4];
@@ -192,10 +195,13 @@ fn main(
             // Every invocation is done with the buffer (K, or the previous V stage); for the
             // first stage, this barrier also makes Pᵀ visible.
             workgroupBarrier();
-            for (var e = lid; e < KC * D4; e += T) {
-                kv[e] = load_v(kv_base, n0 + vc * KC + e / D4, e % D4);
-            }
+{{STORE_V}}
             workgroupBarrier();
+            if (vc + 1u < NVC) {
+{{FETCH_V_NEXT}}
+            } else if (t + 1u < n_tiles) {
+{{FETCH_K_NEXT_TILE}}
+            }
             let pn = vc * KC * PS + 2u * ty;
             for (var n = 0u; n < KC; n++) {
                 let pa = ps[pn + n * PS];

@@ -77,6 +77,7 @@ pub fn generate(variant: &Variant) -> String {
     let row_max = |i| format!("max(hmax(s{i}_0), hmax(s{i}_1))");
     let row_sum = |i| format!("hsum(p{i}_0) + hsum(p{i}_1)");
 
+    let staging = Staging::new(variant);
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
         ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
@@ -101,6 +102,14 @@ pub fn generate(variant: &Variant) -> String {
         ("{{P_STORE}}", c.p_store),
         ("{{PV_FMA}}", c.pv_fma),
         ("{{O_STORE}}", c.o_store),
+        ("{{PRE_DECL}}", staging.declare()),
+        ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
+        ("{{STORE_K}}", staging.store_k("            ")),
+        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
+        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
+        ("{{STORE_V}}", staging.store_v("            ")),
+        ("{{FETCH_V_NEXT}}", staging.fetch_v("                ", "n0", "vc + 1u")),
+        ("{{FETCH_K_NEXT_TILE}}", staging.fetch_k("                ", "n0 + BN", "0u")),
     ] {
         src = src.replace(key, &value);
     }
@@ -119,4 +128,106 @@ struct Code {
     o_rescale: String,
     pv_fma: String,
     o_store: String,
+}
+
+/// How one stage travels from global memory through each invocation's `pre*` registers into
+/// `kv`: a K stage (`BN` keys × `DC` head-dim columns) in blocks of 4 keys × 4 columns, transposed
+/// on the way (`kv[d·BN4 + n/4]`); a V stage (`KC` keys × `D` columns) as plain vec4s
+/// (`kv[n·D4 + d/4]`). Invocation `lid` takes K blocks `lid + b·T` and V vec4s `lid + r·T`, the
+/// code unrolled so that all of a stage's loads are in flight at once; where a stage has fewer
+/// items than invocations, the rest idle (guarded).
+struct Staging {
+    /// K blocks in a stage, and per invocation.
+    k_total: u32,
+    k_each: u32,
+    /// V vec4s in a stage, and per invocation.
+    v_total: u32,
+    v_each: u32,
+    /// Invocations per workgroup.
+    threads: u32,
+}
+
+impl Staging {
+    fn new(v: &Variant) -> Self {
+        let t = v.threads();
+        let (bn, d) = (v.block_n(), v.head_dim);
+        let k_total = bn / 4 * (v.chunk / 4);
+        let v_total = v.chunk * bn / d * (d / 4);
+        Staging { k_total, k_each: k_total.div_ceil(t), v_total, v_each: v_total.div_ceil(t), threads: t }
+    }
+
+    /// The vec4 registers: four per K block, one per V vec4.
+    fn declare(&self) -> String {
+        (0..(4 * self.k_each).max(self.v_each))
+            .map(|r| format!("    var pre{r} = vec4<f32>(0.0);\n"))
+            .collect()
+    }
+
+    /// `body(i, index)` for each of the invocation's `count` items of a stage of `total`, each
+    /// in its own block, behind `index < total` where the stage does not give every invocation
+    /// the same share.
+    fn each(&self, ind: &str, count: u32, total: u32, body: impl Fn(u32) -> Vec<String>) -> String {
+        let guarded = !total.is_multiple_of(self.threads);
+        let inner = if guarded { format!("{ind}        ") } else { format!("{ind}    ") };
+        let mut s = String::new();
+        for i in 0..count {
+            let _ = writeln!(s, "{ind}{{");
+            let _ = writeln!(s, "{ind}    let e = lid + {i}u * T;");
+            if guarded {
+                let _ = writeln!(s, "{ind}    if (e < {total}u) {{");
+            }
+            for line in body(i) {
+                let _ = writeln!(s, "{inner}{line}");
+            }
+            if guarded {
+                let _ = writeln!(s, "{ind}    }}");
+            }
+            let _ = writeln!(s, "{ind}}}");
+        }
+        s
+    }
+
+    /// Loads K stage `c` (head-dim columns `c·DC..`) of the tile starting at key `n0`.
+    fn fetch_k(&self, ind: &str, n0: &str, c: &str) -> String {
+        self.each(ind, self.k_each, self.k_total, |b| {
+            (0..4)
+                .map(|j| {
+                    format!(
+                        "pre{} = load_k(kv_base, {n0} + (e % BN4) * 4u + {j}u, ({c}) * DC4 + e / BN4);",
+                        4 * b + j
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// Stores the registers' K blocks transposed into `kv`.
+    fn store_k(&self, ind: &str) -> String {
+        self.each(ind, self.k_each, self.k_total, |b| {
+            let r = 4 * b;
+            LANE.iter()
+                .enumerate()
+                .map(|(j, l)| {
+                    format!(
+                        "kv[((e / BN4) * 4u + {j}u) * BN4 + e % BN4] = vec4<f32>(pre{r}.{l}, pre{}.{l}, pre{}.{l}, pre{}.{l});",
+                        r + 1,
+                        r + 2,
+                        r + 3
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// Loads V stage `vc` (keys `n0 + vc·KC..`, all columns).
+    fn fetch_v(&self, ind: &str, n0: &str, vc: &str) -> String {
+        self.each(ind, self.v_each, self.v_total, |r| {
+            vec![format!("pre{r} = load_v(kv_base, {n0} + ({vc}) * KC + e / D4, e % D4);")]
+        })
+    }
+
+    /// Stores the registers' V vec4s into `kv`.
+    fn store_v(&self, ind: &str) -> String {
+        self.each(ind, self.v_each, self.v_total, |r| vec![format!("kv[e] = pre{r};")])
+    }
 }
