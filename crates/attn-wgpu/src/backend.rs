@@ -255,6 +255,12 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
+        let padding = crate::shader::padding_bytes();
+        if !choice.variant.coop && padding > 0 {
+            choice.notes.push(format!(
+                "ATTN_WGPU_PAD_SHARED: {padding} B more workgroup memory declared (unused) for a timing experiment"
+            ));
+        }
         let ablated = crate::shader::Ablation::current().parts();
         if !choice.variant.coop && !ablated.is_empty() {
             choice.notes.push(format!(

@@ -106,7 +106,39 @@ pub fn generate(variant: &Variant) -> String {
         let at = src.find("for (var t = 0u").expect("the template's tile loop");
         src = format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""));
     }
-    format!("// {}{}\n{src}", variant.name(), ablate.comment())
+    format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(src))
+}
+
+/// `ATTN_WGPU_PAD_SHARED=<bytes>` (a multiple of 16), for one timing experiment only: how
+/// workgroup memory limits residency. The FMA kernels then declare that much more workgroup
+/// memory, used only behind a parameter that is always 0 (so that no compiler drops it); the
+/// results are unchanged, the plan says so, and [`Variant::shared_bytes`] does not count it.
+/// Read once per process.
+pub fn padding_bytes() -> u32 {
+    static BYTES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("ATTN_WGPU_PAD_SHARED").ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(0)
+            / 16
+            * 16
+    })
+}
+
+/// `src` (an FMA kernel) with the padding of [`padding_bytes`], where there is any.
+pub(crate) fn with_padding(src: String) -> String {
+    let n = padding_bytes() / 16;
+    if n == 0 {
+        return src;
+    }
+    let at = "    let bh = wid.y + wid.z * P.grid_y;\n";
+    let used = format!(
+        "{at}    if (P.pad == 1u) {{\n        pad_shared[lid % {n}u] = vec4<f32>(1.0);\n        \
+         o[0] = vec4<ET>(pad_shared[(lid + 1u) % {n}u]);\n    }}\n"
+    );
+    assert!(src.contains(at), "the FMA kernels compute bh");
+    format!(
+        "{}\n// ATTN_WGPU_PAD_SHARED: timing experiment only.\nvar<workgroup> pad_shared: array<vec4<f32>, {n}>;\n",
+        src.replacen(at, &used, 1)
+    )
 }
 
 /// `ATTN_WGPU_ABLATE`, a list separated by `,` or `+`, for timing only: each named part of the FMA kernel

@@ -113,7 +113,7 @@ pub fn generate(variant: &Variant) -> String {
     ] {
         src = src.replace(key, &value);
     }
-    format!("// {}\n{src}", variant.name())
+    format!("// {}\n{}", variant.name(), crate::shader::with_padding(src))
 }
 
 /// The unrolled pieces of the kernel, one field per template marker.
