@@ -189,7 +189,20 @@ impl Wgpu {
                     && self.wide.is_none_or(|w| v.wide == w)
             }
         };
-        plan::choose_among(problem, caps, &allowed)
+        let choice = plan::choose_among(problem, caps, &allowed)?;
+        // The timing experiment's unused workgroup memory counts against the limit too: the
+        // driver hung, rather than refused, a kernel declared over it.
+        let padded = choice.variant.shared_bytes() + crate::shader::padding_bytes();
+        if padded > caps.workgroup_storage {
+            return Err(Error::OverDeviceLimit {
+                kernel: choice.variant.name(),
+                resource: "workgroup storage with ATTN_WGPU_PAD_SHARED (bytes)",
+                needed: padded as u64,
+                allowed: caps.workgroup_storage as u64,
+                device: caps.name.clone(),
+            });
+        }
+        Ok(choice)
     }
 
     /// The adapter's capabilities as this backend plans with them.

@@ -41,6 +41,8 @@
 //!   only by their knobs until timed on a GPU (or where nothing else fits the adapter); `ATTN_WGPU_ROWS=16|32|64|128`: only
 //!   workgroups of that many query rows (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per
 //!   row were timed slower on the H100 and are picked only by their knobs.
+//! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
+//!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows apply to it too.
 //! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
 //!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`
@@ -51,7 +53,9 @@
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
 //! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv,barrier,load`
 //!   (any of them, separated by `,` or `+`) takes those parts out of the FMA kernel
-//!   ([`shader::Ablation`]); the plan says so.
+//!   ([`shader::Ablation`]); the plan says so. `ATTN_WGPU_PAD_SHARED=<bytes>`: the FMA kernels
+//!   declare that much more (unused) workgroup memory, to time how workgroup memory limits them
+//!   (results unchanged; counted against the adapter's limit at plan time).
 //!
 //! ## Without an adapter
 //! Nothing panics: [`Wgpu`] reports itself unavailable with the reason. Tests that need an

@@ -5,6 +5,12 @@
 //! subgroup shuffle per 16 FMAs). Probabilities reach the row's other invocations through
 //! workgroup memory (Pᵀ), read back four rows per vec4; no subgroup operations.
 //!
+//! **Status** (H100, bench/results/2026-11-23-h100-wgpu-wide-890d7ec): passes `attn verify
+//! --quick` there and on lavapipe, but runs 2.3-2.5x slower than the 4x8 kernel (9-12 TFLOP/s in
+//! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it. Its 44 KiB of workgroup memory per two
+//! warps (Qᵀ and Pᵀ both grow with the rows) is the likely cause: 8 KiB of unused workgroup
+//! memory alone slows the 4x8 kernel by a fifth (`ATTN_WGPU_PAD_SHARED`).
+//!
 //! Names: s{i}_{g}, p{i}_{g}: row i's (0..8) vec4 of scores or probabilities for key group g
 //! (0..2); o{i}_{c}: row i's vec4 of O for column group c (0..2). Rows 0..3 are group `a`,
 //! 4..7 group `b` (the kernel's vec4s of row statistics: m_a, l_a, ...).
