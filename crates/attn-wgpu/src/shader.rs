@@ -101,12 +101,16 @@ pub fn generate(variant: &Variant) -> String {
         src = src.replace(key, &value);
     }
     if ablate.barrier {
-        // Every barrier from the tile loop on (the reductions' own, on the path without
-        // subgroups, stay: they are in functions above it).
-        let at = src.find("for (var t = 0u").expect("the template's tile loop");
-        src = format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""));
+        src = without_loop_barriers(&src);
     }
     format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(src))
+}
+
+/// `src` without any barrier from the tile loop on, for the `barrier` ablation (barriers in
+/// functions above the loop, such as the workgroup-memory reductions', stay).
+pub(crate) fn without_loop_barriers(src: &str) -> String {
+    let at = src.find("for (var t = 0u").expect("the template's tile loop");
+    format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""))
 }
 
 /// `ATTN_WGPU_PAD_SHARED=<bytes>` (a multiple of 16), for one timing experiment only: how
@@ -149,7 +153,8 @@ pub(crate) fn with_padding(src: String) -> String {
 /// shuffled ones; `pv`: no P·V at all (V is still staged, or, read straight from its buffer, not
 /// read); `barrier`: no barrier inside the tile loop (races); `load`: no global loads of the K
 /// and V stages (stale stages are used; V read straight from its buffer is still read). Other
-/// words are ignored; the plan's note lists the parts taken out. Measured on the H100:
+/// words are ignored; the plan's note lists the parts taken out. The 8x8 kernel ([`crate::wide`])
+/// honours all but `shuffle` (it has none). Measured on the H100:
 /// bench/results/2026-11-23-h100-wgpu-f32-ablation.
 pub struct Ablation {
     /// S = Q·Kᵀ reduced to one vec4 add per K load.
@@ -213,11 +218,11 @@ impl Ablation {
     }
 
     /// `code` (global loads of a K or V stage), or nothing under `load`.
-    fn fetch(&self, code: String) -> String {
+    pub(crate) fn fetch(&self, code: String) -> String {
         if self.load { String::new() } else { code }
     }
 
-    fn comment(&self) -> String {
+    pub(crate) fn comment(&self) -> String {
         if self.any() { " (ATTN_WGPU_ABLATE: parts taken out, results wrong)".into() } else { String::new() }
     }
 }

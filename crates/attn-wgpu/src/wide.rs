@@ -7,9 +7,8 @@
 //!
 //! **Status** (H100, bench/results/2026-11-23-h100-wgpu-wide-890d7ec): passes `attn verify
 //! --quick` there and on lavapipe, but runs 2.3-2.5x slower than the 4x8 kernel (9-12 TFLOP/s in
-//! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it. Its 44 KiB of workgroup memory per two
-//! warps (Qᵀ and Pᵀ both grow with the rows) is the likely cause: 8 KiB of unused workgroup
-//! memory alone slows the 4x8 kernel by a fifth (`ATTN_WGPU_PAD_SHARED`).
+//! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it; why is not known yet. It honours the
+//! `ATTN_WGPU_ABLATE` parts `qk`, `exp`, `pv`, `barrier` and `load` for timing.
 //!
 //! Names: s{i}_{g}, p{i}_{g}: row i's (0..8) vec4 of scores or probabilities for key group g
 //! (0..2); o{i}_{c}: row i's vec4 of O for column group c (0..2). Rows 0..3 are group `a`,
@@ -40,22 +39,32 @@ pub fn generate(variant: &Variant) -> String {
         KernelType::F32 => ("f32", ""),
         KernelType::F16 => ("f16", "enable f16;"),
     };
+    let ablate = crate::shader::Ablation::current();
     let mut c = Code::default();
     for i in 0..ROWS {
         let (grp, l) = row(i);
         let q = if i < 4 { "a0" } else { "a1" };
         for g in 0..GROUPS {
             let _ = writeln!(c.s_decl, "        var s{i}_{g} = vec4<f32>(0.0);");
-            let _ = writeln!(c.s_fma, "                s{i}_{g} = fma(vec4<f32>({q}.{l}), k{g}, s{i}_{g});");
+            if !ablate.qk {
+                let _ =
+                    writeln!(c.s_fma, "                s{i}_{g} = fma(vec4<f32>({q}.{l}), k{g}, s{i}_{g});");
+            } else if i == 0 {
+                let _ = writeln!(c.s_fma, "                s{i}_{g} = s{i}_{g} + k{g};");
+            }
             let _ = writeln!(
                 c.s_mask,
                 "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim_{grp}.{l}));"
             );
-            let _ = writeln!(c.s_exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(mu_{grp}.{l}));");
+            let exp = if ablate.exp { "" } else { "exp2" };
+            let _ = writeln!(c.s_exp, "        let p{i}_{g} = {exp}(s{i}_{g} - vec4<f32>(mu_{grp}.{l}));");
             let _ = writeln!(c.o_decl, "    var o{i}_{g} = vec4<f32>(0.0);");
             let _ = writeln!(c.o_rescale, "        o{i}_{g} = o{i}_{g} * alpha_{grp}.{l};");
             let p = if i < 4 { "pa" } else { "pb" };
-            let _ = writeln!(c.pv_fma, "                o{i}_{g} = fma(vec4<f32>({p}.{l}), v{g}, o{i}_{g});");
+            if !ablate.pv {
+                let _ =
+                    writeln!(c.pv_fma, "                o{i}_{g} = fma(vec4<f32>({p}.{l}), v{g}, o{i}_{g});");
+            }
         }
         let _ = writeln!(c.o_store, "    if (row0 + {i}u < P.seq_q) {{");
         let _ = writeln!(c.o_store, "        let ob = q_base + (row0 + {i}u) * D4 + tx;");
@@ -111,15 +120,18 @@ pub fn generate(variant: &Variant) -> String {
         ("{{PRE_DECL}}", staging.declare()),
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
         ("{{STORE_K}}", staging.store_k("            ")),
-        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
-        ("{{FETCH_V_FIRST}}", staging.fetch_v("                ", "n0", "0u")),
+        ("{{FETCH_K_NEXT}}", ablate.fetch(staging.fetch_k("                ", "n0", "c + 1u"))),
+        ("{{FETCH_V_FIRST}}", ablate.fetch(staging.fetch_v("                ", "n0", "0u"))),
         ("{{STORE_V}}", staging.store_v("            ")),
-        ("{{FETCH_V_NEXT}}", staging.fetch_v("                ", "n0", "vc + 1u")),
-        ("{{FETCH_K_NEXT_TILE}}", staging.fetch_k("                ", "n0 + BN", "0u")),
+        ("{{FETCH_V_NEXT}}", ablate.fetch(staging.fetch_v("                ", "n0", "vc + 1u"))),
+        ("{{FETCH_K_NEXT_TILE}}", ablate.fetch(staging.fetch_k("                ", "n0 + BN", "0u"))),
     ] {
         src = src.replace(key, &value);
     }
-    format!("// {}\n{}", variant.name(), crate::shader::with_padding(src))
+    if ablate.barrier {
+        src = crate::shader::without_loop_barriers(&src);
+    }
+    format!("// {}{}\n{}", variant.name(), ablate.comment(), crate::shader::with_padding(src))
 }
 
 /// The unrolled pieces of the kernel, one field per template marker.
