@@ -12,6 +12,8 @@
 //! (`part`: only variants whose name contains it, e.g. `_vd`; the planner's choice is always
 //! printed).
 //! Prints why not and exits 0 where there is no Vulkan adapter or the driver lacks the extension.
+//! With `ATTN_WGPU_IR_DIR=<dir>`, also writes whatever internal representations the driver
+//! gives for each printed variant (`<dir>/<variant>.<n>.<name>.txt`; none is a valid answer).
 
 use ash::vk;
 use attn_core::{DType, Problem, Shape};
@@ -62,7 +64,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 }
                 let mark = if Some(v) == chosen { "*" } else { " " };
                 // SAFETY: `vulkan` owns a live device; the SPIR-V comes from a validated module.
-                let stats = unsafe { vulkan.statistics(&spirv(&v)?)? };
+                let stats = unsafe { vulkan.statistics(&spirv(&v)?, &v.name())? };
                 println!("{mark} {:<44} {:>6} B  {stats}", v.name(), v.shared_bytes());
             }
         }
@@ -173,8 +175,10 @@ impl Vulkan {
         }
     }
 
-    /// Compiles `words` into a compute pipeline and returns the driver's statistics, one line.
-    unsafe fn statistics(&self, words: &[u32]) -> Result<String, Box<dyn Error>> {
+    /// Compiles `words` into a compute pipeline and returns the driver's statistics, one line;
+    /// with `ATTN_WGPU_IR_DIR` set, writes the internal representations there under `name`.
+    unsafe fn statistics(&self, words: &[u32], name: &str) -> Result<String, Box<dyn Error>> {
+        let ir_dir = std::env::var("ATTN_WGPU_IR_DIR").ok();
         // SAFETY (whole body): the module and pipeline are created, queried and destroyed here.
         unsafe {
             let module =
@@ -183,10 +187,14 @@ impl Vulkan {
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
                 .name(c"main");
-            let info = vk::ComputePipelineCreateInfo::default()
-                .stage(stage)
-                .layout(self.layout)
-                .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.layout).flags(
+                if ir_dir.is_some() {
+                    vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+                        | vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR
+                } else {
+                    vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+                },
+            );
             let pipeline = self
                 .device
                 .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
@@ -209,10 +217,60 @@ impl Vulkan {
                     };
                     parts.push(format!("{name}={value}"));
                 }
+                if let Some(dir) = &ir_dir {
+                    let written = self.write_representations(&which, dir, &format!("{name}.{index}"))?;
+                    parts.push(format!("representations={written}"));
+                }
             }
             self.device.destroy_pipeline(pipeline, None);
             self.device.destroy_shader_module(module, None);
             Ok(parts.join(" "))
+        }
+    }
+}
+
+impl Vulkan {
+    /// Writes each internal representation of executable `which` to `dir/<stem>.<n>.<name>.txt`;
+    /// returns how many there were.
+    unsafe fn write_representations(
+        &self,
+        which: &vk::PipelineExecutableInfoKHR,
+        dir: &str,
+        stem: &str,
+    ) -> Result<usize, Box<dyn Error>> {
+        // SAFETY: the two-call idiom of vkGetPipelineExecutableInternalRepresentationsKHR: the
+        // first (through ash) gives the count and each size, the second fills buffers of those
+        // sizes, which outlive the call.
+        unsafe {
+            let sized = self.stats.get_pipeline_executable_internal_representations(which)?;
+            let mut buffers: Vec<Vec<u8>> = sized.iter().map(|r| vec![0u8; r.data_size]).collect();
+            let mut reps: Vec<vk::PipelineExecutableInternalRepresentationKHR> = buffers
+                .iter_mut()
+                .map(|b| {
+                    let mut r = vk::PipelineExecutableInternalRepresentationKHR::default();
+                    r.data_size = b.len();
+                    r.p_data = b.as_mut_ptr().cast();
+                    r
+                })
+                .collect();
+            let mut count = reps.len() as u32;
+            (self.stats.fp().get_pipeline_executable_internal_representations_khr)(
+                self.device.handle(),
+                which,
+                &mut count,
+                reps.as_mut_ptr(),
+            )
+            .result()?;
+            std::fs::create_dir_all(dir)?;
+            for (n, (r, bytes)) in reps.iter().zip(&buffers).enumerate() {
+                let name = r
+                    .name_as_c_str()
+                    .map(|c| c.to_string_lossy().replace([' ', '/'], "_"))
+                    .unwrap_or_default();
+                let text: Vec<u8> = bytes.iter().copied().take_while(|&b| b != 0 || r.is_text == 0).collect();
+                std::fs::write(format!("{dir}/{stem}.{n}.{name}.txt"), text)?;
+            }
+            Ok(reps.len())
         }
     }
 }
