@@ -246,11 +246,10 @@ impl Vulkan {
             let mut buffers: Vec<Vec<u8>> = sized.iter().map(|r| vec![0u8; r.data_size]).collect();
             let mut reps: Vec<vk::PipelineExecutableInternalRepresentationKHR> = buffers
                 .iter_mut()
-                .map(|b| {
-                    let mut r = vk::PipelineExecutableInternalRepresentationKHR::default();
-                    r.data_size = b.len();
-                    r.p_data = b.as_mut_ptr().cast();
-                    r
+                .map(|b| vk::PipelineExecutableInternalRepresentationKHR {
+                    data_size: b.len(),
+                    p_data: b.as_mut_ptr().cast(),
+                    ..Default::default()
                 })
                 .collect();
             let mut count = reps.len() as u32;

@@ -1,7 +1,7 @@
 //! The `wgpu` backend: [`Attention`] over the WGSL kernel, with device-resident inputs.
 
 use crate::pack::{pack_inputs, unpack_output};
-use crate::plan::{self, AdapterCaps, Variant};
+use crate::plan::{self, AdapterCaps, Kernel, Variant};
 use crate::runtime::Gpu;
 use attn_core::{
     Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared, Problem,
@@ -174,7 +174,7 @@ impl Wgpu {
     /// other (`ATTN_WGPU_COOP=0` is how f16 gets the FMA kernel where both exist).
     fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
         let allowed = |v: &Variant| {
-            if v.coop {
+            if v.kernel == Kernel::Coop {
                 self.coop_rows.is_none_or(|r| v.block_m() == r)
                     && self.coop_keys.is_none_or(|n| v.block_n() == n)
             } else {
@@ -186,7 +186,7 @@ impl Wgpu {
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
-                    && self.wide.is_none_or(|w| v.wide == w)
+                    && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)
             }
         };
         let choice = plan::choose_among(problem, caps, &allowed)?;
@@ -269,13 +269,13 @@ impl Attention for Wgpu {
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
         let padding = crate::shader::padding_bytes();
-        if !choice.variant.coop && padding > 0 {
+        if choice.variant.kernel != Kernel::Coop && padding > 0 {
             choice.notes.push(format!(
                 "ATTN_WGPU_PAD_SHARED: {padding} B more workgroup memory declared (unused) for a timing experiment"
             ));
         }
         let ablated = crate::shader::Ablation::current().parts();
-        if !choice.variant.coop && !ablated.is_empty() {
+        if choice.variant.kernel != Kernel::Coop && !ablated.is_empty() {
             choice.notes.push(format!(
                 "ATTN_WGPU_ABLATE: {} taken out of the kernel for timing; RESULTS ARE WRONG",
                 ablated.join(", ")

@@ -33,7 +33,7 @@ const M: u32 = 16;
 
 /// The WGSL source of `variant` (a `coop` one).
 pub fn generate(variant: &Variant) -> String {
-    debug_assert!(variant.coop);
+    debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);
     let mut q_load = String::new();

@@ -72,4 +72,4 @@ pub mod spirv;
 pub mod wide;
 
 pub use backend::Wgpu;
-pub use plan::{AdapterCaps, Variant};
+pub use plan::{AdapterCaps, Kernel, Variant};

@@ -171,22 +171,33 @@ pub struct Variant {
     /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
     /// with `v_direct` and `chunk == head_dim`.
     pub k_direct: bool,
-    /// The cooperative-matrix kernel (`kernels/flash_coop.wgsl`, f16 only): one subgroup of 32
-    /// per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`, `chunk` and
-    /// `stages` do not apply (8, the head dim, 1).
-    pub coop: bool,
-    /// The FMA kernel with 8x8 register tiles (`kernels/flash_wide.wgsl`, [`crate::wide`]): each
-    /// invocation 8 query rows × 8 keys of S and 8 rows × 8 columns of O, probabilities through
-    /// workgroup memory, no subgroup operations. `row_threads` is `D/8` (`BN = D`),
-    /// `key_groups` 2, `chunk` the head-dim columns of each K stage (V is staged by as many
-    /// keys as fill the same buffer), `BM = 8·row_groups`.
-    pub wide: bool,
+    /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
+    /// [`Kernel`] says what each other kernel makes of them.
+    pub kernel: Kernel,
+}
+
+/// The kernel templates a [`Variant`] can specialise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `kernels/flash.wgsl` ([`crate::shader`]): FMAs on 4 x 4·KG score micro-tiles; the f32
+    /// kernel, and f16's where there are no cooperative matrices.
+    Fma,
+    /// `kernels/flash_wide.wgsl` ([`crate::wide`]): FMAs on 8x8 register tiles, each invocation
+    /// 8 query rows × 8 keys of S and 8 rows × 8 columns of O, probabilities through workgroup
+    /// memory, no subgroup operations. `row_threads` is `D/8` (`BN = D`), `key_groups` 2,
+    /// `chunk` the head-dim columns of each K stage (V is staged by as many keys as fill the same
+    /// buffer), `BM = 8·row_groups`. Picked only by `ATTN_WGPU_WIDE=1` (timed slower).
+    Wide,
+    /// `kernels/flash_coop.wgsl` ([`crate::coop`], f16 only): cooperative matrices, one
+    /// subgroup of 32 per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`,
+    /// `chunk` and `stages` do not apply (8, the head dim, 1).
+    Coop,
 }
 
 impl Variant {
     /// Invocations per workgroup.
     pub fn threads(&self) -> u32 {
-        if self.coop {
+        if self.kernel == Kernel::Coop {
             return 2 * self.block_m(); // a subgroup of 32 per 16 rows
         }
         self.row_groups * self.row_threads
@@ -194,7 +205,7 @@ impl Variant {
 
     /// Query rows per workgroup.
     pub fn block_m(&self) -> u32 {
-        if self.wide {
+        if self.kernel == Kernel::Wide {
             return 8 * self.row_groups;
         }
         self.row_groups * MICRO
@@ -202,7 +213,7 @@ impl Variant {
 
     /// Keys per score tile.
     pub fn block_n(&self) -> u32 {
-        if self.coop {
+        if self.kernel == Kernel::Coop {
             return 16 * self.key_groups; // 16-key blocks
         }
         self.row_threads * MICRO * self.key_groups
@@ -213,7 +224,7 @@ impl Variant {
     /// from the buffers; whole key tiles where the FMA kernel reads V straight from its buffer
     /// (`v_direct`); none otherwise, where the FMA kernel's loads are guarded.
     pub fn row_align(&self) -> (usize, usize) {
-        if self.coop {
+        if self.kernel == Kernel::Coop {
             (self.block_m() as usize, self.block_n() as usize)
         } else if self.v_direct {
             (1, self.block_n() as usize)
@@ -227,11 +238,11 @@ impl Variant {
     /// test checks through naga.
     pub fn shared_bytes(&self) -> u32 {
         let (bm, bn) = (self.block_m(), self.block_n());
-        if self.coop {
+        if self.kernel == Kernel::Coop {
             // S (f32) and P (f16) per 16 rows, the rescale flags (two, in 16 bytes).
             return bm * bn * (4 + 2) + 16;
         }
-        if self.wide {
+        if self.kernel == Kernel::Wide {
             // Qᵀ, one K/V stage, Pᵀ with its rows padded by a vec4, the reduction scratch (two
             // vec4s per invocation).
             return 4 * (bm * self.head_dim + bn * self.chunk + bn * (bm + 4) + 8 * self.threads());
@@ -267,8 +278,8 @@ impl Variant {
             if self.stages == 2 { "_db" } else { "" },
         ) + if self.v_direct { "_vd" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
-            + if self.coop { "_coop" } else { "" }
-            + if self.wide { "_wide" } else { "" }
+            + if self.kernel == Kernel::Coop { "_coop" } else { "" }
+            + if self.kernel == Kernel::Wide { "_wide" } else { "" }
     }
 }
 
@@ -380,7 +391,7 @@ pub fn choose_among(
         let unit = match name {
             "lse" => 4,
             "o" => 4 * elem,
-            _ if variant.coop => elem,
+            _ if variant.kernel == Kernel::Coop => elem,
             _ => 4 * elem,
         };
         let allowed = caps.storage_binding.min(unit * (u32::MAX as u64));
@@ -418,7 +429,7 @@ pub fn choose_among(
 
     let memory = format!("workgroup memory {} of {} B", variant.shared_bytes(), caps.workgroup_storage);
     let mut notes = vec![];
-    if variant.coop {
+    if variant.kernel == Kernel::Coop {
         notes.push(format!(
             "{} invocations, a subgroup of 32 per 16 query rows, S = Q·Kᵀ and O += P·V on 16x16x16 \
              cooperative matrices (f16 inputs, P rounded to f16, f32 accumulators); {memory}",
@@ -431,7 +442,7 @@ pub fn choose_among(
              (ATTN_WGPU_COOP=0 for the FMA kernel)"
                 .into(),
         );
-    } else if variant.wide {
+    } else if variant.kernel == Kernel::Wide {
         notes.push(format!(
             "{} invocations, each an 8x8 tile of S and 8 rows x 8 columns of O (FMAs, two vec4 loads \
              of each operand per 64); {memory}",
@@ -561,8 +572,7 @@ pub fn candidates(
         p_shuffle,
         v_direct: false,
         k_direct: false,
-        coop: false,
-        wide: false,
+        kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
         .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
@@ -648,8 +658,7 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
             p_shuffle: false,
             v_direct: false,
             k_direct: false,
-            coop: false,
-            wide: true,
+            kernel: Kernel::Wide,
         })
     })
 }
@@ -676,8 +685,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         p_shuffle: false,
         v_direct: false,
         k_direct: false,
-        coop: true,
-        wide: false,
+        kernel: Kernel::Coop,
     })
 }
 
@@ -750,10 +758,14 @@ mod tests {
     #[test]
     fn the_wide_kernel_only_by_knob_and_too_big_is_a_typed_error() {
         let p = Problem::new(Shape::new(1, 2, 300, 64), DType::F32);
-        assert!(!choose(&p, &lavapipe()).unwrap().variant.wide);
-        let v = choose_among(&p, &lavapipe(), &|v| v.wide).unwrap().variant;
-        assert!(v.wide && v.block_n() == 64 && v.shared_bytes() <= 32 * 1024, "{}", v.name());
-        let tall = choose_among(&p, &lavapipe(), &|v| v.wide && v.block_m() == 128);
+        assert_eq!(choose(&p, &lavapipe()).unwrap().variant.kernel, Kernel::Fma);
+        let v = choose_among(&p, &lavapipe(), &|v| v.kernel == Kernel::Wide).unwrap().variant;
+        assert!(
+            v.kernel == Kernel::Wide && v.block_n() == 64 && v.shared_bytes() <= 32 * 1024,
+            "{}",
+            v.name()
+        );
+        let tall = choose_among(&p, &lavapipe(), &|v| v.kernel == Kernel::Wide && v.block_m() == 128);
         assert!(
             matches!(&tall, Err(Error::OverDeviceLimit { kernel, .. }) if kernel.contains("_m128n64_") && kernel.ends_with("_wide")),
             "{tall:?}"
@@ -819,8 +831,7 @@ mod tests {
             p_shuffle: false,
             v_direct: false,
             k_direct: false,
-            coop: false,
-            wide: false,
+            kernel: Kernel::Fma,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
@@ -887,17 +898,16 @@ mod tests {
         let pick =
             |d: usize, dtype| choose(&Problem::new(Shape::new(1, 2, 1000, d), dtype), &caps).unwrap().variant;
         let v = pick(128, DType::F16);
-        assert!(v.coop && v.block_m() == 16 && v.block_n() == 32, "{}", v.name());
+        assert!(v.kernel == Kernel::Coop && v.block_m() == 16 && v.block_n() == 32, "{}", v.name());
         // Workgroup memory does not grow with the head dim (K and V come straight from the
         // buffers): S and P of 16 rows by 32 keys, and the flags.
         assert_eq!(pick(256, DType::F16).name(), "flash_f16_d256_m16n32_c256_full_sg_coop");
         assert_eq!(pick(256, DType::F16).shared_bytes(), 16 * 32 * 6 + 16);
         // f32 and bf16 keep the FMA kernel; so does f16 where the device was not opened for them.
-        assert!(!pick(128, DType::F32).coop && !pick(128, DType::Bf16).coop);
+        assert!(pick(128, DType::F32).kernel == Kernel::Fma && pick(128, DType::Bf16).kernel == Kernel::Fma);
         let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
-        assert!(
-            !choose(&Problem::new(Shape::new(1, 2, 1000, 128), DType::F16), &plain).unwrap().variant.coop
-        );
+        let f16 = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
+        assert_eq!(choose(&f16, &plain).unwrap().variant.kernel, Kernel::Fma);
     }
 
     #[test]

@@ -185,7 +185,7 @@ impl Gpu {
         }
         let source = shader::generate(variant);
         let name = variant.name();
-        let spirv = if variant.coop {
+        let spirv = if variant.kernel == crate::plan::Kernel::Coop {
             let words =
                 crate::spirv::compile_coop(&source, self.checks, crate::spirv::MemoryModel::from_env())
                     .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;

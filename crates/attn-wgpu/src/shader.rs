@@ -6,7 +6,7 @@
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
-use crate::plan::Variant;
+use crate::plan::{Kernel, Variant};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -21,10 +21,10 @@ const LANE: [&str; 4] = ["x", "y", "z", "w"];
 
 /// The WGSL source of `variant`, ready for `create_shader_module`.
 pub fn generate(variant: &Variant) -> String {
-    if variant.coop {
+    if variant.kernel == Kernel::Coop {
         return crate::coop::generate(variant);
     }
-    if variant.wide {
+    if variant.kernel == Kernel::Wide {
         return crate::wide::generate(variant);
     }
     let (et, enable) = match variant.ty {
@@ -715,7 +715,7 @@ mod tests {
                         use naga::valid::Capabilities as C;
                         let caps = C::SUBGROUP
                             | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
-                            | if v.coop { C::COOPERATIVE_MATRIX } else { C::empty() };
+                            | if v.kernel == Kernel::Coop { C::COOPERATIVE_MATRIX } else { C::empty() };
                         let mut validator =
                             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
                         validator
@@ -729,7 +729,7 @@ mod tests {
                             .sum();
                         assert_eq!(shared, v.shared_bytes(), "{}", v.name());
                         checked += 1;
-                        checked_coop += usize::from(v.coop);
+                        checked_coop += usize::from(v.kernel == Kernel::Coop);
                     }
                 }
             }

@@ -14,7 +14,7 @@
 //! (0..2); o{i}_{c}: row i's vec4 of O for column group c (0..2). Rows 0..3 are group `a`,
 //! 4..7 group `b` (the kernel's vec4s of row statistics: m_a, l_a, ...).
 
-use crate::plan::{KernelType, Variant};
+use crate::plan::{Kernel, KernelType, Variant};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -34,7 +34,7 @@ fn row(i: usize) -> (&'static str, &'static str) {
 
 /// The WGSL source of `variant` (a `wide` one).
 pub fn generate(variant: &Variant) -> String {
-    debug_assert!(variant.wide && variant.key_groups as usize == GROUPS);
+    debug_assert!(variant.kernel == Kernel::Wide && variant.key_groups as usize == GROUPS);
     let (et, enable) = match variant.ty {
         KernelType::F32 => ("f32", ""),
         KernelType::F16 => ("f16", "enable f16;"),
