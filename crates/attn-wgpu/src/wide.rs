@@ -131,7 +131,12 @@ pub fn generate(variant: &Variant) -> String {
     if ablate.barrier {
         src = crate::shader::without_loop_barriers(&src);
     }
-    format!("// {}{}\n{}", variant.name(), ablate.comment(), crate::shader::with_padding(src))
+    format!(
+        "// {}{}\n{}",
+        variant.name(),
+        ablate.comment(),
+        crate::shader::with_padding(crate::shader::one_array_if_asked(src))
+    )
 }
 
 /// The unrolled pieces of the kernel, one field per template marker.
