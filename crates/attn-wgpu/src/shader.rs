@@ -103,91 +103,7 @@ pub fn generate(variant: &Variant) -> String {
     if ablate.barrier {
         src = without_loop_barriers(&src);
     }
-    format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(one_array_if_asked(src)))
-}
-
-/// `ATTN_WGPU_ONE_ARRAY=1`, a timing experiment: the FMA kernels' workgroup arrays (all of
-/// vec4<f32>) merged into one, `wg`, each at a constant offset (`WG_<name>`), same size and
-/// same accesses. One more workgroup variable of even 16 bytes, never touched, costs the 4x8
-/// kernel a fifth on the H100 (ATTN_WGPU_PAD_SHARED); this asks whether fewer of them help.
-/// Read once per process.
-pub(crate) fn one_array_if_asked(src: String) -> String {
-    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ASKED.get_or_init(|| std::env::var("ATTN_WGPU_ONE_ARRAY").is_ok_and(|v| v.trim() == "1")) {
-        one_array(&src)
-    } else {
-        src
-    }
-}
-
-/// `src` with its `var<workgroup> name: array<vec4<f32>, SIZE>;` declarations merged into one
-/// array (see [`one_array_if_asked`]): every `name[i]` becomes `wg[WG_NAME + (i)]`.
-pub fn one_array(src: &str) -> String {
-    const DECL: &str = "var<workgroup> ";
-    let mut names = vec![];
-    let mut consts = String::new();
-    let mut offset = String::from("0u");
-    let mut out = String::new();
-    let mut placed = false;
-    for line in src.lines() {
-        let Some(rest) = line.strip_prefix(DECL) else {
-            out.push_str(line);
-            out.push('\n');
-            continue;
-        };
-        let (name, ty) = rest.split_once(": ").expect("a workgroup declaration");
-        let size = ty
-            .strip_prefix("array<vec4<f32>, ")
-            .and_then(|t| t.strip_suffix(">;"))
-            .unwrap_or_else(|| panic!("{name}: only vec4<f32> arrays are merged"));
-        let _ = writeln!(consts, "const WG_{}: u32 = {offset};", name.to_uppercase());
-        offset = format!("{offset} + ({size})");
-        names.push(name.to_string());
-        if !placed {
-            out.push_str("{{ONE_ARRAY}}\n");
-            placed = true;
-        }
-    }
-    let merged = format!("{consts}var<workgroup> wg: array<vec4<f32>, {offset}>;");
-    let mut src = out.replace("{{ONE_ARRAY}}", &merged);
-    for name in names {
-        src = reindex(&src, &name, &format!("WG_{}", name.to_uppercase()));
-    }
-    src
-}
-
-/// Every `name[i]` (name not part of a longer identifier) as `wg[at + (i)]`.
-fn reindex(src: &str, name: &str, at: &str) -> String {
-    let pattern = format!("{name}[");
-    let mut out = String::new();
-    let mut rest = src;
-    while let Some(i) = rest.find(&pattern) {
-        let before = rest[..i].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            out.push_str(&rest[..i + pattern.len()]);
-            rest = &rest[i + pattern.len()..];
-            continue;
-        }
-        out.push_str(&rest[..i]);
-        let body = &rest[i + pattern.len()..];
-        let mut depth = 1;
-        let end = body
-            .char_indices()
-            .find(|&(_, c)| {
-                depth += match c {
-                    '[' => 1,
-                    ']' => -1,
-                    _ => 0,
-                };
-                depth == 0
-            })
-            .map(|(j, _)| j)
-            .expect("a closing bracket");
-        let _ = write!(out, "wg[{at} + ({})]", &body[..end]);
-        rest = &body[end + 1..];
-    }
-    out.push_str(rest);
-    out
+    format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(src))
 }
 
 /// `src` without any barrier from the tile loop on, for the `barrier` ablation (barriers in
@@ -218,17 +134,11 @@ pub(crate) fn with_padding(src: String) -> String {
         return src;
     }
     let at = "    let bh = wid.y + wid.z * P.grid_y;\n";
-    assert!(src.contains(at), "the FMA kernels compute bh");
-    // `ATTN_WGPU_PAD_USE=global`: the guarded global store alone, with no workgroup memory, to
-    // tell the store's cost from the memory's.
-    if std::env::var("ATTN_WGPU_PAD_USE").is_ok_and(|u| u.trim() == "global") {
-        let used = format!("{at}    if (P.pad == 1u) {{\n        o[0] = vec4<ET>(vec4<f32>(0.0));\n    }}\n");
-        return src.replacen(at, &used, 1);
-    }
     let used = format!(
         "{at}    if (P.pad == 1u) {{\n        pad_shared[lid % {n}u] = vec4<f32>(1.0);\n        \
          o[0] = vec4<ET>(pad_shared[(lid + 1u) % {n}u]);\n    }}\n"
     );
+    assert!(src.contains(at), "the FMA kernels compute bh");
     format!(
         "{}\n// ATTN_WGPU_PAD_SHARED: timing experiment only.\nvar<workgroup> pad_shared: array<vec4<f32>, {n}>;\n",
         src.replacen(at, &used, 1)

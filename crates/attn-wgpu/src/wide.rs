@@ -131,12 +131,7 @@ pub fn generate(variant: &Variant) -> String {
     if ablate.barrier {
         src = crate::shader::without_loop_barriers(&src);
     }
-    format!(
-        "// {}{}\n{}",
-        variant.name(),
-        ablate.comment(),
-        crate::shader::with_padding(crate::shader::one_array_if_asked(src))
-    )
+    format!("// {}{}\n{}", variant.name(), ablate.comment(), crate::shader::with_padding(src))
 }
 
 /// The unrolled pieces of the kernel, one field per template marker.
