@@ -7,23 +7,43 @@
 //! which would otherwise add a counter and a test to every step. Timed with GPU timestamps where
 //! the adapter has them, else the host clock; prints the median of the timed runs.
 //!
-//! `cargo run --release -p attn-wgpu --example fma_peak [workgroups]`
+//! `cargo run --release -p attn-wgpu --example fma_peak [workgroups] [bytes] [chains]`
+//!
+//! As a residency probe (how many workgroups the driver runs at once on an SM, by workgroup
+//! memory): `bytes` of workgroup memory per workgroup (a vec4 array each invocation writes and,
+//! after a barrier, reads a neighbour's element of), and `chains` (default 8) independent
+//! chains; with 1 chain each invocation waits on every FMA, so the time of `132·k` workgroups
+//! steps up where `k` passes the number resident per SM. `bench/device/wgpu-residency.sh` runs
+//! that grid.
 
 use std::time::Instant;
 
 const STEPS: u32 = 4096;
 const WORKGROUP: u32 = 256;
-const CHAINS: u32 = 8;
 
-fn shader() -> String {
-    let decl: String = (0..CHAINS).map(|i| format!("    var a{i} = vec4<f32>(seed + {i}.0);\n")).collect();
-    let step: String = (0..CHAINS).map(|i| format!("        a{i} = fma(a{i}, m, c);\n")).collect();
-    let sum = (0..CHAINS).map(|i| format!("a{i}")).collect::<Vec<_>>().join(" + ");
+fn shader(chains: u32, bytes: u32) -> String {
+    let decl: String = (0..chains).map(|i| format!("    var a{i} = vec4<f32>(seed + {i}.0);\n")).collect();
+    let step: String = (0..chains).map(|i| format!("        a{i} = fma(a{i}, m, c);\n")).collect();
+    let sum = (0..chains).map(|i| format!("a{i}")).collect::<Vec<_>>().join(" + ");
+    let n = bytes / 16;
+    let (pad_decl, pad_use) = if n == 0 {
+        (String::new(), String::new())
+    } else {
+        (
+            format!("var<workgroup> pad: array<vec4<f32>, {n}>;\n"),
+            format!(
+                "    pad[lid % {n}u] = vec4<f32>(f32(lid));\n    workgroupBarrier();\n    \
+                 let seed = f32(g.x) * 1e-9 + pad[(lid + 1u) % {n}u].x * 1e-12;\n"
+            ),
+        )
+    };
+    let seed = if n == 0 { "    let seed = f32(g.x) * 1e-9;\n" } else { "" };
     format!(
         "@group(0) @binding(0) var<storage, read_write> out: array<vec4<f32>>;\n\
+         {pad_decl}\
          @compute @workgroup_size({WORKGROUP})\n\
-         fn main(@builtin(global_invocation_id) g: vec3<u32>) {{\n\
-         \x20   let seed = f32(g.x) * 1e-9;\n\
+         fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n\
+         {pad_use}{seed}\
          \x20   let m = vec4<f32>(0.999999);\n\
          \x20   let c = vec4<f32>(1e-7);\n\
          {decl}\
@@ -36,7 +56,9 @@ fn shader() -> String {
 }
 
 fn main() {
-    let workgroups: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4096);
+    let arg =
+        |i: usize, default: u32| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (workgroups, bytes, chains) = (arg(1, 4096), arg(2, 0), arg(3, 8).max(1));
     if !(1..=65535).contains(&workgroups) {
         eprintln!("fma_peak: workgroups must be 1..=65535 (one dispatch dimension), not {workgroups}");
         std::process::exit(2);
@@ -55,9 +77,13 @@ fn main() {
         ..Default::default()
     }))
     .expect("a device on the adapter just found");
-    let source = shader();
-    // SAFETY: the one loop is bounded by a constant, and `out` is indexed by the invocation id,
-    // which the dispatch keeps below its length.
+    if bytes > adapter.limits().max_compute_workgroup_storage_size {
+        eprintln!("fma_peak: {bytes} B of workgroup memory is over the adapter's limit");
+        std::process::exit(2);
+    }
+    let source = shader(chains, bytes);
+    // SAFETY: the one loop is bounded by a constant, `out` is indexed by the invocation id,
+    // which the dispatch keeps below its length, and `pad` modulo its length.
     let module = unsafe {
         device.create_shader_module_trusted(
             wgpu::ShaderModuleDescriptor {
@@ -104,7 +130,7 @@ fn main() {
     let resolve = buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
     let readback = buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
 
-    let flops = 2.0 * 4.0 * (CHAINS * STEPS) as f64 * (workgroups * WORKGROUP) as f64;
+    let flops = 2.0 * 4.0 * (chains * STEPS) as f64 * (workgroups * WORKGROUP) as f64;
     let mut seconds = Vec::new();
     for run in 0..13 {
         let start = Instant::now();
@@ -146,7 +172,8 @@ fn main() {
     seconds.sort_by(f64::total_cmp);
     let median = seconds[seconds.len() / 2];
     println!(
-        "{}: f32 FMA {:.2} TFLOP/s (median of {} runs, {:.3} ms each, {} workgroups of {WORKGROUP}, {} clock)",
+        "{}: f32 FMA {:.2} TFLOP/s (median of {} runs, {:.3} ms each, {} workgroups of {WORKGROUP}, \
+         {bytes} B workgroup memory, {chains} chains, {} clock)",
         adapter.get_info().name,
         flops / median / 1e12,
         seconds.len(),
