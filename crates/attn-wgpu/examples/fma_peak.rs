@@ -7,22 +7,24 @@
 //! which would otherwise add a counter and a test to every step. Timed with GPU timestamps where
 //! the adapter has them, else the host clock; prints the median of the timed runs.
 //!
-//! `cargo run --release -p attn-wgpu --example fma_peak [workgroups] [bytes] [chains]`
+//! `cargo run --release -p attn-wgpu --example fma_peak [workgroups] [bytes] [chains] [threads]`
+//! (threads per workgroup: 32 to 256, default 256)
 //!
 //! As a residency probe (how many workgroups the driver runs at once on an SM, by workgroup
 //! memory): `bytes` of workgroup memory per workgroup (a vec4 array each invocation writes and,
-//! after a barrier, reads a neighbour's element of), and `chains` (default 8) independent
-//! chains; with 1 chain each invocation waits on every FMA, so the time of `132·k` workgroups
-//! steps up where `k` passes the number resident per SM. `bench/device/wgpu-residency.sh` runs
-//! that grid.
+//! after a barrier, reads a neighbour's element of), and `chains` (default 8) independent vec4
+//! chains; `chains` = 0 runs one scalar chain, so that each invocation waits on every FMA and
+//! an SM needs many resident warps to fill its FMA pipes: the time of `132·k` workgroups then
+//! stays flat while `k` workgroups fit at once per SM. `bench/device/wgpu-residency.sh` runs that
+//! grid.
 
 use std::time::Instant;
 
 const STEPS: u32 = 4096;
-const WORKGROUP: u32 = 256;
 
-fn shader(chains: u32, bytes: u32) -> String {
-    let decl: String = (0..chains).map(|i| format!("    var a{i} = vec4<f32>(seed + {i}.0);\n")).collect();
+fn shader(chains: u32, bytes: u32, threads: u32) -> String {
+    let (ty, chains) = if chains == 0 { ("f32", 1) } else { ("vec4<f32>", chains) };
+    let decl: String = (0..chains).map(|i| format!("    var a{i} = {ty}(seed + {i}.0);\n")).collect();
     let step: String = (0..chains).map(|i| format!("        a{i} = fma(a{i}, m, c);\n")).collect();
     let sum = (0..chains).map(|i| format!("a{i}")).collect::<Vec<_>>().join(" + ");
     let n = bytes / 16;
@@ -41,16 +43,16 @@ fn shader(chains: u32, bytes: u32) -> String {
     format!(
         "@group(0) @binding(0) var<storage, read_write> out: array<vec4<f32>>;\n\
          {pad_decl}\
-         @compute @workgroup_size({WORKGROUP})\n\
+         @compute @workgroup_size({threads})\n\
          fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n\
          {pad_use}{seed}\
-         \x20   let m = vec4<f32>(0.999999);\n\
-         \x20   let c = vec4<f32>(1e-7);\n\
+         \x20   let m = {ty}(0.999999);\n\
+         \x20   let c = {ty}(1e-7);\n\
          {decl}\
          \x20   for (var i = 0u; i < {STEPS}u; i++) {{\n\
          {step}\
          \x20   }}\n\
-         \x20   out[g.x] = {sum};\n\
+         \x20   out[g.x] = vec4<f32>({sum});\n\
          }}\n"
     )
 }
@@ -58,7 +60,8 @@ fn shader(chains: u32, bytes: u32) -> String {
 fn main() {
     let arg =
         |i: usize, default: u32| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default);
-    let (workgroups, bytes, chains) = (arg(1, 4096), arg(2, 0), arg(3, 8).max(1));
+    let (workgroups, bytes, chains, threads) =
+        (arg(1, 4096), arg(2, 0), arg(3, 8), arg(4, 256).clamp(32, 256));
     if !(1..=65535).contains(&workgroups) {
         eprintln!("fma_peak: workgroups must be 1..=65535 (one dispatch dimension), not {workgroups}");
         std::process::exit(2);
@@ -81,7 +84,7 @@ fn main() {
         eprintln!("fma_peak: {bytes} B of workgroup memory is over the adapter's limit");
         std::process::exit(2);
     }
-    let source = shader(chains, bytes);
+    let source = shader(chains, bytes, threads);
     // SAFETY: the one loop is bounded by a constant, `out` is indexed by the invocation id,
     // which the dispatch keeps below its length, and `pad` modulo its length.
     let module = unsafe {
@@ -103,7 +106,7 @@ fn main() {
     });
     let out = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("out"),
-        size: workgroups as u64 * WORKGROUP as u64 * 16,
+        size: workgroups as u64 * threads as u64 * 16,
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     });
@@ -130,7 +133,8 @@ fn main() {
     let resolve = buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
     let readback = buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
 
-    let flops = 2.0 * 4.0 * (chains * STEPS) as f64 * (workgroups * WORKGROUP) as f64;
+    let lanes = if chains == 0 { 1 } else { 4 * chains }; // FMAs per step
+    let flops = 2.0 * lanes as f64 * STEPS as f64 * (workgroups * threads) as f64;
     let mut seconds = Vec::new();
     for run in 0..13 {
         let start = Instant::now();
@@ -172,7 +176,7 @@ fn main() {
     seconds.sort_by(f64::total_cmp);
     let median = seconds[seconds.len() / 2];
     println!(
-        "{}: f32 FMA {:.2} TFLOP/s (median of {} runs, {:.3} ms each, {} workgroups of {WORKGROUP}, \
+        "{}: f32 FMA {:.2} TFLOP/s (median of {} runs, {:.3} ms each, {} workgroups of {threads}, \
          {bytes} B workgroup memory, {chains} chains, {} clock)",
         adapter.get_info().name,
         flops / median / 1e12,
