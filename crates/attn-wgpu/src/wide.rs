@@ -7,7 +7,10 @@
 //!
 //! **Status** (H100, bench/results/2026-11-23-h100-wgpu-wide-890d7ec): passes `attn verify
 //! --quick` there and on lavapipe, but runs 2.3-2.5x slower than the 4x8 kernel (9-12 TFLOP/s in
-//! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it; why is not known yet. It honours the
+//! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it. The driver keeps at most 48 KiB of
+//! workgroup memory resident per SM (bench/results/2026-11-23-h100-wgpu-residency-5215df6), so
+//! its 44 KiB per two warps (Qᵀ and Pᵀ both grow with the rows) leave one workgroup, two warps,
+//! per SM. It honours the
 //! `ATTN_WGPU_ABLATE` parts `qk`, `exp`, `pv`, `barrier` and `load` for timing.
 //!
 //! Names: s{i}_{g}, p{i}_{g}: row i's (0..8) vec4 of scores or probabilities for key group g
