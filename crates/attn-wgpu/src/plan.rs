@@ -628,9 +628,19 @@ pub fn candidates(
         .filter(|v| v.chunk == head_dim)
         .map(|&v| Variant { k_direct: true, ..v })
         .collect();
+    // Then 128 rows with 16 invocations per row, staged (`ATTN_WGPU_ROWS=128` with
+    // `ATTN_WGPU_ROW_THREADS=16`): 512 invocations sharing one Qᵀ, twice the warps of any other
+    // shape per KiB of workgroup memory, which the driver allows only 48 KiB of per SM
+    // (bench/results/2026-11-23-h100-wgpu-residency-5215df6). Knob-only until timed.
+    let tall_tx16: Vec<Variant> = all
+        .iter()
+        .filter(|v| v.row_threads == 16 && v.row_groups == ROW_GROUPS[0] && v.stages == STAGES[0])
+        .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
+        .collect();
     all.extend(direct);
     all.extend(tall);
     all.extend(k_direct);
+    all.extend(tall_tx16);
     all.into_iter()
 }
 
