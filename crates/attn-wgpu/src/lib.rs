@@ -39,7 +39,8 @@
 //!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer; `ATTN_WGPU_K_DIRECT=1`: K
 //!   too, packed transposed per tile (no stages and no barriers in the tile loop); both picked
 //!   only by their knobs until timed on a GPU (or where nothing else fits the adapter); `ATTN_WGPU_ROWS=16|32|64|128`: only
-//!   workgroups of that many query rows (128 exists only with V read straight from its buffer). 4x16 tiles and 4 invocations per
+//!   workgroups of that many query rows (128 exists only with V read straight from its buffer, or
+//!   with 16 invocations per row at D=64). 4x16 tiles and 4 invocations per
 //!   row were timed slower on the H100 and are picked only by their knobs.
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows apply to it too.

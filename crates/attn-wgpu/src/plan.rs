@@ -550,7 +550,8 @@ pub fn choose_among(
 /// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows, and
 /// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
-/// alone). A variant uses subgroup operations where the adapter's smallest subgroup
+/// alone), and 128 rows with 16 invocations per row (timed no faster). A variant uses subgroup
+/// operations where the adapter's smallest subgroup
 /// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
