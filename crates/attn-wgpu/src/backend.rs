@@ -125,7 +125,7 @@ impl Wgpu {
         self
     }
 
-    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Variant::wide`]) or never
+    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`crate::plan::Kernel::Wide`]) or never
     /// with it (`false`): to time it against the 4x8 kernel.
     pub fn with_wide(mut self, wide: bool) -> Self {
         self.wide = Some(wide);

@@ -645,10 +645,10 @@ pub fn candidates(
     all.into_iter()
 }
 
-/// Row groups (`TY`) of the 8x8 kernel ([`Variant::wide`]), largest first: `BM` = 128 down to 8.
+/// Row groups (`TY`) of the 8x8 kernel ([`Kernel::Wide`]), largest first: `BM` = 128 down to 8.
 pub const WIDE_ROW_GROUPS: [u32; 5] = [16, 8, 4, 2, 1];
 
-/// The 8x8 kernel's shapes ([`Variant::wide`]) for head dim `head_dim` (a multiple of 32): more
+/// The 8x8 kernel's shapes ([`Kernel::Wide`]) for head dim `head_dim` (a multiple of 32): more
 /// rows per workgroup first, then wider K stages (fewer barriers); `D/8` invocations per row
 /// group, so tiles of `D` keys. After every shape of [`candidates`] in the planner's order, so
 /// that until it is timed only `ATTN_WGPU_WIDE=1` picks it (or an adapter that fits nothing

@@ -1,5 +1,5 @@
 //! WGSL generation for the FMA kernel with 8x8 register tiles (`kernels/flash_wide.wgsl`,
-//! [`Variant::wide`]): each invocation computes 8 query rows × 8 keys of S and 8 rows × 8
+//! [`crate::plan::Kernel::Wide`]): each invocation computes 8 query rows × 8 keys of S and 8 rows × 8
 //! columns of O, reading two vec4s of each operand from workgroup memory per 64 FMAs (the 4x8
 //! kernel reads three per 32 in S = Q·Kᵀ, and in P·V receives each key's probabilities by a
 //! subgroup shuffle per 16 FMAs). Probabilities reach the row's other invocations through
