@@ -566,9 +566,6 @@ impl Staging {
         (0..self.registers()).map(|r| format!("{ind}var pre{r} = vec4<f32>(0.0);\n")).collect()
     }
 
-    /// One block per item `i` in `0..count` of invocation `lid`: `let {index} = lid + i·T;`, then
-    /// `body(i)` (lines, indented under `ind`), behind `{index} < total` where the chunk does not
-    /// give every invocation the same share (otherwise the test would always hold: lid < T).
     fn each(
         &self,
         ind: &str,
@@ -577,24 +574,7 @@ impl Staging {
         index: &str,
         body: impl Fn(u32) -> Vec<String>,
     ) -> String {
-        let mut s = String::new();
-        let guarded = !total.is_multiple_of(self.threads);
-        let inner = if guarded { format!("{ind}        ") } else { format!("{ind}    ") };
-        for i in 0..count {
-            let _ = writeln!(s, "{ind}{{");
-            let _ = writeln!(s, "{ind}    let {index} = lid + {i}u * T;");
-            if guarded {
-                let _ = writeln!(s, "{ind}    if ({index} < {total}u) {{");
-            }
-            for line in body(i) {
-                let _ = writeln!(s, "{inner}{line}");
-            }
-            if guarded {
-                let _ = writeln!(s, "{ind}    }}");
-            }
-            let _ = writeln!(s, "{ind}}}");
-        }
-        s
+        per_item(ind, count, total, self.threads, index, body)
     }
 
     /// Loads K chunk `c` of the tile starting at key `n0` into the registers.
@@ -637,6 +617,38 @@ impl Staging {
     fn store_v(&self, ind: &str, buf: &str) -> String {
         self.each(ind, self.v_vecs, self.v_total, "e", |r| vec![format!("kv[{buf} + e] = pre{r};")])
     }
+}
+
+/// A stage's unrolled per-invocation code, shared by the FMA kernels' stagings: one block per
+/// item `i` in `0..count` of invocation `lid` (of `threads`): `let {index} = lid + i·T;`, then
+/// `body(i)` (lines, indented under `ind`), behind `{index} < total` where the stage does not
+/// give every invocation the same share (otherwise the test would always hold: lid < T).
+pub(crate) fn per_item(
+    ind: &str,
+    count: u32,
+    total: u32,
+    threads: u32,
+    index: &str,
+    body: impl Fn(u32) -> Vec<String>,
+) -> String {
+    let mut s = String::new();
+    let guarded = !total.is_multiple_of(threads);
+    let inner = if guarded { format!("{ind}        ") } else { format!("{ind}    ") };
+    for i in 0..count {
+        let _ = writeln!(s, "{ind}{{");
+        let _ = writeln!(s, "{ind}    let {index} = lid + {i}u * T;");
+        if guarded {
+            let _ = writeln!(s, "{ind}    if ({index} < {total}u) {{");
+        }
+        for line in body(i) {
+            let _ = writeln!(s, "{inner}{line}");
+        }
+        if guarded {
+            let _ = writeln!(s, "{ind}    }}");
+        }
+        let _ = writeln!(s, "{ind}}}");
+    }
+    s
 }
 
 /// The barrier before a stage is stored: with one buffer, every invocation must first be done

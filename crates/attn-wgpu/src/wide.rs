@@ -184,28 +184,9 @@ impl Staging {
             .collect()
     }
 
-    /// `body(i, index)` for each of the invocation's `count` items of a stage of `total`, each
-    /// in its own block, behind `index < total` where the stage does not give every invocation
-    /// the same share.
+    /// The invocation's `count` items of a stage of `total`, index `e` ([`crate::shader::per_item`]).
     fn each(&self, ind: &str, count: u32, total: u32, body: impl Fn(u32) -> Vec<String>) -> String {
-        let guarded = !total.is_multiple_of(self.threads);
-        let inner = if guarded { format!("{ind}        ") } else { format!("{ind}    ") };
-        let mut s = String::new();
-        for i in 0..count {
-            let _ = writeln!(s, "{ind}{{");
-            let _ = writeln!(s, "{ind}    let e = lid + {i}u * T;");
-            if guarded {
-                let _ = writeln!(s, "{ind}    if (e < {total}u) {{");
-            }
-            for line in body(i) {
-                let _ = writeln!(s, "{inner}{line}");
-            }
-            if guarded {
-                let _ = writeln!(s, "{ind}    }}");
-            }
-            let _ = writeln!(s, "{ind}}}");
-        }
-        s
+        crate::shader::per_item(ind, count, total, self.threads, "e", body)
     }
 
     /// Loads K stage `c` (head-dim columns `c·DC..`) of the tile starting at key `n0`.
