@@ -54,6 +54,7 @@ pub struct Wgpu {
     /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
     /// set.
     v_direct: Option<bool>,
+    v_by_keys: Option<bool>,
     /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
     /// set.
     k_direct: Option<bool>,
@@ -111,6 +112,14 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with V staged by keys, all columns at a time (`true`,
+    /// [`crate::plan::Variant::v_by_keys`]), or never (`false`): to time it against V staged by
+    /// head-dim columns.
+    pub fn with_v_by_keys(mut self, by_keys: bool) -> Self {
+        self.v_by_keys = Some(by_keys);
+        self
+    }
+
     /// Plans only with K read straight from its buffer (packed transposed per tile) as well as V
     /// (`true`), or never (`false`): to time one against the other.
     pub fn with_k_direct(mut self, direct: bool) -> Self {
@@ -144,7 +153,8 @@ impl Wgpu {
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
-    /// or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
+    /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1),
+    /// [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
     /// from `ATTN_WGPU_ROWS`, [`Wgpu::with_wide`] from `ATTN_WGPU_WIDE` (0 or 1), all for the FMA
     /// kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
@@ -162,6 +172,7 @@ impl Wgpu {
             coop_keys: var("ATTN_WGPU_COOP_KEYS"),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
+            v_by_keys: var("ATTN_WGPU_V_KEYS").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
@@ -184,6 +195,7 @@ impl Wgpu {
                     && self.stages.is_none_or(|n| v.stages == n)
                     && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
+                    && self.v_by_keys.is_none_or(|k| v.v_by_keys == k)
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
                     && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)

@@ -166,6 +166,13 @@ pub struct Variant {
     /// probabilities are shuffled once for all of the head dim rather than once per chunk.
     /// Needs `p_shuffle`.
     pub v_direct: bool,
+    /// V is staged by keys rather than by head-dim columns: stage `c` of a tile's `NCH = D/DC`
+    /// V stages holds keys `c·BN/NCH..(c+1)·BN/NCH` with all `D` columns (the same stage
+    /// memory as `BN` keys × `DC` columns), so each key's probabilities are shuffled (or read
+    /// from Pᵀ) once per tile for all of the head dim rather than once per chunk, and each
+    /// stage's global loads are one contiguous run of V rows. Needs `chunk < head_dim` and `NCH`
+    /// dividing the tile's `BN/4` key quads; not with `v_direct`.
+    pub v_by_keys: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
     /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
@@ -255,7 +262,8 @@ impl Variant {
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
     /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
-    /// straight from its buffer, `_kd` for K too).
+    /// straight from its buffer, `_vk` for V staged by keys, `_kd` for K straight from its buffer
+    /// too).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -277,6 +285,7 @@ impl Variant {
             },
             if self.stages == 2 { "_db" } else { "" },
         ) + if self.v_direct { "_vd" } else { "" }
+            + if self.v_by_keys { "_vk" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
             + if self.kernel == Kernel::Wide { "_wide" } else { "" }
@@ -550,7 +559,8 @@ pub fn choose_among(
 /// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows, and
 /// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
-/// alone), and 128 rows with 16 invocations per row (timed no faster). A variant uses subgroup
+/// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
+/// with V staged by keys ([`Variant::v_by_keys`], knob-only until timed). A variant uses subgroup
 /// operations where the adapter's smallest subgroup
 /// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
@@ -572,6 +582,7 @@ pub fn candidates(
         subgroup: spans(row_threads),
         p_shuffle,
         v_direct: false,
+        v_by_keys: false,
         k_direct: false,
         kernel: Kernel::Fma,
     };
@@ -638,10 +649,19 @@ pub fn candidates(
         .filter(|v| v.row_threads == 16 && v.row_groups == ROW_GROUPS[0] && v.stages == STAGES[0])
         .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
         .collect();
+    // Then every staged shape above with V staged by keys ([`Variant::v_by_keys`]), where its
+    // V stages can split the tile's keys (`ATTN_WGPU_V_KEYS=1`), knob-only until timed.
+    let by_keys: Vec<Variant> = all
+        .iter()
+        .chain(&tall_tx16)
+        .filter(|v| v.chunk < head_dim && (v.block_n() / MICRO).is_multiple_of(head_dim / v.chunk))
+        .map(|&v| Variant { v_by_keys: true, ..v })
+        .collect();
     all.extend(direct);
     all.extend(tall);
     all.extend(k_direct);
     all.extend(tall_tx16);
+    all.extend(by_keys);
     all.into_iter()
 }
 
@@ -668,6 +688,7 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
             subgroup: false,
             p_shuffle: false,
             v_direct: false,
+            v_by_keys: false,
             k_direct: false,
             kernel: Kernel::Wide,
         })
@@ -695,6 +716,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         subgroup: true,
         p_shuffle: false,
         v_direct: false,
+        v_by_keys: false,
         k_direct: false,
         kernel: Kernel::Coop,
     })
@@ -841,6 +863,7 @@ mod tests {
             subgroup: false,
             p_shuffle: false,
             v_direct: false,
+            v_by_keys: false,
             k_direct: false,
             kernel: Kernel::Fma,
         };

@@ -6,7 +6,7 @@
 //! driver is tempted to put it in memory that is indexed at run time; the loops that touch it
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
-use crate::plan::{Kernel, Variant};
+use crate::plan::{Kernel, MICRO, Variant};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -233,8 +233,8 @@ fn kv_decl(variant: &Variant) -> &'static str {
     if variant.k_direct {
         "// K (packed transposed per tile) and V are read straight from their buffers."
     } else {
-        "// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4]),\n\
-         // per stage buffer.\n\
+        "// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4];\n\
+         // staged by keys, kv[(n - c·BN/NCH)·D4 + d/4] for stage c), per stage buffer.\n\
          var<workgroup> kv: array<vec4<f32>, KV_STAGE * STAGES>;"
     }
 }
@@ -438,10 +438,16 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     let chunks = variant.head_dim / variant.chunk;
     let mut pv = String::new();
     for chunk in 0..chunks {
-        let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
         // Stage `chunks + chunk` of the tile (after its K chunks): a buffer known here.
         let buf = format!("{}u", (chunks + chunk) % variant.stages * variant.chunk * variant.block_n() / 4);
-        let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units), stage buffer at {buf}");
+        if variant.v_by_keys {
+            let keys = variant.block_n() / chunks;
+            let (first, last) = (chunk * keys, (chunk + 1) * keys);
+            let _ = writeln!(pv, "        // V keys {first}..{last}, all columns, stage buffer at {buf}");
+        } else {
+            let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
+            let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units), stage buffer at {buf}");
+        }
         pv.push_str(&barrier_before_store(variant, "        "));
         pv.push_str(&staging.store_v("        ", &buf));
         let _ = writeln!(pv, "        workgroupBarrier();");
@@ -450,14 +456,38 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
         } else {
             pv.push_str(&ablate.fetch(next_tile_first_k(staging, "        ")));
         }
-        let row = format!("{buf} + n * DC4 + tx");
-        let columns = chunk * per_chunk..(chunk + 1) * per_chunk;
+        // Where this stage's V row `n` starts, which O columns it feeds, and its keys (in
+        // quads of the tile: key 4·q + j, j < 4).
+        let (row, columns, quads) = if variant.v_by_keys {
+            let quads = variant.block_n() / MICRO / chunks;
+            let first_key = chunk * quads * MICRO;
+            (
+                format!("{buf} + (n - {first_key}u) * D4 + tx"),
+                0..chunks * per_chunk,
+                chunk * quads..(chunk + 1) * quads,
+            )
+        } else {
+            (
+                format!("{buf} + n * DC4 + tx"),
+                chunk * per_chunk..(chunk + 1) * per_chunk,
+                0..variant.block_n() / MICRO,
+            )
+        };
         let fmas =
             |ind: &str| v_row_fmas(ind, &row, &|lc| format!("kv[vb + {lc}u * TX]"), columns.clone(), ablate);
         if variant.p_shuffle {
-            pv.push_str(&shuffled_keys(variant, ablate, &fmas));
+            pv.push_str(&shuffled_keys(variant, ablate, quads, &fmas));
         } else {
-            let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
+            let _ = if variant.v_by_keys {
+                writeln!(
+                    pv,
+                    "        for (var n = {}u; n < {}u; n++) {{",
+                    quads.start * MICRO,
+                    quads.end * MICRO
+                )
+            } else {
+                writeln!(pv, "        for (var n = 0u; n < BN; n++) {{")
+            };
             let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
             pv.push_str(&fmas("            "));
             let _ = writeln!(pv, "        }}");
@@ -478,7 +508,7 @@ fn pv_direct(variant: &Variant, ablate: &Ablation) -> String {
     let mut pv =
         String::from("        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).\n");
     pv += "        let vrow0 = kv_base + n0 * D4 + tx;\n";
-    pv + &shuffled_keys(variant, ablate, &fmas)
+    pv + &shuffled_keys(variant, ablate, 0..variant.block_n() / MICRO, &fmas)
 }
 
 /// O += P·V for key `n`, with its four rows' probabilities in `pv`: `vb` = `row` (where the
@@ -507,27 +537,56 @@ fn v_row_fmas(
     s
 }
 
-/// The loop over a tile's keys where probabilities are shuffled: key `n` = 4·(g·TX + src) + j
-/// is held by lane `src` of the row's TX, as pt{g}_{j}; for each, `pv` (its four rows'
-/// probabilities) and `n` are set and `body` (indented as given) uses them.
-fn shuffled_keys(variant: &Variant, ablate: &Ablation, body: &dyn Fn(&str) -> String) -> String {
+/// The loops over a tile's keys in quads `quads` (key quad q = g·TX + src holds keys 4·q + j,
+/// j < 4), where probabilities are shuffled: key `n` = 4·(g·TX + src) + j is held by lane `src`
+/// of the row's TX, as pt{g}_{j}; for each, `pv` (its four rows' probabilities) and `n` are set
+/// and `body` (indented as given) uses them. Groups whose lanes are all in `quads` share one
+/// loop over the lanes; a group cut by the range gets its own loop over its lanes in it.
+fn shuffled_keys(
+    variant: &Variant,
+    ablate: &Ablation,
+    quads: std::ops::Range<u32>,
+    body: &dyn Fn(&str) -> String,
+) -> String {
+    let tx = variant.row_threads;
+    // (group, first lane, end lane) of each group with a lane in the range.
+    let parts: Vec<(u32, u32, u32)> = (0..variant.key_groups)
+        .map(|g| {
+            (
+                g,
+                quads.start.max(g * tx).saturating_sub(g * tx),
+                quads.end.min((g + 1) * tx).saturating_sub(g * tx),
+            )
+        })
+        .filter(|&(_, lo, hi)| lo < hi)
+        .collect();
+    let whole = parts.iter().all(|&(_, lo, hi)| (lo, hi) == (0, tx));
+    let loops: Vec<Vec<(u32, u32, u32)>> =
+        if whole { vec![parts] } else { parts.into_iter().map(|p| vec![p]).collect() };
     let mut s = String::new();
-    let _ = writeln!(s, "        for (var src = 0u; src < TX; src++) {{");
-    let _ = writeln!(s, "            let owner = row_lane0 + src;");
-    for g in 0..variant.key_groups {
-        for j in 0..4 {
-            let _ = writeln!(s, "            {{");
-            let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-            let _ = if ablate.shuffle {
-                writeln!(s, "                let pv = pt{g}_{j};")
-            } else {
-                writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
-            };
-            s.push_str(&body("                "));
-            let _ = writeln!(s, "            }}");
+    for groups in loops {
+        let (lo, hi) = (groups[0].1, groups[0].2);
+        let _ = if whole {
+            writeln!(s, "        for (var src = 0u; src < TX; src++) {{")
+        } else {
+            writeln!(s, "        for (var src = {lo}u; src < {hi}u; src++) {{")
+        };
+        let _ = writeln!(s, "            let owner = row_lane0 + src;");
+        for (g, _, _) in groups {
+            for j in 0..4 {
+                let _ = writeln!(s, "            {{");
+                let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
+                let _ = if ablate.shuffle {
+                    writeln!(s, "                let pv = pt{g}_{j};")
+                } else {
+                    writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
+                };
+                s.push_str(&body("                "));
+                let _ = writeln!(s, "            }}");
+            }
         }
+        let _ = writeln!(s, "        }}");
     }
-    let _ = writeln!(s, "        }}");
     s
 }
 
@@ -547,6 +606,8 @@ struct Staging {
     v_total: u32,
     /// Invocations per workgroup.
     threads: u32,
+    /// V stages hold runs of keys with all columns ([`Variant::v_by_keys`]).
+    v_by_keys: bool,
 }
 
 impl Staging {
@@ -554,7 +615,14 @@ impl Staging {
         let t = v.threads();
         let k_total = if v.k_direct { 0 } else { v.block_n() / 4 * v.chunk / 4 };
         let v_total = if v.v_direct { 0 } else { v.block_n() * v.chunk / 4 };
-        Staging { k_blocks: k_total.div_ceil(t), k_total, v_vecs: v_total.div_ceil(t), v_total, threads: t }
+        Staging {
+            k_blocks: k_total.div_ceil(t),
+            k_total,
+            v_vecs: v_total.div_ceil(t),
+            v_total,
+            threads: t,
+            v_by_keys: v.v_by_keys,
+        }
     }
 
     /// vec4 registers: four per K block, which is at least one per V vec4.
@@ -606,10 +674,15 @@ impl Staging {
         })
     }
 
-    /// Loads V chunk `c` of the tile starting at key `n0` into the registers.
+    /// Loads V stage `c` of the tile starting at key `n0` into the registers: columns
+    /// `c·DC..(c+1)·DC` of its `BN` keys, or (by keys) keys `c·BN/NCH..` with all columns.
     fn fetch_v(&self, ind: &str, n0: &str, c: &str) -> String {
         self.each(ind, self.v_vecs, self.v_total, "e", |r| {
-            vec![format!("pre{r} = load_v(kv_base, {n0} + e / DC4, ({c}) * DC4 + e % DC4);")]
+            vec![if self.v_by_keys {
+                format!("pre{r} = load_v(kv_base, {n0} + ({c}) * (BN / NCH) + e / D4, e % D4);")
+            } else {
+                format!("pre{r} = load_v(kv_base, {n0} + e / DC4, ({c}) * DC4 + e % DC4);")
+            }]
         })
     }
 

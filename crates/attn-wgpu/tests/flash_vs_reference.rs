@@ -266,6 +266,32 @@ fn v_read_straight_from_its_buffer() {
 }
 
 #[test]
+fn v_staged_by_keys() {
+    let Some(_) = backend("v_staged_by_keys") else { return };
+    let b = Wgpu::new().with_v_by_keys(true);
+    // Two V stages, one per key group; keys off the tiles, GQA, causal with an offset.
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_vk"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 120);
+    // Four V stages of 16 keys: each cuts a key group's lanes in two.
+    let quarter = Wgpu::new().with_v_by_keys(true).with_chunk(32);
+    let p = Problem::new(sk(70, 200, 2, 128), DType::F16);
+    assert!(quarter.plan(&p).unwrap().kernel.contains("_c32_"), "{}", quarter.plan(&p).unwrap().kernel);
+    check(&quarter, &p, 121);
+    // Probabilities through workgroup memory, two stage buffers, and the BSHD layout.
+    check(
+        &Wgpu::new().with_v_by_keys(true).with_p_shuffle(false).with_stages(2),
+        &Problem::new(Shape::new(2, 2, 65, 128), DType::Bf16).causal().with_layout(Layout::Bshd),
+        122,
+    );
+    check(
+        &Wgpu::new().with_v_by_keys(true).without_subgroups(),
+        &Problem::new(Shape::new(1, 3, 33, 256), DType::F32),
+        123,
+    );
+}
+
+#[test]
 fn k_and_v_read_straight_from_their_buffers() {
     let Some(_) = backend("k_and_v_read_straight_from_their_buffers") else { return };
     let b = Wgpu::new().with_k_direct(true);
