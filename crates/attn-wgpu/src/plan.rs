@@ -474,7 +474,7 @@ pub fn choose_among(
             MICRO * variant.key_groups,
             d / variant.row_threads,
         ));
-        let staged = if variant.v_direct { "K" } else { "K and V" };
+        let staged = if variant.v_direct || variant.v_by_keys { "K" } else { "K and V" };
         if variant.k_direct {
             notes.push(
                 "S = Q·Kᵀ reads Kᵀ straight from its buffer (packed transposed per tile): no stages, \
@@ -483,6 +483,14 @@ pub fn choose_among(
             );
         } else if variant.chunk < d {
             notes.push(format!("{staged} staged {} of {d} head-dim columns at a time", variant.chunk));
+        }
+        if variant.v_by_keys {
+            let stages = d / variant.chunk;
+            notes.push(format!(
+                "V staged {} of {} keys at a time, all {d} columns (each key's probabilities fetched once per tile)",
+                variant.block_n() / stages,
+                variant.block_n()
+            ));
         }
         if variant.v_direct {
             notes.push(
