@@ -73,7 +73,7 @@ if has report; then
   cat > "$out/meta.json" <<META
 {"suite": "wgpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader) through Vulkan (wgpu 30)",
  "commit": "$(cat .device/COMMIT)", "date": "$(date -u +%FT%TZ)",
- "command": "STEPS=\"$steps\" DTYPES=${DTYPES:-f32,f16,bf16} DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
+ "command": "$(env | grep '^ATTN_WGPU_' | sort | tr '\n' ' ')STEPS=\"$steps\" DTYPES=${DTYPES:-f32,f16,bf16} DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
  "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events",
  "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
 META

@@ -39,8 +39,10 @@
 //!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer; `ATTN_WGPU_K_DIRECT=1`: K
 //!   too, packed transposed per tile (no stages and no barriers in the tile loop); both picked
 //!   only by their knobs until timed on a GPU (or where nothing else fits the adapter);
-//!   `ATTN_WGPU_V_KEYS=1`: V staged by keys with all columns (each key's probabilities shuffled
-//!   once per tile, not once per chunk), knob-only until timed; `ATTN_WGPU_ROWS=16|32|64|128`: only
+//!   `ATTN_WGPU_V_KEYS=1|0`: only shapes with V staged by keys with all columns (each key's
+//!   probabilities shuffled once per tile, not once per chunk), or none: the default only for
+//!   f32 at D=128, where it was timed 5% faster on the H100 (3% slower at D=64);
+//!   `ATTN_WGPU_ROWS=16|32|64|128`: only
 //!   workgroups of that many query rows (128 exists only with V read straight from its buffer, or
 //!   with 16 invocations per row at D=64). 4x16 tiles and 4 invocations per
 //!   row were timed slower on the H100 and are picked only by their knobs.

@@ -34,18 +34,20 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
-/// before the generic order of [`candidates`], where it fits. `(p_shuffle, key_groups, chunk)`;
-/// 64 rows each.
-/// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3);
+/// before the generic order of [`candidates`], where it fits.
+/// `(p_shuffle, key_groups, chunk, v_by_keys)`; 64 rows each.
+/// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3; V staged by keys
+///   26.4, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
-/// - f32 D=128: shuffled, 4x8, 64 columns: 24.9 (next best 24.6);
+/// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns):
+///   26.3 (V in 64-column stages 24.9, in the same run; bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
-fn measured_best(ty: KernelType, head_dim: u32) -> Option<(bool, u32, u32)> {
+fn measured_best(ty: KernelType, head_dim: u32) -> Option<(bool, u32, u32, bool)> {
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some((true, 2, 32)),
-        (KernelType::F16, 64) => Some((true, 1, 64)),
-        (KernelType::F32, 128) => Some((true, 2, 64)),
-        (KernelType::F16, 128) => Some((false, 1, 64)),
+        (KernelType::F32, 64) => Some((true, 2, 32, false)),
+        (KernelType::F16, 64) => Some((true, 1, 64, false)),
+        (KernelType::F32, 128) => Some((true, 2, 64, true)),
+        (KernelType::F16, 128) => Some((false, 1, 64, false)),
         _ => None,
     }
 }
@@ -171,7 +173,8 @@ pub struct Variant {
     /// memory as `BN` keys × `DC` columns), so each key's probabilities are shuffled (or read
     /// from Pᵀ) once per tile for all of the head dim rather than once per chunk, and each
     /// stage's global loads are one contiguous run of V rows. Needs `chunk < head_dim` and `NCH`
-    /// dividing the tile's `BN/4` key quads; not with `v_direct`.
+    /// dividing the tile's `BN/4` key quads; not with `v_direct`. On the H100: 5% faster at f32
+    /// D=128 (the default there, see `measured_best`), 3% slower at D=64.
     pub v_by_keys: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
@@ -568,7 +571,8 @@ pub fn choose_among(
 /// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
-/// with V staged by keys ([`Variant::v_by_keys`], knob-only until timed). A variant uses subgroup
+/// with V staged by keys ([`Variant::v_by_keys`]: only f32 D=128's measured shape, first, was
+/// timed faster, so the others are knob-only). A variant uses subgroup
 /// operations where the adapter's smallest subgroup
 /// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
@@ -595,9 +599,10 @@ pub fn candidates(
         kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
-        .filter(|&(p_shuffle, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
-        .map(|(p_shuffle, key_groups, chunk)| {
-            variant(p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
+        .filter(|&(p_shuffle, _, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
+        .map(|(p_shuffle, key_groups, chunk, v_by_keys)| Variant {
+            v_by_keys,
+            ..variant(p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
         })
         .into_iter()
         .collect();
@@ -658,12 +663,14 @@ pub fn candidates(
         .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
         .collect();
     // Then every staged shape above with V staged by keys ([`Variant::v_by_keys`]), where its
-    // V stages can split the tile's keys (`ATTN_WGPU_V_KEYS=1`), knob-only until timed.
-    let by_keys: Vec<Variant> = all
+    // V stages can split the tile's keys (`ATTN_WGPU_V_KEYS=1`): timed faster only for the
+    // measured shape at f32 D=128, which is first, so the rest are knob-only.
+    let by_keys: Vec<Variant> = all[measured..]
         .iter()
         .chain(&tall_tx16)
         .filter(|v| v.chunk < head_dim && (v.block_n() / MICRO).is_multiple_of(head_dim / v.chunk))
         .map(|&v| Variant { v_by_keys: true, ..v })
+        .filter(|v| !all[..measured].contains(v))
         .collect();
     all.extend(direct);
     all.extend(tall);
@@ -796,6 +803,35 @@ mod tests {
 
     /// The 8x8 kernel is planned by its knob alone, and a knob that leaves only shapes too big
     /// for the adapter is a typed error naming the smallest of them, not a panic.
+    /// V staged by keys is the planner's own choice only for the shape timed faster with it
+    /// (f32, D=128, subgroups spanning a row), and no head dim lists a variant twice.
+    #[test]
+    fn v_by_keys_only_where_measured_and_no_variant_listed_twice() {
+        for d in (32..=256).step_by(32) {
+            for ty in [KernelType::F32, KernelType::F16] {
+                for causal in [false, true] {
+                    for subgroup_min in [None, Some(8), Some(32)] {
+                        let all: Vec<Variant> = candidates(ty, d, causal, subgroup_min).collect();
+                        for (i, v) in all.iter().enumerate() {
+                            assert!(!all[..i].contains(v), "{} listed twice", v.name());
+                        }
+                    }
+                }
+            }
+        }
+        let h100 = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
+        for d in [64, 128] {
+            for dtype in [DType::F32, DType::F16] {
+                for caps in [h100.clone(), lavapipe()] {
+                    let p = Problem::new(Shape::new(1, 2, 300, d), dtype);
+                    let v = choose(&p, &caps).unwrap().variant;
+                    let timed = dtype == DType::F32 && d == 128 && caps.subgroup_min == Some(32);
+                    assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_wide_kernel_only_by_knob_and_too_big_is_a_typed_error() {
         let p = Problem::new(Shape::new(1, 2, 300, 64), DType::F32);

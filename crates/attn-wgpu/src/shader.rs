@@ -783,41 +783,46 @@ mod tests {
     /// Every variant of head dim `d` (both dtypes and masks, every subgroup size): (checked,
     /// of which cooperative-matrix).
     fn check_head_dim(d: u32) -> (usize, usize) {
-        let (mut checked, mut checked_coop) = (0, 0);
+        // Each variant once: most are the same for several subgroup sizes.
+        let mut seen = std::collections::HashSet::new();
+        let mut variants = Vec::new();
         for ty in [KernelType::F32, KernelType::F16] {
             for causal in [false, true] {
                 for subgroup_min in [None, Some(8), Some(32)] {
                     // The cooperative-matrix kernel: f16, subgroups of 32.
                     let coop = crate::plan::coop_candidates(d, causal)
                         .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
-                    for v in coop.chain(candidates(ty, d, causal, subgroup_min)) {
-                        let src = generate(&v);
-                        assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
-                        let module = naga::front::wgsl::parse_str(&src)
-                            .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
-                        // Only what the device is opened with (runtime.rs): not, for example,
-                        // subgroup barriers.
-                        use naga::valid::Capabilities as C;
-                        let caps = C::SUBGROUP
-                            | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
-                            | if v.kernel == Kernel::Coop { C::COOPERATIVE_MATRIX } else { C::empty() };
-                        let mut validator =
-                            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
-                        validator
-                            .validate(&module)
-                            .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
-                        let shared: u32 = module
-                            .global_variables
-                            .iter()
-                            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                            .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
-                            .sum();
-                        assert_eq!(shared, v.shared_bytes(), "{}", v.name());
-                        checked += 1;
-                        checked_coop += usize::from(v.kernel == Kernel::Coop);
-                    }
+                    variants.extend(
+                        coop.chain(candidates(ty, d, causal, subgroup_min)).filter(|v| seen.insert(*v)),
+                    );
                 }
             }
+        }
+        let (mut checked, mut checked_coop) = (0, 0);
+        for v in variants {
+            let src = generate(&v);
+            assert!(!src.contains("{{"), "{}: unsubstituted placeholder", v.name());
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
+            // Only what the device is opened with (runtime.rs): not, for example, subgroup
+            // barriers.
+            use naga::valid::Capabilities as C;
+            let caps = C::SUBGROUP
+                | if v.ty == KernelType::F16 { C::SHADER_FLOAT16 } else { C::empty() }
+                | if v.kernel == Kernel::Coop { C::COOPERATIVE_MATRIX } else { C::empty() };
+            let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+            validator
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {}", v.name(), e.emit_to_string(&src)));
+            let shared: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+                .sum();
+            assert_eq!(shared, v.shared_bytes(), "{}", v.name());
+            checked += 1;
+            checked_coop += usize::from(v.kernel == Kernel::Coop);
         }
         (checked, checked_coop)
     }
