@@ -74,49 +74,7 @@ fn main(
     let tx = lid % TX;
     let ty = lid / TX;
 {{ROW_LANE0}}
-    let bh = wid.y + wid.z * P.grid_y;
-    if (bh >= P.bh_total) {
-        return;
-    }
-    // Causal: the blocks with the most keys are dispatched first.
-    let qblk = select(wid.x, P.n_qblocks - 1u - wid.x, CAUSAL);
-    let m0 = qblk * BM;
-    let b = bh / P.heads_q;
-    let h = bh % P.heads_q;
-    let q_base = bh * P.seq_q * D4;
-    // K/V rows per head: seq_k, or (V read straight from its buffer) padded to whole tiles.
-    let kv_base = (b * P.heads_kv + h / P.group) * {{K_ROWS}} * D4;
-
-    // Keys this block can see: all, or (causal) up to the last row's diagonal.
-    var n_end = P.seq_k;
-    if (CAUSAL) {
-        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
-    }
-    let n_tiles = (n_end + BN - 1u) / BN;
-
-    // K and V (or, where P·V reads V straight from its buffer, K alone) pass through registers on
-    // their way to workgroup memory: each stage's global loads (pre*) are issued before the
-    // previous stage's arithmetic and stored after it, so their latency hides under that
-    // arithmetic. The first K chunk is loaded under the Q staging.
-{{PRE_DECL}}
-    if (n_tiles > 0u) {
-{{FETCH_K_FIRST}}
-    }
-
-    // Q block -> Qᵀ, 4 rows x 4 dims per step, transposed in registers so stores are vec4.
-    for (var blk = lid; blk < TY * D4; blk += T) {
-        let mb = blk % TY;
-        let db = blk / TY;
-        let r0 = load_q(q_base, m0 + mb * 4u, db);
-        let r1 = load_q(q_base, m0 + mb * 4u + 1u, db);
-        let r2 = load_q(q_base, m0 + mb * 4u + 2u, db);
-        let r3 = load_q(q_base, m0 + mb * 4u + 3u, db);
-        let sc = P.scale_log2;
-        qs[(db * 4u) * TY + mb] = vec4<f32>(r0.x, r1.x, r2.x, r3.x) * sc;
-        qs[(db * 4u + 1u) * TY + mb] = vec4<f32>(r0.y, r1.y, r2.y, r3.y) * sc;
-        qs[(db * 4u + 2u) * TY + mb] = vec4<f32>(r0.z, r1.z, r2.z, r3.z) * sc;
-        qs[(db * 4u + 3u) * TY + mb] = vec4<f32>(r0.w, r1.w, r2.w, r3.w) * sc;
-    }
+{{BLOCK}}
 {{BARRIER_AFTER_Q}}
 
     var m = vec4<f32>(NEG);

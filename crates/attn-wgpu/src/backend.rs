@@ -54,6 +54,7 @@ pub struct Wgpu {
     /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
     /// set.
     v_direct: Option<bool>,
+    /// Only variants that stage V by keys (`true`) or by head-dim columns (`false`), where set.
     v_by_keys: Option<bool>,
     /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
     /// set.

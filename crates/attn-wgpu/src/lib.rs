@@ -47,7 +47,9 @@
 //!   with 16 invocations per row at D=64). 4x16 tiles and 4 invocations per
 //!   row were timed slower on the H100 and are picked only by their knobs.
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
-//!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows apply to it too.
+//!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
+//!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys
+//!   or read from its buffer) leave it none unless set to what it has (2, D/8, 1, 0, 0, 0).
 //! - Cooperative-matrix kernel ([`coop`], tensor cores through wgpu's experimental feature):
 //!   `ATTN_WGPU_COOP=0|1`: off, or on for any adapter with 16×16×16 f16/f32 matrices (by
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`

@@ -15,6 +15,10 @@ pub const TEMPLATE: &str = include_str!("../kernels/flash.wgsl");
 pub const BINDINGS: &str = include_str!("../kernels/bindings.wgsl");
 /// Guarded Q/K/V loads and vec4 reductions, shared by the FMA kernels.
 pub const LOADS: &str = include_str!("../kernels/loads.wgsl");
+/// The FMA kernels' block set-up (`{{BLOCK}}`: which block, its key tiles, the first K stage's
+/// loads, Qᵀ staged), with `{{Q_QUADS}}` for the WGSL constant that counts the block's quads of
+/// query rows.
+pub const FMA_BLOCK: &str = include_str!("../kernels/fma_block.wgsl");
 
 /// Components of a vec4, by row of the micro-tile.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
@@ -51,6 +55,8 @@ pub fn generate(variant: &Variant) -> String {
 
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
+        // First: the block set-up holds markers that the entries after it fill.
+        ("{{BLOCK}}", FMA_BLOCK.replace("{{Q_QUADS}}", "TY")),
         ("{{BINDINGS}}", BINDINGS.to_string()),
         ("{{LOADS}}", LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
@@ -107,7 +113,8 @@ pub fn generate(variant: &Variant) -> String {
 }
 
 /// `src` without any barrier from the tile loop on, for the `barrier` ablation (barriers in
-/// functions above the loop, such as the workgroup-memory reductions', stay).
+/// functions above the loop, such as the 4x8 kernel's workgroup-memory reductions', stay; the
+/// 8x8 kernel's reductions are written in its loop, so theirs go too).
 pub(crate) fn without_loop_barriers(src: &str) -> String {
     let at = src.find("for (var t = 0u").expect("the template's tile loop");
     format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""))
@@ -256,7 +263,7 @@ fn k_base(variant: &Variant) -> &'static str {
 }
 
 /// K/V rows per head in the packed buffers (`plan::padded_rows`), as a WGSL expression.
-fn k_rows(variant: &Variant) -> &'static str {
+pub(crate) fn k_rows(variant: &Variant) -> &'static str {
     match variant.row_align().1 {
         1 => "P.seq_k",
         _ => "((P.seq_k + BN - 1u) / BN * BN)",
@@ -436,14 +443,23 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     }
     let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
+    // Staged by keys, stage `c` holds key quads `c·quads..(c+1)·quads` (keys 4·q..4·q+3).
+    let quads = variant.block_n() / MICRO / chunks;
+    assert!(
+        !variant.v_by_keys
+            || (variant.chunk < variant.head_dim && quads * chunks * MICRO == variant.block_n()),
+        "{}: V staged by keys needs several stages that split the tile's key quads evenly",
+        variant.name()
+    );
     let mut pv = String::new();
     for chunk in 0..chunks {
         // Stage `chunks + chunk` of the tile (after its K chunks): a buffer known here.
         let buf = format!("{}u", (chunks + chunk) % variant.stages * variant.chunk * variant.block_n() / 4);
+        let stage_quads = chunk * quads..(chunk + 1) * quads;
+        let first_key = stage_quads.start * MICRO;
         if variant.v_by_keys {
-            let keys = variant.block_n() / chunks;
-            let (first, last) = (chunk * keys, (chunk + 1) * keys);
-            let _ = writeln!(pv, "        // V keys {first}..{last}, all columns, stage buffer at {buf}");
+            let last = stage_quads.end * MICRO;
+            let _ = writeln!(pv, "        // V keys {first_key}..{last}, all columns, stage buffer at {buf}");
         } else {
             let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
             let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units), stage buffer at {buf}");
@@ -459,13 +475,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
         // Where this stage's V row `n` starts, which O columns it feeds, and its keys (in
         // quads of the tile: key 4·q + j, j < 4).
         let (row, columns, quads) = if variant.v_by_keys {
-            let quads = variant.block_n() / MICRO / chunks;
-            let first_key = chunk * quads * MICRO;
-            (
-                format!("{buf} + (n - {first_key}u) * D4 + tx"),
-                0..chunks * per_chunk,
-                chunk * quads..(chunk + 1) * quads,
-            )
+            (format!("{buf} + (n - {first_key}u) * D4 + tx"), 0..chunks * per_chunk, stage_quads)
         } else {
             (
                 format!("{buf} + n * DC4 + tx"),
@@ -590,11 +600,12 @@ fn shuffled_keys(
     s
 }
 
-/// How one stage (a `BN × DC` chunk of K or V) travels from global memory through each
-/// invocation's `pre*` registers into `kv`: K in blocks of 4 keys × 4 dims, transposed on the way
-/// (`kv[d·BN4 + n/4]`), V as plain vec4s (`kv[n·DC4 + d/4]`). Invocation `lid` takes K blocks
-/// `lid + b·T` and V vec4s `lid + r·T`; where a chunk has fewer blocks than invocations, the
-/// rest idle (guarded).
+/// How one stage (a `BN × DC` chunk of K or V, or, with V staged by keys, `BN/NCH` keys × all `D`
+/// columns of V) travels from global memory through each invocation's `pre*` registers into
+/// `kv`: K in blocks of 4 keys × 4 dims, transposed on the way (`kv[d·BN4 + n/4]`), V as plain
+/// vec4s (`kv[n·DC4 + d/4]`, or by keys `kv[(n - c·BN/NCH)·D4 + d/4]` for stage `c`). Invocation
+/// `lid` takes K blocks `lid + b·T` and V vec4s `lid + r·T`; where a chunk has fewer blocks than
+/// invocations, the rest idle (guarded).
 struct Staging {
     /// K blocks per invocation (each 4 vec4 registers).
     k_blocks: u32,
@@ -693,7 +704,8 @@ impl Staging {
 }
 
 /// A stage's unrolled per-invocation code, shared by the FMA kernels' stagings: one block per
-/// item `i` in `0..count` of invocation `lid` (of `threads`): `let {index} = lid + i·T;`, then
+/// item `i` in `0..count` of invocation `lid` (of `threads`, which must be the template's WGSL
+/// constant `T`, the code's stride): `let {index} = lid + i·T;`, then
 /// `body(i)` (lines, indented under `ind`), behind `{index} < total` where the stage does not
 /// give every invocation the same share (otherwise the test would always hold: lid < T).
 pub(crate) fn per_item(
@@ -792,9 +804,10 @@ mod tests {
                     // The cooperative-matrix kernel: f16, subgroups of 32.
                     let coop = crate::plan::coop_candidates(d, causal)
                         .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
-                    variants.extend(
-                        coop.chain(candidates(ty, d, causal, subgroup_min)).filter(|v| seen.insert(*v)),
-                    );
+                    // The 8x8 kernel's shapes (the same for every subgroup size).
+                    let wide = crate::plan::wide_candidates(ty, d, causal);
+                    let all = coop.chain(candidates(ty, d, causal, subgroup_min)).chain(wide);
+                    variants.extend(all.filter(|v| seen.insert(*v)));
                 }
             }
         }

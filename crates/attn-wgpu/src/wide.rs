@@ -38,6 +38,13 @@ fn row(i: usize) -> (&'static str, &'static str) {
 /// The WGSL source of `variant` (a `wide` one).
 pub fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == Kernel::Wide && variant.key_groups as usize == GROUPS);
+    // The template's tiles are `D` keys wide: D4 = 2·TX, so `BN = D`.
+    assert_eq!(
+        variant.row_threads * 8,
+        variant.head_dim,
+        "{}: the 8x8 kernel needs TX = D/8",
+        variant.name()
+    );
     let (et, enable) = match variant.ty {
         KernelType::F32 => ("f32", ""),
         KernelType::F16 => ("f16", "enable f16;"),
@@ -98,6 +105,9 @@ pub fn generate(variant: &Variant) -> String {
     let staging = Staging::new(variant);
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
+        // First: the block set-up holds markers that the entries after it fill.
+        ("{{BLOCK}}", crate::shader::FMA_BLOCK.replace("{{Q_QUADS}}", "BM4")),
+        ("{{K_ROWS}}", crate::shader::k_rows(variant).to_string()),
         ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
         ("{{LOADS}}", crate::shader::LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),

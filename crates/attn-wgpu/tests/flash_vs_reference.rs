@@ -292,6 +292,20 @@ fn v_staged_by_keys() {
 }
 
 #[test]
+fn the_8x8_kernel() {
+    let Some(_) = backend("the_8x8_kernel") else { return };
+    let b = Wgpu::new().with_wide(true);
+    // Keys off the tiles, GQA, causal with an offset.
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_wide"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 130);
+    // Causal with seq_q > seq_k (rows that see no key), f16.
+    check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F16).causal(), 131);
+    // A head dim that is padded (40 -> 64), and the BSHD layout.
+    check(&b, &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd), 132);
+}
+
+#[test]
 fn k_and_v_read_straight_from_their_buffers() {
     let Some(_) = backend("k_and_v_read_straight_from_their_buffers") else { return };
     let b = Wgpu::new().with_k_direct(true);
