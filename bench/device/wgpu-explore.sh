@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the wgpu kernel's tuning knobs against each other, bench step only
-# (f32 and f16, D=64/128, S=$SEQS). CONFIGS lists configurations, each a comma-separated list of
+# (f32 and f16 or $DTYPES, D=64/128 or $DIMS, S=$SEQS). CONFIGS lists configurations, each a comma-separated list of
 # knob settings (see attn-wgpu's crate docs), e.g.
 #   CONFIGS="ATTN_WGPU_KEY_GROUPS=1,ATTN_WGPU_CHECKS=bounds ATTN_WGPU_P_SHUFFLE=0 default"
 # One line per shape and configuration; files under $OUT/<configuration>/.
@@ -10,7 +10,7 @@ for cfg in ${CONFIGS:-default}; do
   echo "=== $cfg"
   tag=$(echo "$cfg" | tr ',=' '-_')
   settings=(); [[ $cfg != default ]] && IFS=, read -ra settings <<< "$cfg"
-  env "${settings[@]}" OUT="$OUT/$tag" STEPS="bench" DTYPES="${DTYPES:-f32,f16}" DIMS=64,128 SEQS="${SEQS:-4096}" \
+  env "${settings[@]}" OUT="$OUT/$tag" STEPS="bench" DTYPES="${DTYPES:-f32,f16}" DIMS="${DIMS:-64,128}" SEQS="${SEQS:-4096}" \
     ITERS="${ITERS:-5}" bash bench/device/wgpu.sh > /dev/null 2>&1
   python3 - "$OUT/$tag/wgpu/attn-wgpu.jsonl" <<'PY'
 import json, sys

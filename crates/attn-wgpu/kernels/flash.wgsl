@@ -43,8 +43,7 @@ const LN2: f32 = 0.6931471805599453;
 // storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4; V read
 // straight from its buffer at rows n0 + n, n < BN, and Kᵀ at kv_base + n0·D4 + d·BN4 + n/4 (the
 // tile's transposed block), which the padding to whole tiles keeps within the head's rows.
-// Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.
-var<workgroup> qs: array<vec4<f32>, D * TY>;
+{{QS_DECL}}
 {{KV_DECL}}
 {{PS_DECL}}
 {{RED_DECL}}
@@ -93,11 +92,7 @@ fn main(
             } else {
 {{FETCH_V_FIRST}}
             }
-            let qd = c * DC * TY + ty;
-            for (var d = 0u; d < DC; d++) {
-                let a = qs[qd + d * TY];
-{{S_FMA}}
-            }
+{{QK}}
         }
 
         // Mask only the tiles that reach past seq_k or past the first row's diagonal.

@@ -56,6 +56,8 @@ pub struct Wgpu {
     v_direct: Option<bool>,
     /// Only variants that stage V by keys (`true`) or by head-dim columns (`false`), where set.
     v_by_keys: Option<bool>,
+    /// Only variants that hold Q in registers (`true`) or stage Qᵀ (`false`), where set.
+    q_regs: Option<bool>,
     /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
     /// set.
     k_direct: Option<bool>,
@@ -121,6 +123,14 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with Q held in registers and shuffled (`true`,
+    /// [`crate::plan::Variant::q_regs`]), or with Qᵀ in workgroup memory (`false`): to time one
+    /// against the other.
+    pub fn with_q_regs(mut self, regs: bool) -> Self {
+        self.q_regs = Some(regs);
+        self
+    }
+
     /// Plans only with K read straight from its buffer (packed transposed per tile) as well as V
     /// (`true`), or never (`false`): to time one against the other.
     pub fn with_k_direct(mut self, direct: bool) -> Self {
@@ -154,7 +164,8 @@ impl Wgpu {
     /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
-    /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1),
+    /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
+    /// from `ATTN_WGPU_Q_REGS` (0 or 1),
     /// [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
     /// from `ATTN_WGPU_ROWS`, [`Wgpu::with_wide`] from `ATTN_WGPU_WIDE` (0 or 1), all for the FMA
     /// kernels;
@@ -174,6 +185,7 @@ impl Wgpu {
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
             v_by_keys: var("ATTN_WGPU_V_KEYS").map(|v| v != 0),
+            q_regs: var("ATTN_WGPU_Q_REGS").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
@@ -197,6 +209,7 @@ impl Wgpu {
                     && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
                     && self.v_direct.is_none_or(|d| v.v_direct == d)
                     && self.v_by_keys.is_none_or(|k| v.v_by_keys == k)
+                    && self.q_regs.is_none_or(|q| v.q_regs == q)
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
                     && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)

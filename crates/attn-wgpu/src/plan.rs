@@ -176,6 +176,13 @@ pub struct Variant {
     /// dividing the tile's `BN/4` key quads; not with `v_direct`. On the H100: 5% faster at f32
     /// D=128 (the default there, see `measured_best`), 3% slower at D=64.
     pub v_by_keys: bool,
+    /// Q stays in registers instead of workgroup memory: invocation `tx` of a row group holds
+    /// its four rows at dims `4·(k·TX + tx)..+3`, and S = Q·Kᵀ shuffles each dim's four values
+    /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
+    /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
+    /// resident per SM. Needs `subgroup` and one K chunk of the whole head dim
+    /// (`chunk == head_dim`); not with `k_direct`.
+    pub q_regs: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
     /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
@@ -260,7 +267,8 @@ impl Variant {
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
         let p = if self.p_shuffle { 0 } else { bn * bm };
         let kv = if self.k_direct { 0 } else { bn * self.chunk * self.stages };
-        4 * (bm * self.head_dim + kv + p + red)
+        let q = if self.q_regs { 0 } else { bm * self.head_dim };
+        4 * (q + kv + p + red)
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
@@ -289,6 +297,7 @@ impl Variant {
             if self.stages == 2 { "_db" } else { "" },
         ) + if self.v_direct { "_vd" } else { "" }
             + if self.v_by_keys { "_vk" } else { "" }
+            + if self.q_regs { "_qr" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
             + if self.kernel == Kernel::Wide { "_wide" } else { "" }
@@ -487,6 +496,12 @@ pub fn choose_among(
         } else if variant.chunk < d {
             notes.push(format!("{staged} staged {} of {d} head-dim columns at a time", variant.chunk));
         }
+        if variant.q_regs {
+            notes.push(format!(
+                "Q held in registers ({} per invocation), each dim's four rows shuffled from its lane in S = Q·Kᵀ; no Qᵀ in workgroup memory",
+                4 * d / variant.row_threads
+            ));
+        }
         if variant.v_by_keys {
             let stages = d / variant.chunk;
             notes.push(format!(
@@ -595,6 +610,7 @@ pub fn candidates(
         p_shuffle,
         v_direct: false,
         v_by_keys: false,
+        q_regs: false,
         k_direct: false,
         kernel: Kernel::Fma,
     };
@@ -672,11 +688,28 @@ pub fn candidates(
         .map(|&v| Variant { v_by_keys: true, ..v })
         .filter(|v| !all[..measured].contains(v))
         .collect();
+    // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`, knob-only until
+    // timed): the staged shapes with one K chunk of the whole head dim, one stage buffer and 8
+    // invocations per row spanned by a subgroup, also with 128 rows, which then cost no more
+    // workgroup memory than 64.
+    let q_regs: Vec<Variant> = all
+        .iter()
+        .filter(|v| {
+            v.subgroup && v.chunk == head_dim && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0]
+        })
+        .flat_map(|&v| {
+            let tall =
+                (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
+            [Some(v), tall].into_iter().flatten()
+        })
+        .map(|v| Variant { q_regs: true, ..v })
+        .collect();
     all.extend(direct);
     all.extend(tall);
     all.extend(k_direct);
     all.extend(tall_tx16);
     all.extend(by_keys);
+    all.extend(q_regs);
     all.into_iter()
 }
 
@@ -704,6 +737,7 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
             p_shuffle: false,
             v_direct: false,
             v_by_keys: false,
+            q_regs: false,
             k_direct: false,
             kernel: Kernel::Wide,
         })
@@ -732,6 +766,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         p_shuffle: false,
         v_direct: false,
         v_by_keys: false,
+        q_regs: false,
         k_direct: false,
         kernel: Kernel::Coop,
     })
@@ -758,7 +793,7 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows) are the planner's own choice only where no other shape fits the adapter (at
+    /// 128 rows; Q in registers) are the planner's own choice only where no other shape fits the adapter (at
     /// D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
@@ -781,13 +816,13 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                if v.v_direct || v.block_m() > 64 {
+                                if v.v_direct || v.block_m() > 64 || v.q_regs {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
                                             && w.threads() <= caps.invocations
                                     };
                                     let other = candidates(v.ty, v.head_dim, causal, subgroup_min)
-                                        .find(|w| !w.v_direct && w.block_m() <= 64 && fits(w));
+                                        .find(|w| !w.v_direct && w.block_m() <= 64 && !w.q_regs && fits(w));
                                     assert!(other.is_none(), "{} chosen over {:?}", v.name(), other);
                                     chosen_alone += 1;
                                 }
@@ -908,6 +943,7 @@ mod tests {
             p_shuffle: false,
             v_direct: false,
             v_by_keys: false,
+            q_regs: false,
             k_direct: false,
             kernel: Kernel::Fma,
         };

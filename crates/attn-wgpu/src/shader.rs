@@ -19,6 +19,8 @@ pub const LOADS: &str = include_str!("../kernels/loads.wgsl");
 /// loads, Qᵀ staged), with `{{Q_QUADS}}` for the WGSL constant that counts the block's quads of
 /// query rows.
 pub const FMA_BLOCK: &str = include_str!("../kernels/fma_block.wgsl");
+/// Qᵀ staged into workgroup memory (`{{STAGE_Q}}` of [`FMA_BLOCK`]), with `{{Q_QUADS}}` as there.
+pub const STAGE_Q: &str = include_str!("../kernels/stage_q.wgsl");
 
 /// Components of a vec4, by row of the micro-tile.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
@@ -42,21 +44,28 @@ pub fn generate(variant: &Variant) -> String {
     let staging = Staging::new(variant);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
-    let (ps_decl, row_lane0) = if variant.p_shuffle {
-        (String::new(), "    let row_lane0 = sg_lane & ~(TX - 1u);".to_string())
+    let ps_decl = if variant.p_shuffle {
+        String::new()
     } else {
-        (
-            "// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.\n\
-             var<workgroup> ps: array<vec4<f32>, BN * TY>;"
-                .to_string(),
-            String::new(),
-        )
+        "// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.\n\
+         var<workgroup> ps: array<vec4<f32>, BN * TY>;"
+            .to_string()
+    };
+    // The row's first lane, for shuffles from the row's lanes (of P, or of Q in registers).
+    let row_lane0 = if variant.p_shuffle || variant.q_regs {
+        "    let row_lane0 = sg_lane & ~(TX - 1u);".to_string()
+    } else {
+        String::new()
     };
 
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
-        // First: the block set-up holds markers that the entries after it fill.
-        ("{{BLOCK}}", FMA_BLOCK.replace("{{Q_QUADS}}", "TY")),
+        // First: the block set-up and the S = Q·Kᵀ loop hold markers that the entries after
+        // them fill.
+        ("{{BLOCK}}", FMA_BLOCK.to_string()),
+        ("{{STAGE_Q}}", stage_q(variant)),
+        ("{{QK}}", qk(variant)),
+        ("{{QS_DECL}}", qs_decl(variant).into()),
         ("{{BINDINGS}}", BINDINGS.to_string()),
         ("{{LOADS}}", LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
@@ -244,6 +253,65 @@ fn kv_decl(variant: &Variant) -> &'static str {
          // staged by keys, kv[(n - c·BN/NCH)·D4 + d/4] for stage c), per stage buffer.\n\
          var<workgroup> kv: array<vec4<f32>, KV_STAGE * STAGES>;"
     }
+}
+
+/// Qᵀ of the block in workgroup memory, or (Q in registers) nothing.
+fn qs_decl(variant: &Variant) -> &'static str {
+    if variant.q_regs {
+        "// Q is held in registers (q{k}_{c}), not in workgroup memory: see `shader::stage_q`."
+    } else {
+        "// Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.\n\
+         var<workgroup> qs: array<vec4<f32>, D * TY>;"
+    }
+}
+
+/// Q of the block, scaled, into workgroup memory ([`STAGE_Q`]), or ([`Variant::q_regs`]) into
+/// registers: `q{k}_{c}` holds the invocation's four rows at dim `4·(k·TX + tx) + c`.
+fn stage_q(variant: &Variant) -> String {
+    if !variant.q_regs {
+        return STAGE_Q.replace("{{Q_QUADS}}", "TY");
+    }
+    let mut s = String::from(
+        "    // Q into registers: q{k}_{c} holds rows 4·ty..4·ty+3 at dim 4·(k·TX + tx) + c, scaled.\n",
+    );
+    s.push_str("    let q_scale = P.scale_log2;\n");
+    for k in 0..variant.head_dim / 4 / variant.row_threads {
+        for i in 0..4 {
+            let _ = writeln!(s, "    let qr{k}_{i} = load_q(q_base, m0 + ty * 4u + {i}u, {k}u * TX + tx);");
+        }
+        for (c, l) in LANE.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "    let q{k}_{c} = vec4<f32>(qr{k}_0.{l}, qr{k}_1.{l}, qr{k}_2.{l}, qr{k}_3.{l}) * q_scale;"
+            );
+        }
+    }
+    s
+}
+
+/// The S = Q·Kᵀ loop over this K chunk's dims `d` (`{{S_FMA}}` its body, with `a` the four
+/// rows' Q at dim `d`): from Qᵀ in workgroup memory, or ([`Variant::q_regs`], one chunk of the
+/// whole head dim) shuffled from the row's lane that holds it, one lane at a time.
+fn qk(variant: &Variant) -> String {
+    if !variant.q_regs {
+        return "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
+                let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
+            .into();
+    }
+    assert_eq!(variant.chunk, variant.head_dim, "{}: Q in registers needs one K chunk", variant.name());
+    let mut s = String::from("            for (var src = 0u; src < TX; src++) {\n");
+    s.push_str("                let owner = row_lane0 + src;\n");
+    for k in 0..variant.head_dim / 4 / variant.row_threads {
+        for c in 0..4 {
+            let _ = writeln!(s, "                {{");
+            let _ = writeln!(s, "                let d = ({k}u * TX + src) * 4u + {c}u;");
+            let _ = writeln!(s, "                let a = subgroupShuffle(q{k}_{c}, owner);");
+            s.push_str("{{S_FMA}}\n");
+            let _ = writeln!(s, "                }}");
+        }
+    }
+    s.push_str("            }");
+    s
 }
 
 /// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this

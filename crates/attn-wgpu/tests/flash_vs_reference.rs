@@ -292,6 +292,28 @@ fn v_staged_by_keys() {
 }
 
 #[test]
+fn q_held_in_registers() {
+    let Some(_) = backend("q_held_in_registers") else { return };
+    let b = Wgpu::new().with_q_regs(true);
+    // Keys off the tiles, GQA, causal with an offset; rows off the block (Q loads guarded).
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_qr"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 140);
+    check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F16).causal(), 141);
+    // Probabilities through workgroup memory, and the BSHD layout with a padded head dim.
+    check(
+        &Wgpu::new().with_q_regs(true).with_p_shuffle(false),
+        &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd),
+        142,
+    );
+    // 128 rows per workgroup: no more workgroup memory than 64 with Q in registers.
+    let tall = Wgpu::new().with_q_regs(true).with_rows(128);
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
+    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
+    check(&tall, &p, 143);
+}
+
+#[test]
 fn the_8x8_kernel() {
     let Some(_) = backend("the_8x8_kernel") else { return };
     let b = Wgpu::new().with_wide(true);
