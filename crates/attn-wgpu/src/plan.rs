@@ -180,8 +180,7 @@ pub struct Variant {
     /// its four rows at dims `4·(k·TX + tx)..+3`, and S = Q·Kᵀ shuffles each dim's four values
     /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
     /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
-    /// resident per SM. Needs `subgroup` and one K chunk of the whole head dim
-    /// (`chunk == head_dim`); not with `k_direct`.
+    /// resident per SM. Needs `subgroup`; not with `k_direct`.
     pub q_regs: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
@@ -587,7 +586,8 @@ pub fn choose_among(
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
 /// with V staged by keys ([`Variant::v_by_keys`]: only f32 D=128's measured shape, first, was
-/// timed faster, so the others are knob-only). A variant uses subgroup
+/// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`],
+/// knob-only until timed). A variant uses subgroup
 /// operations where the adapter's smallest subgroup
 /// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
@@ -689,14 +689,13 @@ pub fn candidates(
         .filter(|v| !all[..measured].contains(v))
         .collect();
     // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`, knob-only until
-    // timed): the staged shapes with one K chunk of the whole head dim, one stage buffer and 8
-    // invocations per row spanned by a subgroup, also with 128 rows, which then cost no more
-    // workgroup memory than 64.
+    // timed): the staged shapes (V by keys too) with one stage buffer and 8 invocations per row
+    // spanned by a subgroup, also with 128 rows, which then cost no more workgroup memory than
+    // 64; head dims up to 128 (at 256, Q and O would take 256 registers per invocation).
     let q_regs: Vec<Variant> = all
         .iter()
-        .filter(|v| {
-            v.subgroup && v.chunk == head_dim && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0]
-        })
+        .chain(&by_keys)
+        .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0] && head_dim <= 128)
         .flat_map(|&v| {
             let tall =
                 (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });

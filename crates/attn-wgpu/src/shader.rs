@@ -290,28 +290,45 @@ fn stage_q(variant: &Variant) -> String {
 }
 
 /// The S = Q·Kᵀ loop over this K chunk's dims `d` (`{{S_FMA}}` its body, with `a` the four
-/// rows' Q at dim `d`): from Qᵀ in workgroup memory, or ([`Variant::q_regs`], one chunk of the
-/// whole head dim) shuffled from the row's lane that holds it, one lane at a time.
+/// rows' Q at dim `d` of the chunk): from Qᵀ in workgroup memory, or ([`Variant::q_regs`])
+/// shuffled from the row's lane that holds it, one lane at a time. In registers, chunk `c`'s dims
+/// are `q{k}_*` for `k` in `c·DC/(4·TX)..`: a `switch` on `c` picks that code where there are
+/// several chunks, so that no register is indexed at run time.
 fn qk(variant: &Variant) -> String {
     if !variant.q_regs {
         return "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
                 let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
             .into();
     }
-    assert_eq!(variant.chunk, variant.head_dim, "{}: Q in registers needs one K chunk", variant.name());
-    let mut s = String::from("            for (var src = 0u; src < TX; src++) {\n");
-    s.push_str("                let owner = row_lane0 + src;\n");
-    for k in 0..variant.head_dim / 4 / variant.row_threads {
-        for c in 0..4 {
-            let _ = writeln!(s, "                {{");
-            let _ = writeln!(s, "                let d = ({k}u * TX + src) * 4u + {c}u;");
-            let _ = writeln!(s, "                let a = subgroupShuffle(q{k}_{c}, owner);");
-            s.push_str("{{S_FMA}}\n");
-            let _ = writeln!(s, "                }}");
+    let per_chunk = variant.chunk / 4 / variant.row_threads; // q{k}_* of each chunk
+    let chunks = variant.head_dim / variant.chunk;
+    let chunk_loop = |c: u32, ind: &str| -> String {
+        let mut s = format!("{ind}for (var src = 0u; src < TX; src++) {{\n");
+        let _ = writeln!(s, "{ind}    let owner = row_lane0 + src;");
+        for k in 0..per_chunk {
+            for comp in 0..4 {
+                let _ = writeln!(s, "{ind}    {{");
+                let _ = writeln!(s, "{ind}    let d = ({k}u * TX + src) * 4u + {comp}u;");
+                let _ =
+                    writeln!(s, "{ind}    let a = subgroupShuffle(q{}_{comp}, owner);", c * per_chunk + k);
+                s.push_str("{{S_FMA}}\n");
+                let _ = writeln!(s, "{ind}    }}");
+            }
         }
+        s + ind + "}"
+    };
+    if chunks == 1 {
+        return chunk_loop(0, "            ");
     }
-    s.push_str("            }");
-    s
+    let mut s = String::from("            switch c {\n");
+    for c in 0..chunks {
+        let _ = writeln!(
+            s,
+            "                case {c}u: {{\n{}\n                }}",
+            chunk_loop(c, "                    ")
+        );
+    }
+    s + "                default: {}\n            }"
 }
 
 /// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this

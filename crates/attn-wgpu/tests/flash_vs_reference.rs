@@ -306,6 +306,12 @@ fn q_held_in_registers() {
         &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd),
         142,
     );
+    // Several K chunks (each its own registers, picked by a switch), with V staged by keys.
+    let chunked = Wgpu::new().with_q_regs(true).with_v_by_keys(true).with_chunk(64);
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(100, 130, 2, 128) }, DType::F32).causal();
+    assert!(chunked.plan(&p).unwrap().kernel.ends_with("_vk_qr"), "{}", chunked.plan(&p).unwrap().kernel);
+    check(&chunked, &p, 144);
+    check(&Wgpu::new().with_q_regs(true).with_chunk(32), &Problem::new(sk(70, 90, 2, 64), DType::F16), 145);
     // 128 rows per workgroup: no more workgroup memory than 64 with Q in registers.
     let tall = Wgpu::new().with_q_regs(true).with_rows(128);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
