@@ -145,7 +145,7 @@ impl Wgpu {
         self
     }
 
-    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`crate::plan::Kernel::Wide`]) or never
+    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Kernel::Wide`]) or never
     /// with it (`false`): to time it against the 4x8 kernel.
     pub fn with_wide(mut self, wide: bool) -> Self {
         self.wide = Some(wide);
@@ -165,10 +165,9 @@ impl Wgpu {
     /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
     /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
-    /// from `ATTN_WGPU_Q_REGS` (0 or 1),
-    /// [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or 1) and [`Wgpu::with_rows`]
-    /// from `ATTN_WGPU_ROWS`, [`Wgpu::with_wide`] from `ATTN_WGPU_WIDE` (0 or 1), all for the FMA
-    /// kernels;
+    /// from `ATTN_WGPU_Q_REGS` (0 or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or
+    /// 1), [`Wgpu::with_rows`] from `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
+    /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {

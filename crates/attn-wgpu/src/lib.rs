@@ -44,10 +44,10 @@
 //!   f32 at D=128, where it was timed 5% faster on the H100 (3% slower at D=64);
 //!   `ATTN_WGPU_Q_REGS=1`: Q held in registers and shuffled within the row instead of Qᵀ in
 //!   workgroup memory (head dims up to 128; also with 128 rows and with V staged by keys),
-//!   knob-only until timed; `ATTN_WGPU_ROWS=16|32|64|128`: only
-//!   workgroups of that many query rows (128 exists only with V read straight from its buffer,
-//!   with Q in registers, or with 16 invocations per row at D=64). 4x16 tiles and 4 invocations per
-//!   row were timed slower on the H100 and are picked only by their knobs.
+//!   knob-only until timed; `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
+//!   rows (128 exists only with V read straight from its buffer, with Q in registers, or with 16
+//!   invocations per row at D=64). 4x16 tiles and 4 invocations per row were timed slower on
+//!   the H100 and are picked only by their knobs.
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
 //!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys

@@ -34,22 +34,32 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
-/// before the generic order of [`candidates`], where it fits.
-/// `(p_shuffle, key_groups, chunk, v_by_keys)`; 64 rows each.
+/// before the generic order of [`candidates`], where it fits; 64 rows and 8 invocations per row
+/// each.
 /// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3; V staged by keys
 ///   26.4, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
 /// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns):
 ///   26.3 (V in 64-column stages 24.9, in the same run; bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
-fn measured_best(ty: KernelType, head_dim: u32) -> Option<(bool, u32, u32, bool)> {
+fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
+    let shape =
+        |p_shuffle, key_groups, chunk, v_by_keys| Measured { p_shuffle, key_groups, chunk, v_by_keys };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some((true, 2, 32, false)),
-        (KernelType::F16, 64) => Some((true, 1, 64, false)),
-        (KernelType::F32, 128) => Some((true, 2, 64, true)),
-        (KernelType::F16, 128) => Some((false, 1, 64, false)),
+        (KernelType::F32, 64) => Some(shape(true, 2, 32, false)),
+        (KernelType::F16, 64) => Some(shape(true, 1, 64, false)),
+        (KernelType::F32, 128) => Some(shape(true, 2, 64, true)),
+        (KernelType::F16, 128) => Some(shape(false, 1, 64, false)),
         _ => None,
     }
+}
+
+/// The [`Variant`] fields that [`measured_best`] sets.
+struct Measured {
+    p_shuffle: bool,
+    key_groups: u32,
+    chunk: u32,
+    v_by_keys: bool,
 }
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
@@ -272,8 +282,8 @@ impl Variant {
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
     /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
-    /// straight from its buffer, `_vk` for V staged by keys, `_kd` for K straight from its buffer
-    /// too).
+    /// straight from its buffer, `_vk` for V staged by keys, `_qr` for Q held in registers, `_kd`
+    /// for K straight from its buffer too).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -587,9 +597,8 @@ pub fn choose_among(
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
 /// with V staged by keys ([`Variant::v_by_keys`]: only f32 D=128's measured shape, first, was
 /// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`],
-/// knob-only until timed). A variant uses subgroup
-/// operations where the adapter's smallest subgroup
-/// (`subgroup_min`) spans a row's invocations. No variant is listed twice.
+/// knob-only until timed). A variant uses subgroup operations where the adapter's smallest
+/// subgroup (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -615,10 +624,10 @@ pub fn candidates(
         kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
-        .filter(|&(p_shuffle, _, _, _)| spans(ROW_THREADS[0]) || !p_shuffle)
-        .map(|(p_shuffle, key_groups, chunk, v_by_keys)| Variant {
-            v_by_keys,
-            ..variant(p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], key_groups, chunk)
+        .filter(|m| spans(ROW_THREADS[0]) || !m.p_shuffle)
+        .map(|m| Variant {
+            v_by_keys: m.v_by_keys,
+            ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], m.key_groups, m.chunk)
         })
         .into_iter()
         .collect();
@@ -692,17 +701,20 @@ pub fn candidates(
     // timed): the staged shapes (V by keys too) with one stage buffer and 8 invocations per row
     // spanned by a subgroup, also with 128 rows, which then cost no more workgroup memory than
     // 64; head dims up to 128 (at 256, Q and O would take 256 registers per invocation).
-    let q_regs: Vec<Variant> = all
-        .iter()
-        .chain(&by_keys)
-        .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0] && head_dim <= 128)
-        .flat_map(|&v| {
-            let tall =
-                (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
-            [Some(v), tall].into_iter().flatten()
-        })
-        .map(|v| Variant { q_regs: true, ..v })
-        .collect();
+    let q_regs: Vec<Variant> = if head_dim > 128 {
+        Vec::new()
+    } else {
+        all.iter()
+            .chain(&by_keys)
+            .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+            .flat_map(|&v| {
+                let tall =
+                    (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
+                [Some(v), tall].into_iter().flatten()
+            })
+            .map(|v| Variant { q_regs: true, ..v })
+            .collect()
+    };
     all.extend(direct);
     all.extend(tall);
     all.extend(k_direct);
@@ -792,8 +804,9 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers) are the planner's own choice only where no other shape fits the adapter (at
-    /// D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
+    /// 128 rows; Q in registers) are the planner's own choice only where no other shape fits the
+    /// adapter (at D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim,
+    /// dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
         let mut chosen_alone = 0;
@@ -835,8 +848,6 @@ mod tests {
         assert!(chosen_alone > 0);
     }
 
-    /// The 8x8 kernel is planned by its knob alone, and a knob that leaves only shapes too big
-    /// for the adapter is a typed error naming the smallest of them, not a panic.
     /// V staged by keys is the planner's own choice only for the shape timed faster with it
     /// (f32, D=128, subgroups spanning a row), and no head dim lists a variant twice.
     #[test]
@@ -866,6 +877,8 @@ mod tests {
         }
     }
 
+    /// The 8x8 kernel is planned by its knob alone, and a knob that leaves only shapes too big
+    /// for the adapter is a typed error naming the smallest of them, not a panic.
     #[test]
     fn the_wide_kernel_only_by_knob_and_too_big_is_a_typed_error() {
         let p = Problem::new(Shape::new(1, 2, 300, 64), DType::F32);

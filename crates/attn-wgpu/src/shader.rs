@@ -528,11 +528,11 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     }
     let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
-    // Staged by keys, stage `c` holds key quads `c·quads..(c+1)·quads` (keys 4·q..4·q+3).
-    let quads = variant.block_n() / MICRO / chunks;
+    // Staged by keys, stage `c` holds key quads `c·per_stage..(c+1)·per_stage` (keys 4·q..4·q+3).
+    let per_stage = variant.block_n() / MICRO / chunks;
     assert!(
         !variant.v_by_keys
-            || (variant.chunk < variant.head_dim && quads * chunks * MICRO == variant.block_n()),
+            || (variant.chunk < variant.head_dim && per_stage * chunks * MICRO == variant.block_n()),
         "{}: V staged by keys needs several stages that split the tile's key quads evenly",
         variant.name()
     );
@@ -540,7 +540,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     for chunk in 0..chunks {
         // Stage `chunks + chunk` of the tile (after its K chunks): a buffer known here.
         let buf = format!("{}u", (chunks + chunk) % variant.stages * variant.chunk * variant.block_n() / 4);
-        let stage_quads = chunk * quads..(chunk + 1) * quads;
+        let stage_quads = chunk * per_stage..(chunk + 1) * per_stage;
         let first_key = stage_quads.start * MICRO;
         if variant.v_by_keys {
             let last = stage_quads.end * MICRO;
@@ -632,11 +632,12 @@ fn v_row_fmas(
     s
 }
 
-/// The loops over a tile's keys in quads `quads` (key quad q = g·TX + src holds keys 4·q + j,
+/// The loop over a tile's keys in quads `quads` (key quad q = g·TX + src holds keys 4·q + j,
 /// j < 4), where probabilities are shuffled: key `n` = 4·(g·TX + src) + j is held by lane `src`
 /// of the row's TX, as pt{g}_{j}; for each, `pv` (its four rows' probabilities) and `n` are set
-/// and `body` (indented as given) uses them. Groups whose lanes are all in `quads` share one
-/// loop over the lanes; a group cut by the range gets its own loop over its lanes in it.
+/// and `body` (indented as given) uses them. `quads` is whole key groups (one loop over all
+/// lanes, every group in it), or lanes of one group (V staged by keys in stages smaller than a
+/// group).
 fn shuffled_keys(
     variant: &Variant,
     ablate: &Ablation,
@@ -644,44 +645,36 @@ fn shuffled_keys(
     body: &dyn Fn(&str) -> String,
 ) -> String {
     let tx = variant.row_threads;
-    // (group, first lane, end lane) of each group with a lane in the range.
-    let parts: Vec<(u32, u32, u32)> = (0..variant.key_groups)
-        .map(|g| {
-            (
-                g,
-                quads.start.max(g * tx).saturating_sub(g * tx),
-                quads.end.min((g + 1) * tx).saturating_sub(g * tx),
-            )
-        })
-        .filter(|&(_, lo, hi)| lo < hi)
-        .collect();
-    let whole = parts.iter().all(|&(_, lo, hi)| (lo, hi) == (0, tx));
-    let loops: Vec<Vec<(u32, u32, u32)>> =
-        if whole { vec![parts] } else { parts.into_iter().map(|p| vec![p]).collect() };
     let mut s = String::new();
-    for groups in loops {
-        let (lo, hi) = (groups[0].1, groups[0].2);
-        let _ = if whole {
-            writeln!(s, "        for (var src = 0u; src < TX; src++) {{")
-        } else {
-            writeln!(s, "        for (var src = {lo}u; src < {hi}u; src++) {{")
-        };
-        let _ = writeln!(s, "            let owner = row_lane0 + src;");
-        for (g, _, _) in groups {
-            for j in 0..4 {
-                let _ = writeln!(s, "            {{");
-                let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-                let _ = if ablate.shuffle {
-                    writeln!(s, "                let pv = pt{g}_{j};")
-                } else {
-                    writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
-                };
-                s.push_str(&body("                "));
-                let _ = writeln!(s, "            }}");
-            }
+    let groups = if quads.start.is_multiple_of(tx) && quads.end.is_multiple_of(tx) {
+        let _ = writeln!(s, "        for (var src = 0u; src < TX; src++) {{");
+        quads.start / tx..quads.end / tx
+    } else {
+        let g = quads.start / tx;
+        assert_eq!(g, (quads.end - 1) / tx, "key quads {quads:?} span parts of several groups");
+        let _ = writeln!(
+            s,
+            "        for (var src = {}u; src < {}u; src++) {{",
+            quads.start - g * tx,
+            quads.end - g * tx
+        );
+        g..g + 1
+    };
+    let _ = writeln!(s, "            let owner = row_lane0 + src;");
+    for g in groups {
+        for j in 0..4 {
+            let _ = writeln!(s, "            {{");
+            let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
+            let _ = if ablate.shuffle {
+                writeln!(s, "                let pv = pt{g}_{j};")
+            } else {
+                writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
+            };
+            s.push_str(&body("                "));
+            let _ = writeln!(s, "            }}");
         }
-        let _ = writeln!(s, "        }}");
     }
+    let _ = writeln!(s, "        }}");
     s
 }
 

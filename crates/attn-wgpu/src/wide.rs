@@ -1,5 +1,5 @@
 //! WGSL generation for the FMA kernel with 8x8 register tiles (`kernels/flash_wide.wgsl`,
-//! [`crate::plan::Kernel::Wide`]): each invocation computes 8 query rows × 8 keys of S and 8 rows × 8
+//! [`Kernel::Wide`]): each invocation computes 8 query rows × 8 keys of S and 8 rows × 8
 //! columns of O, reading two vec4s of each operand from workgroup memory per 64 FMAs (the 4x8
 //! kernel reads three per 32 in S = Q·Kᵀ, and in P·V receives each key's probabilities by a
 //! subgroup shuffle per 16 FMAs). Probabilities reach the row's other invocations through
@@ -10,8 +10,8 @@
 //! f32 at S=4096), so only `ATTN_WGPU_WIDE=1` picks it. The driver keeps at most 48 KiB of
 //! workgroup memory resident per SM (bench/results/2026-11-23-h100-wgpu-residency-5215df6), so
 //! its 44 KiB per two warps (Qᵀ and Pᵀ both grow with the rows) leave one workgroup, two warps,
-//! per SM. It honours the
-//! `ATTN_WGPU_ABLATE` parts `qk`, `exp`, `pv`, `barrier` and `load` for timing.
+//! per SM. It honours the `ATTN_WGPU_ABLATE` parts `qk`, `exp`, `pv`, `barrier` and `load` for
+//! timing.
 //!
 //! Names: s{i}_{g}, p{i}_{g}: row i's (0..8) vec4 of scores or probabilities for key group g
 //! (0..2); o{i}_{c}: row i's vec4 of O for column group c (0..2). Rows 0..3 are group `a`,
