@@ -43,8 +43,9 @@
 //!   probabilities shuffled once per tile, not once per chunk), or none: the default only for
 //!   f32 at D=128, where it was timed 5% faster on the H100 (3% slower at D=64);
 //!   `ATTN_WGPU_Q_REGS=1`: Q held in registers and shuffled within the row instead of Qᵀ in
-//!   workgroup memory (head dims up to 128; also with 128 rows and with V staged by keys),
-//!   knob-only until timed; `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
+//!   workgroup memory (head dims up to 128; also with 128 rows and with V staged by keys), or
+//!   `=0` none: the default only for f32 at D=128 (with V staged by keys), where it was timed
+//!   8-12% faster on the H100 (the same at D=64); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
 //!   rows (128 exists only with V read straight from its buffer, with Q in registers, or with 16
 //!   invocations per row at D=64). 4x16 tiles and 4 invocations per row were timed slower on
 //!   the H100 and are picked only by their knobs.

@@ -37,19 +37,27 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// before the generic order of [`candidates`], where it fits; 64 rows and 8 invocations per row
 /// each.
 /// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3; V staged by keys
-///   26.4, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
+///   26.4, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f; Q in registers 27.4, the same
+///   within the runs' spread, bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
 /// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
-/// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns):
-///   26.3 (V in 64-column stages 24.9, in the same run; bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
+/// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
+///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
+///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
+///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
 fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
-    let shape =
-        |p_shuffle, key_groups, chunk, v_by_keys| Measured { p_shuffle, key_groups, chunk, v_by_keys };
+    let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs| Measured {
+        p_shuffle,
+        key_groups,
+        chunk,
+        v_by_keys,
+        q_regs,
+    };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(shape(true, 2, 32, false)),
-        (KernelType::F16, 64) => Some(shape(true, 1, 64, false)),
-        (KernelType::F32, 128) => Some(shape(true, 2, 64, true)),
-        (KernelType::F16, 128) => Some(shape(false, 1, 64, false)),
+        (KernelType::F32, 64) => Some(shape(true, 2, 32, false, false)),
+        (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false)),
+        (KernelType::F32, 128) => Some(shape(true, 2, 64, true, true)),
+        (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false)),
         _ => None,
     }
 }
@@ -60,6 +68,7 @@ struct Measured {
     key_groups: u32,
     chunk: u32,
     v_by_keys: bool,
+    q_regs: bool,
 }
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
@@ -190,7 +199,8 @@ pub struct Variant {
     /// its four rows at dims `4·(k·TX + tx)..+3`, and S = Q·Kᵀ shuffles each dim's four values
     /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
     /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
-    /// resident per SM. Needs `subgroup`; not with `k_direct`.
+    /// resident per SM. Needs `subgroup`; not with `k_direct`. On the H100: 8-12% faster at f32
+    /// D=128 (the default there, see `measured_best`), the same at D=64.
     pub q_regs: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
@@ -596,8 +606,8 @@ pub fn choose_among(
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
 /// with V staged by keys ([`Variant::v_by_keys`]: only f32 D=128's measured shape, first, was
-/// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`],
-/// knob-only until timed). A variant uses subgroup operations where the adapter's smallest
+/// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`]:
+/// the same, f32 D=128's measured shape first). A variant uses subgroup operations where the adapter's smallest
 /// subgroup (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
@@ -627,6 +637,7 @@ pub fn candidates(
         .filter(|m| spans(ROW_THREADS[0]) || !m.p_shuffle)
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
+            q_regs: m.q_regs,
             ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], m.key_groups, m.chunk)
         })
         .into_iter()
@@ -697,23 +708,32 @@ pub fn candidates(
         .map(|&v| Variant { v_by_keys: true, ..v })
         .filter(|v| !all[..measured].contains(v))
         .collect();
-    // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`, knob-only until
-    // timed): the staged shapes (V by keys too) with one stage buffer and 8 invocations per row
-    // spanned by a subgroup, also with 128 rows, which then cost no more workgroup memory than
-    // 64; head dims up to 128 (at 256, Q and O would take 256 registers per invocation).
+    // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`): the staged shapes
+    // (V by keys too) with one stage buffer and 8 or 16 invocations per row spanned by a subgroup
+    // (16 halve each invocation's registers of Q and O),
+    // also with 128 rows, which then cost no more workgroup memory than 64; head dims up to 128
+    // (at 256, Q and O would take 256 registers per invocation). Timed faster only for the
+    // measured shape at f32 D=128, which is first, so the rest are knob-only.
     let q_regs: Vec<Variant> = if head_dim > 128 {
         Vec::new()
     } else {
-        all.iter()
+        all[measured..]
+            .iter()
             .chain(&by_keys)
-            .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+            .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads <= 16)
             .flat_map(|&v| {
                 let tall =
                     (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
                 [Some(v), tall].into_iter().flatten()
             })
             .map(|v| Variant { q_regs: true, ..v })
-            .collect()
+            .fold(Vec::new(), |mut list, v| {
+                // 128 rows come both from 64 and from the tall shapes above.
+                if !all[..measured].contains(&v) && !list.contains(&v) {
+                    list.push(v);
+                }
+                list
+            })
     };
     all.extend(direct);
     all.extend(tall);
@@ -804,9 +824,9 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers) are the planner's own choice only where no other shape fits the
-    /// adapter (at D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim,
-    /// dtype or mask.
+    /// 128 rows; Q in registers other than f32 D=128's measured shape) are the planner's own
+    /// choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
+    /// rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
         let mut chosen_alone = 0;
@@ -828,7 +848,10 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                if v.v_direct || v.block_m() > 64 || v.q_regs {
+                                // Q in registers is f32 D=128's measured shape, first in the list.
+                                let measured = measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs)
+                                    && candidates(v.ty, v.head_dim, causal, subgroup_min).next() == Some(v);
+                                if v.v_direct || v.block_m() > 64 || (v.q_regs && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
                                             && w.threads() <= caps.invocations
@@ -848,8 +871,9 @@ mod tests {
         assert!(chosen_alone > 0);
     }
 
-    /// V staged by keys is the planner's own choice only for the shape timed faster with it
-    /// (f32, D=128, subgroups spanning a row), and no head dim lists a variant twice.
+    /// V staged by keys and Q in registers are the planner's own choice only for the shape timed
+    /// faster with them (f32, D=128, subgroups spanning a row), and no head dim lists a variant
+    /// twice.
     #[test]
     fn v_by_keys_only_where_measured_and_no_variant_listed_twice() {
         for d in (32..=256).step_by(32) {
@@ -870,8 +894,10 @@ mod tests {
                 for caps in [h100.clone(), lavapipe()] {
                     let p = Problem::new(Shape::new(1, 2, 300, d), dtype);
                     let v = choose(&p, &caps).unwrap().variant;
-                    let timed = dtype == DType::F32 && d == 128 && caps.subgroup_min == Some(32);
+                    // Both have subgroups spanning a row and room for its 16 KiB.
+                    let timed = dtype == DType::F32 && d == 128;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
+                    assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
                 }
             }
         }
@@ -925,10 +951,12 @@ mod tests {
             assert!(v.shared_bytes() <= kib * 1024, "{}", v.name());
             (v.block_m(), v.block_n(), v.chunk, v.p_shuffle)
         };
-        // With subgroups, P is shuffled and takes no workgroup memory: at 48 KiB, D=128 gets
-        // 64 x 64 tiles (Qᵀ 32 KiB + a K/V chunk of 64 x 64 16 KiB); at 32 KiB only 32 rows.
-        assert_eq!(tiles(128, 48, true), (64, 64, 64, true));
-        assert_eq!(tiles(128, 32, true), (32, 64, 64, true));
+        // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 gets its
+        // measured 64 x 64 tiles with Q in registers wherever a K/V chunk of 64 x 64 (16 KiB)
+        // fits; D=64 64 x 64 with Qᵀ (16 KiB) and 32-column stages (8 KiB).
+        for kib in [16, 32, 48] {
+            assert_eq!(tiles(128, kib, true), (64, 64, 64, true));
+        }
         assert_eq!(tiles(64, 48, true), (64, 64, 32, true));
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
         assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
