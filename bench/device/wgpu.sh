@@ -13,6 +13,9 @@ set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/wgpu; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/wgpu.tgz" -C "$final" wgpu; }
 steps=${STEPS:-verify bench cpu sdpa report}
+# bf16 is widened to f32 on upload and runs the f32 kernel (the same times as f32), and the
+# three dtypes together overran the bench step's 300 s (1ab581a): f32 and f16 unless asked.
+dtypes=${DTYPES:-f32,f16}
 has() { [[ " $steps " == *" $1 "* ]]; }
 attn=.device/bin/attn
 
@@ -43,11 +46,11 @@ if has verify; then
 fi
 pack verify
 if has bench; then
-  echo "== bench: attn wgpu (f32, f16, bf16 widened to f32)"
+  echo "== bench: attn wgpu ($dtypes; bf16 is widened to f32)"
   # SM clock and throttle reasons every 100 ms, to explain runs that come out slow.
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks_event_reasons.active,power.draw,temperature.gpu \
     --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & smi=$!
-  timeout 300 $attn bench --backend wgpu --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
+  timeout 300 $attn bench --backend wgpu --dtypes $dtypes "${GRID[@]}" --warmup 2 --iters ${ITERS:-10} \
     --min-warmup-ms ${WARMUP_MS:-1000} --check-rows 8 > "$out/attn-wgpu.jsonl" 2> "$out/attn-wgpu.log"
   echo "bench exit $?"; tail -3 "$out/attn-wgpu.log"; kill $smi 2>/dev/null
 fi
@@ -64,7 +67,7 @@ if has sdpa; then
   # math materialises B·H·S² scores: at S=8192 f32, 2·32·8192²·4 B = 17 GB (D=64), twice that
   # with the softmax, within 80 GB; a shape that runs out of memory is reported as an error row.
   echo "== bench: pytorch sdpa math + efficient"
-  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes ${DTYPES:-f32,f16,bf16} "${GRID[@]}" \
+  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes $dtypes "${GRID[@]}" \
     --warmup 2 --iters ${ITERS:-10} --math-iters 3 --min-warmup-ms ${WARMUP_MS:-1000} > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
   echo "sdpa exit $?"; tail -2 "$out/sdpa.log"
 fi
@@ -73,7 +76,7 @@ if has report; then
   cat > "$out/meta.json" <<META
 {"suite": "wgpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader) through Vulkan (wgpu 30)",
  "commit": "$(cat .device/COMMIT)", "date": "$(date -u +%FT%TZ)",
- "command": "$(env | grep '^ATTN_WGPU_' | sort | tr '\n' ' ')STEPS=\"$steps\" DTYPES=${DTYPES:-f32,f16,bf16} DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
+ "command": "$(env | grep '^ATTN_WGPU_' | sort | tr '\n' ' ')STEPS=\"$steps\" DTYPES=$dtypes DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
  "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events",
  "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
 META
