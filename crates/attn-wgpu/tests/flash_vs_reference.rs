@@ -351,3 +351,60 @@ fn k_and_v_read_straight_from_their_buffers() {
     assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
     check(&tall, &p, 114);
 }
+
+/// The shapes whose 16 invocations per row share scores by subgroup shuffles (the subgroup path
+/// of `ATTN_WGPU_ROW_THREADS=16`, timed on the H100) need subgroups of 16 lanes or more; lavapipe
+/// has 8 unless its vectors are 512 bits wide (`LP_NATIVE_VECTOR_WIDTH=512`, read when the
+/// driver loads). So this runs `sixteen_lane_subgroups_inner` in a child process of this test
+/// binary with that setting.
+#[test]
+fn sixteen_lane_subgroups() {
+    let Some(_) = backend("sixteen_lane_subgroups") else { return };
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--ignored", "--exact", "sixteen_lane_subgroups_inner", "--nocapture"])
+        .env("LP_NATIVE_VECTOR_WIDTH", "512")
+        .output()
+        .expect("running the test binary again");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "the child process failed:\n{text}");
+    if let Some(line) = text.lines().find(|l| l.starts_with("SKIPPED")) {
+        eprintln!("{line}");
+    }
+}
+
+#[test]
+#[ignore = "run by sixteen_lane_subgroups, in a child process with 16-lane lavapipe subgroups"]
+fn sixteen_lane_subgroups_inner() {
+    let Some(_) = backend("sixteen_lane_subgroups") else { return };
+    let b = Wgpu::new().with_row_threads(16);
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 200, 4, 128) }, DType::F32).causal();
+    let kernel = b.plan(&p).unwrap().kernel;
+    if !kernel.contains("_sg_pshfl_tx16") {
+        eprintln!("SKIPPED sixteen_lane_subgroups: subgroups narrower than 16 lanes here ({kernel})");
+        return;
+    }
+    // Probabilities shuffled; GQA, causal with an offset, keys off the tiles; f16; D=64.
+    check(&b, &p, 150);
+    check(&b, &Problem::new(sk(70, 130, 2, 64), DType::F16).causal(), 151);
+    // Probabilities through workgroup memory, row reductions still by shuffles.
+    check(
+        &Wgpu::new().with_row_threads(16).with_p_shuffle(false),
+        &Problem::new(sk(90, 70, 2, 128), DType::F32),
+        152,
+    );
+    // V staged by keys; Q in registers (also with V by keys, and 128 rows).
+    let vk = Wgpu::new().with_row_threads(16).with_v_by_keys(true);
+    check(&vk, &Problem::new(sk(100, 130, 2, 128), DType::F32).causal(), 153);
+    let qr = Wgpu::new().with_row_threads(16).with_q_regs(true);
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    assert!(qr.plan(&p).unwrap().kernel.ends_with("_tx16_qr"), "{}", qr.plan(&p).unwrap().kernel);
+    check(&qr, &p, 154);
+    check(
+        &Wgpu::new().with_row_threads(16).with_q_regs(true).with_v_by_keys(true),
+        &Problem::new(sk(100, 130, 2, 128), DType::F32),
+        155,
+    );
+    let tall = Wgpu::new().with_row_threads(16).with_q_regs(true).with_rows(128);
+    check(&tall, &Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal(), 156);
+}
