@@ -40,15 +40,15 @@
 //!   too, packed transposed per tile (no stages and no barriers in the tile loop); both picked
 //!   only by their knobs until timed on a GPU (or where nothing else fits the adapter);
 //!   `ATTN_WGPU_V_KEYS=1|0`: only shapes with V staged by keys with all columns (each key's
-//!   probabilities shuffled once per tile, not once per chunk), or none: the default only for
-//!   f32 at D=128, where it was timed 5% faster on the H100 (3% slower at D=64);
+//!   probabilities shuffled once per tile, not once per chunk), or none;
 //!   `ATTN_WGPU_Q_REGS=1`: Q held in registers and shuffled within the row instead of Qᵀ in
 //!   workgroup memory (head dims up to 128; also with 128 rows and with V staged by keys), or
-//!   `=0` none: the default only for f32 at D=128 (with V staged by keys), where it was timed
-//!   8-12% faster on the H100 (the same at D=64); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
+//!   `=0` none: both the default only for f32 (D=128: V by keys 5% faster, then Q in registers
+//!   8-12% more; D=64: both with 4x16 micro-tiles, 3-8% faster, each alone no faster; on the
+//!   H100); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
 //!   rows (128 exists only with V read straight from its buffer, with Q in registers, or with 16
-//!   invocations per row at D=64). 4x16 tiles and 4 invocations per row were timed slower on
-//!   the H100 and are picked only by their knobs.
+//!   invocations per row at D=64). 4x16 tiles (but for f32 D=64's default) and 4 invocations
+//!   per row were timed slower on the H100 and are picked only by their knobs.
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
 //!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys

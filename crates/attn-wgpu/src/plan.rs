@@ -25,8 +25,9 @@ pub const ROW_THREADS: [u32; 3] = [8, 16, 4];
 pub const MICRO: u32 = 4;
 /// Key groups per invocation (`KG`): 8 or 4 keys of each score row; then 16 (4x16 micro-tiles,
 /// fewer workgroup-memory loads per FMA: 20 floats per 64 where 4x8 loads 12 per 32; measured
-/// 6-11% slower on the H100), last, so that only `ATTN_WGPU_KEY_GROUPS=4` picks it (it needs more
-/// memory than the others, so the planner never reaches it on its own).
+/// 6-11% slower on the H100 with Qᵀ in workgroup memory), last, so that only
+/// `ATTN_WGPU_KEY_GROUPS=4` picks it (it needs more memory than the others, so the planner never
+/// reaches it on its own), except f32 D=64's measured shape (with Q in registers, faster).
 pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 /// K/V stage buffers, fewest first: with 2, a stage is stored while the previous one is still
 /// being read, which saves one of each stage's two barriers for twice the chunk's memory.
@@ -36,9 +37,12 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
 /// before the generic order of [`candidates`], where it fits; 64 rows and 8 invocations per row
 /// each.
-/// - f32 D=64: shuffled, 4x8, 32-column stages: 27.3 TFLOP/s (next best 25.3; V staged by keys
-///   26.4, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f; Q in registers 27.4, the same
-///   within the runs' spread, bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
+/// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
+///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
+///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
+///   workgroup memory and V by columns in the same run (bench/results/2026-11-24-h100-wgpu-d64-34b98ae;
+///   each of the three changes alone was no faster or slower: 4x16 6-11% slower with Qᵀ,
+///   V by keys 3% slower, Q in registers the same, bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
 /// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
 /// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
 ///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
@@ -54,7 +58,7 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
         q_regs,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(shape(true, 2, 32, false, false)),
+        (KernelType::F32, 64) => Some(shape(true, 4, 32, true, true)),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false)),
         (KernelType::F32, 128) => Some(shape(true, 2, 64, true, true)),
         (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false)),
@@ -193,14 +197,16 @@ pub struct Variant {
     /// from Pᵀ) once per tile for all of the head dim rather than once per chunk, and each
     /// stage's global loads are one contiguous run of V rows. Needs `chunk < head_dim` and `NCH`
     /// dividing the tile's `BN/4` key quads; not with `v_direct`. On the H100: 5% faster at f32
-    /// D=128 (the default there, see `measured_best`), 3% slower at D=64.
+    /// D=128 alone, 3% slower at D=64 alone; with Q in registers the default at both (see
+    /// `measured_best`).
     pub v_by_keys: bool,
     /// Q stays in registers instead of workgroup memory: invocation `tx` of a row group holds
     /// its four rows at dims `4·(k·TX + tx)..+3`, and S = Q·Kᵀ shuffles each dim's four values
     /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
     /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
     /// resident per SM. Needs `subgroup`; not with `k_direct`. On the H100: 8-12% faster at f32
-    /// D=128 (the default there, see `measured_best`), the same at D=64.
+    /// D=128 (the default there, see `measured_best`); at D=64 the same alone, and 8% faster with
+    /// V by keys and 4x16 micro-tiles (the default there).
     pub q_regs: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
@@ -605,9 +611,9 @@ pub fn choose_among(
 /// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
 /// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
-/// with V staged by keys ([`Variant::v_by_keys`]: only f32 D=128's measured shape, first, was
+/// with V staged by keys ([`Variant::v_by_keys`]: only f32's measured shapes, first, were
 /// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`]:
-/// the same, f32 D=128's measured shape first). A variant uses subgroup operations where the adapter's smallest
+/// the same, f32's measured shapes first). A variant uses subgroup operations where the adapter's smallest
 /// subgroup (`subgroup_min`) spans a row's invocations. No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
@@ -700,7 +706,7 @@ pub fn candidates(
         .collect();
     // Then every staged shape above with V staged by keys ([`Variant::v_by_keys`]), where its
     // V stages can split the tile's keys (`ATTN_WGPU_V_KEYS=1`): timed faster only for the
-    // measured shape at f32 D=128, which is first, so the rest are knob-only.
+    // measured shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
     let by_keys: Vec<Variant> = all[measured..]
         .iter()
         .chain(&tall_tx16)
@@ -713,7 +719,7 @@ pub fn candidates(
     // (16 halve each invocation's registers of Q and O),
     // also with 128 rows, which then cost no more workgroup memory than 64; head dims up to 128
     // (at 256, Q and O would take 256 registers per invocation). Timed faster only for the
-    // measured shape at f32 D=128, which is first, so the rest are knob-only.
+    // measured shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
     let q_regs: Vec<Variant> = if head_dim > 128 {
         Vec::new()
     } else {
@@ -824,7 +830,7 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers other than f32 D=128's measured shape) are the planner's own
+    /// 128 rows; Q in registers other than f32's measured shapes) are the planner's own
     /// choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
     /// rows does), on any adapter size, head dim, dtype or mask.
     #[test]
@@ -848,7 +854,7 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                // Q in registers is f32 D=128's measured shape, first in the list.
+                                // Q in registers is f32's measured shape, first in the list.
                                 let measured = measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs)
                                     && candidates(v.ty, v.head_dim, causal, subgroup_min).next() == Some(v);
                                 if v.v_direct || v.block_m() > 64 || (v.q_regs && !measured) {
@@ -871,9 +877,9 @@ mod tests {
         assert!(chosen_alone > 0);
     }
 
-    /// V staged by keys and Q in registers are the planner's own choice only for the shape timed
-    /// faster with them (f32, D=128, subgroups spanning a row), and no head dim lists a variant
-    /// twice.
+    /// V staged by keys and Q in registers are the planner's own choice only for the shapes timed
+    /// faster with them (f32 at D=64 and D=128, subgroups spanning a row), and no head dim lists
+    /// a variant twice.
     #[test]
     fn v_by_keys_only_where_measured_and_no_variant_listed_twice() {
         for d in (32..=256).step_by(32) {
@@ -895,7 +901,7 @@ mod tests {
                     let p = Problem::new(Shape::new(1, 2, 300, d), dtype);
                     let v = choose(&p, &caps).unwrap().variant;
                     // Both have subgroups spanning a row and room for its 16 KiB.
-                    let timed = dtype == DType::F32 && d == 128;
+                    let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
                 }
@@ -951,13 +957,13 @@ mod tests {
             assert!(v.shared_bytes() <= kib * 1024, "{}", v.name());
             (v.block_m(), v.block_n(), v.chunk, v.p_shuffle)
         };
-        // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 gets its
-        // measured 64 x 64 tiles with Q in registers wherever a K/V chunk of 64 x 64 (16 KiB)
-        // fits; D=64 64 x 64 with Qᵀ (16 KiB) and 32-column stages (8 KiB).
+        // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 and D=64 get
+        // their measured tiles with Q in registers wherever their K/V chunk (16 KiB: 64 keys x
+        // 64 columns, 128 keys x 32 columns) fits.
         for kib in [16, 32, 48] {
             assert_eq!(tiles(128, kib, true), (64, 64, 64, true));
+            assert_eq!(tiles(64, kib, true), (64, 128, 32, true));
         }
-        assert_eq!(tiles(64, 48, true), (64, 64, 32, true));
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
         assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
         assert_eq!(tiles(64, 48, false), (64, 64, 32, false));
