@@ -5,10 +5,11 @@
 # Expects `cargo xtask bundle` output in .device/ and `cargo xtask vulkan-loader` output in .gl/
 # (carry both). Writes $OUT/wgpu.tgz (everything, repacked after each step) and
 # $OUT/wgpu-table.md. Steps: STEPS="verify bench cpu sdpa report" (default: all).
-# Budget: each step under its own timeout, partial results kept; 486 s at 5da9559 (f32 and f16,
-# the bench step 275 s of its 340). One device call: timeout_s=600, carry .device and .gl. Every shape warms up for
-# $WARMUP_MS (default 1000) before its timed runs, ours and the peers alike: with 200 ms, the
-# first shapes of a freshly built pipeline still came out up to 3x slow in some runs (67c657c).
+# Budget: each step under its own timeout, partial results kept; 486 s at 5da9559 (f32 and
+# f16, the bench step 275 s of its 340). One device call: timeout_s=600, carry .device and .gl.
+# Every shape warms up for $WARMUP_MS (default 1000) before its timed runs, ours and the peers
+# alike: with 200 ms, the first shapes of a freshly built pipeline still came out up to 3x slow
+# in some runs (67c657c).
 set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/wgpu; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/wgpu.tgz" -C "$final" wgpu; }
@@ -34,11 +35,12 @@ if has verify; then
   echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-wgpu.json'))['verdict'])" 2>/dev/null || tail -5 "$out/verify-wgpu.log"
   ATTN_WGPU_SUBGROUPS=0 timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-wgmem.txt" 2>&1
   echo "verify (no subgroups) exit $?"; tail -1 "$out/verify-wgpu-wgmem.txt"
-  # The opt-in variants (lavapipe's subgroups of 8 cannot run the 16-per-row subgroup path).
+  # The opt-in variants, on the NVIDIA driver's compiler (lavapipe runs them in the tests).
   # The verdict line counts skipped cases: 128-row workgroups fit only head dims up to 64.
   # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
-  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_KEY_GROUPS=4 \
-    ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
+  # ATTN_WGPU_Q_REGS=0: f32 with Qᵀ in workgroup memory (its default holds Q in registers).
+  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_Q_REGS=0 \
+    ATTN_WGPU_KEY_GROUPS=4,ATTN_WGPU_Q_REGS=0 ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
     ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128 ATTN_WGPU_K_DIRECT=1 ATTN_WGPU_K_DIRECT=1,ATTN_WGPU_ROWS=128; do
     env ${knob//,/ } timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
     echo "verify ($knob) exit $?"; tail -1 "$out/verify-wgpu-${knob//=/_}.txt"

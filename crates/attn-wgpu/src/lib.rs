@@ -21,7 +21,8 @@
 //! specialisation from `kernels/flash.wgsl`; [`runtime`] opens the adapter with its real limits,
 //! and compiles each pipeline once per process. Where the adapter has `SUBGROUP` (subgroups of
 //! 8 or more), row reductions and the hand-over of probabilities from the invocation that
-//! computed them to its row's others use subgroup shuffles, otherwise workgroup memory. Kernel time
+//! computed them to its row's others use subgroup shuffles, otherwise workgroup memory; so does
+//! Q, held in registers, in f32's defaults on the H100. Kernel time
 //! comes from timestamp queries where the adapter has `TIMESTAMP_QUERY`. K and V pass through
 //! registers on their way to workgroup memory (or V is read straight from its buffer, by knob),
 //! so that each chunk's global loads overlap the previous chunk's arithmetic. Shaders are compiled without naga's run-time index clamps and

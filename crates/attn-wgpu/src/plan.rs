@@ -34,15 +34,17 @@ pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
-/// grid's head dims, S=4096 (bench/results/2026-11-22-h100-wgpu-explore, runs 5 and 6): tried
-/// before the generic order of [`candidates`], where it fits; 64 rows and 8 invocations per row
-/// each.
+/// grid's head dims: tried before the generic order of [`candidates`], where it fits; 64 rows and
+/// 8 invocations per row each. f16 from bench/results/2026-11-22-h100-wgpu-explore (runs 5 and
+/// 6, S=4096); f32 from the 2026-11-23/24 runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
 ///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
 ///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
-///   workgroup memory and V by columns in the same run (bench/results/2026-11-24-h100-wgpu-d64-34b98ae;
-///   each of the three changes alone was no faster or slower: 4x16 6-11% slower with Qᵀ,
-///   V by keys 3% slower, Q in registers the same, bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
+///   workgroup memory and V by columns in the same run
+///   (bench/results/2026-11-24-h100-wgpu-d64-34b98ae). None of the three changes was faster
+///   alone: 4x16 with Qᵀ 6-11% slower (bench/results/2026-11-23-h100-wgpu-levers-10d56fb), V by
+///   keys 3% slower (bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f), Q in registers the same
+///   (bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
 /// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
 /// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
 ///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
@@ -205,8 +207,8 @@ pub struct Variant {
     /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
     /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
     /// resident per SM. Needs `subgroup`; not with `k_direct`. On the H100: 8-12% faster at f32
-    /// D=128 (the default there, see `measured_best`); at D=64 the same alone, and 8% faster with
-    /// V by keys and 4x16 micro-tiles (the default there).
+    /// D=128 (the default there, see `measured_best`); at D=64 the same alone, and 3-8% faster
+    /// with V by keys and 4x16 micro-tiles (the default there).
     pub q_regs: bool,
     /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
     /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
@@ -640,7 +642,7 @@ pub fn candidates(
         kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
-        .filter(|m| spans(ROW_THREADS[0]) || !m.p_shuffle)
+        .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
@@ -676,12 +678,13 @@ pub fn candidates(
     // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
     // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
     // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
-    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above.
+    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, with Qᵀ in
+    // workgroup memory (a measured shape's V by keys and Q in registers dropped).
     let direct: Vec<Variant> = all
         .iter()
         .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
-        .map(|&v| Variant { v_direct: true, ..v })
-        .collect();
+        .map(|&v| Variant { v_direct: true, v_by_keys: false, q_regs: false, ..v })
+        .fold(Vec::new(), push_new);
     let tall: Vec<Variant> = direct
         .iter()
         .filter(|v| v.row_groups == ROW_GROUPS[0])
@@ -715,31 +718,27 @@ pub fn candidates(
         .filter(|v| !all[..measured].contains(v))
         .collect();
     // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`): the staged shapes
-    // (V by keys too) with one stage buffer and 8 or 16 invocations per row spanned by a subgroup
-    // (16 halve each invocation's registers of Q and O),
-    // also with 128 rows, which then cost no more workgroup memory than 64; head dims up to 128
-    // (at 256, Q and O would take 256 registers per invocation). Timed faster only for the
-    // measured shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
+    // (V by keys too) with one stage buffer and 8 or 16 invocations per row (16 halve each
+    // invocation's registers of Q and O) spanned by a subgroup, also with 128 rows, which then
+    // cost no more workgroup memory than 64; head dims up to 128 (at 256, or with 4 per row at
+    // 128, Q and O would take 256 registers per invocation). Timed faster only for the measured
+    // shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
     let q_regs: Vec<Variant> = if head_dim > 128 {
         Vec::new()
     } else {
-        all[measured..]
-            .iter()
+        all.iter()
             .chain(&by_keys)
-            .filter(|v| v.subgroup && v.stages == STAGES[0] && v.row_threads <= 16)
+            .filter(|v| v.subgroup && v.stages == STAGES[0] && matches!(v.row_threads, 8 | 16))
             .flat_map(|&v| {
                 let tall =
                     (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
                 [Some(v), tall].into_iter().flatten()
             })
             .map(|v| Variant { q_regs: true, ..v })
-            .fold(Vec::new(), |mut list, v| {
-                // 128 rows come both from 64 and from the tall shapes above.
-                if !all[..measured].contains(&v) && !list.contains(&v) {
-                    list.push(v);
-                }
-                list
-            })
+            // Not the measured shapes again (f32's hold Q in registers already), and 128 rows
+            // once (they come both from 64 and from the tall shapes above).
+            .filter(|v| !all[..measured].contains(v))
+            .fold(Vec::new(), push_new)
     };
     all.extend(direct);
     all.extend(tall);
@@ -748,6 +747,14 @@ pub fn candidates(
     all.extend(by_keys);
     all.extend(q_regs);
     all.into_iter()
+}
+
+/// Appends `v` to `list` unless it is there already (for `fold`, keeping the first place).
+fn push_new(mut list: Vec<Variant>, v: Variant) -> Vec<Variant> {
+    if !list.contains(&v) {
+        list.push(v);
+    }
+    list
 }
 
 /// Row groups (`TY`) of the 8x8 kernel ([`Kernel::Wide`]), largest first: `BM` = 128 down to 8.
@@ -904,6 +911,12 @@ mod tests {
                     let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
+                }
+                // Without subgroups spanning a row (Q in registers needs them), neither.
+                for subgroup_min in [None, Some(4)] {
+                    let caps = AdapterCaps { subgroup_min, ..h100.clone() };
+                    let v = choose(&Problem::new(Shape::new(1, 2, 300, d), dtype), &caps).unwrap().variant;
+                    assert!(!v.v_by_keys && !v.q_regs, "{} with subgroups of {subgroup_min:?}", v.name());
                 }
             }
         }

@@ -268,7 +268,8 @@ fn v_read_straight_from_its_buffer() {
 #[test]
 fn v_staged_by_keys() {
     let Some(_) = backend("v_staged_by_keys") else { return };
-    let b = Wgpu::new().with_v_by_keys(true);
+    // Qᵀ in workgroup memory (f32 D=64's default holds Q in registers, tested below).
+    let b = Wgpu::new().with_v_by_keys(true).with_q_regs(false);
     // Two V stages, one per key group; keys off the tiles, GQA, causal with an offset.
     let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_vk"), "{}", b.plan(&p).unwrap().kernel);
@@ -367,7 +368,8 @@ fn sixteen_lane_subgroups() {
         .output()
         .expect("running the test binary again");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("1 passed"), "the child process failed:\n{text}");
+    let ran = text.contains("test sixteen_lane_subgroups_inner ... ok");
+    assert!(out.status.success() && ran, "the child process failed:\n{text}");
     if let Some(line) = text.lines().find(|l| l.starts_with("SKIPPED")) {
         eprintln!("{line}");
     }
@@ -376,12 +378,15 @@ fn sixteen_lane_subgroups() {
 #[test]
 #[ignore = "run by sixteen_lane_subgroups, in a child process with 16-lane lavapipe subgroups"]
 fn sixteen_lane_subgroups_inner() {
-    let Some(_) = backend("sixteen_lane_subgroups") else { return };
+    let Some(_) = backend("sixteen_lane_subgroups_inner") else { return };
     let b = Wgpu::new().with_row_threads(16);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 200, 4, 128) }, DType::F32).causal();
     let kernel = b.plan(&p).unwrap().kernel;
     if !kernel.contains("_sg_pshfl_tx16") {
-        eprintln!("SKIPPED sixteen_lane_subgroups: subgroups narrower than 16 lanes here ({kernel})");
+        // CI's lavapipe has them with LP_NATIVE_VECTOR_WIDTH=512: there a skip is a failure.
+        let reason = format!("subgroups narrower than 16 lanes here ({kernel})");
+        assert!(std::env::var("ATTN_REQUIRE_WGPU").as_deref() != Ok("1"), "{reason}");
+        eprintln!("SKIPPED sixteen_lane_subgroups: {reason}");
         return;
     }
     // Probabilities shuffled; GQA, causal with an offset, keys off the tiles; f16; D=64.
