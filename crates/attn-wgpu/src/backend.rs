@@ -81,7 +81,8 @@ impl Wgpu {
     }
 
     /// Plans only with micro-tiles of `groups` key groups (1: 4x4, 2: 4x8, 4: 4x16, f32 D=64's
-    /// default): to time one width against another. A problem that no variant of that width fits is a plan error.
+    /// default): to time one width against another. A problem that no variant of that width
+    /// fits is a plan error.
     pub fn with_key_groups(mut self, groups: u32) -> Self {
         self.key_groups = Some(groups);
         self
