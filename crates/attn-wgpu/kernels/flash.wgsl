@@ -4,9 +4,10 @@
 // specialisation; see `plan.rs` for how the constants are chosen. Scores are kept in base-2
 // units (Q is pre-multiplied by scale·log2(e)), so every exponential is one exp2.
 //
-// Roles: invocation (ty, tx), tx in 0..TX, ty in 0..TY, owns query rows 4·ty..4·ty+3 of the block,
-// and in each score tile the KG groups of four keys 4·(g·TX + tx)..+3, g in 0..KG (so that the TX
-// invocations of a row read consecutive vec4s of Kᵀ), and O columns (vec4 units) tx, tx+TX, ...
+// Roles: invocation (ty, tx) (IL below says which lid), tx in 0..TX, ty in 0..TY, owns query
+// rows 4·ty..4·ty+3 of the block, and in each score tile the KG groups of four keys
+// 4·(g·TX + tx)..+3, g in 0..KG (so that the TX invocations of a row read consecutive vec4s of
+// Kᵀ), and O columns (vec4 units) tx, tx+TX, ...
 // The TX invocations of a row reduce its max and sum together. The generated names s{i}_{g} and
 // p{i}_{g} hold row i's scores and probabilities for key group g.
 {{ENABLE}}
@@ -21,6 +22,9 @@ const NCH: u32 = D / DC;
 const TY: u32 = {{TY}}u;
 const TX: u32 = {{TX}}u;
 const T: u32 = TY * TX;
+// Row groups whose lanes interleave (`Variant::interleave`): lanes 2k and 2k+1 (with 4, also k
+// and k^2) have the same tx in different row groups, so they read the same K and V vec4s.
+const IL: u32 = {{IL}}u;
 const KG: u32 = {{KG}}u;
 const BM: u32 = TY * 4u;
 const BN: u32 = TX * 4u * KG;
@@ -70,8 +74,8 @@ fn main(
 {{SG_ARGS}}
 ) {
     let lid = {{LID}};
-    let tx = lid % TX;
-    let ty = lid / TX;
+    let tx = (lid / IL) % TX;
+    let ty = lid / (TX * IL) * IL + lid % IL;
 {{ROW_LANE0}}
 {{BLOCK}}
 {{BARRIER_AFTER_Q}}

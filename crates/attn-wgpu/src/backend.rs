@@ -61,6 +61,9 @@ pub struct Wgpu {
     /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
     /// set.
     k_direct: Option<bool>,
+    /// Only FMA-kernel variants with this many row groups' lanes interleaved (1, 2 or 4), where
+    /// set.
+    interleave: Option<u32>,
     /// Only FMA-kernel variants with this many query rows per workgroup, where set.
     rows: Option<u32>,
     /// Only the 8x8 FMA kernel (`true`), or never it (`false`), where set.
@@ -146,6 +149,14 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with `groups` row groups' lanes interleaved (1, 2 or 4,
+    /// [`crate::plan::Variant::interleave`]): to time paired workgroup-memory loads against
+    /// neighbouring ones.
+    pub fn with_interleave(mut self, groups: u32) -> Self {
+        self.interleave = Some(groups);
+        self
+    }
+
     /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Kernel::Wide`]) or never
     /// with it (`false`): to time it against the 4x8 kernel.
     pub fn with_wide(mut self, wide: bool) -> Self {
@@ -167,7 +178,8 @@ impl Wgpu {
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
     /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
     /// from `ATTN_WGPU_Q_REGS` (0 or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or
-    /// 1), [`Wgpu::with_rows`] from `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
+    /// 1), [`Wgpu::with_interleave`] from `ATTN_WGPU_INTERLEAVE` (1, 2 or 4), [`Wgpu::with_rows`]
+    /// from `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
     /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
@@ -187,6 +199,7 @@ impl Wgpu {
             v_by_keys: var("ATTN_WGPU_V_KEYS").map(|v| v != 0),
             q_regs: var("ATTN_WGPU_Q_REGS").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
+            interleave: var("ATTN_WGPU_INTERLEAVE"),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
             ..Self::default()
@@ -211,6 +224,7 @@ impl Wgpu {
                     && self.v_by_keys.is_none_or(|k| v.v_by_keys == k)
                     && self.q_regs.is_none_or(|q| v.q_regs == q)
                     && self.rows.is_none_or(|r| v.block_m() == r)
+                    && self.interleave.is_none_or(|i| v.interleave == i)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
                     && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)
             }

@@ -215,6 +215,14 @@ pub struct Variant {
     /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
     /// with `v_direct` and `chunk == head_dim`.
     pub k_direct: bool,
+    /// Row groups whose lanes interleave in a subgroup (1, 2 or 4): invocation `lid` takes
+    /// `tx = (lid / IL) % TX` and `ty = lid / (TX·IL) · IL + lid % IL`, so that the lanes `2k` and
+    /// `2k + 1` (and, with 4, `k` and `k ^ 2`) belong to different row groups with the same `tx`
+    /// and read the same K and V vec4s from workgroup memory. NVIDIA returns a 128-bit
+    /// workgroup-memory load over twice fewer cycles when such lane pairs share addresses (one
+    /// register per lane and cycle otherwise); with `IL = 1` neighbouring lanes read neighbouring
+    /// vec4s. Needs `subgroup` with subgroups of at least `TX·IL` lanes; FMA kernel only.
+    pub interleave: u32,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -326,6 +334,7 @@ impl Variant {
             + if self.v_by_keys { "_vk" } else { "" }
             + if self.q_regs { "_qr" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
+            + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
             + if self.kernel == Kernel::Wide { "_wide" } else { "" }
     }
@@ -639,6 +648,7 @@ pub fn candidates(
         v_by_keys: false,
         q_regs: false,
         k_direct: false,
+        interleave: 1,
         kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim)
@@ -744,8 +754,18 @@ pub fn candidates(
     all.extend(tall);
     all.extend(k_direct);
     all.extend(tall_tx16);
+    // Last, the measured shapes with their row groups' lanes interleaved in pairs or fours
+    // ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=2|4`), where a subgroup spans them:
+    // knob-only until timed.
+    let interleaved: Vec<Variant> = all[..measured]
+        .iter()
+        .filter(|v| v.subgroup)
+        .flat_map(|&v| [2, 4].map(|interleave| Variant { interleave, ..v }))
+        .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
+        .collect();
     all.extend(by_keys);
     all.extend(q_regs);
+    all.extend(interleaved);
     all.into_iter()
 }
 
@@ -783,6 +803,7 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
             v_by_keys: false,
             q_regs: false,
             k_direct: false,
+            interleave: 1,
             kernel: Kernel::Wide,
         })
     })
@@ -812,6 +833,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         v_by_keys: false,
         q_regs: false,
         k_direct: false,
+        interleave: 1,
         kernel: Kernel::Coop,
     })
 }
@@ -837,7 +859,7 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers other than f32's measured shapes) are the planner's own
+    /// 128 rows; Q in registers other than f32's measured shapes; interleaved lanes) are the planner's own
     /// choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
     /// rows does), on any adapter size, head dim, dtype or mask.
     #[test]
@@ -861,6 +883,8 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
+                                // Interleaved lanes come after shapes of the same size.
+                                assert_eq!(v.interleave, 1, "{}", v.name());
                                 // Q in registers is f32's measured shape, first in the list.
                                 let measured = measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs)
                                     && candidates(v.ty, v.head_dim, causal, subgroup_min).next() == Some(v);
@@ -1004,6 +1028,7 @@ mod tests {
             v_by_keys: false,
             q_regs: false,
             k_direct: false,
+            interleave: 1,
             kernel: Kernel::Fma,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.

@@ -53,7 +53,7 @@ pub fn generate(variant: &Variant) -> String {
     };
     // The row's first lane, for shuffles from the row's lanes (of P, or of Q in registers).
     let row_lane0 = if variant.p_shuffle || variant.q_regs {
-        "    let row_lane0 = sg_lane & ~(TX - 1u);".to_string()
+        "    let row_lane0 = sg_lane & ~((TX - 1u) * IL);".to_string()
     } else {
         String::new()
     };
@@ -74,6 +74,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{DC}}", variant.chunk.to_string()),
         ("{{TY}}", variant.row_groups.to_string()),
         ("{{TX}}", variant.row_threads.to_string()),
+        ("{{IL}}", variant.interleave.to_string()),
         ("{{KG}}", variant.key_groups.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
         ("{{STAGES}}", variant.stages.to_string()),
@@ -304,7 +305,7 @@ fn qk(variant: &Variant) -> String {
     let chunks = variant.head_dim / variant.chunk;
     let chunk_loop = |c: u32, ind: &str| -> String {
         let mut s = format!("{ind}for (var src = 0u; src < TX; src++) {{\n");
-        let _ = writeln!(s, "{ind}    let owner = row_lane0 + src;");
+        let _ = writeln!(s, "{ind}    let owner = row_lane0 + src * IL;");
         for k in 0..per_chunk {
             for comp in 0..4 {
                 let _ = writeln!(s, "{ind}    {{");
@@ -392,8 +393,8 @@ impl Reductions {
         if variant.subgroup {
             Reductions {
                 decl: String::new(),
-                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))", variant.row_threads),
-                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)", variant.row_threads),
+                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))", variant),
+                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)", variant),
                 args:
                     "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
                        @builtin(subgroup_invocation_id) sg_lane: u32,"
@@ -660,7 +661,7 @@ fn shuffled_keys(
         );
         g..g + 1
     };
-    let _ = writeln!(s, "            let owner = row_lane0 + src;");
+    let _ = writeln!(s, "            let owner = row_lane0 + src * IL;");
     for g in groups {
         for j in 0..4 {
             let _ = writeln!(s, "            {{");
@@ -829,10 +830,11 @@ fn barrier_before_store(variant: &Variant, ind: &str) -> String {
     }
 }
 
-/// A butterfly over the `tx` lanes of a row: `step` combines `r` with its partner `MASK` away.
-fn shuffle_reduce(step: &str, tx: u32) -> String {
+/// A butterfly over the `TX` lanes of a row (`IL` apart, [`Variant::interleave`]): `step`
+/// combines `r` with its partner `MASK` away.
+fn shuffle_reduce(step: &str, variant: &Variant) -> String {
     let mut s = String::from("    var r = x;\n");
-    for mask in (0..tx.trailing_zeros()).map(|b| 1 << b) {
+    for mask in (0..variant.row_threads.trailing_zeros()).map(|b| variant.interleave << b) {
         let _ = writeln!(s, "    r = {};", step.replace("MASK", &format!("{mask}u")));
     }
     s.push_str("    return r;");

@@ -412,4 +412,11 @@ fn sixteen_lane_subgroups_inner() {
     );
     let tall = Wgpu::new().with_row_threads(16).with_q_regs(true).with_rows(128);
     check(&tall, &Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal(), 156);
+    // f32's measured shapes with two row groups' lanes interleaved (8 per row, 16 lanes).
+    let il = Wgpu::new().with_interleave(2);
+    for (d, seed) in [(128, 157), (64, 158)] {
+        let p = Problem::new(Shape { heads_kv: 1, ..sk(150, 290, 2, d) }, DType::F32).causal();
+        assert!(il.plan(&p).unwrap().kernel.ends_with("_qr_il2"), "{}", il.plan(&p).unwrap().kernel);
+        check(&il, &p, seed);
+    }
 }
