@@ -51,19 +51,24 @@ pub const STAGES: [u32; 2] = [1, 2];
 ///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
 ///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
 /// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
+///
+/// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
+/// subgroups span 16 lanes: 4-7% faster on every row at both head dims, S=2048-8192, four no
+/// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a).
 fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
-    let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs| Measured {
+    let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         p_shuffle,
         key_groups,
         chunk,
         v_by_keys,
         q_regs,
+        interleave,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(shape(true, 4, 32, true, true)),
-        (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false)),
-        (KernelType::F32, 128) => Some(shape(true, 2, 64, true, true)),
-        (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false)),
+        (KernelType::F32, 64) => Some(shape(true, 4, 32, true, true, 2)),
+        (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
+        (KernelType::F32, 128) => Some(shape(true, 2, 64, true, true, 2)),
+        (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false, 1)),
         _ => None,
     }
 }
@@ -75,6 +80,8 @@ struct Measured {
     chunk: u32,
     v_by_keys: bool,
     q_regs: bool,
+    /// Where subgroups span the lanes it needs (`TX·interleave`); 1 otherwise.
+    interleave: u32,
 }
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
@@ -221,7 +228,8 @@ pub struct Variant {
     /// and read the same K and V vec4s from workgroup memory. NVIDIA returns a 128-bit
     /// workgroup-memory load over twice fewer cycles when such lane pairs share addresses (one
     /// register per lane and cycle otherwise); with `IL = 1` neighbouring lanes read neighbouring
-    /// vec4s. Needs `subgroup` with subgroups of at least `TX·IL` lanes; FMA kernel only.
+    /// vec4s. Needs `subgroup` with subgroups of at least `TX·IL` lanes; FMA kernel only. On the
+    /// H100 2 is 4-7% faster than 1 for f32's measured shapes (their default), 4 no faster.
     pub interleave: u32,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
@@ -624,8 +632,10 @@ pub fn choose_among(
 /// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
 /// with V staged by keys ([`Variant::v_by_keys`]: only f32's measured shapes, first, were
 /// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`]:
-/// the same, f32's measured shapes first). A variant uses subgroup operations where the adapter's smallest
-/// subgroup (`subgroup_min`) spans a row's invocations. No variant is listed twice.
+/// the same, f32's measured shapes first). Right after the measured shapes come the same with
+/// other interleaves of row groups' lanes ([`Variant::interleave`]). A variant uses subgroup
+/// operations where the adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
+/// No variant is listed twice.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -656,6 +666,7 @@ pub fn candidates(
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
+            interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
             ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], m.key_groups, m.chunk)
         })
         .into_iter()
@@ -689,11 +700,11 @@ pub fn candidates(
     // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
     // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
     // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, with Qᵀ in
-    // workgroup memory (a measured shape's V by keys and Q in registers dropped).
+    // workgroup memory (a measured shape's V by keys, Q in registers and interleave dropped).
     let direct: Vec<Variant> = all
         .iter()
         .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
-        .map(|&v| Variant { v_direct: true, v_by_keys: false, q_regs: false, ..v })
+        .map(|&v| Variant { v_direct: true, v_by_keys: false, q_regs: false, interleave: 1, ..v })
         .fold(Vec::new(), push_new);
     let tall: Vec<Variant> = direct
         .iter()
@@ -744,7 +755,7 @@ pub fn candidates(
                     (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
                 [Some(v), tall].into_iter().flatten()
             })
-            .map(|v| Variant { q_regs: true, ..v })
+            .map(|v| Variant { q_regs: true, interleave: 1, ..v })
             // Not the measured shapes again (f32's hold Q in registers already), and 128 rows
             // once (they come both from 64 and from the tall shapes above).
             .filter(|v| !all[..measured].contains(v))
@@ -754,18 +765,20 @@ pub fn candidates(
     all.extend(tall);
     all.extend(k_direct);
     all.extend(tall_tx16);
-    // Last, the measured shapes with their row groups' lanes interleaved in pairs or fours
-    // ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=2|4`), where a subgroup spans them:
-    // knob-only until timed.
+    // Right after the measured shapes, the same with their row groups' lanes interleaved
+    // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
+    // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7%
+    // faster than one; four no faster than two).
     let interleaved: Vec<Variant> = all[..measured]
         .iter()
         .filter(|v| v.subgroup)
-        .flat_map(|&v| [2, 4].map(|interleave| Variant { interleave, ..v }))
+        .flat_map(|&v| [1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
     all.extend(by_keys);
     all.extend(q_regs);
-    all.extend(interleaved);
+    let rest = all.split_off(measured);
+    let all = interleaved.into_iter().chain(rest).fold(all, push_new);
     all.into_iter()
 }
 
@@ -859,8 +872,8 @@ mod tests {
     }
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers other than f32's measured shapes; interleaved lanes) are the planner's own
-    /// choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
+    /// 128 rows; Q in registers or interleaved lanes other than f32's measured shapes) are the
+    /// planner's own choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
     /// rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
@@ -883,8 +896,9 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                // Interleaved lanes come after shapes of the same size.
-                                assert_eq!(v.interleave, 1, "{}", v.name());
+                                // Interleaved lanes: f32's measured shapes only.
+                                let first = candidates(v.ty, v.head_dim, causal, subgroup_min).next();
+                                assert!(v.interleave == 1 || first == Some(v), "{}", v.name());
                                 // Q in registers is f32's measured shape, first in the list.
                                 let measured = measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs)
                                     && candidates(v.ty, v.head_dim, causal, subgroup_min).next() == Some(v);
@@ -920,6 +934,11 @@ mod tests {
                         let all: Vec<Variant> = candidates(ty, d, causal, subgroup_min).collect();
                         for (i, v) in all.iter().enumerate() {
                             assert!(!all[..i].contains(v), "{} listed twice", v.name());
+                            // Only the measured shapes' forms interleave lanes: no other list
+                            // takes it over from them.
+                            let measured = all[0].ty == ty && Variant { interleave: 1, ..*v } == all[0];
+                            let own = Variant { interleave: all[0].interleave, ..*v } == all[0];
+                            assert!(v.interleave == 1 || measured || own, "{}", v.name());
                         }
                     }
                 }
@@ -935,6 +954,9 @@ mod tests {
                     let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
+                    // Interleaved in pairs where subgroups span 16 lanes (not lavapipe's 8).
+                    let paired = timed && caps.subgroup_min >= Some(16);
+                    assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
                 // Without subgroups spanning a row (Q in registers needs them), neither.
                 for subgroup_min in [None, Some(4)] {
