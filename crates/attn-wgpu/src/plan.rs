@@ -769,10 +769,12 @@ pub fn candidates(
     // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
     // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7%
     // faster than one; four no faster than two).
+    // Also with 128 rows, which then share each K/V stage among twice the rows.
     let interleaved: Vec<Variant> = all[..measured]
         .iter()
         .filter(|v| v.subgroup)
-        .flat_map(|&v| [1, 2, 4].map(|interleave| Variant { interleave, ..v }))
+        .flat_map(|&v| [v, Variant { row_groups: 2 * v.row_groups, ..v }])
+        .flat_map(|v| [1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
     all.extend(by_keys);
@@ -934,11 +936,12 @@ mod tests {
                         let all: Vec<Variant> = candidates(ty, d, causal, subgroup_min).collect();
                         for (i, v) in all.iter().enumerate() {
                             assert!(!all[..i].contains(v), "{} listed twice", v.name());
-                            // Only the measured shapes' forms interleave lanes: no other list
-                            // takes it over from them.
-                            let measured = all[0].ty == ty && Variant { interleave: 1, ..*v } == all[0];
-                            let own = Variant { interleave: all[0].interleave, ..*v } == all[0];
-                            assert!(v.interleave == 1 || measured || own, "{}", v.name());
+                            // Only the measured shapes' forms (64 or 128 rows) interleave lanes:
+                            // no other list takes it over from them.
+                            let first = all[0];
+                            let form =
+                                Variant { interleave: first.interleave, row_groups: first.row_groups, ..*v };
+                            assert!(v.interleave == 1 || form == first, "{}", v.name());
                         }
                     }
                 }

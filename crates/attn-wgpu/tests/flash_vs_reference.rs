@@ -419,4 +419,9 @@ fn sixteen_lane_subgroups_inner() {
         assert!(il.plan(&p).unwrap().kernel.ends_with("_qr_il2"), "{}", il.plan(&p).unwrap().kernel);
         check(&il, &p, seed);
     }
+    // The same with 128 rows.
+    let il_tall = Wgpu::new().with_interleave(2).with_rows(128);
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
+    assert!(il_tall.plan(&p).unwrap().kernel.contains("_m128n128_"), "{}", il_tall.plan(&p).unwrap().kernel);
+    check(&il_tall, &p, 159);
 }
