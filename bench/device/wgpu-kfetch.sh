@@ -3,7 +3,7 @@
 # 8 key quads × 4 dim quads per 32 lanes (ATTN_WGPU_K_FETCH=grouped: a warp's K loads touch 8
 # rows instead of 32) against the default, at S=2048/4096/8192, none and causal, after
 # `attn verify` (full grid) with the setting. Carry .device and .gl as for wgpu.sh; about 4
-# minutes.
+# minutes. The setting was removed after its run (924e55f) found it slower.
 set -u
 final=${OUT:-/tmp/out}
 source bench/device/vulkan-env.sh

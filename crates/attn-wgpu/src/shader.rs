@@ -119,8 +119,7 @@ pub fn generate(variant: &Variant) -> String {
     if ablate.barrier {
         src = without_loop_barriers(&src);
     }
-    let k_fetch = if staging.k_grouped { " (ATTN_WGPU_K_FETCH=grouped)" } else { "" };
-    format!("// {}{}{k_fetch}\n{}", variant.name(), ablate.comment(), with_padding(src))
+    format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(src))
 }
 
 /// `src` without any barrier from the tile loop on, for the `barrier` ablation (barriers in
@@ -699,18 +698,6 @@ struct Staging {
     threads: u32,
     /// V stages hold runs of keys with all columns ([`Variant::v_by_keys`]).
     v_by_keys: bool,
-    /// K blocks go to lanes in groups of 8 keys × 4 dims ([`k_fetch_grouped`]).
-    k_grouped: bool,
-}
-
-/// `ATTN_WGPU_K_FETCH=grouped`, for one timing experiment: each 32 consecutive K blocks of a
-/// stage are 8 key quads × 4 dim quads (a warp's K loads then touch 8 rows, 64 bytes each, and
-/// its transposed stores stay on 8 different banks per quarter-warp) instead of 32 key quads
-/// at one dim quad (32 rows, 16 bytes each). Where the tile has a multiple of 8 key quads and
-/// the stage of 4 dim quads; read once per process.
-pub fn k_fetch_grouped() -> bool {
-    static GROUPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GROUPED.get_or_init(|| std::env::var("ATTN_WGPU_K_FETCH").is_ok_and(|v| v.trim() == "grouped"))
 }
 
 impl Staging {
@@ -725,9 +712,6 @@ impl Staging {
             v_total,
             threads: t,
             v_by_keys: v.v_by_keys,
-            k_grouped: k_fetch_grouped()
-                && (v.block_n() / 4).is_multiple_of(8)
-                && (v.chunk / 4).is_multiple_of(4),
         }
     }
 
@@ -751,17 +735,11 @@ impl Staging {
         per_item(ind, count, total, self.threads, index, body)
     }
 
-    /// Which K block `blk` is: its key quad `nb` and dim quad `db` within the stage.
+    /// Which K block `blk` is: its key quad `nb` and dim quad `db` within the stage (a warp's
+    /// 32 blocks are 32 key quads at one dim quad; 8 key quads × 4 dim quads was slower on the
+    /// H100, bench/results/2026-11-24-h100-wgpu-kfetch-924e55f).
     fn k_block(&self) -> Vec<String> {
-        if self.k_grouped {
-            vec![
-                "let kq = blk / 32u;".into(),
-                "let nb = (kq % (BN4 / 8u)) * 8u + blk % 8u;".into(),
-                "let db = (kq / (BN4 / 8u)) * 4u + (blk / 8u) % 4u;".into(),
-            ]
-        } else {
-            vec!["let nb = blk % BN4;".into(), "let db = blk / BN4;".into()]
-        }
+        vec!["let nb = blk % BN4;".into(), "let db = blk / BN4;".into()]
     }
 
     /// Loads K chunk `c` of the tile starting at key `n0` into the registers.
