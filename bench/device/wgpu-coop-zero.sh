@@ -4,7 +4,7 @@
 # (ATTN_WGPU_COOP_ZERO=scratch, the kernel until then) and against K's next-tile blocks loaded
 # ahead (ATTN_WGPU_COOP_PREFETCH=1), f16 at S=512 and 4096; f32 at S=512 beside them. Verifies
 # the full grid with the default and the quick grid with the prefetch first. Carry .device and
-# .gl as for wgpu.sh; about 5 minutes.
+# .gl as for wgpu.sh; about 5 minutes. Both settings were removed after their run (65b11f8).
 set -u
 final=${OUT:-/tmp/out}
 source bench/device/vulkan-env.sh

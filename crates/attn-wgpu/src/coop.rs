@@ -47,45 +47,17 @@ pub fn generate(variant: &Variant) -> String {
             writeln!(q_load, "    let qa{kb} = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + {}u], D);", kb * M);
     }
     // O starts from the zero matrix, and each tile's S from a product whose accumulator operand
-    // is zero. `ATTN_WGPU_COOP_ZERO=scratch` (one timing comparison) loads O's zero blocks from
-    // scratch instead, as the kernel did until a suspicion about the zero value proved wrong
-    // (coop_probe's zero-initialised case).
-    if std::env::var("ATTN_WGPU_COOP_ZERO").is_ok_and(|v| v.trim() == "scratch") {
-        let _ = writeln!(o_decl, "    for (var e = lane; e < 256u; e += 32u) {{");
-        let _ = writeln!(o_decl, "        scratch[sc + (e / 16u) * BN + e % 16u] = 0.0;");
-        let _ = writeln!(o_decl, "    }}");
-        let _ = writeln!(o_decl, "    workgroupBarrier();");
-        for j in 0..d_blocks {
-            let _ = writeln!(o_decl, "    var o{j} = coopLoadT<coop_mat16x16<f32, C>>(&scratch[sc], BN);");
-        }
-        // The first tile's S overwrites that block: every lane's part of these loads comes first.
-        let _ = writeln!(o_decl, "    workgroupBarrier();");
-    } else {
-        for j in 0..d_blocks {
-            let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
-        }
-    }
-    // `ATTN_WGPU_COOP_PREFETCH=1` (one timing comparison): K's blocks of the next tile are loaded
-    // into registers (`kn{n}_{kb}`) right after this tile's S, so that their loads overlap the
-    // softmax and P·V; otherwise each is loaded where S uses it.
-    let prefetch = std::env::var("ATTN_WGPU_COOP_PREFETCH").is_ok_and(|v| v.trim() == "1");
-    let k_load = |at: &str, n: u32, kb: u32| {
-        format!("coopLoad<coop_mat16x16<f16, B>>(&k[{at} + {}u * D + {}u], D)", n * M, kb * M)
-    };
-    let mut k_next = String::new();
-    if prefetch {
-        for kb in 0..d_blocks {
-            for n in 0..n_blocks {
-                // The first tile's (every head has at least one, padded).
-                let _ = writeln!(o_decl, "    var kn{n}_{kb} = {};", k_load("kv_at", n, kb));
-                let _ = writeln!(k_next, "        kn{n}_{kb} = {};", k_load("k_next", n, kb));
-            }
-        }
+    // is zero. (Until 65b11f8 O's zero blocks were loaded from scratch, a workaround for a
+    // suspicion that proved wrong; the two ran equally fast, and loading the next tile's K blocks
+    // ahead of the softmax was slower: bench/results/2026-11-24-h100-wgpu-coop-zero-65b11f8.)
+    for j in 0..d_blocks {
+        let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
     // S: the k-blocks outermost, so that the BN/16 products in flight are independent.
     for kb in 0..d_blocks {
         for n in 0..n_blocks {
-            let k_block = if prefetch { format!("kn{n}_{kb}") } else { k_load("k_at", n, kb) };
+            let k_block =
+                format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
             let _ = if kb == 0 {
                 writeln!(
                     s_mma,
@@ -95,10 +67,6 @@ pub fn generate(variant: &Variant) -> String {
                 writeln!(s_mma, "        s{n} = coopMultiplyAdd(qa{kb}, {k_block}, s{n});")
             };
         }
-    }
-    if prefetch {
-        // The last tile loads itself again: cooperative loads must stay in uniform control flow.
-        let _ = writeln!(s_mma, "        let k_next = kv_at + min(t + 1u, n_tiles - 1u) * BN * D;\n{k_next}");
     }
     for n in 0..n_blocks {
         let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);

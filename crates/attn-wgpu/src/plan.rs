@@ -34,8 +34,8 @@ pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
-/// grid's head dims: tried before the generic order of [`candidates`], where it fits; 64 rows and
-/// 8 invocations per row each. f16 from bench/results/2026-11-22-h100-wgpu-explore (runs 5 and
+/// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
+/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from bench/results/2026-11-22-h100-wgpu-explore (runs 5 and
 /// 6, S=4096); f32 from the 2026-11-23/24 runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
 ///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
@@ -54,9 +54,13 @@ pub const STAGES: [u32; 2] = [1, 2];
 ///
 /// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
 /// subgroups span 16 lanes: 4-7% faster on every row at both head dims, S=2048-8192, four no
-/// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a).
-fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
+/// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a). f32 D=128
+/// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
+/// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
+/// (bench/results/2026-11-24-h100-wgpu-small-623af6f).
+fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
+        rows: 64,
         p_shuffle,
         key_groups,
         chunk,
@@ -67,7 +71,9 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
     match (ty, head_dim) {
         (KernelType::F32, 64) => Some(shape(true, 4, 32, true, true, 2)),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
-        (KernelType::F32, 128) => Some(shape(true, 2, 64, true, true, 2)),
+        (KernelType::F32, 128) => {
+            Some(Measured { rows: if causal { 64 } else { 128 }, ..shape(true, 2, 64, true, true, 2) })
+        }
         (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false, 1)),
         _ => None,
     }
@@ -75,6 +81,8 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
 
 /// The [`Variant`] fields that [`measured_best`] sets.
 struct Measured {
+    /// Query rows per workgroup (64 or 128).
+    rows: u32,
     p_shuffle: bool,
     key_groups: u32,
     chunk: u32,
@@ -661,13 +669,13 @@ pub fn candidates(
         interleave: 1,
         kernel: Kernel::Fma,
     };
-    let mut all: Vec<Variant> = measured_best(ty, head_dim)
+    let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
         .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
             interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
-            ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], ROW_GROUPS[0], m.key_groups, m.chunk)
+            ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
         })
         .into_iter()
         .collect();
@@ -700,11 +708,19 @@ pub fn candidates(
     // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
     // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
     // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, with Qᵀ in
-    // workgroup memory (a measured shape's V by keys, Q in registers and interleave dropped).
+    // workgroup memory (a measured shape's V by keys, Q in registers and interleave dropped, and
+    // at most 64 rows).
     let direct: Vec<Variant> = all
         .iter()
         .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
-        .map(|&v| Variant { v_direct: true, v_by_keys: false, q_regs: false, interleave: 1, ..v })
+        .map(|&v| Variant {
+            v_direct: true,
+            v_by_keys: false,
+            q_regs: false,
+            interleave: 1,
+            row_groups: v.row_groups.min(ROW_GROUPS[0]),
+            ..v
+        })
         .fold(Vec::new(), push_new);
     let tall: Vec<Variant> = direct
         .iter()
@@ -769,12 +785,13 @@ pub fn candidates(
     // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
     // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7%
     // faster than one; four no faster than two).
-    // Also with 128 rows, which then share each K/V stage among twice the rows.
+    // Also with the other of 64 and 128 rows, which an adapter with fewer invocations than
+    // f32 D=128's measured 128 rows then takes (with the measured interleave, first).
     let interleaved: Vec<Variant> = all[..measured]
         .iter()
         .filter(|v| v.subgroup)
-        .flat_map(|&v| [v, Variant { row_groups: 2 * v.row_groups, ..v }])
-        .flat_map(|v| [1, 2, 4].map(|interleave| Variant { interleave, ..v }))
+        .flat_map(|&v| [v, Variant { row_groups: 3 * ROW_GROUPS[0] - v.row_groups, ..v }])
+        .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
     all.extend(by_keys);
@@ -898,13 +915,17 @@ mod tests {
                                 }
                                 let Ok(choice) = choose(&p, &caps) else { continue };
                                 let v = choice.variant;
-                                // Interleaved lanes: f32's measured shapes only.
+                                // Interleaved lanes and Q in registers: f32's measured shape,
+                                // first in the list, or its form with the other of 64 and 128
+                                // rows where the measured one has more invocations than the
+                                // adapter.
                                 let first = candidates(v.ty, v.head_dim, causal, subgroup_min).next();
-                                assert!(v.interleave == 1 || first == Some(v), "{}", v.name());
-                                // Q in registers is f32's measured shape, first in the list.
-                                let measured = measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs)
-                                    && candidates(v.ty, v.head_dim, causal, subgroup_min).next() == Some(v);
-                                if v.v_direct || v.block_m() > 64 || (v.q_regs && !measured) {
+                                let form =
+                                    first.is_some_and(|f| Variant { row_groups: f.row_groups, ..v } == f);
+                                assert!(v.interleave == 1 || form, "{}", v.name());
+                                let measured =
+                                    form && measured_best(v.ty, v.head_dim, causal).is_some_and(|m| m.q_regs);
+                                if v.v_direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
                                             && w.threads() <= caps.invocations
@@ -1021,9 +1042,9 @@ mod tests {
         };
         // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 and D=64 get
         // their measured tiles with Q in registers wherever their K/V chunk (16 KiB: 64 keys x
-        // 64 columns, 128 keys x 32 columns) fits.
+        // 64 columns, 128 keys x 32 columns) fits; D=128 non-causal with 128 rows.
         for kib in [16, 32, 48] {
-            assert_eq!(tiles(128, kib, true), (64, 64, 64, true));
+            assert_eq!(tiles(128, kib, true), (128, 64, 64, true));
             assert_eq!(tiles(64, kib, true), (64, 128, 32, true));
         }
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
