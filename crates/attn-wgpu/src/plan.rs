@@ -35,8 +35,9 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from bench/results/2026-11-22-h100-wgpu-explore (runs 5 and
-/// 6, S=4096); f32 from the 2026-11-23/24 runs named below.
+/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from
+/// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
+/// runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
 ///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
 ///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
@@ -784,13 +785,14 @@ pub fn candidates(
     // Right after the measured shapes, the same with their row groups' lanes interleaved
     // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
     // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7%
-    // faster than one; four no faster than two).
-    // Also with the other of 64 and 128 rows, which an adapter with fewer invocations than
-    // f32 D=128's measured 128 rows then takes (with the measured interleave, first).
+    // faster than one; four no faster than two). Also with the other of 64 and 128 rows, which
+    // an adapter with fewer invocations than f32 D=128's measured 128 rows then takes (with the
+    // measured interleave, first).
+    let other_rows = |groups: u32| if groups == ROW_GROUPS[0] { 2 * ROW_GROUPS[0] } else { ROW_GROUPS[0] };
     let interleaved: Vec<Variant> = all[..measured]
         .iter()
         .filter(|v| v.subgroup)
-        .flat_map(|&v| [v, Variant { row_groups: 3 * ROW_GROUPS[0] - v.row_groups, ..v }])
+        .flat_map(|&v| [v, Variant { row_groups: other_rows(v.row_groups), ..v }])
         .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
@@ -892,8 +894,8 @@ mod tests {
 
     /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
     /// 128 rows; Q in registers or interleaved lanes other than f32's measured shapes) are the
-    /// planner's own choice only where no other shape fits the adapter (at D=256 with 16 KiB, only Qᵀ of 16
-    /// rows does), on any adapter size, head dim, dtype or mask.
+    /// planner's own choice only where no other shape fits the adapter (at D=256 with 16 KiB,
+    /// only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
         let mut chosen_alone = 0;
