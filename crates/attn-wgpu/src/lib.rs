@@ -48,11 +48,13 @@
 //!   8-12% more; D=64: both with 4x16 micro-tiles, 3-8% faster, each alone no faster; on the
 //!   H100); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
 //!   rows (128 exists only with V read straight from its buffer, with Q in registers, or with 16
-//!   invocations per row at D=64). 4x16 tiles (but for f32 D=64's default) and 4 invocations
-//!   per row were timed slower on the H100 and are picked only by their knobs;
-//!   `ATTN_WGPU_INTERLEAVE=1|2|4`: the measured shapes with one (none interleaved), two or four
-//!   row groups' lanes interleaved, so that neighbouring lanes read the same K and V vec4s (f32's
-//!   default is two where subgroups span 16 lanes: 4-7% faster than one on the H100).
+//!   invocations per row at D=64; f32 D=128 non-causal takes 128 by default, 3% faster on the
+//!   H100). 4x16 tiles (but for f32 D=64's default) and 4 invocations per row were timed slower
+//!   on the H100 and are picked only by their knobs;
+//!   `ATTN_WGPU_INTERLEAVE=1|2|4`: shapes with one row group's lanes together (every shape but
+//!   f32's defaults), or f32's measured shapes with two or four row groups' lanes interleaved, so
+//!   that neighbouring lanes read the same K and V vec4s (f32's default is two where subgroups
+//!   span 16 lanes: 4-7.5% faster than one on the H100).
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
 //!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys

@@ -54,7 +54,7 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
 ///
 /// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
-/// subgroups span 16 lanes: 4-7% faster on every row at both head dims, S=2048-8192, four no
+/// subgroups span 16 lanes: 4-7.5% faster on every row at both head dims, S=2048-8192, four no
 /// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a). f32 D=128
 /// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
 /// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
@@ -238,7 +238,7 @@ pub struct Variant {
     /// workgroup-memory load over twice fewer cycles when such lane pairs share addresses (one
     /// register per lane and cycle otherwise); with `IL = 1` neighbouring lanes read neighbouring
     /// vec4s. Needs `subgroup` with subgroups of at least `TX·IL` lanes; FMA kernel only. On the
-    /// H100 2 is 4-7% faster than 1 for f32's measured shapes (their default), 4 no faster.
+    /// H100 2 is 4-7.5% faster than 1 for f32's measured shapes (their default), 4 no faster.
     pub interleave: u32,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
@@ -573,6 +573,12 @@ pub fn choose_among(
         if variant.stages == 2 {
             notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
         }
+        if variant.interleave > 1 {
+            notes.push(format!(
+                "lanes of {} row groups interleaved: neighbouring lanes read the same K and V vec4s",
+                variant.interleave
+            ));
+        }
         notes.push(if variant.subgroup {
             format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
         } else {
@@ -784,14 +790,15 @@ pub fn candidates(
     all.extend(tall_tx16);
     // Right after the measured shapes, the same with their row groups' lanes interleaved
     // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
-    // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7%
+    // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7.5%
     // faster than one; four no faster than two). Also with the other of 64 and 128 rows, which
     // an adapter with fewer invocations than f32 D=128's measured 128 rows then takes (with the
-    // measured interleave, first).
+    // measured interleave, first). Only f32's shapes, which hold Q in registers (so 128 rows
+    // cost no more workgroup memory than 64) and were timed so.
     let other_rows = |groups: u32| if groups == ROW_GROUPS[0] { 2 * ROW_GROUPS[0] } else { ROW_GROUPS[0] };
     let interleaved: Vec<Variant> = all[..measured]
         .iter()
-        .filter(|v| v.subgroup)
+        .filter(|v| v.subgroup && v.q_regs)
         .flat_map(|&v| [v, Variant { row_groups: other_rows(v.row_groups), ..v }])
         .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))

@@ -399,8 +399,9 @@ impl Reductions {
                     "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
                        @builtin(subgroup_invocation_id) sg_lane: u32,"
                         .to_string(),
-                // Roles follow subgroup lanes, so the TX invocations of a row are lanes that
-                // differ in their low log2(TX) bits, whatever order the driver numbers them in.
+                // Roles follow subgroup lanes, so the TX invocations of a row are lanes IL apart
+                // that differ in bits log2(IL)..log2(IL·TX) of their index, whatever order the
+                // driver numbers them in.
                 lid: "sg_id * sg_size + sg_lane",
             }
         } else {

@@ -419,7 +419,13 @@ fn sixteen_lane_subgroups_inner() {
         assert!(il.plan(&p).unwrap().kernel.ends_with("_qr_il2"), "{}", il.plan(&p).unwrap().kernel);
         check(&il, &p, seed);
     }
-    // The same with 128 rows.
+    // f32 D=128 non-causal's default: 128 rows, interleaved, Q in two switch-selected chunks.
+    let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 170, 4, 128) }, DType::F32);
+    let kernel = il.plan(&p).unwrap().kernel;
+    assert!(kernel.contains("_m128n64_") && kernel.ends_with("_il2"), "{kernel}");
+    check(&il, &p, 160);
+    // D=64 with 128 rows (knob-only). Four interleaved row groups need 32-lane subgroups: only
+    // the H100's verify runs them (bench/device/wgpu-interleave.sh).
     let il_tall = Wgpu::new().with_interleave(2).with_rows(128);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
     assert!(il_tall.plan(&p).unwrap().kernel.contains("_m128n128_"), "{}", il_tall.plan(&p).unwrap().kernel);
