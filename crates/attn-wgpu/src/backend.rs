@@ -64,6 +64,8 @@ pub struct Wgpu {
     /// Only FMA-kernel variants with this many row groups' lanes interleaved (1, 2 or 4), where
     /// set.
     interleave: Option<u32>,
+    /// Only variants that split S over the head dim (`true`), or not (`false`), where set.
+    split_d: Option<bool>,
     /// Only FMA-kernel variants with this many query rows per workgroup, where set.
     rows: Option<u32>,
     /// Only the 8x8 FMA kernel (`true`), or never it (`false`), where set.
@@ -157,6 +159,14 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with S = Q·Kᵀ split over the head dim and reduced across the row's lanes
+    /// (`true`, [`crate::plan::Variant::split_d`]), or with Q shuffled (`false`): to time one
+    /// against the other.
+    pub fn with_split_d(mut self, split: bool) -> Self {
+        self.split_d = Some(split);
+        self
+    }
+
     /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Kernel::Wide`]) or never
     /// with it (`false`): to time it against the 4x8 kernel.
     pub fn with_wide(mut self, wide: bool) -> Self {
@@ -178,8 +188,9 @@ impl Wgpu {
     /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
     /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
     /// from `ATTN_WGPU_Q_REGS` (0 or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or
-    /// 1), [`Wgpu::with_interleave`] from `ATTN_WGPU_INTERLEAVE` (1, 2 or 4), [`Wgpu::with_rows`]
-    /// from `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
+    /// 1), [`Wgpu::with_interleave`] from `ATTN_WGPU_INTERLEAVE` (1, 2 or 4),
+    /// [`Wgpu::with_split_d`] from `ATTN_WGPU_SPLIT_D` (0 or 1), [`Wgpu::with_rows`] from
+    /// `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
     /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
@@ -200,6 +211,7 @@ impl Wgpu {
             q_regs: var("ATTN_WGPU_Q_REGS").map(|v| v != 0),
             rows: var("ATTN_WGPU_ROWS"),
             interleave: var("ATTN_WGPU_INTERLEAVE"),
+            split_d: var("ATTN_WGPU_SPLIT_D").map(|v| v != 0),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
             ..Self::default()
@@ -225,6 +237,7 @@ impl Wgpu {
                     && self.q_regs.is_none_or(|q| v.q_regs == q)
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.interleave.is_none_or(|i| v.interleave == i)
+                    && self.split_d.is_none_or(|s| v.split_d == s)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
                     && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)
             }

@@ -54,7 +54,10 @@
 //!   `ATTN_WGPU_INTERLEAVE=1|2|4`: shapes with one row group's lanes together (every shape but
 //!   f32's defaults), or f32's measured shapes with two or four row groups' lanes interleaved, so
 //!   that neighbouring lanes read the same K and V vec4s (f32's default is two where subgroups
-//!   span 16 lanes: 4-7.5% faster than one on the H100).
+//!   span 16 lanes: 4-7.5% faster than one on the H100);
+//!   `ATTN_WGPU_SPLIT_D=1|0`: f32's measured shapes with S = Q·Kᵀ split over the head dim (each
+//!   lane its own dims of Q, partial scores added across the row by a reduce-scatter instead of
+//!   Q shuffled per dim; K staged by keys), or none; knob-only until timed.
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
 //!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys

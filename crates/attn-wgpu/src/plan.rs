@@ -240,6 +240,17 @@ pub struct Variant {
     /// vec4s. Needs `subgroup` with subgroups of at least `TX·IL` lanes; FMA kernel only. On the
     /// H100 2 is 4-7.5% faster than 1 for f32's measured shapes (their default), 4 no faster.
     pub interleave: u32,
+    /// S = Q·Kᵀ split over the head dim instead of shuffling Q: each invocation multiplies its
+    /// own dims of Q (held in registers, `q_regs`) with the same dims of `TX` keys at a time,
+    /// and the row's `TX` lanes then add up their partial scores by a butterfly that leaves each
+    /// lane the whole score of one of those keys (a reduce-scatter of `TX - 1` vec4 shuffles per
+    /// `TX` keys, against one per head dim and four rows with Q shuffled: at D=128 and 64-key
+    /// tiles, 224 shuffled floats per tile and invocation instead of 512). K is staged by keys,
+    /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
+    /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
+    /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, `p_shuffle`, one stage
+    /// buffer and whole key groups per stage.
+    pub split_d: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -326,7 +337,7 @@ impl Variant {
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
     /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
     /// straight from its buffer, `_vk` for V staged by keys, `_qr` for Q held in registers, `_kd`
-    /// for K straight from its buffer too).
+    /// for K straight from its buffer too, `_sd` for S split over the head dim).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -352,6 +363,7 @@ impl Variant {
             + if self.q_regs { "_qr" } else { "" }
             + if self.k_direct { "_kd" } else { "" }
             + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
+            + if self.split_d { "_sd" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
             + if self.kernel == Kernel::Wide { "_wide" } else { "" }
     }
@@ -579,6 +591,17 @@ pub fn choose_among(
                 variant.interleave
             ));
         }
+        if variant.split_d {
+            notes.push(format!(
+                "S = Q·Kᵀ split over the head dim: each invocation's {} dims of Q against {} keys at a \
+                 time, partial scores added across the row's lanes by a reduce-scatter ({} vec4 shuffles \
+                 per {} keys); K staged by keys too",
+                d / variant.row_threads,
+                variant.row_threads,
+                variant.row_threads - 1,
+                variant.row_threads
+            ));
+        }
         notes.push(if variant.subgroup {
             format!("row max/sum by subgroup shuffles (subgroups of {}+)", caps.subgroup_min.unwrap_or(0))
         } else {
@@ -674,6 +697,7 @@ pub fn candidates(
         q_regs: false,
         k_direct: false,
         interleave: 1,
+        split_d: false,
         kernel: Kernel::Fma,
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
@@ -803,10 +827,18 @@ pub fn candidates(
         .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
+    // Then the same with S split over the head dim ([`Variant::split_d`],
+    // `ATTN_WGPU_SPLIT_D=1`): knob-only until timed.
+    let split: Vec<Variant> = interleaved
+        .iter()
+        .map(|&v| Variant { split_d: true, ..v })
+        .filter(|v| v.v_by_keys && v.p_shuffle && v.stages == 1 && v.chunk < head_dim)
+        .filter(|v| v.key_groups.is_multiple_of(head_dim / v.chunk))
+        .collect();
     all.extend(by_keys);
     all.extend(q_regs);
     let rest = all.split_off(measured);
-    let all = interleaved.into_iter().chain(rest).fold(all, push_new);
+    let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
     all.into_iter()
 }
 
@@ -845,6 +877,7 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
             q_regs: false,
             k_direct: false,
             interleave: 1,
+            split_d: false,
             kernel: Kernel::Wide,
         })
     })
@@ -875,6 +908,7 @@ pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Vari
         q_regs: false,
         k_direct: false,
         interleave: 1,
+        split_d: false,
         kernel: Kernel::Coop,
     })
 }
@@ -966,12 +1000,18 @@ mod tests {
                         let all: Vec<Variant> = candidates(ty, d, causal, subgroup_min).collect();
                         for (i, v) in all.iter().enumerate() {
                             assert!(!all[..i].contains(v), "{} listed twice", v.name());
-                            // Only the measured shapes' forms (64 or 128 rows) interleave lanes:
-                            // no other list takes it over from them.
+                            // Only the measured shapes' forms (64 or 128 rows, S split over the
+                            // head dim or not) interleave lanes or split S: no other list takes
+                            // them over from them.
                             let first = all[0];
-                            let form =
-                                Variant { interleave: first.interleave, row_groups: first.row_groups, ..*v };
+                            let form = Variant {
+                                interleave: first.interleave,
+                                row_groups: first.row_groups,
+                                split_d: first.split_d,
+                                ..*v
+                            };
                             assert!(v.interleave == 1 || form == first, "{}", v.name());
+                            assert!(!v.split_d || form == first, "{}", v.name());
                         }
                     }
                 }
@@ -987,6 +1027,12 @@ mod tests {
                     let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
+                    assert!(
+                        !v.split_d,
+                        "{} on {}: S split over the head dim is knob-only",
+                        v.name(),
+                        caps.name
+                    );
                     // Interleaved in pairs where subgroups span 16 lanes (not lavapipe's 8).
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
@@ -1084,6 +1130,7 @@ mod tests {
             q_regs: false,
             k_direct: false,
             interleave: 1,
+            split_d: false,
             kernel: Kernel::Fma,
         };
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.

@@ -52,11 +52,14 @@ pub fn generate(variant: &Variant) -> String {
             .to_string()
     };
     // The row's first lane, for shuffles from the row's lanes (of P, or of Q in registers).
-    let row_lane0 = if variant.p_shuffle || variant.q_regs {
+    let mut row_lane0 = if variant.p_shuffle || variant.q_regs {
         "    let row_lane0 = sg_lane & ~((TX - 1u) * IL);".to_string()
     } else {
         String::new()
     };
+    if variant.split_d {
+        row_lane0.push_str(&split_offsets(variant));
+    }
 
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
@@ -296,6 +299,9 @@ fn stage_q(variant: &Variant) -> String {
 /// are `q{k}_*` for `k` in `c·DC/(4·TX)..`: a `switch` on `c` picks that code where there are
 /// several chunks, so that no register is indexed at run time.
 fn qk(variant: &Variant) -> String {
+    if variant.split_d {
+        return split_qk(variant);
+    }
     if !variant.q_regs {
         return "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
                 let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
@@ -328,6 +334,93 @@ fn qk(variant: &Variant) -> String {
             "                case {c}u: {{\n{}\n                }}",
             chunk_loop(c, "                    ")
         );
+    }
+    s + "                default: {}\n            }"
+}
+
+/// Where lane `tx`'s register `r{i}` finds its key's row in a K stage staged by keys
+/// ([`Variant::split_d`]): `xo{i}` = `4·(i ^ tx)·D4 + tx`, the row of key quad `i ^ tx` (plus the
+/// run's key within the quad and the group, constants) at the lane's first vec4 of dims.
+fn split_offsets(variant: &Variant) -> String {
+    let mut s = String::from(
+        "\n    // S split over the head dim: lane tx's register r{i} takes key quad i ^ tx of each run.\n",
+    );
+    for i in 0..variant.row_threads {
+        let _ = writeln!(s, "    let xo{i} = ({i}u ^ tx) * 4u * D4 + tx;");
+    }
+    s
+}
+
+/// S = Q·Kᵀ split over the head dim ([`Variant::split_d`]). K stage `c` holds keys
+/// `c·BN/NCH..(c+1)·BN/NCH` with all `D` columns, whole key groups (`kv[kb + (n - c·BN/NCH)·D4 +
+/// d/4]`). The tile's keys go in runs of `TX`: run `(g, j)` is keys `4·(g·TX + t) + j`, `t < TX`,
+/// whose whole scores end in lane `t`'s `st{g}_{j}` (its four rows, as `pt{g}_{j}` is for P·V).
+/// Each lane multiplies its own dims of Q (`q{k}_{c}`: dims `4·(k·TX + tx) + c`) with the same
+/// dims of the run's keys, key `t = i ^ tx` into register `r{i}`; then a butterfly over the row's
+/// lanes (`IL·h` apart, `h` = TX/2, .., 1) adds partner's `r{i + h}` into `r{i}` for `i < h`: the
+/// partner (`tx ^ h`) holds in `r{i + h}` key `(i + h) ^ tx ^ h = i ^ tx`, the one in this lane's
+/// `r{i}`, so every lane sends the same register and keeps the other half. After the last step
+/// `r0` holds the whole score of key `t = tx`. A `switch` on `c` picks the stage's groups, so that
+/// no register is indexed at run time.
+fn split_qk(variant: &Variant) -> String {
+    let tx = variant.row_threads;
+    let stages = variant.head_dim / variant.chunk;
+    let per_stage = variant.key_groups / stages;
+    assert!(
+        variant.q_regs
+            && variant.v_by_keys
+            && variant.stages == 1
+            && per_stage * stages == variant.key_groups,
+        "{}: S split over the head dim needs Q in registers, stages by keys, one stage buffer and \
+         whole key groups per stage",
+        variant.name()
+    );
+    let dims = variant.head_dim / 4 / tx; // vec4s of the lane's dims per key
+    let d4 = variant.head_dim / 4;
+    let mut s = String::from("            switch c {\n");
+    for c in 0..stages {
+        let _ = writeln!(s, "                case {c}u: {{");
+        for gl in 0..per_stage {
+            let g = c * per_stage + gl;
+            for j in 0..4 {
+                let ind = "                    ";
+                let _ = writeln!(s, "{ind}{{");
+                let _ = writeln!(s, "{ind}// Keys 4·({g}·TX + t) + {j}, t < TX: key t = i ^ tx into r{{i}}.");
+                for i in 0..tx {
+                    let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
+                }
+                // One vec4 of the lane's dims at a time, for all the run's keys.
+                for k in 0..dims {
+                    let _ = writeln!(s, "{ind}{{");
+                    for i in 0..tx {
+                        let at = (4 * gl * tx + j) * d4 + k * tx;
+                        let _ = writeln!(s, "{ind}    let k{i} = kv[kb + xo{i} + {at}u];");
+                    }
+                    for i in 0..tx {
+                        for (comp, l) in LANE.iter().enumerate() {
+                            let _ =
+                                writeln!(s, "{ind}    r{i} = fma(q{k}_{comp}, vec4<f32>(k{i}.{l}), r{i});");
+                        }
+                    }
+                    let _ = writeln!(s, "{ind}}}");
+                }
+                let mut h = tx / 2;
+                while h >= 1 {
+                    for i in 0..h {
+                        let _ = writeln!(
+                            s,
+                            "{ind}r{i} = r{i} + subgroupShuffleXor(r{}, {}u);",
+                            i + h,
+                            variant.interleave * h
+                        );
+                    }
+                    h /= 2;
+                }
+                let _ = writeln!(s, "{ind}st{g}_{j} = r0;");
+                let _ = writeln!(s, "{ind}}}");
+            }
+        }
+        let _ = writeln!(s, "                }}");
     }
     s + "                default: {}\n            }"
 }
@@ -421,6 +514,7 @@ impl Reductions {
 /// The score micro-tile: s{i}_{g} is row i's vec4 of scores for key group g (keys
 /// 4·(g·TX + tx)..+3); p{i}_{g} the probabilities; then their hand-over (`p_store`): Pᵀ stores,
 /// or pt{g}_{j}, key 4·(g·TX + tx) + j's probabilities of the four rows, for shuffling.
+#[derive(Default)]
 struct Scores {
     decl: String,
     fma: String,
@@ -433,16 +527,11 @@ struct Scores {
 
 impl Scores {
     fn new(variant: &Variant, ablate: &Ablation) -> Self {
+        if variant.split_d {
+            return Scores::split(variant, ablate);
+        }
         let groups = variant.key_groups;
-        let mut c = Scores {
-            decl: String::new(),
-            fma: String::new(),
-            mask: String::new(),
-            row_max: String::new(),
-            exp: String::new(),
-            row_sum: String::new(),
-            p_store: String::new(),
-        };
+        let mut c = Scores::default();
         for g in 0..groups {
             // Kᵀ at `kb`: the stage buffer, or the K buffer itself (`k_direct`).
             let at = format!("kb + d * BN4 + {g}u * TX + tx");
@@ -491,6 +580,32 @@ impl Scores {
         };
         c.row_max = over_groups("hmax", "s", "max");
         c.row_sum = over_groups("hsum", "p", "add");
+        c
+    }
+}
+
+impl Scores {
+    /// With S split over the head dim ([`Variant::split_d`]), the scores come out transposed:
+    /// st{g}_{j} holds the four rows' scores of key 4·(g·TX + tx) + j, and the probabilities
+    /// pt{g}_{j} are already what P·V shuffles. The row max and sum are vec4 operations over them.
+    fn split(variant: &Variant, ablate: &Ablation) -> Self {
+        let mut c = Scores::default();
+        let exp = if ablate.exp { "" } else { "exp2" };
+        let mut names = Vec::new();
+        for g in 0..variant.key_groups {
+            for j in 0..4 {
+                let _ = writeln!(c.decl, "        var st{g}_{j} = vec4<f32>(0.0);");
+                let _ = writeln!(
+                    c.mask,
+                    "            st{g}_{j} = select(vec4<f32>(NEG), st{g}_{j}, vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u)) < lim);"
+                );
+                let _ = writeln!(c.exp, "        let pt{g}_{j} = {exp}(st{g}_{j} - m_use);");
+                names.push((format!("st{g}_{j}"), format!("pt{g}_{j}")));
+            }
+        }
+        c.row_max =
+            names.iter().map(|n| n.0.clone()).reduce(|a, b| format!("max({a}, {b})")).unwrap_or_default();
+        c.row_sum = names.iter().map(|n| n.1.clone()).collect::<Vec<_>>().join(" + ");
         c
     }
 }
@@ -682,7 +797,8 @@ fn shuffled_keys(
 
 /// How one stage (a `BN × DC` chunk of K or V, or, with V staged by keys, `BN/NCH` keys × all `D`
 /// columns of V) travels from global memory through each invocation's `pre*` registers into
-/// `kv`: K in blocks of 4 keys × 4 dims, transposed on the way (`kv[d·BN4 + n/4]`), V as plain
+/// `kv`: K in blocks of 4 keys × 4 dims, transposed on the way (`kv[d·BN4 + n/4]`), or (S split
+/// over the head dim) staged by keys as V is, V as plain
 /// vec4s (`kv[n·DC4 + d/4]`, or by keys `kv[(n - c·BN/NCH)·D4 + d/4]` for stage `c`). Invocation
 /// `lid` takes K blocks `lid + b·T` and V vec4s `lid + r·T`; where a chunk has fewer blocks than
 /// invocations, the rest idle (guarded).
@@ -699,12 +815,19 @@ struct Staging {
     threads: u32,
     /// V stages hold runs of keys with all columns ([`Variant::v_by_keys`]).
     v_by_keys: bool,
+    /// K stages do too, as plain vec4s (`k_blocks` and `k_total` then count vec4s; with S split
+    /// over the head dim, [`Variant::split_d`]).
+    k_by_keys: bool,
 }
 
 impl Staging {
     fn new(v: &Variant) -> Self {
         let t = v.threads();
-        let k_total = if v.k_direct { 0 } else { v.block_n() / 4 * v.chunk / 4 };
+        let k_total = match (v.k_direct, v.split_d) {
+            (true, _) => 0,
+            (false, false) => v.block_n() / 4 * v.chunk / 4,
+            (false, true) => v.block_n() * v.chunk / 4,
+        };
         let v_total = if v.v_direct { 0 } else { v.block_n() * v.chunk / 4 };
         Staging {
             k_blocks: k_total.div_ceil(t),
@@ -713,12 +836,15 @@ impl Staging {
             v_total,
             threads: t,
             v_by_keys: v.v_by_keys,
+            k_by_keys: v.split_d,
         }
     }
 
-    /// vec4 registers: four per K block, which is at least one per V vec4.
+    /// vec4 registers: four per K block (one per K vec4 staged by keys), which is at least one per
+    /// V vec4.
     fn registers(&self) -> u32 {
-        (4 * self.k_blocks).max(self.v_vecs)
+        let k = if self.k_by_keys { self.k_blocks } else { 4 * self.k_blocks };
+        k.max(self.v_vecs)
     }
 
     fn declare(&self, ind: &str) -> String {
@@ -743,8 +869,14 @@ impl Staging {
         vec!["let nb = blk % BN4;".into(), "let db = blk / BN4;".into()]
     }
 
-    /// Loads K chunk `c` of the tile starting at key `n0` into the registers.
+    /// Loads K chunk `c` of the tile starting at key `n0` into the registers (by keys: keys
+    /// `c·BN/NCH..` with all columns).
     fn fetch_k(&self, ind: &str, n0: &str, c: &str) -> String {
+        if self.k_by_keys {
+            return self.each(ind, self.k_blocks, self.k_total, "e", |r| {
+                vec![format!("pre{r} = load_k(kv_base, {n0} + ({c}) * (BN / NCH) + e / D4, e % D4);")]
+            });
+        }
         self.each(ind, self.k_blocks, self.k_total, "blk", |b| {
             let mut lines = self.k_block();
             lines.push(format!("let dq = ({c}) * DC4 + db;"));
@@ -755,8 +887,12 @@ impl Staging {
         })
     }
 
-    /// Stores the registers' K blocks transposed into `kv`.
+    /// Stores the registers' K blocks transposed into `kv` (by keys: the vec4s as they are).
     fn store_k(&self, ind: &str) -> String {
+        if self.k_by_keys {
+            return self
+                .each(ind, self.k_blocks, self.k_total, "e", |r| vec![format!("kv[kb + e] = pre{r};")]);
+        }
         self.each(ind, self.k_blocks, self.k_total, "blk", |b| {
             let mut lines = self.k_block();
             let r = 4 * b;

@@ -321,6 +321,28 @@ fn q_held_in_registers() {
 }
 
 #[test]
+fn s_split_over_the_head_dim() {
+    let Some(_) = backend("s_split_over_the_head_dim") else { return };
+    let b = Wgpu::new().with_split_d(true);
+    // D=128 (two K stages of one key group each): GQA, causal with an offset, keys off the tiles.
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).causal();
+    assert!(b.plan(&p).unwrap().kernel.ends_with("_sd"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 160);
+    // Causal with seq_q > seq_k (rows that see no key), 128 rows.
+    check(
+        &Wgpu::new().with_split_d(true).with_rows(128),
+        &Problem::new(sk(150, 70, 2, 128), DType::F32).causal(),
+        161,
+    );
+    // D=64 (two key groups per stage), non-causal, bf16 widened, the BSHD layout.
+    let p = Problem::new(Shape::new(2, 2, 75, 64), DType::Bf16).with_layout(Layout::Bshd);
+    assert!(b.plan(&p).unwrap().kernel.contains("_d64_"), "{}", b.plan(&p).unwrap().kernel);
+    check(&b, &p, 162);
+    // A head dim padded to 64 (40), large logits.
+    check(&b, &Problem::new(Shape::new(1, 2, 130, 40), DType::F32).with_scale(4.0), 163);
+}
+
+#[test]
 fn the_8x8_kernel() {
     let Some(_) = backend("the_8x8_kernel") else { return };
     let b = Wgpu::new().with_wide(true);
@@ -430,4 +452,12 @@ fn sixteen_lane_subgroups_inner() {
     let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
     assert!(il_tall.plan(&p).unwrap().kernel.contains("_m128n128_"), "{}", il_tall.plan(&p).unwrap().kernel);
     check(&il_tall, &p, 159);
+    // S split over the head dim with interleaved lanes (the butterfly's shuffles 2 lanes apart),
+    // 128 rows at D=128, 64 at D=64.
+    let sd = Wgpu::new().with_interleave(2).with_split_d(true);
+    for (d, seed) in [(128, 164), (64, 165)] {
+        let p = Problem::new(Shape { heads_kv: 1, ..sk(170, 230, 2, d) }, DType::F32);
+        assert!(sd.plan(&p).unwrap().kernel.ends_with("_il2_sd"), "{}", sd.plan(&p).unwrap().kernel);
+        check(&sd, &p, seed);
+    }
 }
