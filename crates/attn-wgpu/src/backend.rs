@@ -328,7 +328,7 @@ impl Attention for Wgpu {
             ));
         }
         let ablated = crate::shader::Ablation::current().parts();
-        if choice.variant.kernel != Kernel::Coop && !ablated.is_empty() {
+        if !ablated.is_empty() {
             choice.notes.push(format!(
                 "ATTN_WGPU_ABLATE: {} taken out of the kernel for timing; RESULTS ARE WRONG",
                 ablated.join(", ")

@@ -34,6 +34,7 @@ const M: u32 = 16;
 /// The WGSL source of `variant` (a `coop` one).
 pub fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
+    let ablate = crate::shader::Ablation::current();
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);
     let mut q_load = String::new();
@@ -54,7 +55,12 @@ pub fn generate(variant: &Variant) -> String {
         let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
     // S: the k-blocks outermost, so that the BN/16 products in flight are independent.
-    for kb in 0..d_blocks {
+    if ablate.qk {
+        for n in 0..n_blocks {
+            let _ = writeln!(s_mma, "        let s{n} = coop_mat16x16<f32, C>();");
+        }
+    }
+    for kb in (0..d_blocks).filter(|_| !ablate.qk) {
         for n in 0..n_blocks {
             let k_block =
                 format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
@@ -68,26 +74,27 @@ pub fn generate(variant: &Variant) -> String {
             };
         }
     }
-    for n in 0..n_blocks {
+    for n in (0..n_blocks).filter(|_| !ablate.softmax) {
         let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
     }
+    let exp = if ablate.exp { "" } else { "exp2" };
     // The lane's W = BN/2 scores, held in registers between the two passes.
-    for e in 0..bn / 2 {
+    for e in (0..bn / 2).filter(|_| !ablate.softmax) {
         let _ = writeln!(s_read, "        let c{e} = ({e}u + rot) % W;");
         let _ = writeln!(
             s_read,
             "        let x{e} = select(NEG, scratch[mine + c{e}], first + i32(c{e}) < lim);"
         );
         let _ = writeln!(s_read, "        tmax = max(tmax, x{e});");
-        let _ = writeln!(p_write, "        let p{e} = exp2(x{e} - offset);");
+        let _ = writeln!(p_write, "        let p{e} = {exp}(x{e} - offset);");
         let _ = writeln!(p_write, "        l_run += p{e};");
         let _ = writeln!(p_write, "        ps[mine + c{e}] = f16(p{e});");
     }
-    for kk in 0..n_blocks {
+    for kk in (0..n_blocks).filter(|_| !ablate.pv) {
         let _ =
             writeln!(pv, "        let pa{kk} = coopLoadT<coop_mat16x16<f16, A>>(&ps[sc + {}u], BN);", kk * M);
     }
-    for kk in 0..n_blocks {
+    for kk in (0..n_blocks).filter(|_| !ablate.pv) {
         for j in 0..d_blocks {
             let v_block =
                 format!("coopLoadT<coop_mat16x16<f16, B>>(&v[k_at + {}u * D + {}u], D)", kk * M, j * M);
@@ -114,7 +121,13 @@ pub fn generate(variant: &Variant) -> String {
     ] {
         src = src.replace(key, &value);
     }
-    format!("// {}\n{src}", variant.name())
+    if ablate.barrier {
+        // No barrier or flag in the tile loop, and so no rescale (timing only: races).
+        src = src
+            .replace("        workgroupBarrier(); // S in scratch\n", "")
+            .replace("workgroupUniformLoad(&rescale_any[t % 2u])", "0u");
+    }
+    format!("// {}{}\n{src}", variant.name(), ablate.comment())
 }
 
 /// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the

@@ -58,7 +58,11 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a). f32 D=128
 /// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
 /// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
-/// (bench/results/2026-11-24-h100-wgpu-small-623af6f).
+/// (bench/results/2026-11-24-h100-wgpu-small-623af6f). Both split S = Q·Kᵀ over the head dim
+/// ([`Variant::split_d`]) but at D=64 causal: at S=2048-8192, 7-8% faster non-causal at both
+/// head dims (D=64 33.4-33.7 against 31.2-31.6, D=128 33.0-33.2 against 30.5-30.8), 1-5%
+/// faster causal at D=128, and at D=64 causal 3% slower at S=2048 and 4096
+/// (bench/results/2026-11-24-h100-wgpu-split-ce51381).
 fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
@@ -68,13 +72,16 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         v_by_keys,
         q_regs,
         interleave,
+        split_d: false,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(shape(true, 4, 32, true, true, 2)),
+        (KernelType::F32, 64) => Some(Measured { split_d: !causal, ..shape(true, 4, 32, true, true, 2) }),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
-        (KernelType::F32, 128) => {
-            Some(Measured { rows: if causal { 64 } else { 128 }, ..shape(true, 2, 64, true, true, 2) })
-        }
+        (KernelType::F32, 128) => Some(Measured {
+            rows: if causal { 64 } else { 128 },
+            split_d: true,
+            ..shape(true, 2, 64, true, true, 2)
+        }),
         (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false, 1)),
         _ => None,
     }
@@ -91,6 +98,8 @@ struct Measured {
     q_regs: bool,
     /// Where subgroups span the lanes it needs (`TX·interleave`); 1 otherwise.
     interleave: u32,
+    /// S = Q·Kᵀ split over the head dim ([`Variant::split_d`]).
+    split_d: bool,
 }
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
@@ -249,7 +258,8 @@ pub struct Variant {
     /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, `p_shuffle`, one stage
-    /// buffer and whole key groups per stage.
+    /// buffer and whole key groups per stage. On the H100 7-8% faster for f32's measured shapes
+    /// non-causal, the default for them but at D=64 causal (see `measured_best`).
     pub split_d: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
@@ -706,6 +716,7 @@ pub fn candidates(
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
             interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
+            split_d: m.split_d,
             ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
         })
         .into_iter()
@@ -739,8 +750,8 @@ pub fn candidates(
     // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
     // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
     // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, with Qᵀ in
-    // workgroup memory (a measured shape's V by keys, Q in registers and interleave dropped, and
-    // at most 64 rows).
+    // workgroup memory (a measured shape's V by keys, Q in registers, interleave and split S
+    // dropped, and at most 64 rows).
     let direct: Vec<Variant> = all
         .iter()
         .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
@@ -749,6 +760,7 @@ pub fn candidates(
             v_by_keys: false,
             q_regs: false,
             interleave: 1,
+            split_d: false,
             row_groups: v.row_groups.min(ROW_GROUPS[0]),
             ..v
         })
@@ -827,13 +839,16 @@ pub fn candidates(
         .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
         .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
         .collect();
-    // Then the same with S split over the head dim ([`Variant::split_d`],
-    // `ATTN_WGPU_SPLIT_D=1`): knob-only until timed.
+    // Then the same with S = Q·Kᵀ split over the head dim or not, whichever the measured shape
+    // does not ([`Variant::split_d`], `ATTN_WGPU_SPLIT_D=1|0`): knob-only.
     let split: Vec<Variant> = interleaved
         .iter()
-        .map(|&v| Variant { split_d: true, ..v })
-        .filter(|v| v.v_by_keys && v.p_shuffle && v.stages == 1 && v.chunk < head_dim)
-        .filter(|v| v.key_groups.is_multiple_of(head_dim / v.chunk))
+        .map(|&v| Variant { split_d: !v.split_d, ..v })
+        .filter(|v| {
+            let stages_hold_key_groups =
+                v.chunk < head_dim && v.key_groups.is_multiple_of(head_dim / v.chunk);
+            !v.split_d || (v.v_by_keys && v.p_shuffle && v.stages == 1 && stages_hold_key_groups)
+        })
         .collect();
     all.extend(by_keys);
     all.extend(q_regs);
@@ -988,9 +1003,9 @@ mod tests {
         assert!(chosen_alone > 0);
     }
 
-    /// V staged by keys and Q in registers are the planner's own choice only for the shapes timed
-    /// faster with them (f32 at D=64 and D=128, subgroups spanning a row), and no head dim lists
-    /// a variant twice.
+    /// V staged by keys, Q in registers and S split over the head dim are the planner's own
+    /// choice only for the shapes timed faster with them (f32 at D=64 and D=128, subgroups
+    /// spanning a row), and no head dim lists a variant twice.
     #[test]
     fn v_by_keys_only_where_measured_and_no_variant_listed_twice() {
         for d in (32..=256).step_by(32) {
@@ -1027,21 +1042,26 @@ mod tests {
                     let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
-                    assert!(
-                        !v.split_d,
-                        "{} on {}: S split over the head dim is knob-only",
-                        v.name(),
-                        caps.name
-                    );
+                    // S split over the head dim where it was timed faster: f32 D=128, and D=64
+                    // non-causal (this problem).
+                    assert_eq!(v.split_d, timed, "{} on {}", v.name(), caps.name);
                     // Interleaved in pairs where subgroups span 16 lanes (not lavapipe's 8).
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Without subgroups spanning a row (Q in registers needs them), neither.
+                // Causal, f32 D=64 keeps Q shuffled (split 3% slower at S=2048 and 4096).
+                let causal = Problem::new(Shape::new(1, 2, 300, d), dtype).causal();
+                let v = choose(&causal, &h100).unwrap().variant;
+                assert_eq!(v.split_d, dtype == DType::F32 && d == 128, "{} causal", v.name());
+                // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {
                     let caps = AdapterCaps { subgroup_min, ..h100.clone() };
                     let v = choose(&Problem::new(Shape::new(1, 2, 300, d), dtype), &caps).unwrap().variant;
-                    assert!(!v.v_by_keys && !v.q_regs, "{} with subgroups of {subgroup_min:?}", v.name());
+                    assert!(
+                        !v.v_by_keys && !v.q_regs && !v.split_d,
+                        "{} with subgroups of {subgroup_min:?}",
+                        v.name()
+                    );
                 }
             }
         }

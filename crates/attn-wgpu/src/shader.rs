@@ -175,7 +175,11 @@ pub(crate) fn with_padding(src: String) -> String {
 /// and V stages (stale stages are used; V read straight from its buffer is still read). Other
 /// words are ignored; the plan's note lists the parts taken out. The 8x8 kernel ([`crate::wide`])
 /// honours all but `shuffle` (it has none). Measured on the H100:
-/// bench/results/2026-11-23-h100-wgpu-f32-ablation.
+/// bench/results/2026-11-23-h100-wgpu-f32-ablation. The cooperative-matrix kernel
+/// ([`crate::coop`]) honours `qk` (no S products nor K loads: S is the zero matrix), `exp`, `pv`
+/// (no P·V, nor its P and V loads), `barrier` (no barrier, flag nor rescale in the tile loop)
+/// and `softmax`, its own: S is not stored to workgroup memory, nor the softmax run over it (P·V
+/// reads stale probabilities).
 pub struct Ablation {
     /// S = Q·Kᵀ reduced to one vec4 add per K load.
     pub qk: bool,
@@ -189,6 +193,8 @@ pub struct Ablation {
     pub barrier: bool,
     /// No global loads of K and V (stale stages are used).
     pub load: bool,
+    /// Cooperative-matrix kernel: no store of S, nor softmax.
+    pub softmax: bool,
 }
 
 impl Ablation {
@@ -201,8 +207,15 @@ impl Ablation {
 
     /// The parts `ATTN_WGPU_ABLATE` names (none where it is unset).
     fn from_env() -> Self {
-        let mut a =
-            Ablation { qk: false, exp: false, shuffle: false, pv: false, barrier: false, load: false };
+        let mut a = Ablation {
+            qk: false,
+            exp: false,
+            shuffle: false,
+            pv: false,
+            barrier: false,
+            load: false,
+            softmax: false,
+        };
         for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
             match part.trim() {
                 "qk" => a.qk = true,
@@ -211,6 +224,7 @@ impl Ablation {
                 "pv" => a.pv = true,
                 "barrier" => a.barrier = true,
                 "load" => a.load = true,
+                "softmax" => a.softmax = true,
                 _ => {}
             }
         }
@@ -226,6 +240,7 @@ impl Ablation {
             (self.pv, "pv"),
             (self.barrier, "barrier"),
             (self.load, "load"),
+            (self.softmax, "softmax"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

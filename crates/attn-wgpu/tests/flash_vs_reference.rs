@@ -307,8 +307,9 @@ fn q_held_in_registers() {
         &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd),
         142,
     );
-    // Several K chunks (each its own registers, picked by a switch), with V staged by keys.
-    let chunked = Wgpu::new().with_q_regs(true).with_v_by_keys(true).with_chunk(64);
+    // Several K chunks (each its own registers, picked by a switch), with V staged by keys and
+    // Q shuffled (S split over the head dim is `s_split_over_the_head_dim`'s).
+    let chunked = Wgpu::new().with_q_regs(true).with_v_by_keys(true).with_chunk(64).with_split_d(false);
     let p = Problem::new(Shape { heads_kv: 1, ..sk(100, 130, 2, 128) }, DType::F32).causal();
     assert!(chunked.plan(&p).unwrap().kernel.ends_with("_vk_qr"), "{}", chunked.plan(&p).unwrap().kernel);
     check(&chunked, &p, 144);
@@ -434,14 +435,15 @@ fn sixteen_lane_subgroups_inner() {
     );
     let tall = Wgpu::new().with_row_threads(16).with_q_regs(true).with_rows(128);
     check(&tall, &Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal(), 156);
-    // f32's measured shapes with two row groups' lanes interleaved (8 per row, 16 lanes).
-    let il = Wgpu::new().with_interleave(2);
+    // f32's measured shapes with two row groups' lanes interleaved (8 per row, 16 lanes), Q
+    // shuffled (split S below).
+    let il = Wgpu::new().with_interleave(2).with_split_d(false);
     for (d, seed) in [(128, 157), (64, 158)] {
         let p = Problem::new(Shape { heads_kv: 1, ..sk(150, 290, 2, d) }, DType::F32).causal();
         assert!(il.plan(&p).unwrap().kernel.ends_with("_qr_il2"), "{}", il.plan(&p).unwrap().kernel);
         check(&il, &p, seed);
     }
-    // f32 D=128 non-causal's default: 128 rows, interleaved, Q in two switch-selected chunks.
+    // f32 D=128 non-causal's shape: 128 rows, interleaved, Q in two switch-selected chunks.
     let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 170, 4, 128) }, DType::F32);
     let kernel = il.plan(&p).unwrap().kernel;
     assert!(kernel.contains("_m128n64_") && kernel.ends_with("_il2"), "{kernel}");
@@ -453,8 +455,8 @@ fn sixteen_lane_subgroups_inner() {
     assert!(il_tall.plan(&p).unwrap().kernel.contains("_m128n128_"), "{}", il_tall.plan(&p).unwrap().kernel);
     check(&il_tall, &p, 159);
     // S split over the head dim with interleaved lanes (the butterfly's shuffles 2 lanes apart),
-    // 128 rows at D=128, 64 at D=64.
-    let sd = Wgpu::new().with_interleave(2).with_split_d(true);
+    // 128 rows at D=128, 64 at D=64: f32's defaults for both, non-causal.
+    let sd = Wgpu::new().with_interleave(2);
     for (d, seed) in [(128, 164), (64, 165)] {
         let p = Problem::new(Shape { heads_kv: 1, ..sk(170, 230, 2, d) }, DType::F32);
         assert!(sd.plan(&p).unwrap().kernel.ends_with("_il2_sd"), "{}", sd.plan(&p).unwrap().kernel);
