@@ -6,7 +6,8 @@
 //   S = Q·Kᵀ on 16×16×16 products (Q's blocks stay in registers as A matrices, K's are loaded
 //   straight from the storage buffer as B matrices) → scratch (f32); each lane takes half of one
 //   row: mask, max, P = exp2(S - m) → ps (f16); O += P·V (V's blocks from the buffer, O's blocks
-//   in registers).
+//   in registers). With S ahead (`stages` 2 in the plan), the next tile's S products are issued
+//   before this tile's softmax, and stored to scratch after its P·V.
 // The subgroups share only the K/V lines in cache and the rescale flag (one row's raise sends
 // every subgroup through the rescale); workgroup barriers otherwise order each subgroup's
 // hand-overs between its lanes and its matrices (a subgroup barrier would not order workgroup
@@ -94,11 +95,11 @@ fn main(
     var m_run = NEG; // this row's running max (both lanes of the row hold it)
     var l_run = 0.0; // this lane's part of the row sum
 
+{{S_AHEAD}}
     for (var t = 0u; t < n_tiles; t++) {
         let n0 = t * BN;
         let k_at = kv_at + n0 * D;
 {{S_MMA}}
-        workgroupBarrier(); // S in scratch
 
         // Softmax of this lane's half row, in base-2 units (scores were scaled by scale·log2 e).
         let lim = select(i32(P.seq_k), min(i32(P.seq_k), i32(q_row) + P.causal_offset + 1), CAUSAL);
@@ -127,6 +128,7 @@ fn main(
 {{O_RESCALE}}
         }
 {{PV_MMA}}
+{{S_STORE}}
     }
 
     // Row sums, then O through scratch to global memory, normalised.

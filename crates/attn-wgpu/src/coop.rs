@@ -23,6 +23,7 @@
 //!   are as fast, so only they are planned. The cause is not known.
 
 use crate::plan::Variant;
+use crate::shader::Ablation;
 use std::fmt::Write;
 
 /// The kernel template.
@@ -54,28 +55,34 @@ pub fn generate(variant: &Variant) -> String {
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
-    // S: the k-blocks outermost, so that the BN/16 products in flight are independent.
-    if ablate.qk {
+    // S's products and its store to scratch: in the tile loop (`stages` 1), or (S ahead,
+    // `stages` 2) tile 0's before the loop, each next tile's products at the top of the loop and
+    // their store at its end.
+    let ahead = variant.stages == 2;
+    let (mut s_ahead, mut s_store) = (String::new(), String::new());
+    if ahead {
+        // Unguarded: naga counts a condition on n_tiles (a local variable) as non-uniform, where
+        // cooperative operations need uniform control flow. Tile 0 is in the buffer (seq_k ≥ 1,
+        // rows padded to whole tiles) even where no key is visible; the last tile's products
+        // are computed again at its end, and not read.
+        let _ = writeln!(s_ahead, "    // S of tile 0; in the loop, S of the tile after this one.");
         for n in 0..n_blocks {
-            let _ = writeln!(s_mma, "        let s{n} = coop_mat16x16<f32, C>();");
+            let _ = writeln!(s_ahead, "    var s{n} = coop_mat16x16<f32, C>();");
         }
-    }
-    for kb in (0..d_blocks).filter(|_| !ablate.qk) {
+        s_ahead += &s_products(n_blocks, d_blocks, "    ", "kv_at", ablate);
+        s_ahead += &s_stores(n_blocks, "    ", ablate);
+        let _ = writeln!(s_ahead, "    workgroupBarrier(); // S in scratch");
+        let _ = writeln!(s_mma, "        let k_next = kv_at + min(t + 1u, n_tiles - 1u) * BN * D;");
+        s_mma += &s_products(n_blocks, d_blocks, "        ", "k_next", ablate);
+        s_store += &s_stores(n_blocks, "        ", ablate);
+        let _ = writeln!(s_store, "        workgroupBarrier(); // S in scratch");
+    } else {
         for n in 0..n_blocks {
-            let k_block =
-                format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
-            let _ = if kb == 0 {
-                writeln!(
-                    s_mma,
-                    "        var s{n} = coopMultiplyAdd(qa0, {k_block}, coop_mat16x16<f32, C>());"
-                )
-            } else {
-                writeln!(s_mma, "        s{n} = coopMultiplyAdd(qa{kb}, {k_block}, s{n});")
-            };
+            let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
         }
-    }
-    for n in (0..n_blocks).filter(|_| !ablate.softmax) {
-        let _ = writeln!(s_mma, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
+        s_mma += &s_products(n_blocks, d_blocks, "        ", "k_at", ablate);
+        s_mma += &s_stores(n_blocks, "        ", ablate);
+        let _ = writeln!(s_mma, "        workgroupBarrier(); // S in scratch");
     }
     let exp = if ablate.exp { "" } else { "exp2" };
     // The lane's W = BN/2 scores, held in registers between the two passes.
@@ -112,7 +119,9 @@ pub fn generate(variant: &Variant) -> String {
         ("{{DUMP_TILE}}", dump_tile()),
         ("{{Q_LOAD}}", q_load),
         ("{{O_DECL}}", o_decl),
+        ("{{S_AHEAD}}", s_ahead),
         ("{{S_MMA}}", s_mma),
+        ("{{S_STORE}}", s_store),
         ("{{S_READ}}", s_read),
         ("{{P_WRITE}}", p_write),
         ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
@@ -125,9 +134,36 @@ pub fn generate(variant: &Variant) -> String {
         // No barrier or flag in the tile loop, and so no rescale (timing only: races).
         src = src
             .replace("        workgroupBarrier(); // S in scratch\n", "")
+            .replace("    workgroupBarrier(); // S in scratch\n", "")
             .replace("workgroupUniformLoad(&rescale_any[t % 2u])", "0u");
     }
     format!("// {}{}\n{src}", variant.name(), ablate.comment())
+}
+
+/// S = Q·Kᵀ for the tile of keys whose K rows start at `k_at` (a WGSL expression), into the
+/// matrices `s{n}` (declared by the caller): the k-blocks outermost, so that the `BN/16`
+/// products in flight are independent. None under the `qk` ablation (S stays as it was).
+fn s_products(n_blocks: u32, d_blocks: u32, ind: &str, k_at: &str, ablate: &Ablation) -> String {
+    let mut s = String::new();
+    for kb in (0..d_blocks).filter(|_| !ablate.qk) {
+        for n in 0..n_blocks {
+            let k_block =
+                format!("coopLoad<coop_mat16x16<f16, B>>(&k[{k_at} + {}u * D + {}u], D)", n * M, kb * M);
+            let acc = if kb == 0 { "coop_mat16x16<f32, C>()".to_string() } else { format!("s{n}") };
+            let _ = writeln!(s, "{ind}s{n} = coopMultiplyAdd(qa{kb}, {k_block}, {acc});");
+        }
+    }
+    s
+}
+
+/// The matrices `s{n}`, scaled to log2 units, stored row by row to the subgroup's scratch (none
+/// under the `softmax` ablation).
+fn s_stores(n_blocks: u32, ind: &str, ablate: &Ablation) -> String {
+    let mut s = String::new();
+    for n in (0..n_blocks).filter(|_| !ablate.softmax) {
+        let _ = writeln!(s, "{ind}coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
+    }
+    s
 }
 
 /// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
