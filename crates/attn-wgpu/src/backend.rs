@@ -46,8 +46,8 @@ pub struct Wgpu {
     stages: Option<u32>,
     /// Only cooperative-matrix shapes of this many rows (16, 32 or 64), where set.
     coop_rows: Option<u32>,
-    /// Only cooperative-matrix shapes with tiles of this many keys (32, or 64, which the planner
-    /// never picks on its own: see `plan::coop_candidates`), where set.
+    /// Only cooperative-matrix shapes with tiles of this many keys (32, or 16 or 64, which the
+    /// planner never picks on its own: see `plan::coop_candidates`), where set.
     coop_keys: Option<u32>,
     /// Only cooperative-matrix shapes with S one tile ahead (`true`) or not, where set.
     coop_ahead: Option<bool>,
@@ -194,7 +194,7 @@ impl Wgpu {
     /// [`Wgpu::with_split_d`] from `ATTN_WGPU_SPLIT_D` (0 or 1), [`Wgpu::with_rows`] from
     /// `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
     /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
-    /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (32 or 64) keep the
+    /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (16, 32 or 64) keep the
     /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile,
     /// `ATTN_WGPU_COOP_AHEAD` (0 or 1) those with S one tile ahead or not.
     pub fn from_env() -> Self {

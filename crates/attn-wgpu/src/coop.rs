@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn the_softmax_walk_is_free_of_bank_conflicts() {
-        for bn in [32u32, 64] {
+        for bn in [16u32, 32, 64] {
             let w = bn / 2;
             for step in 0..w {
                 let column = |lane: u32| {

@@ -912,11 +912,13 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
 /// need more workgroup memory than the 32-key ones), only `ATTN_WGPU_COOP_KEYS=64` does: on the
 /// H100 they failed `attn verify` in causal cases with large scores, where a tile after the first
 /// rescales O, while 32-key tiles passed the same grid
-/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*). Then all of them again with S one tile
+/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*). Then 16-key tiles (half the workgroup
+/// memory per row of the 32-key ones, for more subgroups per SM under the driver's 48 KiB),
+/// until timed only by `ATTN_WGPU_COOP_KEYS=16`. Then all of them again with S one tile
 /// ahead (`stages` 2: the next tile's S products issued before this tile's softmax), until
 /// timed only by `ATTN_WGPU_COOP_AHEAD=1`.
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let shapes = [(16, 32), (32, 32), (64, 32), (16, 64), (32, 64), (64, 64)];
+    let shapes = [(16, 32), (32, 32), (64, 32), (16, 64), (32, 64), (64, 64), (16, 16), (32, 16), (64, 16)];
     let staged = [1, 2].into_iter().flat_map(move |stages| shapes.map(|shape| (stages, shape)));
     staged.filter(move |_| head_dim.is_multiple_of(16)).map(move |(stages, (bm, bn)): (u32, (u32, u32))| {
         Variant {
