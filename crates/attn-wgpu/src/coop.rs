@@ -8,8 +8,8 @@
 //! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from the storage buffers as B
 //! matrices where they are used.
 //!
-//! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` (55 of 55) with 32-key tiles. How
-//! it got there, each step measured (bench/results/2026-11-23-h100-wgpu-coop-*):
+//! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` (55 of 55) with 16- and 32-key
+//! tiles. How it got there, each step measured (bench/results/2026-11-2[34]-h100-wgpu-coop-*):
 //! - The first version failed every f16 case with random data. Naga's Vulkan memory model was
 //!   suspected and ruled out ([`crate::spirv`] moves the module to GLSL450; same failures, same
 //!   values). First-tile dumps (`ATTN_WGPU_COOP_DUMP`) then showed Q·Kᵀ already wrong, and the
@@ -21,6 +21,14 @@
 //! - With 64-key tiles it fails in causal cases with large scores, where a tile after the first
 //!   rescales O (outputs of 0 in the second query block); 32-key tiles pass the same grid and
 //!   are as fast, so only they are planned. The cause is not known.
+//! - Timed with parts taken out (`ATTN_WGPU_ABLATE`, S=4096): without S's store to scratch and
+//!   the softmax over it, 3.2x faster at D=64 (108 against 34 TFLOP/s), although those parts
+//!   alone (no products) take 2.1 of the 16.2 ms; without exp2 or the barriers, no faster. So
+//!   the chain of products, scratch and softmax in each subgroup is latency-bound, and the
+//!   subgroups an SM holds are too few to hide it: the driver keeps 48 KiB of workgroup memory
+//!   resident per SM, 15 workgroups of 3 KiB with 32-key tiles. 16-key tiles (1.5 KiB) are
+//!   7-18% faster at D=64 and 2-11% at D=128, the default now; issuing the next tile's S
+//!   products before the softmax (`stages` 2) was no faster.
 
 use crate::plan::Variant;
 use crate::shader::Ablation;

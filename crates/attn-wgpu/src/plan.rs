@@ -906,19 +906,22 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
     })
 }
 
-/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16): 16, 32 or
-/// 64 rows per workgroup (1, 2 or 4 subgroups of 32), fastest on the H100 first, with tiles of
-/// 32 keys; then the same with 64-key tiles, last, so that the planner never reaches them (they
-/// need more workgroup memory than the 32-key ones), only `ATTN_WGPU_COOP_KEYS=64` does: on the
-/// H100 they failed `attn verify` in causal cases with large scores, where a tile after the first
+/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), fastest on
+/// the H100 first: 16 rows per workgroup (one subgroup of 32) and 16-key tiles, 1.5 KiB of
+/// workgroup memory, so that 32 subgroups fit in the 48 KiB the driver keeps resident per SM:
+/// 7-18% faster than 32-key tiles at S=512 and 4096, D=64, and 2-11% at D=128; 32 or 64 rows
+/// with them slower (bench/results/2026-11-24-h100-wgpu-coop-keys-1a1a49b). Then 16, 32 and 64
+/// rows with 32-key tiles (the default until then), and 32 and 64 rows with 16-key tiles: all
+/// reached only through `ATTN_WGPU_COOP_KEYS` and `ATTN_WGPU_COOP_ROWS`, as the first fits
+/// wherever they do. Then 64-key tiles, which only `ATTN_WGPU_COOP_KEYS=64` picks: on the H100
+/// they failed `attn verify` in causal cases with large scores, where a tile after the first
 /// rescales O, while 32-key tiles passed the same grid
-/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*). Then 16-key tiles (half the workgroup
-/// memory per row of the 32-key ones, for more subgroups per SM under the driver's 48 KiB),
-/// until timed only by `ATTN_WGPU_COOP_KEYS=16`. Then all of them again with S one tile
-/// ahead (`stages` 2: the next tile's S products issued before this tile's softmax), until
-/// timed only by `ATTN_WGPU_COOP_AHEAD=1`.
+/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*). Then all of them again with S one tile
+/// ahead (`stages` 2: the next tile's S products issued before this tile's softmax), picked only
+/// by `ATTN_WGPU_COOP_AHEAD=1`: it passed the full grid and was no faster (within 2%, slower at
+/// S=512: bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let shapes = [(16, 32), (32, 32), (64, 32), (16, 64), (32, 64), (64, 64), (16, 16), (32, 16), (64, 16)];
+    let shapes = [(16, 16), (16, 32), (32, 32), (64, 32), (32, 16), (64, 16), (16, 64), (32, 64), (64, 64)];
     let staged = [1, 2].into_iter().flat_map(move |stages| shapes.map(|shape| (stages, shape)));
     staged.filter(move |_| head_dim.is_multiple_of(16)).map(move |(stages, (bm, bn)): (u32, (u32, u32))| {
         Variant {
@@ -1233,11 +1236,11 @@ mod tests {
         let pick =
             |d: usize, dtype| choose(&Problem::new(Shape::new(1, 2, 1000, d), dtype), &caps).unwrap().variant;
         let v = pick(128, DType::F16);
-        assert!(v.kernel == Kernel::Coop && v.block_m() == 16 && v.block_n() == 32, "{}", v.name());
+        assert!(v.kernel == Kernel::Coop && v.block_m() == 16 && v.block_n() == 16, "{}", v.name());
         // Workgroup memory does not grow with the head dim (K and V come straight from the
-        // buffers): S and P of 16 rows by 32 keys, and the flags.
-        assert_eq!(pick(256, DType::F16).name(), "flash_f16_d256_m16n32_c256_full_sg_coop");
-        assert_eq!(pick(256, DType::F16).shared_bytes(), 16 * 32 * 6 + 16);
+        // buffers): S and P of 16 rows by 16 keys, and the flags.
+        assert_eq!(pick(256, DType::F16).name(), "flash_f16_d256_m16n16_c256_full_sg_coop");
+        assert_eq!(pick(256, DType::F16).shared_bytes(), 16 * 16 * 6 + 16);
         // f32 and bf16 keep the FMA kernel; so does f16 where the device was not opened for them.
         assert!(pick(128, DType::F32).kernel == Kernel::Fma && pick(128, DType::Bf16).kernel == Kernel::Fma);
         let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
