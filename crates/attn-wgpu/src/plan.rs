@@ -35,7 +35,8 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from
+/// invocations per row each, and 64 rows but for f32 D=128 non-causal and D=64 causal (128,
+/// below). f16 from
 /// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
 /// runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
@@ -59,10 +60,12 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
 /// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
 /// (bench/results/2026-11-24-h100-wgpu-small-623af6f). Both split S = Q·Kᵀ over the head dim
-/// ([`Variant::split_d`]) but at D=64 causal: at S=2048-8192, 7-8% faster non-causal at both
-/// head dims (D=64 33.4-33.7 against 31.2-31.6, D=128 33.0-33.2 against 30.5-30.8), 1-5%
-/// faster causal at D=128, and at D=64 causal 3% slower at S=2048 and 4096
-/// (bench/results/2026-11-24-h100-wgpu-split-ce51381).
+/// ([`Variant::split_d`]): at S=2048-8192, 7-8% faster non-causal at both head dims (D=64
+/// 33.4-33.7 against 31.2-31.6, D=128 33.0-33.2 against 30.5-30.8) and 1-5% faster causal at
+/// D=128 (bench/results/2026-11-24-h100-wgpu-split-ce51381). At D=64 causal, split with 64 rows
+/// was 3% slower at S=2048 and 4096, and with 128 rows 0.6%, 4% and 6% faster than Q shuffled
+/// at S=512, 2048 and 8192 (23.6, 29.9, 32.3; bench/results/2026-11-24-h100-wgpu-causal-rows-
+/// f30fa7b), so D=64 causal takes 128 rows (at D=128 causal 128 rows were 5% slower at S=512).
 fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
@@ -75,7 +78,11 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         split_d: false,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(Measured { split_d: !causal, ..shape(true, 4, 32, true, true, 2) }),
+        (KernelType::F32, 64) => Some(Measured {
+            rows: if causal { 128 } else { 64 },
+            split_d: true,
+            ..shape(true, 4, 32, true, true, 2)
+        }),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
         (KernelType::F32, 128) => Some(Measured {
             rows: if causal { 64 } else { 128 },
@@ -259,7 +266,7 @@ pub struct Variant {
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, `p_shuffle`, one stage
     /// buffer and whole key groups per stage. On the H100 7-8% faster for f32's measured shapes
-    /// non-causal, the default for them but at D=64 causal (see `measured_best`).
+    /// non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
@@ -1060,17 +1067,20 @@ mod tests {
                     let timed = dtype == DType::F32;
                     assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
                     assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
-                    // S split over the head dim where it was timed faster: f32 D=128, and D=64
-                    // non-causal (this problem).
+                    // S split over the head dim where it was timed faster: f32 at both.
                     assert_eq!(v.split_d, timed, "{} on {}", v.name(), caps.name);
                     // Interleaved in pairs where subgroups span 16 lanes (not lavapipe's 8).
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Causal, f32 D=64 keeps Q shuffled (split 3% slower at S=2048 and 4096).
+                // Causal too, with 128 rows at D=64 and 64 at D=128 (the other way round from
+                // non-causal).
                 let causal = Problem::new(Shape::new(1, 2, 300, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
-                assert_eq!(v.split_d, dtype == DType::F32 && d == 128, "{} causal", v.name());
+                assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
+                if dtype == DType::F32 {
+                    assert_eq!(v.block_m(), if d == 64 { 128 } else { 64 }, "{} causal", v.name());
+                }
                 // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {
                     let caps = AdapterCaps { subgroup_min, ..h100.clone() };

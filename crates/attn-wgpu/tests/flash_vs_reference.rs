@@ -295,7 +295,8 @@ fn v_staged_by_keys() {
 #[test]
 fn q_held_in_registers() {
     let Some(_) = backend("q_held_in_registers") else { return };
-    let b = Wgpu::new().with_q_regs(true);
+    // Q shuffled per dim (S split over the head dim is `s_split_over_the_head_dim`'s), 64 rows.
+    let b = Wgpu::new().with_q_regs(true).with_split_d(false).with_rows(64);
     // Keys off the tiles, GQA, causal with an offset; rows off the block (Q loads guarded).
     let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_qr"), "{}", b.plan(&p).unwrap().kernel);
@@ -314,8 +315,9 @@ fn q_held_in_registers() {
     assert!(chunked.plan(&p).unwrap().kernel.ends_with("_vk_qr"), "{}", chunked.plan(&p).unwrap().kernel);
     check(&chunked, &p, 144);
     check(&Wgpu::new().with_q_regs(true).with_chunk(32), &Problem::new(sk(70, 90, 2, 64), DType::F16), 145);
-    // 128 rows per workgroup: no more workgroup memory than 64 with Q in registers.
-    let tall = Wgpu::new().with_q_regs(true).with_rows(128);
+    // 128 rows per workgroup: no more workgroup memory than 64 with Q in registers (Q
+    // shuffled; f32 D=64 causal's default, split, is `sixteen_lane_subgroups`').
+    let tall = Wgpu::new().with_q_regs(true).with_rows(128).with_split_d(false);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
     assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
     check(&tall, &p, 143);
@@ -448,11 +450,12 @@ fn sixteen_lane_subgroups_inner() {
     let kernel = il.plan(&p).unwrap().kernel;
     assert!(kernel.contains("_m128n64_") && kernel.ends_with("_il2"), "{kernel}");
     check(&il, &p, 160);
-    // D=64 with 128 rows (knob-only). Four interleaved row groups need 32-lane subgroups: only
-    // the H100's verify runs them (bench/device/wgpu-interleave.sh).
+    // D=64 causal's default: 128 rows, S split. Four interleaved row groups need 32-lane
+    // subgroups: only the H100's verify runs them (bench/device/wgpu-interleave.sh).
     let il_tall = Wgpu::new().with_interleave(2).with_rows(128);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
-    assert!(il_tall.plan(&p).unwrap().kernel.contains("_m128n128_"), "{}", il_tall.plan(&p).unwrap().kernel);
+    let kernel = il_tall.plan(&p).unwrap().kernel;
+    assert!(kernel.contains("_m128n128_") && kernel.ends_with("_il2_sd"), "{kernel}");
     check(&il_tall, &p, 159);
     // S split over the head dim with interleaved lanes (the butterfly's shuffles 2 lanes apart),
     // 128 rows at D=128, 64 at D=64: f32's defaults for both, non-causal.
