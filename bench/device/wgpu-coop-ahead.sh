@@ -2,7 +2,8 @@
 # On the lent GPU machine, in one call: the cooperative-matrix kernel with S one tile ahead
 # (ATTN_WGPU_COOP_AHEAD=1: the next tile's S products issued before this tile's softmax) against
 # the default, f16 at S=512/4096, D=64/128, with 16 and 32 rows. Verifies the full grid with the
-# knob first. Carry .device and .gl as for wgpu.sh; about 4 minutes.
+# knob first. Carry .device and .gl as for wgpu.sh; about 4 minutes. The knob was removed after
+# its run (bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2): run it at 33760d2.
 set -u
 final=${OUT:-/tmp/out}
 source bench/device/vulkan-env.sh

@@ -6,8 +6,7 @@
 //   S = Q·Kᵀ on 16×16×16 products (Q's blocks stay in registers as A matrices, K's are loaded
 //   straight from the storage buffer as B matrices) → scratch (f32); each lane takes half of one
 //   row: mask, max, P = exp2(S - m) → ps (f16); O += P·V (V's blocks from the buffer, O's blocks
-//   in registers). With S ahead (`stages` 2 in the plan), the next tile's S products are issued
-//   before this tile's softmax, and stored to scratch after its P·V.
+//   in registers).
 // The subgroups share only the K/V lines in cache and the rescale flag (one row's raise sends
 // every subgroup through the rescale); workgroup barriers otherwise order each subgroup's
 // hand-overs between its lanes and its matrices (a subgroup barrier would not order workgroup
@@ -95,7 +94,6 @@ fn main(
     var m_run = NEG; // this row's running max (both lanes of the row hold it)
     var l_run = 0.0; // this lane's part of the row sum
 
-{{S_AHEAD}}
     for (var t = 0u; t < n_tiles; t++) {
         let n0 = t * BN;
         let k_at = kv_at + n0 * D;
@@ -128,7 +126,6 @@ fn main(
 {{O_RESCALE}}
         }
 {{PV_MMA}}
-{{S_STORE}}
     }
 
     // Row sums, then O through scratch to global memory, normalised.

@@ -49,8 +49,6 @@ pub struct Wgpu {
     /// Only cooperative-matrix shapes with tiles of this many keys (32, or 16 or 64, which the
     /// planner never picks on its own: see `plan::coop_candidates`), where set.
     coop_keys: Option<u32>,
-    /// Only cooperative-matrix shapes with S one tile ahead (`true`) or not, where set.
-    coop_ahead: Option<bool>,
     /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
     p_shuffle: Option<bool>,
     /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
@@ -195,8 +193,7 @@ impl Wgpu {
     /// `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
     /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (16, 32 or 64) keep the
-    /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile,
-    /// `ATTN_WGPU_COOP_AHEAD` (0 or 1) those with S one tile ahead or not.
+    /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
     pub fn from_env() -> Self {
         let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
         let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
@@ -208,7 +205,6 @@ impl Wgpu {
             stages: var("ATTN_WGPU_STAGES"),
             coop_rows: var("ATTN_WGPU_COOP_ROWS"),
             coop_keys: var("ATTN_WGPU_COOP_KEYS"),
-            coop_ahead: var("ATTN_WGPU_COOP_AHEAD").map(|v| v != 0),
             p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
             v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
             v_by_keys: var("ATTN_WGPU_V_KEYS").map(|v| v != 0),
@@ -230,7 +226,6 @@ impl Wgpu {
             if v.kernel == Kernel::Coop {
                 self.coop_rows.is_none_or(|r| v.block_m() == r)
                     && self.coop_keys.is_none_or(|n| v.block_n() == n)
-                    && self.coop_ahead.is_none_or(|a| (v.stages == 2) == a)
             } else {
                 self.key_groups.is_none_or(|g| v.key_groups == g)
                     && self.chunk.is_none_or(|c| v.chunk == c)

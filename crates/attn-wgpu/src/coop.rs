@@ -28,7 +28,7 @@
 //!   subgroups an SM holds are too few to hide it: the driver keeps 48 KiB of workgroup memory
 //!   resident per SM, 15 workgroups of 3 KiB with 32-key tiles. 16-key tiles (1.5 KiB) are
 //!   7-18% faster at D=64 and 2-11% at D=128, the default now; issuing the next tile's S
-//!   products before the softmax (`stages` 2) was no faster.
+//!   products before the softmax was no faster.
 
 use crate::plan::Variant;
 use crate::shader::Ablation;
@@ -63,35 +63,15 @@ pub fn generate(variant: &Variant) -> String {
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
-    // S's products and its store to scratch: in the tile loop (`stages` 1), or (S ahead,
-    // `stages` 2) tile 0's before the loop, each next tile's products at the top of the loop and
-    // their store at its end.
-    let ahead = variant.stages == 2;
-    let (mut s_ahead, mut s_store) = (String::new(), String::new());
-    if ahead {
-        // Unguarded: naga counts a condition on n_tiles (a local variable) as non-uniform, where
-        // cooperative operations need uniform control flow. Tile 0 is in the buffer (seq_k ≥ 1,
-        // rows padded to whole tiles) even where no key is visible; the last tile's products
-        // are computed again at its end, and not read.
-        let _ = writeln!(s_ahead, "    // S of tile 0; in the loop, S of the tile after this one.");
-        for n in 0..n_blocks {
-            let _ = writeln!(s_ahead, "    var s{n} = coop_mat16x16<f32, C>();");
-        }
-        s_ahead += &s_products(n_blocks, d_blocks, "    ", "kv_at", ablate);
-        s_ahead += &s_stores(n_blocks, "    ", ablate);
-        let _ = writeln!(s_ahead, "    workgroupBarrier(); // S in scratch");
-        let _ = writeln!(s_mma, "        let k_next = kv_at + min(t + 1u, n_tiles - 1u) * BN * D;");
-        s_mma += &s_products(n_blocks, d_blocks, "        ", "k_next", ablate);
-        s_store += &s_stores(n_blocks, "        ", ablate);
-        let _ = writeln!(s_store, "        workgroupBarrier(); // S in scratch");
-    } else {
-        for n in 0..n_blocks {
-            let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
-        }
-        s_mma += &s_products(n_blocks, d_blocks, "        ", "k_at", ablate);
-        s_mma += &s_stores(n_blocks, "        ", ablate);
-        let _ = writeln!(s_mma, "        workgroupBarrier(); // S in scratch");
+    // S: the tile's products, then its store to scratch. (Issuing the next tile's products
+    // before this tile's softmax, stored after its P·V, was timed no faster and removed:
+    // bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2.)
+    for n in 0..n_blocks {
+        let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
     }
+    s_mma += &s_products(n_blocks, d_blocks, "        ", "k_at", ablate);
+    s_mma += &s_stores(n_blocks, "        ", ablate);
+    let _ = writeln!(s_mma, "        workgroupBarrier(); // S in scratch");
     let exp = if ablate.exp { "" } else { "exp2" };
     // The lane's W = BN/2 scores, held in registers between the two passes.
     for e in (0..bn / 2).filter(|_| !ablate.softmax) {
@@ -127,9 +107,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{DUMP_TILE}}", dump_tile()),
         ("{{Q_LOAD}}", q_load),
         ("{{O_DECL}}", o_decl),
-        ("{{S_AHEAD}}", s_ahead),
         ("{{S_MMA}}", s_mma),
-        ("{{S_STORE}}", s_store),
         ("{{S_READ}}", s_read),
         ("{{P_WRITE}}", p_write),
         ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
@@ -142,7 +120,6 @@ pub fn generate(variant: &Variant) -> String {
         // No barrier or flag in the tile loop, and so no rescale (timing only: races).
         src = src
             .replace("        workgroupBarrier(); // S in scratch\n", "")
-            .replace("    workgroupBarrier(); // S in scratch\n", "")
             .replace("workgroupUniformLoad(&rescale_any[t % 2u])", "0u");
     }
     format!("// {}{}\n{src}", variant.name(), ablate.comment())

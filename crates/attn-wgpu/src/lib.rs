@@ -68,9 +68,7 @@
 //!   default on NVIDIA adapters, where it passed verification); `ATTN_WGPU_COOP_ROWS=16|32|64`
 //!   and `ATTN_WGPU_COOP_KEYS=16|32|64`: only its shapes with that many rows or keys (the default,
 //!   16 rows and 16-key tiles, was fastest on the H100; 64-key tiles fail verification there
-//!   and are never planned otherwise); `ATTN_WGPU_COOP_AHEAD=1|0`:
-//!   only its shapes with the next tile's S products issued before this tile's softmax, or
-//!   without (knob-only until timed);
+//!   and are never planned otherwise);
 //!   `ATTN_WGPU_COOP_MODEL=annotated|glsl450|vulkan`: how its SPIR-V declares the memory model
 //!   ([`spirv::MemoryModel`]).
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.

@@ -286,9 +286,8 @@ pub enum Kernel {
     /// buffer), `BM = 8·row_groups`. Picked only by `ATTN_WGPU_WIDE=1` (timed slower).
     Wide,
     /// `kernels/flash_coop.wgsl` ([`crate::coop`], f16 only): cooperative matrices, one
-    /// subgroup of 32 per 16 query rows, `key_groups` 16-key blocks per tile, `stages` 2 for S
-    /// one tile ahead (see [`crate::coop`]); `row_threads` and `chunk` do not apply (8, the head
-    /// dim).
+    /// subgroup of 32 per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`,
+    /// `chunk` and `stages` do not apply (8, the head dim, 1).
     Coop,
 }
 
@@ -353,8 +352,7 @@ impl Variant {
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers (in the
-    /// cooperative-matrix kernel, S one tile ahead), `_vd` for V read
+    /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
     /// straight from its buffer, `_vk` for V staged by keys, `_qr` for Q held in registers, `_kd`
     /// for K straight from its buffer too, `_sd` for S split over the head dim).
     pub fn name(&self) -> String {
@@ -547,12 +545,6 @@ pub fn choose_among(
              (ATTN_WGPU_COOP=0 for the FMA kernel)"
                 .into(),
         );
-        if variant.stages == 2 {
-            notes.push(
-                "S one tile ahead: the next tile's S products issued before this tile's softmax,                  stored after its P·V"
-                    .into(),
-            );
-        }
     } else if variant.kernel == Kernel::Wide {
         notes.push(format!(
             "{} invocations, each an 8x8 tile of S and 8 rows x 8 columns of O (FMAs, two vec4 loads \
@@ -923,33 +915,27 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
 /// wherever they do. Then 64-key tiles, which only `ATTN_WGPU_COOP_KEYS=64` picks: on the H100
 /// they failed `attn verify` in causal cases with large scores, where a tile after the first
 /// rescales O, while 32-key tiles passed the same grid
-/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*). Then all of them again with S one tile
-/// ahead (`stages` 2: the next tile's S products issued before this tile's softmax), picked only
-/// by `ATTN_WGPU_COOP_AHEAD=1`: it passed the full grid and was no faster (within 2%, slower at
-/// S=512: bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2).
+/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
     let shapes = [(16, 16), (16, 32), (32, 32), (64, 32), (32, 16), (64, 16), (16, 64), (32, 64), (64, 64)];
-    let staged = [1, 2].into_iter().flat_map(move |stages| shapes.map(|shape| (stages, shape)));
-    staged.filter(move |_| head_dim.is_multiple_of(16)).map(move |(stages, (bm, bn)): (u32, (u32, u32))| {
-        Variant {
-            ty: KernelType::F16,
-            head_dim,
-            row_groups: bm / MICRO,
-            row_threads: ROW_THREADS[0],
-            key_groups: bn / 16,
-            chunk: head_dim,
-            stages,
-            causal,
-            subgroup: true,
-            p_shuffle: false,
-            v_direct: false,
-            v_by_keys: false,
-            q_regs: false,
-            k_direct: false,
-            interleave: 1,
-            split_d: false,
-            kernel: Kernel::Coop,
-        }
+    shapes.into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |(bm, bn): (u32, u32)| Variant {
+        ty: KernelType::F16,
+        head_dim,
+        row_groups: bm / MICRO,
+        row_threads: ROW_THREADS[0],
+        key_groups: bn / 16,
+        chunk: head_dim,
+        stages: 1,
+        causal,
+        subgroup: true,
+        p_shuffle: false,
+        v_direct: false,
+        v_by_keys: false,
+        q_regs: false,
+        k_direct: false,
+        interleave: 1,
+        split_d: false,
+        kernel: Kernel::Coop,
     })
 }
 
