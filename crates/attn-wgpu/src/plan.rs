@@ -292,6 +292,32 @@ pub enum Kernel {
 }
 
 impl Variant {
+    /// `kernel` for this dtype, head dim and mask with none of the optional techniques above (no
+    /// subgroups, shuffles, V or K from their buffers, V by keys, Q in registers, interleave or
+    /// split S), one row group of 8 invocations, one key group, one stage holding the whole head
+    /// dim: the base that the candidate lists set field by field.
+    fn plain(ty: KernelType, head_dim: u32, causal: bool, kernel: Kernel) -> Variant {
+        Variant {
+            ty,
+            head_dim,
+            row_groups: 1,
+            row_threads: ROW_THREADS[0],
+            key_groups: 1,
+            chunk: head_dim,
+            stages: 1,
+            causal,
+            subgroup: false,
+            p_shuffle: false,
+            v_direct: false,
+            v_by_keys: false,
+            q_regs: false,
+            k_direct: false,
+            interleave: 1,
+            split_d: false,
+            kernel,
+        }
+    }
+
     /// Invocations per workgroup.
     pub fn threads(&self) -> u32 {
         if self.kernel == Kernel::Coop {
@@ -699,23 +725,14 @@ pub fn candidates(
 ) -> impl Iterator<Item = Variant> {
     let spans = move |row_threads: u32| subgroup_min.is_some_and(|m| m >= row_threads);
     let variant = move |p_shuffle, stages, row_threads, row_groups, key_groups, chunk| Variant {
-        ty,
-        head_dim,
         row_groups,
         row_threads,
         key_groups,
         chunk,
         stages,
-        causal,
         subgroup: spans(row_threads),
         p_shuffle,
-        v_direct: false,
-        v_by_keys: false,
-        q_regs: false,
-        k_direct: false,
-        interleave: 1,
-        split_d: false,
-        kernel: Kernel::Fma,
+        ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
     let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
         .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
@@ -884,23 +901,11 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
     let chunks = [64, 32, 16, 8].into_iter().filter(move |c| *c <= head_dim && head_dim.is_multiple_of(*c));
     WIDE_ROW_GROUPS.into_iter().flat_map(move |row_groups| {
         chunks.clone().map(move |chunk| Variant {
-            ty,
-            head_dim,
             row_groups,
             row_threads: head_dim / 8,
             key_groups: 2,
             chunk,
-            stages: 1,
-            causal,
-            subgroup: false,
-            p_shuffle: false,
-            v_direct: false,
-            v_by_keys: false,
-            q_regs: false,
-            k_direct: false,
-            interleave: 1,
-            split_d: false,
-            kernel: Kernel::Wide,
+            ..Variant::plain(ty, head_dim, causal, Kernel::Wide)
         })
     })
 }
@@ -919,23 +924,10 @@ pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iter
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
     let shapes = [(16, 16), (16, 32), (32, 32), (64, 32), (32, 16), (64, 16), (16, 64), (32, 64), (64, 64)];
     shapes.into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |(bm, bn): (u32, u32)| Variant {
-        ty: KernelType::F16,
-        head_dim,
         row_groups: bm / MICRO,
-        row_threads: ROW_THREADS[0],
         key_groups: bn / 16,
-        chunk: head_dim,
-        stages: 1,
-        causal,
         subgroup: true,
-        p_shuffle: false,
-        v_direct: false,
-        v_by_keys: false,
-        q_regs: false,
-        k_direct: false,
-        interleave: 1,
-        split_d: false,
-        kernel: Kernel::Coop,
+        ..Variant::plain(KernelType::F16, head_dim, causal, Kernel::Coop)
     })
 }
 
@@ -1148,25 +1140,8 @@ mod tests {
 
     #[test]
     fn shared_bytes_formula() {
-        let v = Variant {
-            ty: KernelType::F32,
-            head_dim: 64,
-            row_groups: 8,
-            row_threads: 8,
-            key_groups: 1,
-            chunk: 64,
-            stages: 1,
-            causal: false,
-            subgroup: false,
-            p_shuffle: false,
-            v_direct: false,
-            v_by_keys: false,
-            q_regs: false,
-            k_direct: false,
-            interleave: 1,
-            split_d: false,
-            kernel: Kernel::Fma,
-        };
+        let v = Variant { row_groups: 8, ..Variant::plain(KernelType::F32, 64, false, Kernel::Fma) };
+        assert_eq!((v.row_threads, v.key_groups, v.chunk, v.stages), (8, 1, 64, 1));
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
         // Twice the keys: K/V 64x64, Pᵀ 64x32.
