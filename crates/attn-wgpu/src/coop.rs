@@ -69,8 +69,8 @@ pub fn generate(variant: &Variant) -> String {
     for n in 0..n_blocks {
         let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
     }
-    s_mma += &s_products(n_blocks, d_blocks, "        ", "k_at", ablate);
-    s_mma += &s_stores(n_blocks, "        ", ablate);
+    s_mma += &s_products(n_blocks, d_blocks, ablate);
+    s_mma += &s_stores(n_blocks, ablate);
     let _ = writeln!(s_mma, "        workgroupBarrier(); // S in scratch");
     let exp = if ablate.exp { "" } else { "exp2" };
     // The lane's W = BN/2 scores, held in registers between the two passes.
@@ -125,17 +125,17 @@ pub fn generate(variant: &Variant) -> String {
     format!("// {}{}\n{src}", variant.name(), ablate.comment())
 }
 
-/// S = Q·Kᵀ for the tile of keys whose K rows start at `k_at` (a WGSL expression), into the
-/// matrices `s{n}` (declared by the caller): the k-blocks outermost, so that the `BN/16`
-/// products in flight are independent. None under the `qk` ablation (S stays as it was).
-fn s_products(n_blocks: u32, d_blocks: u32, ind: &str, k_at: &str, ablate: &Ablation) -> String {
+/// S = Q·Kᵀ for the tile's keys (K rows from `k_at`), into the matrices `s{n}` (declared before):
+/// the k-blocks outermost, so that the `BN/16` products in flight are independent. None under
+/// the `qk` ablation (S stays zero).
+fn s_products(n_blocks: u32, d_blocks: u32, ablate: &Ablation) -> String {
     let mut s = String::new();
     for kb in (0..d_blocks).filter(|_| !ablate.qk) {
         for n in 0..n_blocks {
             let k_block =
-                format!("coopLoad<coop_mat16x16<f16, B>>(&k[{k_at} + {}u * D + {}u], D)", n * M, kb * M);
+                format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
             let acc = if kb == 0 { "coop_mat16x16<f32, C>()".to_string() } else { format!("s{n}") };
-            let _ = writeln!(s, "{ind}s{n} = coopMultiplyAdd(qa{kb}, {k_block}, {acc});");
+            let _ = writeln!(s, "        s{n} = coopMultiplyAdd(qa{kb}, {k_block}, {acc});");
         }
     }
     s
@@ -143,10 +143,10 @@ fn s_products(n_blocks: u32, d_blocks: u32, ind: &str, k_at: &str, ablate: &Abla
 
 /// The matrices `s{n}`, scaled to log2 units, stored row by row to the subgroup's scratch (none
 /// under the `softmax` ablation).
-fn s_stores(n_blocks: u32, ind: &str, ablate: &Ablation) -> String {
+fn s_stores(n_blocks: u32, ablate: &Ablation) -> String {
     let mut s = String::new();
     for n in (0..n_blocks).filter(|_| !ablate.softmax) {
-        let _ = writeln!(s, "{ind}coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
+        let _ = writeln!(s, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
     }
     s
 }
