@@ -18,7 +18,8 @@ steps=${STEPS:-verify bench cpu sdpa report}
 # three dtypes together overran the bench step's 300 s (1ab581a): f32 and f16 unless asked.
 dtypes=${DTYPES:-f32,f16}
 has() { [[ " $steps " == *" $1 "* ]]; }
-attn=.device/bin/attn
+# ATTN_BIN: another build to time (an A/B against an earlier commit's binary).
+attn=${ATTN_BIN:-.device/bin/attn}
 
 source bench/device/vulkan-env.sh
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; ldconfig -p | grep libvulkan; \
@@ -28,7 +29,7 @@ for d in 64 128; do for dt in f32 f16; do
   $attn plan --backend wgpu --dtype $dt -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
 done; done | tee "$out/plan.txt"
 
-GRID=(--dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096,8192} --masks none,causal --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048})
+GRID=(--dims ${DIMS:-64,128} --seqs ${SEQS:-512,1024,2048,4096,8192} --masks ${MASKS:-none,causal} --tokens ${TOKENS:-16384} --model-dim ${MODEL_DIM:-2048})
 if has verify; then
   echo "== verify (wgpu, full grid; then the workgroup-memory reductions on the quick grid)"
   timeout 90 $attn verify --backend wgpu --json > "$out/verify-wgpu.json" 2> "$out/verify-wgpu.log"

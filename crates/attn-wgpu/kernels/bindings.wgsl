@@ -7,6 +7,12 @@ struct Params {
     heads_q: u32,
     heads_kv: u32,
     group: u32,
+    // The grid is (query blocks, batch·head over y and z); workgroups start in that order, x
+    // fastest. Without a mask one head's blocks are neighbours, so its K and V stay in L2. Under
+    // a causal mask the kernels read the same order across heads instead: every head's last
+    // query block (the most keys) starts first, then every head's one before it, so that the
+    // shortest blocks fill the tail (the CUDA kernel's order). Read within one head only, each
+    // head's longest block could start near the end of the dispatch.
     n_qblocks: u32,
     grid_y: u32,
     bh_total: u32,

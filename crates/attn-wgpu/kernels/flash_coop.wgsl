@@ -58,11 +58,14 @@ fn main(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let bh = wid.y + wid.z * P.grid_y;
-    if (bh >= P.bh_total) {
+    let bh_grid = wid.y + wid.z * P.grid_y;
+    if (bh_grid >= P.bh_total) {
         return;
     }
-    let qblk = select(wid.x, P.n_qblocks - 1u - wid.x, CAUSAL);
+    // Causal: the blocks with the most keys start first, across heads (see `Params`).
+    let order = wid.x + bh_grid * P.n_qblocks;
+    let bh = select(bh_grid, order % P.bh_total, CAUSAL);
+    let qblk = select(wid.x, P.n_qblocks - 1u - order / P.bh_total, CAUSAL);
     let m0 = qblk * BM;
     let b = bh / P.heads_q;
     let h = bh % P.heads_q;

@@ -1,12 +1,14 @@
     // ---- The block's set-up, shared by the FMA kernels (kernels/fma_block.wgsl): which
     // (batch·head, query block) this workgroup computes, how many key tiles it sees, the first
     // K stage's loads, and Q: staged into `qs` (kernels/stage_q.wgsl), or into registers.
-    let bh = wid.y + wid.z * P.grid_y;
-    if (bh >= P.bh_total) {
+    let bh_grid = wid.y + wid.z * P.grid_y;
+    if (bh_grid >= P.bh_total) {
         return;
     }
-    // Causal: the blocks with the most keys are dispatched first.
-    let qblk = select(wid.x, P.n_qblocks - 1u - wid.x, CAUSAL);
+    // Causal: the blocks with the most keys start first, across heads (see `Params`).
+    let order = wid.x + bh_grid * P.n_qblocks;
+    let bh = select(bh_grid, order % P.bh_total, CAUSAL);
+    let qblk = select(wid.x, P.n_qblocks - 1u - order / P.bh_total, CAUSAL);
     let m0 = qblk * BM;
     let b = bh / P.heads_q;
     let h = bh % P.heads_q;

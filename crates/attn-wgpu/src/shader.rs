@@ -153,7 +153,7 @@ pub(crate) fn with_padding(src: String) -> String {
     if n == 0 {
         return src;
     }
-    let at = "    let bh = wid.y + wid.z * P.grid_y;\n";
+    let at = "    let bh_grid = wid.y + wid.z * P.grid_y;\n";
     let used = format!(
         "{at}    if (P.pad == 1u) {{\n        pad_shared[lid % {n}u] = vec4<f32>(1.0);\n        \
          o[0] = vec4<ET>(pad_shared[(lid + 1u) % {n}u]);\n    }}\n"
