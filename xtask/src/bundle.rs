@@ -1,7 +1,8 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
-//! release `attn` and attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`,
-//! `coop_probe`, `coop_debug`) here (same x86-64), copies them into `.device/bin` (git-ignored,
-//! sent with the device tool's `carry`), records the commit, and prints the command to run there.
+//! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`,
+//! `coop_probe`, `coop_debug`) and attn-cuda's `cubin` here (same x86-64), copies them, stripped,
+//! into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit,
+//! and prints the command to run there.
 
 use crate::cmd;
 
@@ -13,10 +14,20 @@ pub fn bundle() -> Result<(), String> {
     std::fs::create_dir_all(&bin).map_err(|e| format!("create {}: {e}", bin.display()))?;
     std::fs::copy(root.join("target/release/attn"), bin.join("attn"))
         .map_err(|e| format!("copy attn: {e}"))?;
-    for example in ["pipeline_stats", "adapters", "fma_peak", "coop_probe", "coop_debug"] {
-        cmd::cargo_run(&["build", "--release", "-p", "attn-wgpu", "--example", example])?;
+    let examples = [("attn-wgpu", "pipeline_stats"), ("attn-wgpu", "adapters"), ("attn-wgpu", "fma_peak")]
+        .into_iter()
+        .chain([("attn-wgpu", "coop_probe"), ("attn-wgpu", "coop_debug"), ("attn-cuda", "cubin")]);
+    for (package, example) in examples {
+        cmd::cargo_run(&["build", "--release", "-p", package, "--example", example])?;
         std::fs::copy(root.join("target/release/examples").join(example), bin.join(example))
             .map_err(|e| format!("copy {example}: {e}"))?;
+    }
+    // Without their debug information the binaries are a tenth of the size: the device tool
+    // carries at most 64 MiB.
+    for entry in std::fs::read_dir(&bin).map_err(|e| format!("list {}: {e}", bin.display()))?.flatten() {
+        if cmd::run("strip", &[&entry.path().to_string_lossy()]).is_err() {
+            println!("(strip failed on {}; the bundle keeps its debug information)", entry.path().display());
+        }
     }
     let commit = cmd::output("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let dirty =

@@ -1,16 +1,21 @@
 //! Compiles one kernel specialisation with NVRTC (no GPU needed) and writes its CUBIN, so that
-//! its SASS can be read with `cuobjdump -sass`. Prints ptxas's resource report.
+//! its SASS can be read with `cuobjdump -sass`. Prints ptxas's resource report (and, for the
+//! Hopper family, ptxas's whole log: its notes on wgmma pipelines).
 //!
 //! ```text
 //! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]
+//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> <form> [causal]
 //! ```
 
 use attn_core::DType;
 use attn_cuda::plan::Variant;
-use attn_cuda::{Arch, compile};
+use attn_cuda::{Arch, compile, hopper};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("sm90") {
+        return hopper_cubin(&args[1..]);
+    }
     let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]";
     if args.len() < 6 {
         eprintln!("{usage}");
@@ -45,6 +50,37 @@ fn main() {
                 r.spill_bytes(),
                 variant.shared_bytes()
             );
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn hopper_cubin(args: &[String]) {
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal]";
+    let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let head_dim: usize = d.parse().unwrap_or_else(|_| panic!("{usage}: {d} is not a number"));
+    let form = hopper::Form::parse(form).unwrap_or_else(|| panic!("{usage}: {form} is not a form"));
+    let (block_n, stages) = hopper::plan::tiles(head_dim, form);
+    let variant = hopper::Variant {
+        dtype: if dtype == "bf16" { DType::Bf16 } else { DType::F16 },
+        head_dim,
+        block_n,
+        stages,
+        causal: args.iter().any(|a| a == "causal"),
+        form,
+    };
+    match compile(&variant.request()) {
+        Ok(c) => {
+            let path = format!("{}.cubin", variant.name());
+            std::fs::write(&path, &c.cubin).expect("write the cubin");
+            std::fs::write(format!("{}.ptx", variant.name()), &c.ptx).expect("write the ptx");
+            println!("{path}\n{}", c.log.trim_end());
         }
         Err(e) => {
             eprintln!("{e}");

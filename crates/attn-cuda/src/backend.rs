@@ -1,5 +1,7 @@
-//! The `cuda` backend: the Ampere/Ada FlashAttention-2-class kernel behind [`Attention`].
+//! The `cuda` backend behind [`Attention`]: the Ampere/Ada FlashAttention-2-class kernel, and on
+//! Hopper (compute capability 9.0) the warp-specialized wgmma/TMA kernel where it applies.
 
+use crate::hopper::{self, Form, launch::Sm90Params};
 use crate::launch::{DeviceTensors, KernelParams, from_bits};
 use crate::plan::{self, Variant};
 use crate::{Gpu, driver};
@@ -16,10 +18,61 @@ use std::time::Duration;
 /// The kernel source, compiled at run time for the device's exact architecture.
 pub const SOURCE: &str = include_str!("../kernels/flash_fwd.cu");
 
+/// Whether devices of compute capability 9.0 get the Hopper family without being asked
+/// (`ATTN_CUDA_FAMILY=hopper`). Off until the family has passed `attn verify` on a GPU.
+const HOPPER_BY_DEFAULT: bool = false;
+
+/// A kernel family of the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `kernels/flash_fwd.cu`: mma.sync, ldmatrix, cp.async; sm_80 to sm_90.
+    Ampere,
+    /// `kernels/flash_fwd_sm90.cu`: wgmma, TMA, mbarriers, warp specialization; sm_90 only.
+    Hopper,
+}
+
+/// One specialisation of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kernel {
+    Ampere(Variant),
+    Hopper(hopper::Variant),
+}
+
+impl Kernel {
+    fn name(&self) -> String {
+        match self {
+            Kernel::Ampere(v) => v.name(),
+            Kernel::Hopper(v) => v.name(),
+        }
+    }
+
+    /// The specialisation a plan names, from either family's list.
+    fn named(name: &str) -> Option<Kernel> {
+        let ampere = Variant::all().into_iter().map(Kernel::Ampere);
+        let hopper = hopper::Variant::all().into_iter().map(Kernel::Hopper);
+        ampere.chain(hopper).find(|k| k.name() == name)
+    }
+
+    fn shared_bytes(&self) -> u32 {
+        match self {
+            Kernel::Ampere(v) => v.shared_bytes(),
+            Kernel::Hopper(v) => v.shared_bytes(),
+        }
+    }
+}
+
+/// What a family's planner decided: the kernel, its launch, what the plan says about it.
+struct Planned {
+    kernel: Kernel,
+    launch: attn_core::Launch,
+    notes: Vec<String>,
+    tiles: Tiles,
+}
+
 /// An open device and the specialisations loaded on it so far.
 struct Device {
     gpu: Gpu,
-    kernels: Mutex<HashMap<Variant, Arc<Loaded>>>,
+    kernels: Mutex<HashMap<Kernel, Arc<Loaded>>>,
 }
 
 /// One loaded specialisation and what the compiler and driver said about it.
@@ -34,8 +87,13 @@ struct Loaded {
 #[derive(Default)]
 pub struct Cuda {
     device: OnceLock<std::result::Result<Arc<Device>, String>>,
-    /// A forced tile rank, or why `ATTN_CUDA_RANK` could not be read.
+    /// A forced tile rank of the Ampere family, or why `ATTN_CUDA_RANK` could not be read.
     rank: Option<std::result::Result<usize, String>>,
+    /// A forced family, or why `ATTN_CUDA_FAMILY` could not be read.
+    family: Option<std::result::Result<Family, String>>,
+    /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
+    /// not be read.
+    form: Option<std::result::Result<Form, String>>,
 }
 
 impl Cuda {
@@ -51,13 +109,40 @@ impl Cuda {
         self
     }
 
-    /// [`Cuda::new`], with the rank of `ATTN_CUDA_RANK` when it is set (see [`Cuda::with_rank`]);
-    /// a value that is not a number makes every plan fail with the reason.
+    /// Plans with `family` only: the Ampere/Ada kernel on any device it runs on (Hopper too),
+    /// or the Hopper kernel, which fails to plan where it cannot run instead of falling back.
+    pub fn with_family(mut self, family: Family) -> Self {
+        self.family = Some(Ok(family));
+        self
+    }
+
+    /// Plans the Hopper kernel in `form` (one of the steps it was built in) instead of the
+    /// whole of it: to verify and time each step against the others.
+    pub fn with_form(mut self, form: Form) -> Self {
+        self.form = Some(Ok(form));
+        self
+    }
+
+    /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
+    /// (`ampere` or `hopper`, see [`Cuda::with_family`]) and `ATTN_CUDA_FORM` (see
+    /// [`Cuda::with_form`]) when they are set; a value that cannot be read makes every plan
+    /// fail with the reason.
     pub fn from_env() -> Self {
-        let rank = std::env::var("ATTN_CUDA_RANK").ok().map(|r| {
-            r.trim().parse().map_err(|_| format!("ATTN_CUDA_RANK={r} is not a rank (0, 1, 2, ...)"))
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+        let rank = var("ATTN_CUDA_RANK")
+            .map(|r| r.parse().map_err(|_| format!("ATTN_CUDA_RANK={r} is not a rank (0, 1, 2, ...)")));
+        let family = var("ATTN_CUDA_FAMILY").map(|f| match f.as_str() {
+            "ampere" => Ok(Family::Ampere),
+            "hopper" => Ok(Family::Hopper),
+            _ => Err(format!("ATTN_CUDA_FAMILY={f} is not a family (ampere, hopper)")),
         });
-        Cuda { rank, ..Self::default() }
+        let form = var("ATTN_CUDA_FORM").map(|f| {
+            Form::parse(&f).ok_or_else(|| {
+                let all: Vec<&str> = Form::ALL.iter().map(|f| f.as_str()).collect();
+                format!("ATTN_CUDA_FORM={f} is not a form of the Hopper kernel ({})", all.join(", "))
+            })
+        });
+        Cuda { rank, family, form, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -73,21 +158,24 @@ impl Cuda {
             .map_err(|reason| Error::Unavailable { backend: "cuda".into(), reason })
     }
 
-    /// The specialisation `variant`, compiled for this device and loaded (once per process).
-    fn kernel(&self, dev: &Device, variant: Variant) -> Result<Arc<Loaded>> {
-        if let Some(k) = dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&variant) {
+    /// The specialisation `which`, compiled for this device and loaded (once per process).
+    fn kernel(&self, dev: &Device, which: Kernel) -> Result<Arc<Loaded>> {
+        if let Some(k) = dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&which) {
             return Ok(k.clone());
         }
         let info = dev.gpu.info();
         let arch = dev.gpu.arch().ok_or_else(|| Error::Unsupported {
             backend: "cuda".into(),
             what: format!(
-                "compute capability {}.{}: this family is built for sm_80, sm_86, sm_89 and sm_90",
+                "compute capability {}.{}: this backend is built for sm_80, sm_86, sm_89 and sm_90",
                 info.compute_capability.0, info.compute_capability.1
             ),
         })?;
-        let kernel = dev.gpu.kernel(&variant.request(arch), "attn_fwd")?;
-        dev.gpu.set_max_dynamic_shared(&kernel.function, variant.shared_bytes())?;
+        let kernel = match which {
+            Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
+            Kernel::Hopper(v) => dev.gpu.kernel(&v.request(), "attn_fwd_sm90")?,
+        };
+        dev.gpu.set_max_dynamic_shared(&kernel.function, which.shared_bytes())?;
         let attrs = dev.gpu.attributes(&kernel.function)?;
         let spills = kernel.resources.as_ref().map_or(0, |r| r.spill_bytes());
         let loaded = Arc::new(Loaded {
@@ -95,8 +183,85 @@ impl Cuda {
             registers: attrs.registers,
             spill_bytes: spills.max(attrs.local_bytes),
         });
-        dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(variant, loaded.clone());
+        dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(which, loaded.clone());
         Ok(loaded)
+    }
+
+    /// The family to plan `problem` with on `dev`, and why, when that is not the device's own.
+    fn family_for(&self, dev: &Device, problem: &Problem) -> Result<(Family, Option<String>)> {
+        let unsupported = |what: String| Error::Unsupported { backend: "cuda".into(), what };
+        let hopper_here = dev.gpu.info().compute_capability == (9, 0);
+        let form = self.form()?;
+        match self.family.clone().transpose().map_err(unsupported)? {
+            Some(Family::Hopper) if !hopper_here => Err(unsupported(format!(
+                "ATTN_CUDA_FAMILY=hopper needs compute capability 9.0 (sm_90a); {} is not one",
+                dev.gpu.info()
+            ))),
+            Some(family) => Ok((family, None)),
+            None if !hopper_here || !HOPPER_BY_DEFAULT => Ok((Family::Ampere, None)),
+            None => {
+                let info = dev.gpu.info();
+                match hopper::plan::choose(problem, &info.limits, info.sm_count, form) {
+                    Ok(_) => Ok((Family::Hopper, None)),
+                    Err(e) => Ok((
+                        Family::Ampere,
+                        Some(format!(
+                            "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"
+                        )),
+                    )),
+                }
+            }
+        }
+    }
+
+    fn form(&self) -> Result<Form> {
+        match &self.form {
+            None => Ok(Form::Persistent),
+            Some(Ok(f)) => Ok(*f),
+            Some(Err(what)) => Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
+        }
+    }
+
+    /// The plan of the Ampere/Ada family.
+    fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
+        let rank = match &self.rank {
+            None => None,
+            Some(Ok(r)) => Some(*r),
+            Some(Err(what)) => return Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
+        };
+        let (variant, mut launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, rank)?;
+        let kernel = self.kernel(dev, Kernel::Ampere(variant))?;
+        launch.registers_per_thread = Some(kernel.registers);
+        launch.spill_bytes = Some(kernel.spill_bytes);
+        // Checked again now that the registers are known.
+        launch.validate(&variant.name(), &dev.gpu.info().limits)?;
+        let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
+        let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
+        notes.push(format!(
+            "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
+            regs_per_sm.min(smem_per_sm).max(1)
+        ));
+        let tiles =
+            Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
+        Ok(Planned { kernel: Kernel::Ampere(variant), launch, notes, tiles })
+    }
+
+    /// The plan of the Hopper family.
+    fn plan_hopper(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
+        let info = dev.gpu.info();
+        let (variant, mut launch) = hopper::plan::choose(problem, &info.limits, info.sm_count, self.form()?)?;
+        let kernel = self.kernel(dev, Kernel::Hopper(variant))?;
+        launch.registers_per_thread = Some(kernel.registers);
+        launch.spill_bytes = Some(kernel.spill_bytes);
+        launch.validate(&variant.name(), &info.limits)?;
+        let mut notes = variant.notes(&launch);
+        notes.push(format!(
+            "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
+            kernel.registers
+        ));
+        let tiles =
+            Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
+        Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles })
     }
 }
 
@@ -123,35 +288,20 @@ impl Attention for Cuda {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let dev = self.device()?;
-        let rank = match &self.rank {
-            None => None,
-            Some(Ok(r)) => Some(*r),
-            Some(Err(what)) => return Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
+        let (family, why) = self.family_for(&dev, problem)?;
+        let Planned { kernel, launch, mut notes, tiles } = match family {
+            Family::Ampere => self.plan_ampere(&dev, problem)?,
+            Family::Hopper => self.plan_hopper(&dev, problem)?,
         };
-        let (variant, mut launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, rank)?;
-        let kernel = self.kernel(&dev, variant)?;
-        launch.registers_per_thread = Some(kernel.registers);
-        launch.spill_bytes = Some(kernel.spill_bytes);
-        // Checked again now that the registers are known.
-        launch.validate(&variant.name(), &dev.gpu.info().limits)?;
-        let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
-        let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
-        notes.push(format!(
-            "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
-            regs_per_sm.min(smem_per_sm).max(1)
-        ));
+        notes.extend(why);
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse only; no workspace, linear in S"));
         Ok(Plan {
             backend: self.name().into(),
-            kernel: variant.name(),
+            kernel: kernel.name(),
             problem: *problem,
-            tiles: Tiles {
-                block_m: variant.block_m(),
-                block_n: variant.block_n,
-                stages: variant.stages as usize,
-            },
+            tiles,
             execution: Execution::Gpu(launch),
             notes,
         })
@@ -162,11 +312,11 @@ impl Attention for Cuda {
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
         let dev = self.device()?;
-        // The plan decides what runs: the variant it names, with the launch it holds.
-        let variant = Variant::all().into_iter().find(|v| v.name() == plan.kernel).ok_or_else(|| {
-            Error::PlanMismatch { what: format!("`{}` is not a kernel of the cuda backend", plan.kernel) }
+        // The plan decides what runs: the kernel it names, with the launch it holds.
+        let which = Kernel::named(&plan.kernel).ok_or_else(|| Error::PlanMismatch {
+            what: format!("`{}` is not a kernel of the cuda backend", plan.kernel),
         })?;
-        let kernel = self.kernel(&dev, variant)?;
+        let kernel = self.kernel(&dev, which)?;
         // Free device memory before and after the allocations: what this call holds, measured.
         let free =
             || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
@@ -174,7 +324,12 @@ impl Attention for Cuda {
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
         dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
         let device_bytes = free_before.saturating_sub(free()?);
-        let params = tensors.params(dev.gpu.stream(), problem);
+        let params = match which {
+            Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
+            Kernel::Hopper(v) => {
+                Params::Hopper(Box::new(Sm90Params::new(&tensors, dev.gpu.stream(), problem, &v)?))
+            }
+        };
         let Execution::Gpu(launch) = &plan.execution else {
             return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
         };
@@ -187,12 +342,18 @@ impl Attention for Cuda {
     }
 }
 
+/// The parameter block of either family's kernel.
+enum Params {
+    Ampere(KernelParams),
+    Hopper(Box<Sm90Params>),
+}
+
 struct CudaPrepared {
     plan: Plan,
     dev: Arc<Device>,
     kernel: Arc<Loaded>,
     tensors: DeviceTensors,
-    params: KernelParams,
+    params: Params,
     cfg: LaunchConfig,
     device_bytes: u64,
 }
@@ -208,7 +369,10 @@ impl Prepared for CudaPrepared {
         let start =
             stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("cuEventRecord"))?;
         let mut builder = stream.launch_builder(&self.kernel.function);
-        builder.arg(&self.params);
+        match &self.params {
+            Params::Ampere(p) => builder.arg(p),
+            Params::Hopper(p) => builder.arg(p.as_ref()),
+        };
         // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
         // Problem::required_lens for the strides the kernel reads, and the launch is the plan's,
         // validated against the device's limits.

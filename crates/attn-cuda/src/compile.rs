@@ -79,6 +79,9 @@ pub struct CompileRequest {
     /// Extra include directories; the CUDA headers' directory is added on its own (see
     /// [`locate::cuda_include_dir`]).
     pub include_dirs: Vec<PathBuf>,
+    /// Headers handed to NVRTC by name and text: `#include "<name>"` in the source finds them
+    /// without touching the file system (kernels embed theirs, or generate them).
+    pub headers: Vec<(String, String)>,
     /// Pass `--use_fast_math`. Off by default: it flushes denormals and approximates `exp2f`
     /// and division, which changes the numbers the verification holds us to.
     pub fast_math: bool,
@@ -100,6 +103,7 @@ impl CompileRequest {
             arch,
             defines: Vec::new(),
             include_dirs: Vec::new(),
+            headers: Vec::new(),
             fast_math: false,
             deny_warnings: true,
             driver_cache: false,
@@ -109,6 +113,12 @@ impl CompileRequest {
     /// Adds `-D name=value`.
     pub fn define(mut self, name: impl Into<String>, value: impl ToString) -> Self {
         self.defines.push((name.into(), value.to_string()));
+        self
+    }
+
+    /// Adds a header that `#include "<name>"` finds.
+    pub fn header(mut self, name: impl Into<String>, text: impl Into<String>) -> Self {
+        self.headers.push((name.into(), text.into()));
         self
     }
 
@@ -215,8 +225,15 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, CompileError> {
     let file = CString::new(format!("{}.cu", req.name))
         .map_err(|_| fail("the name contains a NUL byte".into(), String::new()))?;
     let options = req.options();
-    let out =
-        guarded("NVRTC", || Ok(run_nvrtc(&source, &file, &options))).map_err(|e| fail(e, String::new()))?;
+    let mut headers = Vec::with_capacity(req.headers.len());
+    for (name, text) in &req.headers {
+        let c = |s: &str| {
+            CString::new(s).map_err(|_| fail(format!("header `{name}` contains a NUL byte"), String::new()))
+        };
+        headers.push((c(name)?, c(text)?));
+    }
+    let out = guarded("NVRTC", || Ok(run_nvrtc(&source, &file, &headers, &options)))
+        .map_err(|e| fail(e, String::new()))?;
     let log = out.log;
     let (cubin, ptx) = match (out.compiled, out.cubin, out.ptx) {
         (Err(e), ..) => return Err(fail(format!("NVRTC failed ({e})"), log)),
@@ -249,7 +266,7 @@ pub fn compile_cached(req: &CompileRequest) -> Result<Arc<Compiled>, CompileErro
     let key = (req.name.clone(), req.arch);
     let fingerprint = {
         let mut h = std::hash::DefaultHasher::new();
-        (&req.source, req.options()).hash(&mut h);
+        (&req.source, &req.headers, req.options()).hash(&mut h);
         h.finish()
     };
     // Locked across the compile: two threads asking for one variant compile it once, and
@@ -282,8 +299,8 @@ struct NvrtcOutput {
     ptx: Result<String, String>,
 }
 
-fn run_nvrtc(source: &CStr, file: &CStr, options: &[String]) -> NvrtcOutput {
-    let prog = match result::create_program(source, Some(file)) {
+fn run_nvrtc(source: &CStr, file: &CStr, headers: &[(CString, CString)], options: &[String]) -> NvrtcOutput {
+    let prog = match create_program(source, file, headers) {
         Ok(p) => p,
         Err(e) => {
             let compiled = Err(format!("nvrtcCreateProgram: {e}"));
@@ -310,6 +327,31 @@ fn run_nvrtc(source: &CStr, file: &CStr, options: &[String]) -> NvrtcOutput {
         // Nothing to do about a failure to free; the results are already copied out.
         let _ = result::destroy_program(prog);
         NvrtcOutput { compiled, log, cubin, ptx }
+    }
+}
+
+/// `nvrtcCreateProgram` with headers (cudarc's wrapper passes none).
+fn create_program(
+    source: &CStr,
+    file: &CStr,
+    headers: &[(CString, CString)],
+) -> Result<sys::nvrtcProgram, result::NvrtcError> {
+    let names: Vec<*const std::ffi::c_char> = headers.iter().map(|(n, _)| n.as_ptr()).collect();
+    let texts: Vec<*const std::ffi::c_char> = headers.iter().map(|(_, t)| t.as_ptr()).collect();
+    let mut prog = std::mem::MaybeUninit::uninit();
+    // SAFETY: every pointer refers to a NUL-terminated string that outlives the call (NVRTC
+    // copies them); `names` and `texts` hold `headers.len()` entries each.
+    unsafe {
+        sys::nvrtcCreateProgram(
+            prog.as_mut_ptr(),
+            source.as_ptr(),
+            file.as_ptr(),
+            headers.len() as i32,
+            texts.as_ptr(),
+            names.as_ptr(),
+        )
+        .result()?;
+        Ok(prog.assume_init())
     }
 }
 

@@ -25,6 +25,7 @@
 
 mod backend;
 pub mod compile;
+pub mod hopper;
 mod launch;
 pub mod locate;
 pub mod plan;
@@ -32,7 +33,7 @@ pub mod probe;
 pub mod ptxas;
 pub mod runtime;
 
-pub use backend::Cuda;
+pub use backend::{Cuda, Family};
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;

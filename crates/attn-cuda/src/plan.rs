@@ -218,7 +218,7 @@ pub fn choose(
 
 /// 16-byte vector loads need every row to start on a 16-byte boundary: strides that are
 /// multiples of 8 elements (buffers themselves are allocated aligned).
-fn check_alignment(problem: &Problem) -> Result<()> {
+pub(crate) fn check_alignment(problem: &Problem) -> Result<()> {
     let t = problem.strides;
     for (name, st) in [("q", t.q), ("k", t.k), ("v", t.v), ("o", t.o)] {
         if [st.batch, st.head, st.seq].iter().any(|x| x % 8 != 0) {

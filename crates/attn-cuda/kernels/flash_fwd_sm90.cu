@@ -1,0 +1,604 @@
+// FlashAttention forward for Hopper (sm_90a): wgmma tensor-core products with accumulators in
+// registers, K/V tiles brought in by the bulk tensor copy engine (TMA) into a ring of
+// shared-memory stages guarded by mbarriers, and warp specialization: one producer warpgroup
+// issues the copies, CONSUMERS consumer warpgroups compute.
+//
+// A CTA computes tiles of BM = 64 * CONSUMERS query rows of one (batch, head); consumer
+// warpgroup w owns rows 64w .. 64w + 63 of the tile, so a row's softmax never leaves its warp
+// (each row lives in one quad of lanes, as in mma.sync's accumulator layout). Per key tile of BN
+// keys, each consumer warpgroup computes
+//   S = Q K^T        wgmma m64nBNk16, Q and K from shared memory (both K-major, 128-byte swizzle)
+//   online softmax   in registers, base 2: p = exp2(s * scale * log2(e) - max); the running max
+//                    moves (and O is rescaled) only when a row outgrows it by RESCALE_SLACK
+//   O += P V         wgmma m64nDk16, P from registers (the S accumulators of two 8-key column
+//                    chunks are exactly one 16-key A fragment once rounded to 16 bits), V from
+//                    shared memory (MN-major: its rows are keys)
+// Shared-memory tiles are [D / 64][rows][64]: 64-column blocks of 128-byte rows, 128-byte
+// swizzled, which is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and what wgmma's
+// descriptors describe (sm90.cuh, sw128_desc).
+//
+// Variants (NVRTC -D, chosen by crates/attn-cuda/src/hopper/plan.rs):
+//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 or 2),
+//   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask),
+//   ATTN_TMA        1: a producer warpgroup copies Q, K and V with TMA (the family's kernels);
+//                   0: no producer, the one consumer warpgroup loads its tiles with cp.async
+//                   (the first, simplest form, kept to check the wgmma path alone),
+//   ATTN_OVERLAP    1: inside a warpgroup, the softmax of tile j runs while the tensor cores
+//                   compute P_{j-1} V_{j-1} (and S_j was issued with it),
+//   ATTN_PINGPONG   1: the two consumer warpgroups take turns issuing their products (named
+//                   barriers), so one's softmax runs under the other's products,
+//   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
+// The grid may be smaller than the number of tiles: each CTA walks tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... (a persistent grid when the host launches one CTA per SM). Tiles
+// are numbered so that without a mask one head's query blocks are neighbours (K/V reuse in L2)
+// and with a causal mask every head's last query block (the most keys) comes first.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "sm90.cuh"
+
+#if ATTN_BF16
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat162 elem2_t;
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+#else
+typedef __half elem_t;
+typedef __half2 elem2_t;
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+#endif
+
+constexpr int D = ATTN_D;
+constexpr int BN = ATTN_BN;
+constexpr int CONSUMERS = ATTN_CONSUMERS;
+constexpr int BM = 64 * CONSUMERS;
+constexpr int STAGES = ATTN_STAGES;
+constexpr bool CAUSAL = ATTN_CAUSAL;
+constexpr bool TMA = ATTN_TMA;
+constexpr bool OVERLAP = ATTN_OVERLAP;
+constexpr bool PINGPONG = ATTN_PINGPONG;
+constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
+constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
+constexpr int NO = D / 2;   // O accumulators per thread
+constexpr int D_BLOCKS = D / 64;
+#define NEG_INF __int_as_float(0xff800000)
+constexpr float RESCALE_SLACK = 8.f;
+
+static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
+static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
+static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
+static_assert(!PINGPONG || (CONSUMERS == 2 && OVERLAP), "ping-pong: two consumer warpgroups, each overlapping");
+
+// The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
+#include "sm90_wgmma.cuh"
+
+// Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field.
+struct Params {
+    sm90::TensorMap q_map, k_map, v_map;  // (D, seq, heads, batch); boxes of 64 columns x BM or BN rows
+    const elem_t* q;                      // the same tensors by pointer, for the cp.async form
+    const elem_t* k;
+    const elem_t* v;
+    elem_t* o;
+    float* lse;  // null when not asked for
+    long long q_sb, q_sh, q_ss;
+    long long k_sb, k_sh, k_ss;
+    long long v_sb, v_sh, v_ss;
+    long long o_sb, o_sh, o_ss;
+    int batch, heads_q, heads_kv, seq_q, seq_k;
+    float scale_log2;  // softmax scale * log2(e)
+    int q_blocks;      // query blocks per (batch, head)
+    int tiles;         // q_blocks * batch * heads_q
+};
+
+// Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
+// and the descriptors assume tiles start on that boundary). The host adds 1024 bytes of slack
+// for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
+constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (2 + 4 * STAGES);
+static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
+
+struct Smem {
+    elem_t* q;
+    elem_t* k;  // STAGES stages
+    elem_t* v;
+    unsigned long long* q_full;  // Q landed
+    unsigned long long* q_empty; // every consumer is done reading Q
+    unsigned long long* k_full;  // [STAGES]
+    unsigned long long* k_empty;
+    unsigned long long* v_full;
+    unsigned long long* v_empty;
+};
+
+__device__ __forceinline__ Smem carve(unsigned char* raw) {
+    const unsigned base = sm90::smem_u32(raw);
+    unsigned char* p = raw + ((1024 - (base & 1023)) & 1023);
+    Smem s;
+    s.q = reinterpret_cast<elem_t*>(p);
+    s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
+    s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
+    s.q_full = bars;
+    s.q_empty = bars + 1;
+    s.k_full = bars + 2;
+    s.k_empty = bars + 2 + STAGES;
+    s.v_full = bars + 2 + 2 * STAGES;
+    s.v_empty = bars + 2 + 3 * STAGES;
+    return s;
+}
+
+// The (batch * head, query block) of tile t, and how many key tiles it sees.
+struct Tile {
+    int b, h, m0, n_kv;
+};
+
+__device__ __forceinline__ Tile tile_at(const Params& p, int t) {
+    const int bh_total = p.batch * p.heads_q;
+    int bh, qb;
+    if (CAUSAL) {
+        bh = t % bh_total;
+        qb = p.q_blocks - 1 - t / bh_total;
+    } else {
+        bh = t / p.q_blocks;
+        qb = t % p.q_blocks;
+    }
+    Tile tile;
+    tile.b = bh / p.heads_q;
+    tile.h = bh % p.heads_q;
+    tile.m0 = qb * BM;
+    int n_end = p.seq_k;
+    // Bottom-right: row i sees keys j <= i + (seq_k - seq_q).
+    if (CAUSAL) n_end = min(p.seq_k, max(0, tile.m0 + BM + p.seq_k - p.seq_q));
+    tile.n_kv = (n_end + BN - 1) / BN;
+    return tile;
+}
+
+// ---- The producer: one thread of the producer warpgroup issues every copy.
+
+__device__ void produce(const Params& p, const Smem& s) {
+    sm90::tma_prefetch(&p.q_map);
+    sm90::tma_prefetch(&p.k_map);
+    sm90::tma_prefetch(&p.v_map);
+    int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
+    int n = 0;   // tiles of this CTA so far
+    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, ++n) {
+        const Tile tile = tile_at(p, t);
+        const int g = tile.h / (p.heads_q / p.heads_kv);
+        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
+#pragma unroll
+        for (int c = 0; c < D_BLOCKS; ++c)
+            sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
+        for (int j = 0; j < tile.n_kv; ++j, ++it) {
+            const int st = it % STAGES;
+            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+            elem_t* k = s.k + st * (KV_BYTES / 2);
+            elem_t* v = s.v + st * (KV_BYTES / 2);
+            sm90::mbar_wait(s.k_empty + st, free_parity);
+            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+            sm90::mbar_wait(s.v_empty + st, free_parity);
+            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+        }
+    }
+}
+
+// ---- The consumers' arithmetic. Thread (warp w of the warpgroup, lane) holds, of each 8-column
+// chunk c of an accumulator, the elements (row 16w + lane/4, columns 8c + 2(lane%4) + {0,1})
+// at [4c], [4c + 1] and the same columns of row + 8 at [4c + 2], [4c + 3].
+
+// Starts a batch of wgmma: what the registers the batch reads (O, P) were given must be done
+// before it (see sm90::fence_regs).
+__device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 16][4]) {
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    sm90::wgmma_fence();
+}
+
+// S = Q K^T for this warpgroup's 64 rows. `q` and `k` are the tiles' shared addresses.
+__device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned qa = q + (kk / 4) * BM * 128 + (kk % 4) * 32;
+        const unsigned ka = k + (kk / 4) * BN * 128 + (kk % 4) * 32;
+        wgmma_qk(s, sm90::sw128_desc(qa, 0), sm90::sw128_desc(ka, 0), kk > 0);
+    }
+    sm90::wgmma_commit();
+}
+
+// O += P V, P as BN / 16 A fragments; V's 64-column blocks are BN rows (BN * 128 bytes) apart.
+__device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::sw128_desc(v + kk * 16 * 128, BN * 128), 1);
+    sm90::wgmma_commit();
+}
+
+// Ping-pong: a consumer warpgroup waits for its turn to issue products, and after issuing hands
+// the turn to the other (named barriers 3 and 4, each met by both warpgroups' 256 threads).
+__device__ __forceinline__ void await_turn(int wg) {
+    if (PINGPONG) sm90::named_sync(3 + wg, 256);
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+    if (PINGPONG) sm90::named_arrive(3 + (1 - wg), 256);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// 2^x in one MUFU.EX2 (2^-inf = 0).
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
+
+// The running softmax state of this thread's two rows.
+struct RowState {
+    float max[2];  // log2 units, -inf before any visible key
+    float sum[2];  // this thread's part of the row sum (the quad's four parts add up at the end)
+};
+
+// Masks the scores of key columns past seq_k or (causal) past a row's diagonal to -inf.
+// `row` is this thread's first row, `n0` the tile's first key.
+__device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k, int shift) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = n0 + 8 * c + 2 * (lane % 4) + (e & 1);
+            const int r = row + 8 * (e >> 1);
+            if (col >= seq_k || (CAUSAL && col > r + shift)) s[4 * c + e] = NEG_INF;
+        }
+}
+
+// The new running max of a tile's scores; returns, per row, the factor by which the old sums
+// and O must be scaled (1 where the max did not move). The max moves only when some row of the
+// warp outgrew it by more than RESCALE_SLACK: until then probabilities stay below
+// 2^RESCALE_SLACK, which f32 sums and 16-bit P hold as well, and O / sum is unchanged.
+__device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, float sl2, float (&alpha)[2]) {
+    float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * c + e]);
+    float new_max[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m = quad_max(tile_max[r]);
+        new_max[r] = fmaxf(st.max[r], m == NEG_INF ? NEG_INF : m * sl2);
+        grow |= new_max[r] > st.max[r] + RESCALE_SLACK;
+    }
+    alpha[0] = alpha[1] = 1.f;
+    if (!__any_sync(0xffffffff, grow)) return false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        // A row with no visible key yet keeps -inf; exp2(-inf - 0) = 0, never NaN.
+        alpha[r] = exp2_fast(st.max[r] - (new_max[r] == NEG_INF ? 0.f : new_max[r]));
+        st.max[r] = new_max[r];
+        st.sum[r] *= alpha[r];
+    }
+    return true;
+}
+
+__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+        o[4 * c] *= alpha[0];
+        o[4 * c + 1] *= alpha[0];
+        o[4 * c + 2] *= alpha[1];
+        o[4 * c + 3] *= alpha[1];
+    }
+}
+
+// p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
+__device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
+    const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
+            st.sum[e >> 1] += s[4 * c + e];
+        }
+}
+
+// The probabilities as 16-bit A fragments: key chunks 2kk and 2kk + 1 make fragment kk.
+__device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = as_u32(pack2(s[8 * kk + 0], s[8 * kk + 1]));
+        pa[kk][1] = as_u32(pack2(s[8 * kk + 2], s[8 * kk + 3]));
+        pa[kk][2] = as_u32(pack2(s[8 * kk + 4], s[8 * kk + 5]));
+        pa[kk][3] = as_u32(pack2(s[8 * kk + 6], s[8 * kk + 7]));
+    }
+}
+
+// O / sum to the output (rows past seq_q skipped), and the LSE when asked for.
+__device__ __forceinline__ void store_output(const Params& p, const Tile& tile, int row0, float (&o)[NO],
+                                             const RowState& st) {
+    const int lane = threadIdx.x % 32;
+    elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = quad_sum(st.sum[r]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+        const int row = row0 + 8 * r;
+        if (row >= p.seq_q) continue;
+        if (p.lse != nullptr && lane % 4 == 0) {
+            p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
+                sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
+        }
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+            const int col = 8 * c + 2 * (lane % 4);
+            *reinterpret_cast<elem2_t*>(out + row * p.o_ss + col) =
+                pack2(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+        }
+    }
+}
+
+// Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs sl2 > 0
+// (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by negating this
+// warpgroup's rows of Q in shared memory instead, and a zero scale runs as 1e-30: every score
+// times it then rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
+__device__ __forceinline__ void negate_q_rows(elem_t* q, int wg) {
+    const int t = threadIdx.x % 128;
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+#pragma unroll
+        for (int i = t; i < 64 * 8; i += 128) {  // 64 rows of 8 16-byte chunks
+            uint4* x = reinterpret_cast<uint4*>(q + c * BM * 64 + (wg * 64) * 64) + i;
+            uint4 y = *x;
+            y.x ^= 0x80008000u, y.y ^= 0x80008000u, y.z ^= 0x80008000u, y.w ^= 0x80008000u;
+            *x = y;
+        }
+    sm90::fence_proxy_async();  // the generic writes, before wgmma (async proxy) reads them
+    sm90::named_sync(1 + wg, 128);
+}
+
+// ---- The cp.async form (ATTN_TMA=0): 16-byte copies into the same swizzled layout.
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    // src-size 0 zero-fills: rows past the sequence end read as zeros.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// Rows r0 .. r0 + ROWS of a [seq][D] matrix into a [D / 64][ROWS][64] 128-byte-swizzled tile;
+// rows at or past `limit` become zeros.
+template <int ROWS>
+__device__ __forceinline__ void cp_tile(elem_t* tile, const elem_t* g, long long stride, int r0, int limit) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+    static_assert(ROWS * CPR % 128 == 0, "whole passes of the warpgroup");
+#pragma unroll
+    for (int it = 0; it < ROWS * CPR / 128; ++it) {
+        const int i = threadIdx.x + 128 * it;
+        const int r = i / CPR, c = i % CPR;
+        const unsigned dst = sm90::smem_u32(tile) + (c / 8) * ROWS * 128 + r * 128 + (((c % 8) ^ (r & 7)) * 16);
+        const bool valid = r0 + r < limit;
+        cp_async16(dst, valid ? g + (long long)(r0 + r) * stride + c * 8 : g, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// ---- One consumer warpgroup's tiles.
+
+// What a consumer warpgroup's thread knows while it computes one tile.
+struct Ctx {
+    const Params& p;
+    const Smem& s;
+    int wg, lane;
+    float sl2;         // |scale| * log2(e), at least 1e-30 (see negate_q_rows)
+    int shift;         // seq_k - seq_q: row i sees keys j <= i + shift
+    int row0;          // this thread's first row (the other is row0 + 8)
+    int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
+    unsigned q_smem;   // this warpgroup's 64 rows of Q
+    int n_kv;          // key tiles of this query tile
+    int g, b;          // K/V head and batch (cp.async form)
+
+    __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
+    __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
+    // Producer and consumers count K/V tiles the same way: tile `it` sits in stage it % STAGES,
+    // whose barriers are in their (it / STAGES)-th phase.
+    __device__ static int stage(int it) { return it % STAGES; }
+    __device__ static unsigned phase(int it) { return (it / STAGES) & 1; }
+    // One arrival per warp on an "empty" barrier: this warp is done reading the stage (its
+    // wgmma, which reads shared memory asynchronously, has completed).
+    __device__ void release(unsigned long long* bar) const {
+        if (TMA && lane == 0) sm90::mbar_arrive(bar);
+    }
+};
+
+// Masks, then exponentiates tile j's scores in place; returns whether O must be rescaled.
+__device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
+    const int n0 = j * BN;
+    if (n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift)) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    const bool moved = update_max(sc, st, c.sl2, alpha);
+    exponentiate(sc, st, c.sl2);
+    return moved;
+}
+
+// The tile's key tiles one after the other: S, softmax, P V, each waiting for the last (the
+// cp.async and TMA forms). `it` counts K/V tiles across this CTA's query tiles.
+__device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    for (int j = 0; j < c.n_kv; ++j, ++it) {
+        const int stg = Ctx::stage(it);
+        if (!TMA && j + 1 < c.n_kv) {
+            // Tile j + 1 into the other stage, under this tile's arithmetic.
+            const int next = Ctx::stage(it + 1);
+            cp_tile<BN>(c.s.k + next * (KV_BYTES / 2), c.p.k + c.b * c.p.k_sb + c.g * c.p.k_sh, c.p.k_ss, (j + 1) * BN, c.p.seq_k);
+            cp_tile<BN>(c.s.v + next * (KV_BYTES / 2), c.p.v + c.b * c.p.v_sb + c.g * c.p.v_sh, c.p.v_ss, (j + 1) * BN, c.p.seq_k);
+        }
+        float sc[NS];
+        if (TMA) sm90::mbar_wait(c.s.k_full + stg, Ctx::phase(it));
+        begin_batch(o, pa);
+        issue_qk(sc, c.q_smem, c.k_smem(stg));
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(sc);
+        c.release(c.s.k_empty + stg);
+        if (j + 1 == c.n_kv) c.release(c.s.q_empty);  // the tile's last use of Q
+        float alpha[2];
+        if (softmax_step(c, sc, st, j, alpha)) rescale(o, alpha);
+        to_fragments(sc, pa);
+        if (TMA) sm90::mbar_wait(c.s.v_full + stg, Ctx::phase(it));
+        begin_batch(o, pa);
+        issue_pv(o, pa, c.v_smem(stg));
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(o);
+        c.release(c.s.v_empty + stg);
+        if (!TMA) {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+            sm90::fence_proxy_async();
+            __syncthreads();  // tile j + 1 landed for all; every thread is done with stage j
+        }
+    }
+}
+
+// The tile's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
+// S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
+// on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
+// stand outside the loop, so that every path through it waits for the same groups (ptxas
+// serializes all wgmma of a kernel where it cannot tell a group is complete).
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    float sc[NS];
+    float alpha[2];
+    sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
+    await_turn(c.wg);
+    begin_batch(o, pa);
+    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+    pass_turn(c.wg);
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sc);
+    c.release(c.s.k_empty + Ctx::stage(it));
+    if (c.n_kv == 1) c.release(c.s.q_empty);
+    softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
+    to_fragments(sc, pa);
+    for (int j = 1; j < c.n_kv; ++j) {
+        const int prev = it++;
+        sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
+        await_turn(c.wg);
+        begin_batch(o, pa);
+        issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+        sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev));
+        begin_batch(o, pa);
+        issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
+        pass_turn(c.wg);
+        sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+        sm90::fence_regs(sc);
+        c.release(c.s.k_empty + Ctx::stage(it));
+        if (j + 1 == c.n_kv) c.release(c.s.q_empty);
+        const bool moved = softmax_step(c, sc, st, j, alpha);
+        sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
+        sm90::fence_regs(o);
+        c.release(c.s.v_empty + Ctx::stage(prev));
+        if (moved) rescale(o, alpha);
+        to_fragments(sc, pa);
+    }
+    sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
+    await_turn(c.wg);
+    begin_batch(o, pa);
+    issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
+    pass_turn(c.wg);
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(o);
+    c.release(c.s.v_empty + Ctx::stage(it));
+    ++it;
+}
+
+__device__ void consume(const Params& p, const Smem& s, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    if (PINGPONG && wg == 1) sm90::named_arrive(3, 256);  // warpgroup 0 issues first
+    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
+    int n = 0;   // query tiles of this CTA so far
+    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, ++n) {
+        const Tile tile = tile_at(p, t);
+        const Ctx c{p,
+                    s,
+                    wg,
+                    lane,
+                    fmaxf(fabsf(p.scale_log2), 1e-30f),
+                    p.seq_k - p.seq_q,
+                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
+                    tile.m0 + 64 * wg + 16 * warp,
+                    sm90::smem_u32(s.q) + wg * 64 * 128,
+                    tile.n_kv,
+                    tile.h / (p.heads_q / p.heads_kv),
+                    tile.b};
+        float o[NO];
+#pragma unroll
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+
+        if (TMA) {
+            sm90::mbar_wait(s.q_full, n & 1);
+        } else {
+            // Q, and K/V tile 0 into the stage the count says.
+            const int stg = Ctx::stage(it);
+            cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
+            if (tile.n_kv > 0) {
+                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
+                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
+            }
+            asm volatile("cp.async.wait_group 0;\n" ::);
+            sm90::fence_proxy_async();
+            __syncthreads();
+        }
+        if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
+
+        if (tile.n_kv == 0) {
+            c.release(s.q_empty);
+        } else if (OVERLAP) {
+            mainloop_overlapped(c, o, st, it);
+        } else {
+            mainloop_sequential(c, o, st, it);
+        }
+        store_output(p, tile, c.row0, o, st);
+        if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
+    }
+    if (PINGPONG && wg == 0) sm90::named_sync(3, 256);  // takes warpgroup 1's last arrival
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
+    extern __shared__ unsigned char smem_raw[];
+    const Smem s = carve(smem_raw);
+    const int wg = threadIdx.x / 128;
+    if (!TMA) {
+        consume(p, s, 0);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        sm90::mbar_init(s.q_full, 1);
+        sm90::mbar_init(s.q_empty, 4 * CONSUMERS);
+        for (int i = 0; i < STAGES; ++i) {
+            sm90::mbar_init(s.k_full + i, 1);
+            sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);
+            sm90::mbar_init(s.v_full + i, 1);
+            sm90::mbar_init(s.v_empty + i, 4 * CONSUMERS);
+        }
+        sm90::mbar_init_fence();
+    }
+    __syncthreads();
+    // Warpgroup CONSUMERS produces (its registers go to the consumers); the others consume.
+    if (wg == CONSUMERS) {
+        sm90::regs_release<ATTN_PRODUCER_REGS>();
+        if (threadIdx.x % 128 == 0) produce(p, s);
+    } else {
+        sm90::regs_claim<ATTN_CONSUMER_REGS>();
+        consume(p, s, wg);
+    }
+}

@@ -1,0 +1,146 @@
+//! The Hopper kernel's parameter block: the tensors by pointer and by TMA tensor map.
+
+use super::Variant;
+use crate::launch::DeviceTensors;
+use attn_core::{DType, Error, Problem, Result, Strides};
+use cudarc::driver::sys::{
+    self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+    CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+
+/// The kernel's only argument, passed by value (`__grid_constant__`, which lets the kernel hand
+/// the tensor maps' addresses to the copy engine). Must match `struct Params` in
+/// `kernels/flash_fwd_sm90.cu` field for field; `layout_matches_the_kernel` checks the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sm90Params {
+    q_map: CUtensorMap,
+    k_map: CUtensorMap,
+    v_map: CUtensorMap,
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    lse: u64,
+    q_strides: [i64; 3],
+    k_strides: [i64; 3],
+    v_strides: [i64; 3],
+    o_strides: [i64; 3],
+    batch: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    seq_q: i32,
+    seq_k: i32,
+    scale_log2: f32,
+    q_blocks: i32,
+    tiles: i32,
+}
+
+// SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
+// driver's opaque 128-byte values).
+unsafe impl DeviceRepr for Sm90Params {}
+
+fn strides(s: Strides) -> [i64; 3] {
+    [s.batch as i64, s.head as i64, s.seq as i64]
+}
+
+/// A 4-D tensor map of a [batch][heads][seq][head_dim] tensor with these element strides, whose
+/// boxes are 64 columns (128 bytes) by `rows` rows, 128-byte swizzled; rows past `seq` read as
+/// zeros.
+fn tensor_map(
+    dtype: DType,
+    base: u64,
+    dims: [usize; 4],
+    st: Strides,
+    rows: usize,
+) -> std::result::Result<CUtensorMap, sys::CUresult> {
+    let data_type = match dtype {
+        DType::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    let [head_dim, seq, heads, batch] = dims;
+    let global_dims = [head_dim as u64, seq as u64, heads as u64, batch as u64];
+    let global_strides = [2 * st.seq as u64, 2 * st.head as u64, 2 * st.batch as u64];
+    let boxes = [64u32, rows as u32, 1, 1];
+    let element_strides = [1u32; 4];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
+    // SAFETY: every array holds the rank's (4) or rank - 1 entries the call reads; `map` is
+    // written by the call before it is read, and only on success.
+    let status = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type,
+            4,
+            base as *mut std::ffi::c_void,
+            global_dims.as_ptr(),
+            global_strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    match status {
+        sys::CUresult::CUDA_SUCCESS => {
+            // SAFETY: the call succeeded, so it wrote the map.
+            Ok(unsafe { map.assume_init() })
+        }
+        err => Err(err),
+    }
+}
+
+impl Sm90Params {
+    /// The parameter block of `variant` for `problem` over these buffers.
+    pub fn new(
+        tensors: &DeviceTensors,
+        stream: &CudaStream,
+        problem: &Problem,
+        variant: &Variant,
+    ) -> Result<Self> {
+        let s = problem.shape;
+        let t = problem.strides;
+        let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
+        let map = |name: &'static str, base: u64, heads: usize, seq: usize, st: Strides, rows: usize| {
+            tensor_map(problem.dtype, base, [s.head_dim, seq, heads, s.batch], st, rows)
+                .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
+        };
+        let (q, k, v) = (ptr(&tensors.q), ptr(&tensors.k), ptr(&tensors.v));
+        let q_blocks = s.seq_q.div_ceil(variant.block_m());
+        Ok(Sm90Params {
+            q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
+            k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
+            v_map: map("v", v, s.heads_kv, s.seq_k, t.v, variant.block_n)?,
+            q,
+            k,
+            v,
+            o: ptr(&tensors.o),
+            lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
+            q_strides: strides(t.q),
+            k_strides: strides(t.k),
+            v_strides: strides(t.v),
+            o_strides: strides(t.o),
+            batch: s.batch as i32,
+            heads_q: s.heads_q as i32,
+            heads_kv: s.heads_kv as i32,
+            seq_q: s.seq_q as i32,
+            seq_k: s.seq_k as i32,
+            scale_log2: problem.scale() * std::f32::consts::LOG2_E,
+            q_blocks: q_blocks as i32,
+            tiles: variant.tiles(problem).min(i32::MAX as u64) as i32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn layout_matches_the_kernel() {
+        // 3 tensor maps (128 bytes, 128-byte aligned) + 5 pointers + 12 strides (8 bytes each)
+        // + 8 ints and floats = 552 bytes, padded to the 128-byte alignment: 640.
+        assert_eq!(std::mem::size_of::<super::Sm90Params>(), 640);
+        assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
+    }
+}

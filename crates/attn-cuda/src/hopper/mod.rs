@@ -1,0 +1,23 @@
+//! The Hopper family (sm_90a, H100/H200): `kernels/flash_fwd_sm90.cu`, a warp-specialized
+//! FlashAttention forward on wgmma tensor-core products, TMA copies and mbarriers.
+//!
+//! The backend picks it on devices of compute capability 9.0 for what it supports (f16/bf16,
+//! head dims 64, 128 and 256, strides that are multiples of 8 elements), and says in the plan
+//! why it fell back to the Ampere/Ada family otherwise. `ATTN_CUDA_FAMILY=ampere|hopper` forces
+//! a family; `ATTN_CUDA_FORM` picks one of the kernel's [`Form`]s (each step of its
+//! construction stays compilable, to verify and time them one against another).
+//!
+//! - [`plan`]: the variants, their tiles, launch and shared memory, validated before launch.
+//! - `launch`: the kernel's parameter block with its three TMA tensor maps.
+//! - `wgmma`: the generated wgmma wrappers (the header `sm90_wgmma.cuh`).
+
+pub(crate) mod launch;
+pub mod plan;
+mod wgmma;
+
+pub use plan::{Form, Variant};
+
+/// The kernel source, compiled at run time for sm_90a.
+pub const SOURCE: &str = include_str!("../../kernels/flash_fwd_sm90.cu");
+/// The Hopper primitives it includes as `sm90.cuh`.
+pub const PRIMITIVES: &str = include_str!("../../kernels/sm90.cuh");

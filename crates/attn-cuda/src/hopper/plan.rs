@@ -1,0 +1,389 @@
+//! Which Hopper specialisation runs a problem, with what launch, and whether it fits. Pure host
+//! logic, tested without a GPU against the H100's stated limits.
+
+use super::wgmma;
+use crate::{Arch, CompileRequest};
+use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
+use std::fmt;
+
+/// Head dimensions the Hopper kernel is specialised for: whole 64-column (128-byte) blocks.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies.
+pub const PRODUCER_REGISTERS: u32 = 24;
+/// Registers per thread of each consumer warpgroup after `setmaxnreg`: the O and S accumulators
+/// (D / 2 + BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
+pub const CONSUMER_REGISTERS: u32 = 240;
+
+/// How the kernel's warpgroups share the work: each form adds one thing to the one before,
+/// following the steps the kernel was built in, so that each can be verified and timed alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Form {
+    /// One warpgroup, no producer: K/V by `cp.async` into two stages, then wgmma products,
+    /// one tile at a time.
+    CpAsync,
+    /// Warp-specialized: a producer warpgroup copies Q, K and V with TMA into a ring of stages
+    /// guarded by mbarriers; two consumer warpgroups (128 query rows) compute.
+    Tma,
+    /// Inside each consumer warpgroup, tile j's softmax runs while the tensor cores compute
+    /// tile j - 1's P·V (issued together with tile j's S).
+    Overlap,
+    /// The two consumer warpgroups take turns issuing their products (named barriers), so that
+    /// one's softmax runs under the other's products.
+    PingPong,
+    /// One CTA per SM walks the tiles (a persistent grid; causal: longest first).
+    Persistent,
+}
+
+impl Form {
+    /// Every form, in the order they build on each other.
+    pub const ALL: [Form; 5] = [Form::CpAsync, Form::Tma, Form::Overlap, Form::PingPong, Form::Persistent];
+
+    /// The name in kernel names and `ATTN_CUDA_FORM`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Form::CpAsync => "cpasync",
+            Form::Tma => "tma",
+            Form::Overlap => "overlap",
+            Form::PingPong => "pingpong",
+            Form::Persistent => "persistent",
+        }
+    }
+
+    /// The form named `name` (as [`Form::as_str`] spells it).
+    pub fn parse(name: &str) -> Option<Form> {
+        Form::ALL.into_iter().find(|f| f.as_str() == name.trim())
+    }
+}
+
+impl fmt::Display for Form {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One specialisation of `kernels/flash_fwd_sm90.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// f16 or bf16.
+    pub dtype: DType,
+    /// Head dimension (64, 128 or 256).
+    pub head_dim: usize,
+    /// Keys per tile: the N of S's wgmma.
+    pub block_n: usize,
+    /// K/V stages in the shared-memory ring.
+    pub stages: u32,
+    /// Causal (bottom-right) masking compiled in.
+    pub causal: bool,
+    /// How the warpgroups share the work.
+    pub form: Form,
+}
+
+impl Variant {
+    /// Consumer warpgroups: one in the `cp.async` form, two (128 query rows) in the others.
+    pub fn consumers(&self) -> u32 {
+        if self.form == Form::CpAsync { 1 } else { 2 }
+    }
+
+    /// Query rows per CTA tile: 64 per consumer warpgroup.
+    pub fn block_m(&self) -> usize {
+        64 * self.consumers() as usize
+    }
+
+    /// Threads per CTA: the consumer warpgroups and, from the TMA form on, the producer.
+    pub fn threads(&self) -> u32 {
+        128 * (self.consumers() + u32::from(self.form >= Form::Tma))
+    }
+
+    /// Whether the kernel moves registers from the producer to the consumers (`setmaxnreg`):
+    /// with 384 threads the cap at entry is 168 per thread, under what the consumers need.
+    pub fn reallocates_registers(&self) -> bool {
+        self.threads() > 256
+    }
+
+    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), the mbarriers, and 1024 bytes
+    /// of slack to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors
+    /// `SMEM_BYTES` in `kernels/flash_fwd_sm90.cu`.
+    pub fn shared_bytes(&self) -> u32 {
+        let q = self.block_m() * self.head_dim * 2;
+        let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
+        let barriers = 8 * (2 + 4 * self.stages as usize);
+        (q + kv + barriers + 1024) as u32
+    }
+
+    /// The name of the specialisation: dtype, head dim, tiles, form, mask.
+    pub fn name(&self) -> String {
+        format!(
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}",
+            self.dtype,
+            self.head_dim,
+            self.block_m(),
+            self.block_n,
+            self.stages,
+            self.form,
+            if self.causal { "_causal" } else { "" }
+        )
+    }
+
+    /// The NVRTC `-D` defines that select it.
+    pub fn defines(&self) -> Vec<(String, String)> {
+        let flag = |b: bool| u8::from(b).to_string();
+        let (producer, consumer) = match self.reallocates_registers() {
+            true => (PRODUCER_REGISTERS, CONSUMER_REGISTERS),
+            false => (0, 0),
+        };
+        vec![
+            ("ATTN_BF16".into(), flag(self.dtype == DType::Bf16)),
+            ("ATTN_D".into(), self.head_dim.to_string()),
+            ("ATTN_BN".into(), self.block_n.to_string()),
+            ("ATTN_CONSUMERS".into(), self.consumers().to_string()),
+            ("ATTN_STAGES".into(), self.stages.to_string()),
+            ("ATTN_CAUSAL".into(), flag(self.causal)),
+            ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
+            ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
+            ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
+            ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
+            ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
+        ]
+    }
+
+    /// The NVRTC request that compiles it (for sm_90a only: wgmma, TMA and setmaxnreg are
+    /// Hopper's own). Its name encodes every define, since compiled kernels are cached by name.
+    pub fn request(&self) -> CompileRequest {
+        let mut req = CompileRequest::new(self.name(), super::SOURCE, Arch::Sm90a)
+            .header("sm90.cuh", super::PRIMITIVES)
+            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
+        for (k, v) in self.defines() {
+            req = req.define(k, v);
+        }
+        req
+    }
+
+    /// The registers a thread may hold at entry without a spill: 255, or with `setmaxnreg` the
+    /// cap that 65536 registers over the CTA's threads give (168 for 384 threads), which the
+    /// compiler then allocates to. CI fails a variant over it, or with any spill.
+    pub fn register_budget(&self) -> u32 {
+        match 65536 / self.threads() {
+            cap if cap >= 255 => 255,
+            cap => cap / 8 * 8, // allocated in units of 8
+        }
+    }
+
+    /// Every specialisation the backend can choose, for the CI compile check: each head dim's
+    /// tiles in every form, both masks, both dtypes.
+    pub fn all() -> Vec<Variant> {
+        let mut v = vec![];
+        for dtype in [DType::F16, DType::Bf16] {
+            for head_dim in HEAD_DIMS {
+                for causal in [false, true] {
+                    for form in Form::ALL {
+                        let (block_n, stages) = tiles(head_dim, form);
+                        v.push(Variant { dtype, head_dim, block_n, stages, causal, form });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Tiles of `problem` this variant computes: query blocks times batch times heads.
+    pub fn tiles(&self, problem: &Problem) -> u64 {
+        let s = problem.shape;
+        (s.seq_q.div_ceil(self.block_m()) * s.batch * s.heads_q) as u64
+    }
+
+    /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
+    /// per SM, each walking the tiles `blockIdx.x + k · gridDim.x`.
+    pub fn launch(&self, problem: &Problem, sms: u32) -> Launch {
+        let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
+        let grid = if self.form >= Form::Persistent { tiles.min(sms.max(1)) } else { tiles };
+        Launch {
+            grid: [grid, 1, 1],
+            block: [self.threads(), 1, 1],
+            dynamic_shared_bytes: self.shared_bytes(),
+            static_shared_bytes: 0,
+            registers_per_thread: None,
+            spill_bytes: None,
+        }
+    }
+
+    /// What the plan says about the kernel's roles, registers and memory.
+    pub fn notes(&self, launch: &Launch) -> Vec<String> {
+        let kv = self.block_n * self.head_dim * 2;
+        let mut notes = vec![match self.form {
+            Form::CpAsync => format!(
+                "sm_90a wgmma, one warpgroup of 128 threads: cp.async K/V into {} stages, {} query rows",
+                self.stages,
+                self.block_m()
+            ),
+            _ => format!(
+                "sm_90a warp-specialized: warpgroup {} produces (TMA copies of Q, K, V; {} registers per thread \
+                 after setmaxnreg), warpgroups 0-{} consume (wgmma; {} registers per thread), {} threads",
+                self.consumers(),
+                PRODUCER_REGISTERS,
+                self.consumers() - 1,
+                CONSUMER_REGISTERS,
+                self.threads()
+            ),
+        }];
+        notes.push(format!(
+            "shared memory: Q {} B, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
+            self.block_m() * self.head_dim * 2,
+            self.stages
+        ));
+        if self.form >= Form::Overlap {
+            notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());
+        }
+        if self.form >= Form::PingPong {
+            notes.push("the two consumer warpgroups take turns issuing products (ping-pong)".into());
+        }
+        if self.form >= Form::Persistent {
+            notes.push(format!(
+                "persistent: {} CTAs walk the tiles{}",
+                launch.grid[0],
+                if self.causal { ", longest first across heads" } else { "" }
+            ));
+        }
+        notes
+    }
+}
+
+/// (Keys per tile, K/V stages) for a head dim and form. The S accumulators (BN / 2 registers)
+/// and O's (D / 2) fit the consumers' 240 registers together with P (BN / 4); two stages of K
+/// and V with Q fit the H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async`
+/// form's one warpgroup also computes the copies' addresses, and at D = 256 spills with 64 keys.
+pub fn tiles(head_dim: usize, form: Form) -> (usize, u32) {
+    match (head_dim, form) {
+        (256, Form::CpAsync) => (32, 2),
+        (256, _) => (64, 2),
+        _ => (128, 2),
+    }
+}
+
+/// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
+/// multiprocessors, or says why the family cannot run it.
+pub fn choose(problem: &Problem, limits: &DeviceLimits, sms: u32, form: Form) -> Result<(Variant, Launch)> {
+    problem.validate()?;
+    let s = problem.shape;
+    if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
+        return Err(Error::UnsupportedDType {
+            backend: "cuda (Hopper family)".into(),
+            dtype: problem.dtype,
+            supported: "f16 and bf16 (tensor cores); use cpu-flash or wgpu for f32".into(),
+        });
+    }
+    if !HEAD_DIMS.contains(&s.head_dim) {
+        return Err(Error::UnsupportedHeadDim {
+            backend: "cuda (Hopper family)".into(),
+            head_dim: s.head_dim,
+            supported: format!("{HEAD_DIMS:?}"),
+        });
+    }
+    // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
+    // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
+    crate::plan::check_alignment(problem)?;
+    let (block_n, stages) = tiles(s.head_dim, form);
+    let variant = Variant {
+        dtype: problem.dtype,
+        head_dim: s.head_dim,
+        block_n,
+        stages,
+        causal: problem.is_causal(),
+        form,
+    };
+    let launch = variant.launch(problem, sms);
+    launch.validate(&variant.name(), limits)?;
+    Ok((variant, launch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::Shape;
+
+    fn problem(d: usize) -> Problem {
+        Problem::new(Shape::new(4, 16, 4096, d), DType::Bf16)
+    }
+
+    #[test]
+    fn every_head_dim_fits_an_h100_in_every_form() {
+        let h100 = DeviceLimits::h100();
+        for d in HEAD_DIMS {
+            for form in Form::ALL {
+                let (v, launch) = choose(&problem(d), &h100, 132, form).unwrap();
+                assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
+                let tiles = 4096 / v.block_m() as u32 * 64;
+                assert_eq!(
+                    launch.grid[0],
+                    if form == Form::Persistent { 132 } else { tiles },
+                    "{}",
+                    v.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shared_memory_is_what_the_kernel_uses() {
+        // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, the barriers
+        // (8 B each: Q full/empty, 4 per stage) and 1 KB of alignment slack.
+        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent).unwrap();
+        assert_eq!(v.shared_bytes(), 163840 + 80 + 1024);
+        assert_eq!(v.threads(), 384);
+        // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB.
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent).unwrap();
+        assert_eq!(v.shared_bytes(), 196608 + 80 + 1024);
+        // The cp.async form is one warpgroup of 64 rows, no producer.
+        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync).unwrap();
+        assert_eq!((v.threads(), v.block_m()), (128, 64));
+    }
+
+    #[test]
+    fn the_register_split_fits_the_register_file() {
+        for v in Variant::all() {
+            let regs = match v.reallocates_registers() {
+                true => 128 * PRODUCER_REGISTERS + 128 * v.consumers() * CONSUMER_REGISTERS,
+                false => v.threads() * v.register_budget(),
+            };
+            assert!(regs <= 65536, "{}: {regs} registers", v.name());
+            // setmaxnreg.inc must raise, never lower, what a consumer had at entry.
+            if v.reallocates_registers() {
+                assert!(
+                    v.register_budget() <= CONSUMER_REGISTERS && v.register_budget() >= PRODUCER_REGISTERS
+                );
+            }
+        }
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 48);
+    }
+
+    #[test]
+    fn an_l4_sized_device_gets_a_clear_error() {
+        // The Hopper family runs on sm_90 only, but its plan is validated like any other.
+        let err = choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent).unwrap_err().to_string();
+        assert!(err.contains("shared memory per block") && err.contains("101376"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_inputs_are_typed_errors() {
+        let h100 = DeviceLimits::h100();
+        assert!(matches!(
+            choose(&problem(96), &h100, 132, Form::Persistent),
+            Err(Error::UnsupportedHeadDim { .. })
+        ));
+        let f32 = Problem::new(Shape::new(1, 2, 64, 64), DType::F32);
+        assert!(matches!(choose(&f32, &h100, 132, Form::Persistent), Err(Error::UnsupportedDType { .. })));
+    }
+
+    #[test]
+    fn names_are_distinct_and_forms_parse() {
+        let all = Variant::all();
+        let mut names: Vec<String> = all.iter().map(|v| v.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        for f in Form::ALL {
+            assert_eq!(Form::parse(f.as_str()), Some(f));
+        }
+        assert_eq!(Form::parse("fast"), None);
+    }
+}
