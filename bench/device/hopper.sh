@@ -1,32 +1,56 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (an H100 or H200), in one call: the Hopper family of the cuda backend
 # (kernels/flash_fwd_sm90.cu) in each of its forms (ATTN_CUDA_FORM: cpasync, tma, overlap,
-# pingpong, persistent; each adds one thing to the one before), then PyTorch SDPA's cuDNN and
+# pingpong, persistent; each adds one thing to the one before), next to PyTorch SDPA's cuDNN and
 # FlashAttention-2 backends on the same shapes, and the Ampere/Ada family for reference.
-# Steps (STEPS, default all): smoke (one small call per form, head dim and mask, each under a
-# timeout: a hang is a deadlock), verify (attn verify per form: the quick grid, the full grid for
-# the last form), sanitize (compute-sanitizer memcheck, racecheck, synccheck on small cases),
-# sass (cuobjdump of the persistent form's CUBINs: HGMMA present, no local-memory traffic),
-# bench (the forms, the Ampere family and the peers; bf16, D=64/128, S=2048..16384).
+# Steps (STEPS, default all but sweep):
+#   smoke     one small call per form, head dim and mask, each under a timeout (a hang is a
+#             deadlock), with its error against f64
+#   verify    attn verify per form: the quick grid, the full grid for the last form
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck on small cases
+#   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
+#   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
+#             D=64/128, S=2048..16384 (the rows the issue's targets name)
+#   sweep     the last form with other tiles (SWEEP="d:keys:stages ..."), S=4096 and 16384
+#   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) for the last form
+#             and the peers: the table for docs/performance.md
 # Expects `cargo xtask bundle` output in .device/ (carry it). Writes $OUT/hopper.tgz and
-# $OUT/hopper-table.md. About 8 minutes: timeout_s=600.
+# $OUT/hopper-table.md. timeout_s=600; each step under its own timeout.
 set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/hopper; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/hopper.tgz" -C "$final" hopper; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper  # the Ampere rows below ask for theirs
 attn=.device/bin/attn
-steps=${STEPS:-smoke verify sanitize sass bench}
+steps=${STEPS:-smoke verify sanitize sass bench grid}
 forms=${FORMS:-cpasync tma overlap pingpong persistent}
 last=${forms##* }
 has() { [[ " $steps " == *" $1 "* ]]; }
-GRID=(--dtypes ${DTYPES:-bf16} --dims ${DIMS:-64,128} --seqs ${SEQS:-2048,4096,8192,16384} --masks none,causal
-      --tokens 16384 --model-dim 2048)
+TARGETS=(--dtypes bf16 --dims 64,128 --seqs 2048,4096,8192,16384 --masks none,causal --tokens 16384 --model-dim 2048)
+STANDARD=(--dtypes bf16,f16 --dims 64,128,256 --seqs 512,1024,2048,4096,8192,16384 --masks none,causal
+          --tokens 16384 --model-dim 2048)
+# attn bench rows of one configuration, labelled (impl) so that report.py keeps them apart.
+bench() {  # label, then attn bench arguments
+  local label=$1; shift
+  timeout 200 $attn bench --backend cuda --warmup 5 --iters 30 --check-rows 8 "$@" 2> "$out/attn-$label.log" \
+    | python3 -c "import json,sys
+for l in sys.stdin:
+    r = json.loads(l); r['impl'] = '$label'; print(json.dumps(r))" > "$out/attn-$label.jsonl"
+  echo "$label: $(wc -l < "$out/attn-$label.jsonl") rows; $(tail -1 "$out/attn-$label.log")"
+}
+meta() {  # suite, command
+  cat <<META
+{"suite": "$1", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
+ "date": "$(date -u +%FT%TZ)", "command": "$2",
+ "clock": "CUDA events around each call; medians of 30 after 5 warm-up calls and 200 ms",
+ "torch": "$(python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())')"}
+META
+}
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; $attn backends; } 2>&1 | tee "$out/gpu.txt"
 for d in 64 128 256; do
   ATTN_CUDA_FORM=$last $attn plan --backend cuda -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
-done > "$out/plan.txt"; cat "$out/plan.txt"
+done > "$out/plan.txt"
 
 if has smoke; then
   echo "== smoke: one small call per form, head dim and mask (rel L2 against f64; 20 s each)"
@@ -36,8 +60,8 @@ if has smoke; then
     code=$?
     echo "$f d$d ${c:-causal}: exit $code $(echo "$r" | python3 -c 'import json,sys
 try:
-    r = json.loads(sys.stdin.read()); print("rel_l2", r.get("rel_l2"), "max_abs", r.get("max_abs_err"), r.get("kernel"))
-except Exception as e: print("no json")' 2>/dev/null) $( ((code != 0)) && echo "$r" | tail -2 | tr '\n' ' ')"
+    r = json.loads(sys.stdin.read()); a = r["accuracy"]; print(f"rel_l2 {a[\"rel_l2\"]:.2e} max_abs {a[\"max_abs\"]:.2e} {r[\"plan\"][\"kernel\"]}")
+except Exception: print("no result")' 2>/dev/null) $( ((code != 0)) && echo "$r" | tail -2 | tr '\n' ' ')"
   done; done; done | tee "$out/smoke.txt"
 fi
 pack smoke
@@ -56,7 +80,7 @@ if has sanitize; then
   for f in tma $last; do for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
     r=$(ATTN_CUDA_FORM=$f timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
         -d $d --seq 200 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json 2>&1)
-    echo "$tool $f d$d ${c:-causal}: exit $? $(echo "$r" | grep -o 'ERROR SUMMARY: [0-9]* error[s]*' | tail -1)"
+    echo "$tool $f d$d ${c:-causal}: exit $? $(echo "$r" | grep -o '[A-Z]* SUMMARY: .*' | tail -1)"
   done; done; done; done | tee "$out/sanitizer.txt"
 fi
 pack sanitize
@@ -73,8 +97,7 @@ if has sass; then
   cp /tmp/sass/*d128*.sass "$out/" 2>/dev/null
 fi
 pack sass
-if has bench; then
-  echo "== bench: the bf16 GEMM ceiling, the forms, the Ampere family, the peers (CUDA events, medians of 30)"
+if has bench || has grid; then
   python3 - <<'PY' | tee "$out/gemm.txt"
 import torch
 a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -86,46 +109,59 @@ for _ in range(20):
 times.sort()
 print(f"bf16 GEMM 8192^3: {2 * 8192**3 / (times[10] * 1e-3) / 1e12:.0f} TFLOP/s (median of 20)")
 PY
-  for f in $forms; do
-    ATTN_CUDA_FORM=$f timeout 120 $attn bench --backend cuda "${GRID[@]}" --warmup 5 --iters 30 --check-rows 8 2> "$out/attn-$f.log" \
-      | python3 -c "import json,sys
-for l in sys.stdin:
-    r = json.loads(l); r['impl'] = 'sm90-$f'; print(json.dumps(r))" > "$out/attn-$f.jsonl"
-    tail -1 "$out/attn-$f.log"
-  done
-  ATTN_CUDA_FAMILY=ampere timeout 120 $attn bench --backend cuda "${GRID[@]}" --warmup 5 --iters 30 --check-rows 8 \
-    2> "$out/attn-ampere.log" | python3 -c "import json,sys
-for l in sys.stdin:
-    r = json.loads(l); r['impl'] = 'ampere'; print(json.dumps(r))" > "$out/attn-ampere.jsonl"
-  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends cudnn,flash "${GRID[@]}" > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
-  echo "sdpa exit $?"
-  cat > "$out/meta.json" <<META
-{"suite": "hopper", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
- "date": "$(date -u +%FT%TZ)", "command": "STEPS=\"$steps\" FORMS=\"$forms\" DTYPES=${DTYPES:-bf16} DIMS=${DIMS:-64,128} SEQS=${SEQS:-2048,4096,8192,16384} bash bench/device/hopper.sh",
- "clock": "CUDA events around each call; medians of 30 after 5 warm-up calls and 200 ms",
- "torch": "$(python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())')"}
-META
-  ours=(); for f in $forms ampere; do [[ -s $out/attn-$f.jsonl ]] && ours+=(--ours "$out/attn-$f.jsonl"); done
-  python3 bench/report.py --unit TFLOP/s "${ours[@]}" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
-    --out "$out/hopper-results.json" > "$out/hopper-table.md"
-  cp "$out/hopper-table.md" "$final/hopper-table.md"
-  gemm=$(grep -o '[0-9]* TFLOP/s' "$out/gemm.txt" | grep -o '^[0-9]*')
-  python3 - "$out/hopper-results.json" "$last" "${gemm:-0}" <<'PY' | tee "$out/targets.txt"
+fi
+gemm=$(grep -o '[0-9]* TFLOP/s' "$out/gemm.txt" 2>/dev/null | grep -o '^[0-9]*')
+# Every row of a results file with ratios to cuDNN and FlashAttention-2 and the GEMM share.
+targets() {  # results.json, our impl label
+  python3 - "$1" "$2" "${gemm:-0}" <<'PY'
 import json, sys
-rows, last, gemm = json.load(open(sys.argv[1]))["rows"], sys.argv[2], float(sys.argv[3])
+rows, ours, gemm = json.load(open(sys.argv[1]))["rows"], sys.argv[2], float(sys.argv[3])
 by = {}
 for r in rows:
     by.setdefault((r["dtype"], r["head_dim"], r["seq"], r["causal"]), {})[r["impl"]] = r["gflops"] / 1e3
 for (dt, d, s, c), t in sorted(by.items()):
     line = f"{dt} D={d:<3} S={s:<5} {'causal' if c else 'none  '}"
-    for impl in [i for i in t if i.startswith("sm90-")] + ["ampere", "sdpa-cudnn", "sdpa-flash"]:
-        if impl in t: line += f" {impl.replace('sm90-', '')} {t[impl]:6.1f}"
-    ours, cudnn, fa2 = t.get(f"sm90-{last}"), t.get("sdpa-cudnn"), t.get("sdpa-flash")
-    if ours and cudnn: line += f"  vs cuDNN {ours / cudnn:.2f}x {'ok' if ours >= cudnn else 'MISS'}"
-    if ours and fa2: line += f"  vs FA2 {ours / fa2:.2f}x"
-    if ours and gemm: line += f"  {ours / gemm:.0%} of GEMM"
+    for impl in sorted(t):
+        line += f" {impl} {t[impl]:6.1f}"
+    o, cudnn, fa2 = t.get(ours), t.get("sdpa-cudnn"), t.get("sdpa-flash")
+    if o and cudnn: line += f"  vs cuDNN {o / cudnn:.2f}x{'' if o >= cudnn else ' MISS' if d in (64, 128) and s >= 2048 else ''}"
+    if o and fa2: line += f"  vs FA2 {o / fa2:.2f}x"
+    if o and gemm: line += f"  {o / gemm:.0%} of GEMM"
+    if o and d == 128 and s >= 4096 and not c: line += f"  [>=650: {'ok' if o >= 650 else 'MISS'}]"
     print(line)
 PY
+}
+if has bench; then
+  echo "== bench: the forms, the Ampere family, the peers (bf16, D=64/128, S>=2048)"
+  for f in ${BENCH_FORMS:-tma overlap pingpong persistent}; do ATTN_CUDA_FORM=$f bench sm90-$f "${TARGETS[@]}"; done
+  ATTN_CUDA_FAMILY=ampere bench ampere "${TARGETS[@]}"
+  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends cudnn,flash "${TARGETS[@]}" > "$out/sdpa-targets.jsonl" 2> "$out/sdpa-targets.log"
+  echo "sdpa exit $?"
+  meta hopper-forms "STEPS=bench bash bench/device/hopper.sh" > "$out/meta-forms.json"
+  ours=(); for f in "$out"/attn-sm90-*.jsonl "$out/attn-ampere.jsonl"; do [[ -s $f ]] && ours+=(--ours "$f"); done
+  python3 bench/report.py --unit TFLOP/s "${ours[@]}" --peer "$out/sdpa-targets.jsonl" --meta "$out/meta-forms.json" \
+    --out "$out/forms-results.json" > "$out/forms-table.md"
+  targets "$out/forms-results.json" sm90-$last | tee "$out/forms-targets.txt"
 fi
 pack bench
+if has sweep; then
+  echo "== sweep: the $last form with other tiles (d:keys:stages)"
+  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st <<< "$t"
+    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st bench "sweep-d$d-n$n-s$st" --dtypes bf16 --dims $d --seqs 4096,16384 \
+      --masks none,causal --tokens 16384 --model-dim 2048
+  done
+fi
+pack sweep
+if has grid; then
+  echo "== grid: the $last form and the peers on the standard grid"
+  ATTN_CUDA_FORM=$last bench sm90 "${STANDARD[@]}"
+  timeout 240 python3 bench/peers/torch_sdpa_gpu.py --backends cudnn,flash "${STANDARD[@]}" > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
+  echo "sdpa exit $?"
+  meta hopper "STEPS=grid FORMS=$last bash bench/device/hopper.sh" > "$out/meta.json"
+  python3 bench/report.py --unit TFLOP/s --ours "$out/attn-sm90.jsonl" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
+    --out "$out/hopper-results.json" > "$out/hopper-table.md"
+  cp "$out/hopper-table.md" "$final/hopper-table.md"
+  targets "$out/hopper-results.json" sm90 | tee "$out/targets.txt"
+fi
+pack grid
 rm -rf "$out"  # everything is in hopper.tgz; only 8 files come back

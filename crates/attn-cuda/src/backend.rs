@@ -46,7 +46,8 @@ impl Kernel {
         }
     }
 
-    /// The specialisation a plan names, from either family's list.
+    /// The specialisation a plan names, from either family's list (kernels planned with forced
+    /// tiles are found among the loaded ones instead).
     fn named(name: &str) -> Option<Kernel> {
         let ampere = Variant::all().into_iter().map(Kernel::Ampere);
         let hopper = hopper::Variant::all().into_iter().map(Kernel::Hopper);
@@ -94,6 +95,9 @@ pub struct Cuda {
     /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
     /// not be read.
     form: Option<std::result::Result<Form, String>>,
+    /// The Hopper kernel's (keys per tile, stages) instead of its defaults, or why
+    /// `ATTN_CUDA_SM90_TILES` could not be read.
+    sm90_tiles: Option<std::result::Result<(usize, u32), String>>,
 }
 
 impl Cuda {
@@ -123,10 +127,19 @@ impl Cuda {
         self
     }
 
+    /// Plans the Hopper kernel with `block_n` keys per tile and `stages` K/V stages instead of
+    /// its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not compile or
+    /// fit is a plan error.
+    pub fn with_sm90_tiles(mut self, block_n: usize, stages: u32) -> Self {
+        self.sm90_tiles = Some(Ok((block_n, stages)));
+        self
+    }
+
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
-    /// (`ampere` or `hopper`, see [`Cuda::with_family`]) and `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]) when they are set; a value that cannot be read makes every plan
-    /// fail with the reason.
+    /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
+    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>` (see
+    /// [`Cuda::with_sm90_tiles`]) when they are set; a value that cannot be read makes every
+    /// plan fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
         let rank = var("ATTN_CUDA_RANK")
@@ -142,7 +155,13 @@ impl Cuda {
                 format!("ATTN_CUDA_FORM={f} is not a form of the Hopper kernel ({})", all.join(", "))
             })
         });
-        Cuda { rank, family, form, ..Self::default() }
+        let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
+            let parsed = t.split_once(':').and_then(|(n, s)| Some((n.parse().ok()?, s.parse().ok()?)));
+            parsed.ok_or_else(|| {
+                format!("ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>, e.g. 176:2")
+            })
+        });
+        Cuda { rank, family, form, sm90_tiles, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -201,7 +220,7 @@ impl Cuda {
             None if !hopper_here || !HOPPER_BY_DEFAULT => Ok((Family::Ampere, None)),
             None => {
                 let info = dev.gpu.info();
-                match hopper::plan::choose(problem, &info.limits, info.sm_count, form) {
+                match hopper::plan::choose(problem, &info.limits, info.sm_count, form, self.sm90_tiles()?) {
                     Ok(_) => Ok((Family::Hopper, None)),
                     Err(e) => Ok((
                         Family::Ampere,
@@ -212,6 +231,13 @@ impl Cuda {
                 }
             }
         }
+    }
+
+    fn sm90_tiles(&self) -> Result<Option<(usize, u32)>> {
+        self.sm90_tiles
+            .clone()
+            .transpose()
+            .map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
     }
 
     fn form(&self) -> Result<Form> {
@@ -249,7 +275,8 @@ impl Cuda {
     /// The plan of the Hopper family.
     fn plan_hopper(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
         let info = dev.gpu.info();
-        let (variant, mut launch) = hopper::plan::choose(problem, &info.limits, info.sm_count, self.form()?)?;
+        let (variant, mut launch) =
+            hopper::plan::choose(problem, &info.limits, info.sm_count, self.form()?, self.sm90_tiles()?)?;
         let kernel = self.kernel(dev, Kernel::Hopper(variant))?;
         launch.registers_per_thread = Some(kernel.registers);
         launch.spill_bytes = Some(kernel.spill_bytes);
@@ -313,7 +340,14 @@ impl Attention for Cuda {
         problem.check_inputs(&inputs)?;
         let dev = self.device()?;
         // The plan decides what runs: the kernel it names, with the launch it holds.
-        let which = Kernel::named(&plan.kernel).ok_or_else(|| Error::PlanMismatch {
+        let loaded = dev
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .find(|k| k.name() == plan.kernel)
+            .copied();
+        let which = loaded.or_else(|| Kernel::named(&plan.kernel)).ok_or_else(|| Error::PlanMismatch {
             what: format!("`{}` is not a kernel of the cuda backend", plan.kernel),
         })?;
         let kernel = self.kernel(&dev, which)?;

@@ -1,16 +1,31 @@
 //! Timing and accuracy measurement shared by `attn run`, `attn bench` and the examples.
 
-use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::rng::SplitMix64;
 use attn_core::{Attention, Buffer, Inputs, Outputs, Plan, Problem, Result};
 use attn_cpu::Reference;
 use rayon::prelude::*;
 use std::time::Duration;
 
-/// Random inputs for a problem: q, k, v drawn from N(0, 1) and rounded to its dtype.
+/// Random inputs for a problem: q, k, v drawn from N(0, 1) and rounded to its dtype. Drawn on
+/// every core in chunks of 2^20 values, each chunk from its own stream, seeded in order from
+/// `seed`: the same seed gives the same inputs on any machine and thread count. (The GPU grid's
+/// tensors hold 2^25 values each; drawn one after another they took seconds per shape.)
 pub fn random_inputs(problem: &Problem, seed: u64) -> [Buffer; 3] {
-    let mut rng = SplitMix64::new(seed);
+    const CHUNK: usize = 1 << 20;
+    let mut seeds = SplitMix64::new(seed);
     let lens = problem.required_lens();
-    [0, 1, 2].map(|t| normal_buffer(&mut rng, problem.dtype, lens[t].1, 1.0))
+    [0, 1, 2].map(|t| {
+        let len = lens[t].1;
+        let chunks: Vec<(usize, u64)> = (0..len.div_ceil(CHUNK)).map(|i| (i, seeds.next_u64())).collect();
+        let values: Vec<f32> = chunks
+            .into_par_iter()
+            .flat_map_iter(|(i, s)| {
+                let mut rng = SplitMix64::new(s);
+                (0..CHUNK.min(len - i * CHUNK)).map(move |_| rng.normal() as f32)
+            })
+            .collect();
+        Buffer::from_f32(problem.dtype, values)
+    })
 }
 
 /// Borrows three buffers as [`Inputs`].

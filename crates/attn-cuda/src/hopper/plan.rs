@@ -261,8 +261,15 @@ pub fn tiles(head_dim: usize, form: Form) -> (usize, u32) {
 }
 
 /// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
-/// multiprocessors, or says why the family cannot run it.
-pub fn choose(problem: &Problem, limits: &DeviceLimits, sms: u32, form: Form) -> Result<(Variant, Launch)> {
+/// multiprocessors, with [`tiles`] or the (keys per tile, stages) of `forced`, or says why the
+/// family cannot run it.
+pub fn choose(
+    problem: &Problem,
+    limits: &DeviceLimits,
+    sms: u32,
+    form: Form,
+    forced: Option<(usize, u32)>,
+) -> Result<(Variant, Launch)> {
     problem.validate()?;
     let s = problem.shape;
     if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
@@ -282,7 +289,16 @@ pub fn choose(problem: &Problem, limits: &DeviceLimits, sms: u32, form: Form) ->
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
-    let (block_n, stages) = tiles(s.head_dim, form);
+    let (block_n, stages) = forced.unwrap_or_else(|| tiles(s.head_dim, form));
+    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) {
+        return Err(Error::Unsupported {
+            backend: "cuda (Hopper family)".into(),
+            what: format!(
+                "{block_n} keys per tile and {stages} stages: keys per tile must be a multiple of 16 from \
+                 16 to 256 (wgmma's N), stages 1 to 4"
+            ),
+        });
+    }
     let variant = Variant {
         dtype: problem.dtype,
         head_dim: s.head_dim,
@@ -310,7 +326,7 @@ mod tests {
         let h100 = DeviceLimits::h100();
         for d in HEAD_DIMS {
             for form in Form::ALL {
-                let (v, launch) = choose(&problem(d), &h100, 132, form).unwrap();
+                let (v, launch) = choose(&problem(d), &h100, 132, form, None).unwrap();
                 assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
                 let tiles = 4096 / v.block_m() as u32 * 64;
                 assert_eq!(
@@ -327,14 +343,14 @@ mod tests {
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, the barriers
         // (8 B each: Q full/empty, 4 per stage) and 1 KB of alignment slack.
-        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent).unwrap();
+        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
         assert_eq!(v.shared_bytes(), 163840 + 80 + 1024);
         assert_eq!(v.threads(), 384);
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB.
-        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent).unwrap();
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
         assert_eq!(v.shared_bytes(), 196608 + 80 + 1024);
         // The cp.async form is one warpgroup of 64 rows, no producer.
-        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync).unwrap();
+        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None).unwrap();
         assert_eq!((v.threads(), v.block_m()), (128, 64));
     }
 
@@ -359,7 +375,8 @@ mod tests {
     #[test]
     fn an_l4_sized_device_gets_a_clear_error() {
         // The Hopper family runs on sm_90 only, but its plan is validated like any other.
-        let err = choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent).unwrap_err().to_string();
+        let err =
+            choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent, None).unwrap_err().to_string();
         assert!(err.contains("shared memory per block") && err.contains("101376"), "{err}");
     }
 
@@ -367,11 +384,28 @@ mod tests {
     fn unsupported_inputs_are_typed_errors() {
         let h100 = DeviceLimits::h100();
         assert!(matches!(
-            choose(&problem(96), &h100, 132, Form::Persistent),
+            choose(&problem(96), &h100, 132, Form::Persistent, None),
             Err(Error::UnsupportedHeadDim { .. })
         ));
         let f32 = Problem::new(Shape::new(1, 2, 64, 64), DType::F32);
-        assert!(matches!(choose(&f32, &h100, 132, Form::Persistent), Err(Error::UnsupportedDType { .. })));
+        assert!(matches!(
+            choose(&f32, &h100, 132, Form::Persistent, None),
+            Err(Error::UnsupportedDType { .. })
+        ));
+    }
+
+    #[test]
+    fn forced_tiles_are_checked() {
+        let h100 = DeviceLimits::h100();
+        let (v, _) = choose(&problem(128), &h100, 132, Form::Persistent, Some((176, 2))).unwrap();
+        assert_eq!((v.block_n, v.stages), (176, 2));
+        let err =
+            choose(&problem(128), &h100, 132, Form::Persistent, Some((100, 2))).unwrap_err().to_string();
+        assert!(err.contains("multiple of 16"), "{err}");
+        // 128 keys and 4 stages at D=128: 32 KB of Q and 256 KB of K/V, over the H100's 227 KB.
+        let err =
+            choose(&problem(128), &h100, 132, Form::Persistent, Some((128, 4))).unwrap_err().to_string();
+        assert!(err.contains("shared memory per block"), "{err}");
     }
 
     #[test]
