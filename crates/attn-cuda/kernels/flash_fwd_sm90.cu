@@ -27,11 +27,14 @@
 //                   compute P_{j-1} V_{j-1} (and S_j was issued with it),
 //   ATTN_PINGPONG   1: the two consumer warpgroups take turns issuing their products (named
 //                   barriers), so one's softmax runs under the other's products,
+//   ATTN_PERSISTENT 1: one CTA per SM; after its first tile (blockIdx.x) each CTA's producer
+//                   takes the next tile from a counter in global memory, so CTAs that drew
+//                   short tiles take more (0: a CTA per tile, the hardware hands them out),
+//   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
-// The grid may be smaller than the number of tiles: each CTA walks tiles blockIdx.x,
-// blockIdx.x + gridDim.x, ... (a persistent grid when the host launches one CTA per SM). Tiles
-// are numbered so that without a mask one head's query blocks are neighbours (K/V reuse in L2)
-// and with a causal mask every head's last query block (the most keys) comes first.
+// Tiles are numbered so that without a mask one head's query blocks are neighbours (K/V reuse in
+// L2) and with a causal mask every head's last query block (the most keys) comes first; both
+// ways of handing them out take them in that order.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -56,6 +59,8 @@ constexpr bool CAUSAL = ATTN_CAUSAL;
 constexpr bool TMA = ATTN_TMA;
 constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
+constexpr bool PERSISTENT = ATTN_PERSISTENT;
+constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -67,18 +72,23 @@ static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column 
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
 static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
 static_assert(!PINGPONG || (CONSUMERS == 2 && OVERLAP), "ping-pong: two consumer warpgroups, each overlapping");
+static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
 
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field.
 struct Params {
-    sm90::TensorMap q_map, k_map, v_map;  // (D, seq, heads, batch); boxes of 64 columns x BM or BN rows
+    // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
+    sm90::TensorMap q_map, k_map, v_map, o_map;
     const elem_t* q;                      // the same tensors by pointer, for the cp.async form
     const elem_t* k;
     const elem_t* v;
     elem_t* o;
     float* lse;  // null when not asked for
+    // The persistent scheduler's counters: [0] the next tile past the first gridDim.x, [1] CTAs
+    // that have run out. Zero at every launch: the last CTA to run out puts them back.
+    unsigned* schedule;
     long long q_sb, q_sh, q_ss;
     long long k_sb, k_sh, k_ss;
     long long v_sb, v_sh, v_ss;
@@ -94,13 +104,17 @@ struct Params {
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
-constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * (2 + 4 * STAGES);
+constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
+constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 16;  // the mbarriers and the tile slot
+constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
     elem_t* q;
     elem_t* k;  // STAGES stages
     elem_t* v;
+    elem_t* o;  // O on its way out (O_STAGED)
+    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
     unsigned long long* q_full;  // Q landed
     unsigned long long* q_empty; // every consumer is done reading Q
     unsigned long long* k_full;  // [STAGES]
@@ -116,13 +130,15 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.q = reinterpret_cast<elem_t*>(p);
     s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
     s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
+    s.o = reinterpret_cast<elem_t*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
     s.q_empty = bars + 1;
     s.k_full = bars + 2;
     s.k_empty = bars + 2 + STAGES;
     s.v_full = bars + 2 + 2 * STAGES;
     s.v_empty = bars + 2 + 3 * STAGES;
+    s.tile = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
     return s;
 }
 
@@ -159,11 +175,17 @@ __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.k_map);
     sm90::tma_prefetch(&p.v_map);
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
-    int n = 0;   // tiles of this CTA so far
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, ++n) {
+    int t = blockIdx.x;
+    for (int n = 0;; ++n) {  // n: tiles of this CTA so far
+        // The consumers are done with the last tile's Q (and its slot): hand them the next.
+        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
+        *reinterpret_cast<volatile int*>(s.tile) = t;
+        if (t >= p.tiles) {
+            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
+            break;
+        }
         const Tile tile = tile_at(p, t);
         const int g = tile.h / (p.heads_q / p.heads_kv);
-        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
         sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
@@ -184,6 +206,12 @@ __device__ void produce(const Params& p, const Smem& s) {
             for (int c = 0; c < D_BLOCKS; ++c)
                 sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
         }
+        t = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles;
+    }
+    if (PERSISTENT && atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
+        // Every CTA has run out: none will touch the counters again in this launch.
+        atomicExch(p.schedule, 0u);
+        atomicExch(p.schedule + 1, 0u);
     }
 }
 
@@ -327,27 +355,62 @@ __device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa
     }
 }
 
-// O / sum to the output (rows past seq_q skipped), and the LSE when asked for.
-__device__ __forceinline__ void store_output(const Params& p, const Tile& tile, int row0, float (&o)[NO],
-                                             const RowState& st) {
-    const int lane = threadIdx.x % 32;
-    elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
+// O / sum to the output (rows past seq_q skipped), and the LSE when asked for. Staged: this
+// warpgroup's 64 rows go into its part of the O buffer in the 128-byte swizzled layout (each
+// quad's 16 bytes of a row land in a chunk of their own, so a warp's stores are free of bank
+// conflicts), then one thread hands them to TMA, which skips the rows past seq_q; the thread
+// waits for its previous store to have read the buffer before anyone writes it again.
+__device__ __forceinline__ void store_output(const Params& p, const Smem& s, const Tile& tile, int wg,
+                                             int row0, float (&o)[NO], const RowState& st) {
+    const int t = threadIdx.x % 128, lane = threadIdx.x % 32;
+    float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float sum = quad_sum(st.sum[r]);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+        inv[r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
         const int row = row0 + 8 * r;
-        if (row >= p.seq_q) continue;
-        if (p.lse != nullptr && lane % 4 == 0) {
+        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
             p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
                 sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
         }
+    }
+    if (!O_STAGED) {
+        elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            if (row >= p.seq_q) continue;
+#pragma unroll
+            for (int c = 0; c < D / 8; ++c) {
+                const int col = 8 * c + 2 * (lane % 4);
+                *reinterpret_cast<elem2_t*>(out + row * p.o_ss + col) =
+                    pack2(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
+            }
+        }
+        return;
+    }
+    elem_t* mine = s.o + wg * 64 * 64;  // this warpgroup's rows of each 64-column block
+    if (t == 0) sm90::bulk_wait_read();
+    sm90::named_sync(1 + wg, 128);
+    const int r0 = (t / 32) * 16 + lane / 4;  // this thread's first row of the warpgroup's 64
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r0 + 8 * r;
 #pragma unroll
         for (int c = 0; c < D / 8; ++c) {
-            const int col = 8 * c + 2 * (lane % 4);
-            *reinterpret_cast<elem2_t*>(out + row * p.o_ss + col) =
-                pack2(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+            const unsigned at = sm90::smem_u32(mine) + (c / 8) * BM * 128 + row * 128 + (((c % 8) ^ (row & 7)) * 16)
+                                + (lane % 4) * 4;
+            const elem2_t v = pack2(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(as_u32(v)));
         }
+    }
+    sm90::fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
+    sm90::named_sync(1 + wg, 128);
+    if (t == 0) {
+#pragma unroll
+        for (int c = 0; c < D_BLOCKS; ++c)
+            sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, tile.m0 + 64 * wg, tile.h, tile.b);
+        sm90::bulk_commit();
     }
 }
 
@@ -524,8 +587,15 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     if (PINGPONG && wg == 1) sm90::named_arrive(3, 256);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    int n = 0;   // query tiles of this CTA so far
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, ++n) {
+    for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
+        int t;
+        if (TMA) {
+            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
+            t = *reinterpret_cast<volatile int*>(s.tile);
+        } else {
+            t = blockIdx.x + n * gridDim.x;
+        }
+        if (t >= p.tiles) break;
         const Tile tile = tile_at(p, t);
         const Ctx c{p,
                     s,
@@ -544,9 +614,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
         RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
 
-        if (TMA) {
-            sm90::mbar_wait(s.q_full, n & 1);
-        } else {
+        if (!TMA) {
             // Q, and K/V tile 0 into the stage the count says.
             const int stg = Ctx::stage(it);
             cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
@@ -567,9 +635,10 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         } else {
             mainloop_sequential(c, o, st, it);
         }
-        store_output(p, tile, c.row0, o, st);
+        store_output(p, s, tile, wg, c.row0, o, st);
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
+    if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
     if (PINGPONG && wg == 0) sm90::named_sync(3, 256);  // takes warpgroup 1's last arrival
 }
 

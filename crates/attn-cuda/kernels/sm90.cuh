@@ -72,6 +72,22 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, uns
         : "memory");
 }
 
+// The box of a 4-D tensor map at (c0, c1, c2, c3) from shared memory back to global memory;
+// elements outside the tensor are not written. Completes in this thread's bulk groups.
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(src))
+        : "memory");
+}
+
+// This thread's bulk stores so far form a group (PTX ISA 9.7.9.24.6); waiting for the groups
+// to have read their shared memory (before it is written again), or to be done altogether.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // Orders this thread's ordinary shared-memory writes before later reads by the async proxy
 // (wgmma operands, bulk copies); needed between such writes and the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() {

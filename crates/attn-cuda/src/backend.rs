@@ -356,14 +356,18 @@ impl Attention for Cuda {
             || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
         let free_before = free()?;
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
-        dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
-        let device_bytes = free_before.saturating_sub(free()?);
         let params = match which {
             Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
             Kernel::Hopper(v) => {
-                Params::Hopper(Box::new(Sm90Params::new(&tensors, dev.gpu.stream(), problem, &v)?))
+                // The persistent scheduler's two counters, zero; the kernel leaves them so.
+                let schedule =
+                    dev.gpu.stream().alloc_zeros::<u32>(2).map_err(driver("allocate the tile counters"))?;
+                let params = Sm90Params::new(&tensors, &schedule, dev.gpu.stream(), problem, &v)?;
+                Params::Hopper { params: Box::new(params), _counters: schedule }
             }
         };
+        dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
+        let device_bytes = free_before.saturating_sub(free()?);
         let Execution::Gpu(launch) = &plan.execution else {
             return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
         };
@@ -376,10 +380,11 @@ impl Attention for Cuda {
     }
 }
 
-/// The parameter block of either family's kernel.
+/// The parameter block of either family's kernel (and what the Hopper one points at beyond the
+/// tensors: the tile counters).
 enum Params {
     Ampere(KernelParams),
-    Hopper(Box<Sm90Params>),
+    Hopper { params: Box<Sm90Params>, _counters: cudarc::driver::CudaSlice<u32> },
 }
 
 struct CudaPrepared {
@@ -405,7 +410,7 @@ impl Prepared for CudaPrepared {
         let mut builder = stream.launch_builder(&self.kernel.function);
         match &self.params {
             Params::Ampere(p) => builder.arg(p),
-            Params::Hopper(p) => builder.arg(p.as_ref()),
+            Params::Hopper { params, .. } => builder.arg(params.as_ref()),
         };
         // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
         // Problem::required_lens for the strides the kernel reads, and the launch is the plan's,

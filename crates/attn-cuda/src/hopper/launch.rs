@@ -18,11 +18,13 @@ pub struct Sm90Params {
     q_map: CUtensorMap,
     k_map: CUtensorMap,
     v_map: CUtensorMap,
+    o_map: CUtensorMap,
     q: u64,
     k: u64,
     v: u64,
     o: u64,
     lse: u64,
+    schedule: u64,
     q_strides: [i64; 3],
     k_strides: [i64; 3],
     v_strides: [i64; 3],
@@ -93,9 +95,11 @@ fn tensor_map(
 }
 
 impl Sm90Params {
-    /// The parameter block of `variant` for `problem` over these buffers.
+    /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
+    /// persistent scheduler's two counters, zero.
     pub fn new(
         tensors: &DeviceTensors,
+        schedule: &CudaSlice<u32>,
         stream: &CudaStream,
         problem: &Problem,
         variant: &Variant,
@@ -107,17 +111,20 @@ impl Sm90Params {
             tensor_map(problem.dtype, base, [s.head_dim, seq, heads, s.batch], st, rows)
                 .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
         };
-        let (q, k, v) = (ptr(&tensors.q), ptr(&tensors.k), ptr(&tensors.v));
+        let (q, k, v, o) = (ptr(&tensors.q), ptr(&tensors.k), ptr(&tensors.v), ptr(&tensors.o));
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
         Ok(Sm90Params {
             q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
             k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
             v_map: map("v", v, s.heads_kv, s.seq_k, t.v, variant.block_n)?,
+            // Stored by each consumer warpgroup: 64 rows.
+            o_map: map("o", o, s.heads_q, s.seq_q, t.o, 64)?,
             q,
             k,
             v,
-            o: ptr(&tensors.o),
+            o,
             lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
+            schedule: schedule.device_ptr(stream).0,
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),
@@ -138,9 +145,9 @@ impl Sm90Params {
 mod tests {
     #[test]
     fn layout_matches_the_kernel() {
-        // 3 tensor maps (128 bytes, 128-byte aligned) + 5 pointers + 12 strides (8 bytes each)
-        // + 8 ints and floats = 552 bytes, padded to the 128-byte alignment: 640.
-        assert_eq!(std::mem::size_of::<super::Sm90Params>(), 640);
+        // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
+        // + 8 ints and floats = 688 bytes, padded to the 128-byte alignment: 768.
+        assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
     }
 }

@@ -9,8 +9,14 @@ use std::fmt;
 /// Head dimensions the Hopper kernel is specialised for: whole 64-column (128-byte) blocks.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
-/// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies.
-pub const PRODUCER_REGISTERS: u32 = 24;
+/// Shared memory a CTA may have on the devices this family runs on (the H100's and H200's opt-in
+/// limit); the kernel asserts it too.
+pub const SHARED_LIMIT: usize = 227 * 1024;
+
+/// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies and
+/// takes tiles from the scheduler (with 24 that spilled), and with the consumers' 240 it fills
+/// the 65536 exactly.
+pub const PRODUCER_REGISTERS: u32 = 32;
 /// Registers per thread of each consumer warpgroup after `setmaxnreg`: the O and S accumulators
 /// (D / 2 + BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
 pub const CONSUMER_REGISTERS: u32 = 240;
@@ -31,7 +37,8 @@ pub enum Form {
     /// The two consumer warpgroups take turns issuing their products (named barriers), so that
     /// one's softmax runs under the other's products.
     PingPong,
-    /// One CTA per SM walks the tiles (a persistent grid; causal: longest first).
+    /// One CTA per SM; each takes its next tile from a counter in global memory as it finishes
+    /// one (a persistent grid with dynamic scheduling; causal: longest first).
     Persistent,
 }
 
@@ -101,14 +108,30 @@ impl Variant {
         self.threads() > 256
     }
 
-    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), the mbarriers, and 1024 bytes
-    /// of slack to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors
-    /// `SMEM_BYTES` in `kernels/flash_fwd_sm90.cu`.
+    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
+    /// staged, the mbarriers and the tile slot (16 bytes), and 1024 bytes of slack to align the
+    /// tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
+    /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
+        (self.unstaged_bytes() + if self.o_staged() { self.o_bytes() } else { 0 }) as u32
+    }
+
+    fn unstaged_bytes(&self) -> usize {
         let q = self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        let barriers = 8 * (2 + 4 * self.stages as usize);
-        (q + kv + barriers + 1024) as u32
+        let barriers = 8 * (2 + 4 * self.stages as usize) + 16;
+        q + kv + barriers + 1024
+    }
+
+    fn o_bytes(&self) -> usize {
+        self.block_m() * self.head_dim * 2
+    }
+
+    /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
+    /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
+    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB).
+    pub fn o_staged(&self) -> bool {
+        self.form >= Form::Tma && self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
@@ -142,6 +165,8 @@ impl Variant {
             ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
             ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
             ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
+            ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
+            ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
         ]
@@ -193,7 +218,7 @@ impl Variant {
     }
 
     /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
-    /// per SM, each walking the tiles `blockIdx.x + k · gridDim.x`.
+    /// per SM, each taking tiles from the scheduler's counter after its first, `blockIdx.x`.
     pub fn launch(&self, problem: &Problem, sms: u32) -> Launch {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
         let grid = if self.form >= Form::Persistent { tiles.min(sms.max(1)) } else { tiles };
@@ -239,11 +264,16 @@ impl Variant {
         }
         if self.form >= Form::Persistent {
             notes.push(format!(
-                "persistent: {} CTAs walk the tiles{}",
+                "persistent: {} CTAs take tiles from a counter as they finish one{} (8 bytes of \
+                 device memory, put back to zero by the last CTA)",
                 launch.grid[0],
                 if self.causal { ", longest first across heads" } else { "" }
             ));
         }
+        notes.push(match self.o_staged() {
+            true => "O leaves through shared memory and a TMA store".into(),
+            false => "O is stored from registers (no room left in shared memory to stage it)".into(),
+        });
         notes
     }
 }
@@ -341,14 +371,17 @@ mod tests {
 
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
-        // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, the barriers
-        // (8 B each: Q full/empty, 4 per stage) and 1 KB of alignment slack.
+        // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
+        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the tile slot (16 B) and 1 KB
+        // of alignment slack.
         let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!(v.shared_bytes(), 163840 + 80 + 1024);
+        assert_eq!(v.shared_bytes(), 163840 + 32768 + 96 + 1024);
         assert_eq!(v.threads(), 384);
-        // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB.
+        assert!(v.o_staged());
+        // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!(v.shared_bytes(), 196608 + 80 + 1024);
+        assert_eq!(v.shared_bytes(), 196608 + 96 + 1024);
+        assert!(!v.o_staged());
         // The cp.async form is one warpgroup of 64 rows, no producer.
         let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None).unwrap();
         assert_eq!((v.threads(), v.block_m()), (128, 64));
@@ -402,7 +435,9 @@ mod tests {
         let err =
             choose(&problem(128), &h100, 132, Form::Persistent, Some((100, 2))).unwrap_err().to_string();
         assert!(err.contains("multiple of 16"), "{err}");
-        // 128 keys and 4 stages at D=128: 32 KB of Q and 256 KB of K/V, over the H100's 227 KB.
+        // 128 keys and 3 stages at D=128 fit (224 KB) without staging O, 4 do not (288 KB).
+        let (v, _) = choose(&problem(128), &h100, 132, Form::Persistent, Some((128, 3))).unwrap();
+        assert!(!v.o_staged() && v.shared_bytes() as usize <= SHARED_LIMIT);
         let err =
             choose(&problem(128), &h100, 132, Form::Persistent, Some((128, 4))).unwrap_err().to_string();
         assert!(err.contains("shared memory per block"), "{err}");
