@@ -11,7 +11,8 @@
 #   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
-#   sweep     the last form with other tiles (SWEEP="d:keys:stages ..."), S=4096 and 16384
+#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers] ..."), S=4096
+#             and 16384; VERIFY_TILES="keys:stages:consumers" runs the quick grid with those first
 #   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) for the last form
 #             and the peers: the table for docs/performance.md
 # Expects `cargo xtask bundle` output in .device/ (carry it). Writes $OUT/hopper.tgz and
@@ -58,6 +59,9 @@ if has smoke; then
     r=$(ATTN_CUDA_FORM=$f timeout 20 $attn run --backend cuda -d $d --seq 300 --heads 4 --kv-heads 2 --batch 2 $c \
         --iters 1 --warmup 0 --check-rows 64 --json 2>&1)
     code=$?
+    if ((code == 124)); then  # a hang hangs every launch after it: stop, and keep the device time
+      echo "$f d$d ${c:-causal}: exit 124 (hang): stopping"; pack smoke; rm -rf "$out"; exit 1
+    fi
     echo "$f d$d ${c:-causal}: exit $code $(echo "$r" | python3 -c 'import json,sys
 try:
     r = json.loads(sys.stdin.read()); a = r["accuracy"]; print(f"rel_l2 {a[\"rel_l2\"]:.2e} max_abs {a[\"max_abs\"]:.2e} {r[\"plan\"][\"kernel\"]}")
@@ -76,8 +80,8 @@ if has verify; then
 fi
 pack verify
 if has sanitize; then
-  echo "== compute-sanitizer on small cases (tma and $last forms)"
-  for f in tma $last; do for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
+  echo "== compute-sanitizer on small cases (${SAN_FORMS:-tma $last})"
+  for f in ${SAN_FORMS:-tma $last}; do for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
     r=$(ATTN_CUDA_FORM=$f timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
         -d $d --seq 200 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json 2>&1)
     echo "$tool $f d$d ${c:-causal}: exit $? $(echo "$r" | grep -o '[A-Z]* SUMMARY: .*' | tail -1)"
@@ -145,10 +149,17 @@ if has bench; then
 fi
 pack bench
 if has sweep; then
-  echo "== sweep: the $last form with other tiles (d:keys:stages)"
-  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st <<< "$t"
-    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st bench "sweep-d$d-n$n-s$st" --dtypes bf16 --dims $d --seqs 4096,16384 \
-      --masks none,causal --tokens 16384 --model-dim 2048
+  for t in ${VERIFY_TILES:-}; do
+    echo "== verify ($last, tiles $t, quick grid)"
+    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t timeout 120 $attn verify --backend cuda --quick --json \
+      > "$out/verify-tiles-${t//:/-}.json" 2> "$out/verify-tiles-${t//:/-}.log"
+    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-tiles-${t//:/-}.json'))['verdict'])" \
+      2>/dev/null || tail -5 "$out/verify-tiles-${t//:/-}.log"
+  done
+  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers])"
+  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
+    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-2} bench "sweep-d$d-n$n-s$st-c${cons:-2}" --dtypes bf16 \
+      --dims $d --seqs 4096,16384 --masks none,causal --tokens 16384 --model-dim 2048
   done
 fi
 pack sweep

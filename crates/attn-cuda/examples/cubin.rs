@@ -66,12 +66,13 @@ fn hopper_cubin(args: &[String]) {
     };
     let head_dim: usize = d.parse().unwrap_or_else(|_| panic!("{usage}: {d} is not a number"));
     let form = hopper::Form::parse(form).unwrap_or_else(|| panic!("{usage}: {form} is not a form"));
-    let (block_n, stages) = hopper::plan::tiles(head_dim, form);
+    let tiles = hopper::plan::tiles(head_dim, form);
     let variant = hopper::Variant {
         dtype: if dtype == "bf16" { DType::Bf16 } else { DType::F16 },
         head_dim,
-        block_n,
-        stages,
+        block_n: tiles.block_n,
+        stages: tiles.stages,
+        consumers: tiles.consumers,
         causal: args.iter().any(|a| a == "causal"),
         form,
     };

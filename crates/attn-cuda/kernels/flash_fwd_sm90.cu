@@ -18,15 +18,15 @@
 // descriptors describe (sm90.cuh, sw128_desc).
 //
 // Variants (NVRTC -D, chosen by crates/attn-cuda/src/hopper/plan.rs):
-//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 or 2),
+//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 to 3),
 //   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask),
 //   ATTN_TMA        1: a producer warpgroup copies Q, K and V with TMA (the family's kernels);
 //                   0: no producer, the one consumer warpgroup loads its tiles with cp.async
 //                   (the first, simplest form, kept to check the wgmma path alone),
 //   ATTN_OVERLAP    1: inside a warpgroup, the softmax of tile j runs while the tensor cores
 //                   compute P_{j-1} V_{j-1} (and S_j was issued with it),
-//   ATTN_PINGPONG   1: the two consumer warpgroups take turns issuing their products (named
-//                   barriers), so one's softmax runs under the other's products,
+//   ATTN_PINGPONG   1: the consumer warpgroups take turns issuing their products (named
+//                   barriers, in a ring), so one's softmax runs under another's products,
 //   ATTN_PERSISTENT 1: one CTA per SM; after its first tile (blockIdx.x) each CTA's producer
 //                   takes the next tile from a counter in global memory, so CTAs that drew
 //                   short tiles take more (0: a CTA per tile, the hardware hands them out),
@@ -71,7 +71,8 @@ constexpr float RESCALE_SLACK = 8.f;
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
 static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
-static_assert(!PINGPONG || (CONSUMERS == 2 && OVERLAP), "ping-pong: two consumer warpgroups, each overlapping");
+static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
+static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
@@ -246,12 +247,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16]
 }
 
 // Ping-pong: a consumer warpgroup waits for its turn to issue products, and after issuing hands
-// the turn to the other (named barriers 3 and 4, each met by both warpgroups' 256 threads).
+// the turn to the next in the ring (named barrier TURN + w is warpgroup w's, met by its 128
+// threads waiting and the previous warpgroup's 128 arriving). Barriers 1 + w are warpgroup w's
+// own (128 threads); 0 is __syncthreads'.
+constexpr int TURN = 1 + CONSUMERS;
 __device__ __forceinline__ void await_turn(int wg) {
-    if (PINGPONG) sm90::named_sync(3 + wg, 256);
+    if (PINGPONG) sm90::named_sync(TURN + wg, 256);
 }
 __device__ __forceinline__ void pass_turn(int wg) {
-    if (PINGPONG) sm90::named_arrive(3 + (1 - wg), 256);
+    if (PINGPONG) sm90::named_arrive(TURN + (wg + 1) % CONSUMERS, 256);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -585,7 +589,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
 
 __device__ void consume(const Params& p, const Smem& s, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    if (PINGPONG && wg == 1) sm90::named_arrive(3, 256);  // warpgroup 0 issues first
+    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
         int t;
@@ -639,7 +643,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
-    if (PINGPONG && wg == 0) sm90::named_sync(3, 256);  // takes warpgroup 1's last arrival
+    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {

@@ -97,7 +97,7 @@ pub struct Cuda {
     form: Option<std::result::Result<Form, String>>,
     /// The Hopper kernel's (keys per tile, stages) instead of its defaults, or why
     /// `ATTN_CUDA_SM90_TILES` could not be read.
-    sm90_tiles: Option<std::result::Result<(usize, u32), String>>,
+    sm90_tiles: Option<std::result::Result<hopper::plan::Tiles, String>>,
 }
 
 impl Cuda {
@@ -127,19 +127,19 @@ impl Cuda {
         self
     }
 
-    /// Plans the Hopper kernel with `block_n` keys per tile and `stages` K/V stages instead of
-    /// its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not compile or
-    /// fit is a plan error.
-    pub fn with_sm90_tiles(mut self, block_n: usize, stages: u32) -> Self {
-        self.sm90_tiles = Some(Ok((block_n, stages)));
+    /// Plans the Hopper kernel with `tiles` (keys per tile, K/V stages, consumer warpgroups)
+    /// instead of its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not
+    /// compile or fit is a plan error.
+    pub fn with_sm90_tiles(mut self, tiles: hopper::plan::Tiles) -> Self {
+        self.sm90_tiles = Some(Ok(tiles));
         self
     }
 
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
     /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>` (see
-    /// [`Cuda::with_sm90_tiles`]) when they are set; a value that cannot be read makes every
-    /// plan fail with the reason.
+    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
+    /// [`Cuda::with_sm90_tiles`]; two consumers unless given) when they are set; a value that
+    /// cannot be read makes every plan fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
         let rank = var("ATTN_CUDA_RANK")
@@ -156,10 +156,16 @@ impl Cuda {
             })
         });
         let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
-            let parsed = t.split_once(':').and_then(|(n, s)| Some((n.parse().ok()?, s.parse().ok()?)));
-            parsed.ok_or_else(|| {
-                format!("ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>, e.g. 176:2")
-            })
+            let n: Vec<Option<u32>> = t.split(':').map(|x| x.parse().ok()).collect();
+            match n[..] {
+                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 2 }),
+                [Some(block_n), Some(stages), Some(consumers)] => {
+                    Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
+                }
+                _ => Err(format!(
+                    "ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>[:<consumer warpgroups>], e.g. 176:2 or 128:2:3"
+                )),
+            }
         });
         Cuda { rank, family, form, sm90_tiles, ..Self::default() }
     }
@@ -233,7 +239,7 @@ impl Cuda {
         }
     }
 
-    fn sm90_tiles(&self) -> Result<Option<(usize, u32)>> {
+    fn sm90_tiles(&self) -> Result<Option<hopper::plan::Tiles>> {
         self.sm90_tiles
             .clone()
             .transpose()

@@ -14,12 +14,19 @@ pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 pub const SHARED_LIMIT: usize = 227 * 1024;
 
 /// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies and
-/// takes tiles from the scheduler (with 24 that spilled), and with the consumers' 240 it fills
-/// the 65536 exactly.
+/// takes tiles from the scheduler (with 24 that spilled).
 pub const PRODUCER_REGISTERS: u32 = 32;
-/// Registers per thread of each consumer warpgroup after `setmaxnreg`: the O and S accumulators
-/// (D / 2 + BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
+
+/// Registers per consumer thread after `setmaxnreg` at most: the O and S accumulators (D / 2 +
+/// BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
 pub const CONSUMER_REGISTERS: u32 = 240;
+
+/// The registers the warpgroups of a CTA may claim together after `setmaxnreg`. `setmaxnreg.inc`
+/// waits until the registers are free, so asking for more hangs the kernel: 128 x 32 + 256 x
+/// 240, the whole 65536, hung every launch on the H100
+/// (bench/results/2026-11-25-h100-hopper-976d895); 64512 (FlashAttention-3's 24 + 2 x 240)
+/// leaves a 1024-register margin.
+pub const REGISTER_POOL: u32 = 64512;
 
 /// How the kernel's warpgroups share the work: each form adds one thing to the one before,
 /// following the steps the kernel was built in, so that each can be verified and timed alone.
@@ -80,6 +87,8 @@ pub struct Variant {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
+    /// Consumer warpgroups of 64 query rows each, past the `cp.async` form (which has one).
+    pub consumers: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
     /// How the warpgroups share the work.
@@ -87,9 +96,18 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// Consumer warpgroups: one in the `cp.async` form, two (128 query rows) in the others.
+    /// Consumer warpgroups: one in the `cp.async` form, two (128 query rows) or three (192) in
+    /// the others.
     pub fn consumers(&self) -> u32 {
-        if self.form == Form::CpAsync { 1 } else { 2 }
+        if self.form == Form::CpAsync { 1 } else { self.consumers }
+    }
+
+    /// Registers per consumer thread after `setmaxnreg`: what the producer's
+    /// [`PRODUCER_REGISTERS`] leave of the [`REGISTER_POOL`], in units of 8, at most
+    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three).
+    pub fn consumer_registers(&self) -> u32 {
+        let left = REGISTER_POOL - 128 * PRODUCER_REGISTERS;
+        CONSUMER_REGISTERS.min(left / (128 * self.consumers()) / 8 * 8)
     }
 
     /// Query rows per CTA tile: 64 per consumer warpgroup.
@@ -152,7 +170,7 @@ impl Variant {
     pub fn defines(&self) -> Vec<(String, String)> {
         let flag = |b: bool| u8::from(b).to_string();
         let (producer, consumer) = match self.reallocates_registers() {
-            true => (PRODUCER_REGISTERS, CONSUMER_REGISTERS),
+            true => (PRODUCER_REGISTERS, self.consumer_registers()),
             false => (0, 0),
         };
         vec![
@@ -202,8 +220,8 @@ impl Variant {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
                     for form in Form::ALL {
-                        let (block_n, stages) = tiles(head_dim, form);
-                        v.push(Variant { dtype, head_dim, block_n, stages, causal, form });
+                        let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
+                        v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
                     }
                 }
             }
@@ -247,7 +265,7 @@ impl Variant {
                 self.consumers(),
                 PRODUCER_REGISTERS,
                 self.consumers() - 1,
-                CONSUMER_REGISTERS,
+                self.consumer_registers(),
                 self.threads()
             ),
         }];
@@ -260,7 +278,7 @@ impl Variant {
             notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());
         }
         if self.form >= Form::PingPong {
-            notes.push("the two consumer warpgroups take turns issuing products (ping-pong)".into());
+            notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
         }
         if self.form >= Form::Persistent {
             notes.push(format!(
@@ -278,27 +296,38 @@ impl Variant {
     }
 }
 
-/// (Keys per tile, K/V stages) for a head dim and form. The S accumulators (BN / 2 registers)
-/// and O's (D / 2) fit the consumers' 240 registers together with P (BN / 4); two stages of K
-/// and V with Q fit the H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async`
-/// form's one warpgroup also computes the copies' addresses, and at D = 256 spills with 64 keys.
-pub fn tiles(head_dim: usize, form: Form) -> (usize, u32) {
-    match (head_dim, form) {
+/// A tile configuration: keys per tile, K/V stages, consumer warpgroups (64 query rows each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Keys per tile: the N of S's wgmma, a multiple of 16 up to 256.
+    pub block_n: usize,
+    /// K/V stages in the shared-memory ring.
+    pub stages: u32,
+    /// Consumer warpgroups (ignored by the `cp.async` form, which has one).
+    pub consumers: u32,
+}
+
+/// The tiles of a head dim and form. The S accumulators (BN / 2 registers) and O's (D / 2) fit
+/// the consumers' 240 registers together with P (BN / 4); two stages of K and V with Q fit the
+/// H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async` form's one warpgroup
+/// also computes the copies' addresses, and at D = 256 spills with 64 keys.
+pub fn tiles(head_dim: usize, form: Form) -> Tiles {
+    let (block_n, stages) = match (head_dim, form) {
         (256, Form::CpAsync) => (32, 2),
         (256, _) => (64, 2),
         _ => (128, 2),
-    }
+    };
+    Tiles { block_n, stages, consumers: 2 }
 }
 
 /// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
-/// multiprocessors, with [`tiles`] or the (keys per tile, stages) of `forced`, or says why the
-/// family cannot run it.
+/// multiprocessors, with [`tiles`] or the tiles `forced`, or says why the family cannot run it.
 pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
     sms: u32,
     form: Form,
-    forced: Option<(usize, u32)>,
+    forced: Option<Tiles>,
 ) -> Result<(Variant, Launch)> {
     problem.validate()?;
     let s = problem.shape;
@@ -319,13 +348,17 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
-    let (block_n, stages) = forced.unwrap_or_else(|| tiles(s.head_dim, form));
-    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) {
+    let Tiles { block_n, stages, consumers } = forced.unwrap_or_else(|| tiles(s.head_dim, form));
+    if block_n % 16 != 0
+        || !(16..=256).contains(&block_n)
+        || !(1..=4).contains(&stages)
+        || !(2..=3).contains(&consumers)
+    {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{block_n} keys per tile and {stages} stages: keys per tile must be a multiple of 16 from \
-                 16 to 256 (wgmma's N), stages 1 to 4"
+                "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups: keys per tile must \
+                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4, consumers 2 or 3"
             ),
         });
     }
@@ -334,6 +367,7 @@ pub fn choose(
         head_dim: s.head_dim,
         block_n,
         stages,
+        consumers,
         causal: problem.is_causal(),
         form,
     };
@@ -391,14 +425,18 @@ mod tests {
     fn the_register_split_fits_the_register_file() {
         for v in Variant::all() {
             let regs = match v.reallocates_registers() {
-                true => 128 * PRODUCER_REGISTERS + 128 * v.consumers() * CONSUMER_REGISTERS,
+                true => 128 * PRODUCER_REGISTERS + 128 * v.consumers() * v.consumer_registers(),
                 false => v.threads() * v.register_budget(),
             };
-            assert!(regs <= 65536, "{}: {regs} registers", v.name());
+            assert!(
+                regs <= if v.reallocates_registers() { REGISTER_POOL } else { 65536 },
+                "{}: {regs} registers",
+                v.name()
+            );
             // setmaxnreg.inc must raise, never lower, what a consumer had at entry.
             if v.reallocates_registers() {
                 assert!(
-                    v.register_budget() <= CONSUMER_REGISTERS && v.register_budget() >= PRODUCER_REGISTERS
+                    v.register_budget() <= v.consumer_registers() && v.register_budget() >= PRODUCER_REGISTERS
                 );
             }
         }
@@ -430,17 +468,56 @@ mod tests {
     #[test]
     fn forced_tiles_are_checked() {
         let h100 = DeviceLimits::h100();
-        let (v, _) = choose(&problem(128), &h100, 132, Form::Persistent, Some((176, 2))).unwrap();
+        let (v, _) = choose(
+            &problem(128),
+            &h100,
+            132,
+            Form::Persistent,
+            Some(Tiles { block_n: 176, stages: 2, consumers: 2 }),
+        )
+        .unwrap();
         assert_eq!((v.block_n, v.stages), (176, 2));
-        let err =
-            choose(&problem(128), &h100, 132, Form::Persistent, Some((100, 2))).unwrap_err().to_string();
+        let err = choose(
+            &problem(128),
+            &h100,
+            132,
+            Form::Persistent,
+            Some(Tiles { block_n: 100, stages: 2, consumers: 2 }),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("multiple of 16"), "{err}");
         // 128 keys and 3 stages at D=128 fit (224 KB) without staging O, 4 do not (288 KB).
-        let (v, _) = choose(&problem(128), &h100, 132, Form::Persistent, Some((128, 3))).unwrap();
+        let (v, _) = choose(
+            &problem(128),
+            &h100,
+            132,
+            Form::Persistent,
+            Some(Tiles { block_n: 128, stages: 3, consumers: 2 }),
+        )
+        .unwrap();
         assert!(!v.o_staged() && v.shared_bytes() as usize <= SHARED_LIMIT);
-        let err =
-            choose(&problem(128), &h100, 132, Form::Persistent, Some((128, 4))).unwrap_err().to_string();
+        let err = choose(
+            &problem(128),
+            &h100,
+            132,
+            Form::Persistent,
+            Some(Tiles { block_n: 128, stages: 4, consumers: 2 }),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("shared memory per block"), "{err}");
+    }
+
+    #[test]
+    fn three_consumers_split_the_registers_that_are_left() {
+        let three = Tiles { block_n: 128, stages: 2, consumers: 3 };
+        let (v, launch) =
+            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(three)).unwrap();
+        assert_eq!((v.block_m(), v.threads(), launch.block[0]), (192, 512, 512));
+        // 128 x 32 for the producer, 384 x 152 for the consumers: 62464; and 128 at entry.
+        assert_eq!((v.consumer_registers(), v.register_budget()), (152, 128));
+        assert!(v.name().contains("bm192"));
     }
 
     #[test]
