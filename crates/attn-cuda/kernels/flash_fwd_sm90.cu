@@ -98,6 +98,7 @@ struct Params {
     float scale_log2;  // softmax scale * log2(e)
     int q_blocks;      // query blocks per (batch, head)
     int tiles;         // q_blocks * batch * heads_q
+    int head_group;    // causal: heads whose tiles go longest first together (see tile_at)
 };
 
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
@@ -115,7 +116,7 @@ struct Smem {
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
+    int* tile;  // the producer's next tile for the consumers, landing on q_full (st.async)
     unsigned long long* q_full;  // Q landed
     unsigned long long* q_empty; // every consumer is done reading Q
     unsigned long long* k_full;  // [STAGES]
@@ -148,12 +149,19 @@ struct Tile {
     int b, h, m0, n_kv;
 };
 
+// Without a mask a head's query blocks are neighbours, so the CTAs running at once share K/V
+// in L2. Under a causal mask the longest tiles go first, but across all heads at once each
+// wave of CTAs would read every head's K/V (at S=2048, D=128: 128 MB, against 50 MB of L2) and
+// the next wave read them again: tiles go longest first within groups of `head_group` heads,
+// whose K/V the host sized to fit L2, one group after another.
 __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     const int bh_total = p.batch * p.heads_q;
     int bh, qb;
     if (CAUSAL) {
-        bh = t % bh_total;
-        qb = p.q_blocks - 1 - t / bh_total;
+        const int group = t / (p.head_group * p.q_blocks), r = t % (p.head_group * p.q_blocks);
+        const int heads = min(p.head_group, bh_total - group * p.head_group);  // the last may be short
+        bh = group * p.head_group + r % heads;
+        qb = p.q_blocks - 1 - r / heads;
     } else {
         bh = t / p.q_blocks;
         qb = t % p.q_blocks;
@@ -178,16 +186,18 @@ __device__ void produce(const Params& p, const Smem& s) {
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int t = blockIdx.x;
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
-        // The consumers are done with the last tile's Q (and its slot): hand them the next.
+        // The consumers are done with the last tile's Q (and its slot): hand them the next. The
+        // slot is written by the async proxy, like Q, and lands on Q's barrier with it.
         sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
-        *reinterpret_cast<volatile int*>(s.tile) = t;
         if (t >= p.tiles) {
-            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
+            sm90::mbar_arrive_expect_tx(s.q_full, 4);  // no Q: the consumers read the slot and stop
+            sm90::st_async(s.tile, t, s.q_full);
             break;
         }
         const Tile tile = tile_at(p, t);
         const int g = tile.h / (p.heads_q / p.heads_kv);
-        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
+        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES + 4);
+        sm90::st_async(s.tile, t, s.q_full);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
             sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
@@ -595,7 +605,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         int t;
         if (TMA) {
             sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
-            t = *reinterpret_cast<volatile int*>(s.tile);
+            t = *s.tile;
         } else {
             t = blockIdx.x + n * gridDim.x;
         }

@@ -3,6 +3,10 @@
 //! The CUDA backend's plumbing: finding and loading CUDA at run time, compiling kernels with
 //! NVRTC, and running them through the driver API.
 //!
+//! Two kernel families run behind the one backend ([`Cuda`]): `kernels/flash_fwd.cu` for
+//! Ampere/Ada ([`plan`]), and on Hopper (sm_90a) `kernels/flash_fwd_sm90.cu` ([`hopper`]),
+//! chosen where it applies; the plan says which ran and, on a Hopper device, why not.
+//!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
 //! first and say what is missing and how to get it. Kernels are CUDA C++ in `kernels/`, compiled

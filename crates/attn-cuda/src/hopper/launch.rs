@@ -37,6 +37,20 @@ pub struct Sm90Params {
     scale_log2: f32,
     q_blocks: i32,
     tiles: i32,
+    head_group: i32,
+}
+
+/// L2 the causal tile order may fill with K/V (see [`head_group`]): about two thirds of the
+/// H100's 50 MB (the H200 has 60), leaving room for Q, O and the copies in flight.
+const L2_BUDGET: usize = 32 << 20;
+
+/// Under a causal mask the kernel takes tiles longest first within groups of this many heads
+/// (`tile_at` in the kernel): as many heads as have K and V together within [`L2_BUDGET`], so
+/// that the CTAs running at once reread K/V from L2 rather than from memory.
+pub fn head_group(problem: &Problem) -> usize {
+    let s = problem.shape;
+    let kv_bytes = 2 * s.seq_k * s.head_dim * 2;
+    (L2_BUDGET / kv_bytes.max(1)).clamp(1, s.batch * s.heads_q)
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
@@ -137,16 +151,32 @@ impl Sm90Params {
             scale_log2: problem.scale() * std::f32::consts::LOG2_E,
             q_blocks: q_blocks as i32,
             tiles: variant.tiles(problem).min(i32::MAX as u64) as i32,
+            head_group: head_group(problem) as i32,
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use attn_core::{DType, Problem, Shape};
+
+    #[test]
+    fn head_groups_keep_k_and_v_within_l2() {
+        // S=2048, D=128: 1 MiB of K and V per head, 32 heads to a group (of 128).
+        let p =
+            |s: usize, d: usize| Problem::new(Shape::new(16384 / s, 2048 / d, s, d), DType::Bf16).causal();
+        assert_eq!(super::head_group(&p(2048, 128)), 32);
+        // S=16384, D=128: 8 MiB per head, 4 to a group; S=512, D=64: 128 KiB, 256 (of 1024).
+        assert_eq!(super::head_group(&p(16384, 128)), 4);
+        assert_eq!(super::head_group(&p(512, 64)), 256);
+        // Never more than there are.
+        assert_eq!(super::head_group(&Problem::new(Shape::new(1, 2, 64, 64), DType::Bf16)), 2);
+    }
+
     #[test]
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
-        // + 8 ints and floats = 688 bytes, padded to the 128-byte alignment: 768.
+        // + 9 ints and floats = 692 bytes, padded to the 128-byte alignment: 768.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
     }

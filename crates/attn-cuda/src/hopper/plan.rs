@@ -308,16 +308,25 @@ pub struct Tiles {
 }
 
 /// The tiles of a head dim and form. The S accumulators (BN / 2 registers) and O's (D / 2) fit
-/// the consumers' 240 registers together with P (BN / 4); two stages of K and V with Q fit the
+/// the consumers' registers together with P (BN / 4); two stages of K and V with Q fit the
 /// H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async` form's one warpgroup
 /// also computes the copies' addresses, and at D = 256 spills with 64 keys.
+///
+/// D = 64 takes three consumer warpgroups (192 rows) with 96-key tiles (152 registers each;
+/// 128 keys spill): its softmax costs as much as its products (one exp2 per score on the
+/// multi-function unit, 16 a clock per SM, against 4·64 tensor-core FLOPs), and with three
+/// warpgroups two can be in their softmax while the third's products run. Measured on the H100
+/// against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against 424 / 460 TFLOP/s
+/// without a mask, 377 / 489 against 354 / 425 causal
+/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower.
 pub fn tiles(head_dim: usize, form: Form) -> Tiles {
-    let (block_n, stages) = match (head_dim, form) {
-        (256, Form::CpAsync) => (32, 2),
-        (256, _) => (64, 2),
-        _ => (128, 2),
-    };
-    Tiles { block_n, stages, consumers: 2 }
+    match (head_dim, form) {
+        (256, Form::CpAsync) => Tiles { block_n: 32, stages: 2, consumers: 1 },
+        (_, Form::CpAsync) => Tiles { block_n: 128, stages: 2, consumers: 1 },
+        (64, _) => Tiles { block_n: 96, stages: 2, consumers: 3 },
+        (256, _) => Tiles { block_n: 64, stages: 2, consumers: 2 },
+        _ => Tiles { block_n: 128, stages: 2, consumers: 2 },
+    }
 }
 
 /// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
@@ -349,11 +358,8 @@ pub fn choose(
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
     let Tiles { block_n, stages, consumers } = forced.unwrap_or_else(|| tiles(s.head_dim, form));
-    if block_n % 16 != 0
-        || !(16..=256).contains(&block_n)
-        || !(1..=4).contains(&stages)
-        || !(2..=3).contains(&consumers)
-    {
+    let consumers_ok = form == Form::CpAsync || (2..=3).contains(&consumers);
+    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !consumers_ok {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
@@ -392,7 +398,7 @@ mod tests {
             for form in Form::ALL {
                 let (v, launch) = choose(&problem(d), &h100, 132, form, None).unwrap();
                 assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
-                let tiles = 4096 / v.block_m() as u32 * 64;
+                let tiles = 4096u32.div_ceil(v.block_m() as u32) * 64;
                 assert_eq!(
                     launch.grid[0],
                     if form == Form::Persistent { 132 } else { tiles },
@@ -436,11 +442,14 @@ mod tests {
             // setmaxnreg.inc must raise, never lower, what a consumer had at entry.
             if v.reallocates_registers() {
                 assert!(
-                    v.register_budget() <= v.consumer_registers() && v.register_budget() >= PRODUCER_REGISTERS
+                    v.register_budget() <= v.consumer_registers()
+                        && v.register_budget() >= PRODUCER_REGISTERS
                 );
             }
         }
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 48);
+        // The TMA forms: D=128 and 256 with two consumers, D=64 with three.
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 32);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 16);
     }
 
     #[test]
