@@ -116,7 +116,7 @@ struct Smem {
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    int* tile;  // the producer's next tile for the consumers, landing on q_full (st.async)
+    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
     unsigned long long* q_full;  // Q landed
     unsigned long long* q_empty; // every consumer is done reading Q
     unsigned long long* k_full;  // [STAGES]
@@ -187,17 +187,16 @@ __device__ void produce(const Params& p, const Smem& s) {
     int t = blockIdx.x;
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
         // The consumers are done with the last tile's Q (and its slot): hand them the next. The
-        // slot is written by the async proxy, like Q, and lands on Q's barrier with it.
+        // barrier's arrival releases the slot's store to the consumers that wait on it.
         sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
+        *reinterpret_cast<volatile int*>(s.tile) = t;
         if (t >= p.tiles) {
-            sm90::mbar_arrive_expect_tx(s.q_full, 4);  // no Q: the consumers read the slot and stop
-            sm90::st_async(s.tile, t, s.q_full);
+            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
             break;
         }
         const Tile tile = tile_at(p, t);
         const int g = tile.h / (p.heads_q / p.heads_kv);
-        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES + 4);
-        sm90::st_async(s.tile, t, s.q_full);
+        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
             sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
@@ -605,7 +604,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         int t;
         if (TMA) {
             sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
-            t = *s.tile;
+            t = *reinterpret_cast<volatile int*>(s.tile);
         } else {
             t = blockIdx.x + n * gridDim.x;
         }

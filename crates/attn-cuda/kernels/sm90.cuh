@@ -72,15 +72,6 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, uns
         : "memory");
 }
 
-// Stores `value` into this CTA's shared memory through the async proxy (PTX ISA 9.7.9.12,
-// st.async), completing 4 transaction bytes on `bar`: a small message that lands with the copies
-// a barrier waits for, ordered by the barrier alone.
-__device__ __forceinline__ void st_async(int* dst, int value, unsigned long long* bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(smem_u32(dst)),
-                 "r"(value), "r"(smem_u32(bar))
-                 : "memory");
-}
-
 // The box of a 4-D tensor map at (c0, c1, c2, c3) from shared memory back to global memory;
 // elements outside the tensor are not written. Completes in this thread's bulk groups.
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
