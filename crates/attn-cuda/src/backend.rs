@@ -19,8 +19,9 @@ use std::time::Duration;
 pub const SOURCE: &str = include_str!("../kernels/flash_fwd.cu");
 
 /// Whether devices of compute capability 9.0 get the Hopper family without being asked
-/// (`ATTN_CUDA_FAMILY=hopper`). Off until the family has passed `attn verify` on a GPU.
-const HOPPER_BY_DEFAULT: bool = false;
+/// (`ATTN_CUDA_FAMILY=hopper`): on since it passed `attn verify` on the H100 (full grid, 36 of 36
+/// f16/bf16 cases, bench/results/2026-11-25-h100-hopper-62e8e71).
+const HOPPER_BY_DEFAULT: bool = true;
 
 /// A kernel family of the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,7 +288,7 @@ impl Cuda {
         launch.registers_per_thread = Some(kernel.registers);
         launch.spill_bytes = Some(kernel.spill_bytes);
         launch.validate(&variant.name(), &info.limits)?;
-        let mut notes = variant.notes(&launch);
+        let mut notes = variant.notes(problem, &launch);
         notes.push(format!(
             "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
             kernel.registers
@@ -329,7 +330,11 @@ impl Attention for Cuda {
         notes.extend(why);
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
-        notes.push(format!("device memory {bytes} B: q, k, v, o and lse only; no workspace, linear in S"));
+        let workspace = match kernel {
+            Kernel::Hopper(_) => " and the tile counters (8 B)",
+            Kernel::Ampere(_) => "; no workspace",
+        };
+        notes.push(format!("device memory {bytes} B: q, k, v, o and lse only{workspace}, linear in S"));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),

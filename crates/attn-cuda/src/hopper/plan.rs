@@ -250,8 +250,9 @@ impl Variant {
         }
     }
 
-    /// What the plan says about the kernel's roles, registers and memory.
-    pub fn notes(&self, launch: &Launch) -> Vec<String> {
+    /// What the plan says about the kernel's roles, registers, memory and tile order for
+    /// `problem`.
+    pub fn notes(&self, problem: &Problem, launch: &Launch) -> Vec<String> {
         let kv = self.block_n * self.head_dim * 2;
         let mut notes = vec![match self.form {
             Form::CpAsync => format!(
@@ -282,10 +283,15 @@ impl Variant {
         }
         if self.form >= Form::Persistent {
             notes.push(format!(
-                "persistent: {} CTAs take tiles from a counter as they finish one{} (8 bytes of \
-                 device memory, put back to zero by the last CTA)",
-                launch.grid[0],
-                if self.causal { ", longest first across heads" } else { "" }
+                "persistent: {} CTAs take tiles from a counter as they finish one (8 bytes of device \
+                 memory, put back to zero by the last CTA)",
+                launch.grid[0]
+            ));
+        }
+        if self.causal && self.form >= Form::Tma {
+            notes.push(format!(
+                "causal tile order: longest first within groups of {} heads, whose K and V fit L2",
+                super::launch::head_group(problem)
             ));
         }
         notes.push(match self.o_staged() {
