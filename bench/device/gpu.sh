@@ -11,6 +11,9 @@ set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/gpu; mkdir -p "$out"
 pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/gpu.tgz" -C "$final" gpu; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# This script measures the Ampere/Ada family, which the backend no longer picks on sm_90 by
+# itself (bench/device/hopper.sh measures the Hopper family).
+export ATTN_CUDA_FAMILY=${ATTN_CUDA_FAMILY:-ampere}
 attn=.device/bin/attn
 steps=${STEPS:-verify sanitize bench scaling accuracy memory}
 ranks=${RANKS:-0}
