@@ -6,7 +6,8 @@
 # Steps (STEPS, default all but sweep):
 #   smoke     one small call per form, head dim and mask, each under a timeout (a hang is a
 #             deadlock), with its error against f64
-#   verify    attn verify per form: the quick grid, the full grid for the last form
+#   verify    attn verify per form: the quick grid, the full grid for the last form (and, for
+#             the persistent form, again with a grid of 2 CTAs, each computing many tiles)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck on small cases
 #   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
@@ -77,6 +78,15 @@ if has verify; then
     echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-$f.json'))['verdict'])" 2>/dev/null \
       || tail -5 "$out/verify-$f.log"
   done
+  if [[ $last == persistent ]]; then
+    # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one; with
+    # two CTAs each computes many (the tile slot, the barriers' phases and the O buffer reused).
+    echo "== verify ($last, a persistent grid of 2 CTAs)"
+    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=2 timeout 150 $attn verify --backend cuda --json > "$out/verify-grid2.json" \
+      2> "$out/verify-grid2.log"
+    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-grid2.json'))['verdict'])" 2>/dev/null \
+      || tail -5 "$out/verify-grid2.log"
+  fi
 fi
 pack verify
 if has sanitize; then

@@ -27,14 +27,15 @@
 //                   compute P_{j-1} V_{j-1} (and S_j was issued with it),
 //   ATTN_PINGPONG   1: the consumer warpgroups take turns issuing their products (named
 //                   barriers, in a ring), so one's softmax runs under another's products,
-//   ATTN_PERSISTENT 1: one CTA per SM; after its first tile (blockIdx.x) each CTA's producer
-//                   takes the next tile from a counter in global memory, so CTAs that drew
-//                   short tiles take more (0: a CTA per tile, the hardware hands them out),
+//   ATTN_PERSISTENT 1: one CTA per SM (or fewer: the host may cap the grid to verify the path
+//                   where a CTA computes many tiles); after its first tile (blockIdx.x) each
+//                   CTA's producer takes the next tile from a counter in global memory, so CTAs
+//                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
+//                   out),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
-// Tiles are numbered so that without a mask one head's query blocks are neighbours (K/V reuse in
-// L2) and with a causal mask every head's last query block (the most keys) comes first; both
-// ways of handing them out take them in that order.
+// Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
+// come first (tile_at); both ways of handing them out take them in that order.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -78,7 +79,9 @@ static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles a
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
 
-// Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field.
+// Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
+// `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
+// schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688; 768 bytes in all.
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -218,6 +221,7 @@ __device__ void produce(const Params& p, const Smem& s) {
         }
         t = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles;
     }
+    if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
     if (PERSISTENT && atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
         // Every CTA has run out: none will touch the counters again in this launch.
         atomicExch(p.schedule, 0u);
@@ -493,8 +497,12 @@ struct Ctx {
     __device__ static unsigned phase(int it) { return (it / STAGES) & 1; }
     // One arrival per warp on an "empty" barrier: this warp is done reading the stage (its
     // wgmma, which reads shared memory asynchronously, has completed).
+    // The whole warp calls it: every lane's reads (of the tile slot too) come before lane 0's
+    // arrival, which lets the producer overwrite what they read.
     __device__ void release(unsigned long long* bar) const {
-        if (TMA && lane == 0) sm90::mbar_arrive(bar);
+        if (!TMA) return;
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar);
     }
 };
 

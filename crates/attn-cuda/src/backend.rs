@@ -63,6 +63,14 @@ impl Kernel {
     }
 }
 
+/// Which family plans a problem, decided before either plans it.
+enum Choice {
+    /// The Hopper kernel, already chosen, with its launch.
+    Hopper(hopper::Variant, attn_core::Launch),
+    /// The Ampere/Ada kernel, and why where the device would otherwise take the Hopper one.
+    Ampere(Option<String>),
+}
+
 /// What a family's planner decided: the kernel, its launch, what the plan says about it.
 struct Planned {
     kernel: Kernel,
@@ -96,9 +104,12 @@ pub struct Cuda {
     /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
     /// not be read.
     form: Option<std::result::Result<Form, String>>,
-    /// The Hopper kernel's (keys per tile, stages) instead of its defaults, or why
-    /// `ATTN_CUDA_SM90_TILES` could not be read.
+    /// The Hopper kernel's tiles instead of its defaults, or why `ATTN_CUDA_SM90_TILES` could
+    /// not be read.
     sm90_tiles: Option<std::result::Result<hopper::plan::Tiles, String>>,
+    /// At most this many CTAs in the Hopper kernel's persistent grid, or why
+    /// `ATTN_CUDA_SM90_GRID` could not be read.
+    sm90_grid: Option<std::result::Result<u32, String>>,
 }
 
 impl Cuda {
@@ -136,11 +147,20 @@ impl Cuda {
         self
     }
 
+    /// Caps the Hopper kernel's persistent grid at `ctas` CTAs (at most one per SM anyway): with
+    /// few CTAs each computes many tiles, the path the verification grid's small problems
+    /// otherwise leave to one tile per CTA.
+    pub fn with_sm90_grid(mut self, ctas: u32) -> Self {
+        self.sm90_grid = Some(Ok(ctas.max(1)));
+        self
+    }
+
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
     /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
     /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
-    /// [`Cuda::with_sm90_tiles`]; two consumers unless given) when they are set; a value that
-    /// cannot be read makes every plan fail with the reason.
+    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given) and
+    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) when they are set; a value
+    /// that cannot be read makes every plan fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
         let rank = var("ATTN_CUDA_RANK")
@@ -159,7 +179,7 @@ impl Cuda {
         let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
             let n: Vec<Option<u32>> = t.split(':').map(|x| x.parse().ok()).collect();
             match n[..] {
-                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 2 }),
+                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 }),
                 [Some(block_n), Some(stages), Some(consumers)] => {
                     Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
                 }
@@ -168,7 +188,11 @@ impl Cuda {
                 )),
             }
         });
-        Cuda { rank, family, form, sm90_tiles, ..Self::default() }
+        let sm90_grid = var("ATTN_CUDA_SM90_GRID").map(|g| match g.parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("ATTN_CUDA_SM90_GRID={g} is not a number of CTAs (1 or more)")),
+        });
+        Cuda { rank, family, form, sm90_tiles, sm90_grid, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -213,30 +237,41 @@ impl Cuda {
         Ok(loaded)
     }
 
-    /// The family to plan `problem` with on `dev`, and why, when that is not the device's own.
-    fn family_for(&self, dev: &Device, problem: &Problem) -> Result<(Family, Option<String>)> {
+    /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
+    /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
+    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`) asks for the Hopper kernel, so that a
+    /// problem it cannot run is then an error rather than a silent run of the other family.
+    fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let unsupported = |what: String| Error::Unsupported { backend: "cuda".into(), what };
-        let hopper_here = dev.gpu.info().compute_capability == (9, 0);
-        let form = self.form()?;
-        match self.family.clone().transpose().map_err(unsupported)? {
-            Some(Family::Hopper) if !hopper_here => Err(unsupported(format!(
-                "ATTN_CUDA_FAMILY=hopper needs compute capability 9.0 (sm_90a); {} is not one",
-                dev.gpu.info()
-            ))),
-            Some(family) => Ok((family, None)),
-            None if !hopper_here || !HOPPER_BY_DEFAULT => Ok((Family::Ampere, None)),
-            None => {
-                let info = dev.gpu.info();
-                match hopper::plan::choose(problem, &info.limits, info.sm_count, form, self.sm90_tiles()?) {
-                    Ok(_) => Ok((Family::Hopper, None)),
-                    Err(e) => Ok((
-                        Family::Ampere,
-                        Some(format!(
-                            "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"
-                        )),
-                    )),
-                }
-            }
+        let info = dev.gpu.info();
+        let asked = self.family.clone().transpose().map_err(unsupported)?;
+        if asked == Some(Family::Ampere) {
+            return Ok(Choice::Ampere(None));
+        }
+        let knobs = self.form.is_some() || self.sm90_tiles.is_some() || self.sm90_grid.is_some();
+        let wanted = asked == Some(Family::Hopper) || knobs;
+        if info.compute_capability != (9, 0) {
+            return match wanted {
+                true => Err(unsupported(format!(
+                    "the Hopper family (ATTN_CUDA_FAMILY=hopper or a Hopper knob) needs compute capability 9.0 \
+                     (sm_90a); {info} is not one"
+                ))),
+                false => Ok(Choice::Ampere(None)),
+            };
+        }
+        if !wanted && !HOPPER_BY_DEFAULT {
+            return Ok(Choice::Ampere(None));
+        }
+        let ctas = match self.sm90_grid.clone().transpose().map_err(unsupported)? {
+            Some(cap) => cap.min(info.sm_count),
+            None => info.sm_count,
+        };
+        match hopper::plan::choose(problem, &info.limits, ctas, self.form()?, self.sm90_tiles()?) {
+            Ok((variant, launch)) => Ok(Choice::Hopper(variant, launch)),
+            Err(e) if wanted => Err(e),
+            Err(e) => Ok(Choice::Ampere(Some(format!(
+                "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"
+            )))),
         }
     }
 
@@ -279,11 +314,15 @@ impl Cuda {
         Ok(Planned { kernel: Kernel::Ampere(variant), launch, notes, tiles })
     }
 
-    /// The plan of the Hopper family.
-    fn plan_hopper(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
+    /// The plan of the Hopper family, for the variant and launch it chose.
+    fn plan_hopper(
+        &self,
+        dev: &Device,
+        problem: &Problem,
+        variant: hopper::Variant,
+        mut launch: attn_core::Launch,
+    ) -> Result<Planned> {
         let info = dev.gpu.info();
-        let (variant, mut launch) =
-            hopper::plan::choose(problem, &info.limits, info.sm_count, self.form()?, self.sm90_tiles()?)?;
         let kernel = self.kernel(dev, Kernel::Hopper(variant))?;
         launch.registers_per_thread = Some(kernel.registers);
         launch.spill_bytes = Some(kernel.spill_bytes);
@@ -322,17 +361,19 @@ impl Attention for Cuda {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let dev = self.device()?;
-        let (family, why) = self.family_for(&dev, problem)?;
-        let Planned { kernel, launch, mut notes, tiles } = match family {
-            Family::Ampere => self.plan_ampere(&dev, problem)?,
-            Family::Hopper => self.plan_hopper(&dev, problem)?,
+        let Planned { kernel, launch, mut notes, tiles } = match self.choose_family(&dev, problem)? {
+            Choice::Hopper(variant, launch) => self.plan_hopper(&dev, problem, variant, launch)?,
+            Choice::Ampere(why) => {
+                let mut planned = self.plan_ampere(&dev, problem)?;
+                planned.notes.extend(why);
+                planned
+            }
         };
-        notes.extend(why);
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         let workspace = match kernel {
-            Kernel::Hopper(_) => " and the tile counters (8 B)",
-            Kernel::Ampere(_) => "; no workspace",
+            Kernel::Hopper(v) if v.form >= Form::Persistent => " and the tile counters (8 B)",
+            _ => "; no workspace",
         };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse only{workspace}, linear in S"));
         Ok(Plan {
@@ -371,10 +412,17 @@ impl Attention for Cuda {
             Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
             Kernel::Hopper(v) => {
                 // The persistent scheduler's two counters, zero; the kernel leaves them so.
-                let schedule =
-                    dev.gpu.stream().alloc_zeros::<u32>(2).map_err(driver("allocate the tile counters"))?;
-                let params = Sm90Params::new(&tensors, &schedule, dev.gpu.stream(), problem, &v)?;
-                Params::Hopper { params: Box::new(params), _counters: schedule }
+                let counters = match v.form >= Form::Persistent {
+                    true => Some(
+                        dev.gpu
+                            .stream()
+                            .alloc_zeros::<u32>(2)
+                            .map_err(driver("allocate the tile counters"))?,
+                    ),
+                    false => None,
+                };
+                let params = Sm90Params::new(&tensors, counters.as_ref(), dev.gpu.stream(), problem, &v)?;
+                Params::Hopper { params: Box::new(params), _counters: counters }
             }
         };
         dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
@@ -395,7 +443,7 @@ impl Attention for Cuda {
 /// tensors: the tile counters).
 enum Params {
     Ampere(KernelParams),
-    Hopper { params: Box<Sm90Params>, _counters: cudarc::driver::CudaSlice<u32> },
+    Hopper { params: Box<Sm90Params>, _counters: Option<cudarc::driver::CudaSlice<u32>> },
 }
 
 struct CudaPrepared {

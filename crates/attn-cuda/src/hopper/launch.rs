@@ -47,10 +47,12 @@ const L2_BUDGET: usize = 32 << 20;
 /// Under a causal mask the kernel takes tiles longest first within groups of this many heads
 /// (`tile_at` in the kernel): as many heads as have K and V together within [`L2_BUDGET`], so
 /// that the CTAs running at once reread K/V from L2 rather than from memory.
+/// Query heads that share a K/V head (GQA) count once.
 pub fn head_group(problem: &Problem) -> usize {
     let s = problem.shape;
-    let kv_bytes = 2 * s.seq_k * s.head_dim * 2;
-    (L2_BUDGET / kv_bytes.max(1)).clamp(1, s.batch * s.heads_q)
+    let kv_bytes_per_query_head =
+        (2 * s.seq_k * s.head_dim * 2).div_ceil(s.heads_q / s.heads_kv.max(1)).max(1);
+    (L2_BUDGET / kv_bytes_per_query_head).clamp(1, s.batch * s.heads_q)
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
@@ -77,7 +79,12 @@ fn tensor_map(
     };
     let [head_dim, seq, heads, batch] = dims;
     let global_dims = [head_dim as u64, seq as u64, heads as u64, batch as u64];
-    let global_strides = [2 * st.seq as u64, 2 * st.head as u64, 2 * st.batch as u64];
+    // A dimension of extent 1 is never stepped along, so its stride is free: the one it would
+    // have if packed (its own may be 0, which the driver need not accept).
+    let seq_stride = if seq > 1 { st.seq } else { st.seq.max(head_dim) };
+    let head_stride = if heads > 1 { st.head } else { st.head.max(seq_stride * seq) };
+    let batch_stride = if batch > 1 { st.batch } else { st.batch.max(head_stride * heads) };
+    let global_strides = [2 * seq_stride as u64, 2 * head_stride as u64, 2 * batch_stride as u64];
     let boxes = [64u32, rows as u32, 1, 1];
     let element_strides = [1u32; 4];
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
@@ -110,10 +117,10 @@ fn tensor_map(
 
 impl Sm90Params {
     /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
-    /// persistent scheduler's two counters, zero.
+    /// persistent scheduler's two counters, zero (the persistent form only).
     pub fn new(
         tensors: &DeviceTensors,
-        schedule: &CudaSlice<u32>,
+        schedule: Option<&CudaSlice<u32>>,
         stream: &CudaStream,
         problem: &Problem,
         variant: &Variant,
@@ -138,7 +145,7 @@ impl Sm90Params {
             v,
             o,
             lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
-            schedule: schedule.device_ptr(stream).0,
+            schedule: schedule.map_or(0, |c| c.device_ptr(stream).0),
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),
@@ -169,8 +176,10 @@ mod tests {
         // S=16384, D=128: 8 MiB per head, 4 to a group; S=512, D=64: 128 KiB, 256 (of 1024).
         assert_eq!(super::head_group(&p(16384, 128)), 4);
         assert_eq!(super::head_group(&p(512, 64)), 256);
-        // Never more than there are.
+        // Never more than there are; query heads sharing K/V (GQA 4:1) count once.
         assert_eq!(super::head_group(&Problem::new(Shape::new(1, 2, 64, 64), DType::Bf16)), 2);
+        let gqa = Problem::new(Shape { heads_kv: 4, ..Shape::new(8, 16, 2048, 128) }, DType::Bf16);
+        assert_eq!(super::head_group(&gqa), 128);
     }
 
     #[test]
@@ -179,5 +188,16 @@ mod tests {
         // + 9 ints and floats = 692 bytes, padded to the 128-byte alignment: 768.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
+        // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
+        use std::mem::offset_of;
+        let at = [
+            offset_of!(super::Sm90Params, q),
+            offset_of!(super::Sm90Params, schedule),
+            offset_of!(super::Sm90Params, q_strides),
+            offset_of!(super::Sm90Params, batch),
+            offset_of!(super::Sm90Params, scale_log2),
+            offset_of!(super::Sm90Params, head_group),
+        ];
+        assert_eq!(at, [512, 552, 560, 656, 676, 688]);
     }
 }

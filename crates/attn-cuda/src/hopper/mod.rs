@@ -5,10 +5,13 @@
 //! head dims 64, 128 and 256, strides that are multiples of 8 elements), and says in the plan
 //! why it fell back to the Ampere/Ada family otherwise. `ATTN_CUDA_FAMILY=ampere|hopper` forces
 //! a family; `ATTN_CUDA_FORM` picks one of the kernel's [`Form`]s (each step of its
-//! construction stays compilable, to verify and time them one against another).
+//! construction stays compilable, to verify and time them one against another),
+//! `ATTN_CUDA_SM90_TILES` other tiles and `ATTN_CUDA_SM90_GRID` a smaller persistent grid (see
+//! `attn_cuda::Cuda::from_env`).
 //!
 //! - [`plan`]: the variants, their tiles, launch and shared memory, validated before launch.
-//! - `launch`: the kernel's parameter block with its three TMA tensor maps.
+//! - `launch`: the kernel's parameter block with its four TMA tensor maps (Q, K, V in; O out),
+//!   and the causal tile order's head groups.
 //! - `wgmma`: the generated wgmma wrappers (the header `sm90_wgmma.cuh`).
 
 pub(crate) mod launch;

@@ -36,13 +36,13 @@ pub enum Form {
     /// one tile at a time.
     CpAsync,
     /// Warp-specialized: a producer warpgroup copies Q, K and V with TMA into a ring of stages
-    /// guarded by mbarriers; two consumer warpgroups (128 query rows) compute.
+    /// guarded by mbarriers; two or three consumer warpgroups (64 query rows each) compute.
     Tma,
     /// Inside each consumer warpgroup, tile j's softmax runs while the tensor cores compute
     /// tile j - 1's P·V (issued together with tile j's S).
     Overlap,
-    /// The two consumer warpgroups take turns issuing their products (named barriers), so that
-    /// one's softmax runs under the other's products.
+    /// The consumer warpgroups take turns issuing their products (named barriers, in a ring), so
+    /// that one's softmax runs under another's products.
     PingPong,
     /// One CTA per SM; each takes its next tile from a counter in global memory as it finishes
     /// one (a persistent grid with dynamic scheduling; causal: longest first).
@@ -309,7 +309,8 @@ pub struct Tiles {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
-    /// Consumer warpgroups (ignored by the `cp.async` form, which has one).
+    /// Consumer warpgroups (ignored by the `cp.async` form, which has one). In tiles forced on
+    /// [`choose`], 0 stands for the head dim's default.
     pub consumers: u32,
 }
 
@@ -363,14 +364,20 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
-    let Tiles { block_n, stages, consumers } = forced.unwrap_or_else(|| tiles(s.head_dim, form));
-    let consumers_ok = form == Form::CpAsync || (2..=3).contains(&consumers);
+    let default = tiles(s.head_dim, form);
+    let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
+    if consumers == 0 {
+        consumers = default.consumers;
+    }
+    // The cp.async form's one warpgroup double-buffers: two stages.
+    let consumers_ok = if form == Form::CpAsync { stages == 2 } else { (2..=3).contains(&consumers) };
     if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !consumers_ok {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
                 "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups: keys per tile must \
-                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4, consumers 2 or 3"
+                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4 (2 in the cpasync form), \
+                 consumers 2 or 3"
             ),
         });
     }
@@ -522,6 +529,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("shared memory per block"), "{err}");
+    }
+
+    #[test]
+    fn forced_tiles_fill_in_the_consumers_and_the_cpasync_form_takes_two_stages() {
+        let h100 = DeviceLimits::h100();
+        let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0 });
+        let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid).unwrap();
+        assert_eq!((v.block_n, v.stages, v.consumers()), (64, 3, tiles(64, Form::Persistent).consumers));
+        let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1 });
+        let err = choose(&problem(64), &h100, 132, Form::CpAsync, three_stages).unwrap_err().to_string();
+        assert!(err.contains("2 in the cpasync form"), "{err}");
     }
 
     #[test]
