@@ -40,6 +40,14 @@ for l in sys.stdin:
     r = json.loads(l); r['impl'] = '$label'; print(json.dumps(r))" > "$out/attn-$label.jsonl"
   echo "$label: $(wc -l < "$out/attn-$label.jsonl") rows; $(tail -1 "$out/attn-$label.log")"
 }
+# attn verify on cuda under the given knob settings; prints its exit status and verdict.
+verify() {  # label, then env settings, then attn verify arguments after --
+  local label=$1; shift; local settings=()
+  while [[ $1 != -- ]]; do settings+=("$1"); shift; done; shift
+  env "${settings[@]}" timeout 150 $attn verify --backend cuda --json "$@" > "$out/verify-$label.json" 2> "$out/verify-$label.log"
+  echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-$label.json'))['verdict'])" 2>/dev/null \
+    || tail -5 "$out/verify-$label.log"
+}
 meta() {  # suite, command
   cat <<META
 {"suite": "$1", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
@@ -74,18 +82,13 @@ if has verify; then
   for f in $forms; do
     grid=--quick; [[ $f == "$last" ]] && grid=
     echo "== verify ($f${grid:+, quick grid})"
-    ATTN_CUDA_FORM=$f timeout 150 $attn verify --backend cuda $grid --json > "$out/verify-$f.json" 2> "$out/verify-$f.log"
-    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-$f.json'))['verdict'])" 2>/dev/null \
-      || tail -5 "$out/verify-$f.log"
+    verify $f ATTN_CUDA_FORM=$f -- $grid
   done
   if [[ $last == persistent ]]; then
     # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one; with
     # two CTAs each computes many (the tile slot, the barriers' phases and the O buffer reused).
     echo "== verify ($last, a persistent grid of 2 CTAs)"
-    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=2 timeout 150 $attn verify --backend cuda --json > "$out/verify-grid2.json" \
-      2> "$out/verify-grid2.log"
-    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-grid2.json'))['verdict'])" 2>/dev/null \
-      || tail -5 "$out/verify-grid2.log"
+    verify grid2 ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=2 --
   fi
 fi
 pack verify
@@ -161,10 +164,7 @@ pack bench
 if has sweep; then
   for t in ${VERIFY_TILES:-}; do
     echo "== verify ($last, tiles $t, quick grid)"
-    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t timeout 120 $attn verify --backend cuda --quick --json \
-      > "$out/verify-tiles-${t//:/-}.json" 2> "$out/verify-tiles-${t//:/-}.log"
-    echo "verify exit $?"; python3 -c "import json; print(json.load(open('$out/verify-tiles-${t//:/-}.json'))['verdict'])" \
-      2>/dev/null || tail -5 "$out/verify-tiles-${t//:/-}.log"
+    verify "tiles-${t//:/-}" ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t -- --quick
   done
   echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers])"
   for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"

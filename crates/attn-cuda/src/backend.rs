@@ -63,6 +63,11 @@ impl Kernel {
     }
 }
 
+/// A knob's value, or the reason it could not be read as an error of the backend.
+fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
+    k.clone().transpose().map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
+}
+
 /// Which family plans a problem, decided before either plans it.
 enum Choice {
     /// The Hopper kernel, already chosen, with its launch.
@@ -242,9 +247,8 @@ impl Cuda {
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`) asks for the Hopper kernel, so that a
     /// problem it cannot run is then an error rather than a silent run of the other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
-        let unsupported = |what: String| Error::Unsupported { backend: "cuda".into(), what };
         let info = dev.gpu.info();
-        let asked = self.family.clone().transpose().map_err(unsupported)?;
+        let asked = knob(&self.family)?;
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
@@ -252,21 +256,22 @@ impl Cuda {
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
-                true => Err(unsupported(format!(
-                    "the Hopper family (ATTN_CUDA_FAMILY=hopper or a Hopper knob) needs compute capability 9.0 \
-                     (sm_90a); {info} is not one"
-                ))),
+                true => Err(Error::Unsupported {
+                    backend: "cuda".into(),
+                    what: format!(
+                        "the Hopper family (ATTN_CUDA_FAMILY=hopper or a Hopper knob) needs compute capability \
+                         9.0 (sm_90a); {info} is not one"
+                    ),
+                }),
                 false => Ok(Choice::Ampere(None)),
             };
         }
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        let ctas = match self.sm90_grid.clone().transpose().map_err(unsupported)? {
-            Some(cap) => cap.min(info.sm_count),
-            None => info.sm_count,
-        };
-        match hopper::plan::choose(problem, &info.limits, ctas, self.form()?, self.sm90_tiles()?) {
+        let ctas = knob(&self.sm90_grid)?.map_or(info.sm_count, |cap| cap.min(info.sm_count));
+        let form = knob(&self.form)?.unwrap_or(Form::Persistent);
+        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?) {
             Ok((variant, launch)) => Ok(Choice::Hopper(variant, launch)),
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
@@ -275,34 +280,10 @@ impl Cuda {
         }
     }
 
-    fn sm90_tiles(&self) -> Result<Option<hopper::plan::Tiles>> {
-        self.sm90_tiles
-            .clone()
-            .transpose()
-            .map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
-    }
-
-    fn form(&self) -> Result<Form> {
-        match &self.form {
-            None => Ok(Form::Persistent),
-            Some(Ok(f)) => Ok(*f),
-            Some(Err(what)) => Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
-        }
-    }
-
     /// The plan of the Ampere/Ada family.
     fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
-        let rank = match &self.rank {
-            None => None,
-            Some(Ok(r)) => Some(*r),
-            Some(Err(what)) => return Err(Error::Unsupported { backend: "cuda".into(), what: what.clone() }),
-        };
-        let (variant, mut launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, rank)?;
-        let kernel = self.kernel(dev, Kernel::Ampere(variant))?;
-        launch.registers_per_thread = Some(kernel.registers);
-        launch.spill_bytes = Some(kernel.spill_bytes);
-        // Checked again now that the registers are known.
-        launch.validate(&variant.name(), &dev.gpu.info().limits)?;
+        let (variant, launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, knob(&self.rank)?)?;
+        let (kernel, launch) = self.load_for(dev, Kernel::Ampere(variant), launch)?;
         let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
         let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
         notes.push(format!(
@@ -314,19 +295,30 @@ impl Cuda {
         Ok(Planned { kernel: Kernel::Ampere(variant), launch, notes, tiles })
     }
 
+    /// Compiles and loads `which` for its plan, fills in the registers and spills the compiler
+    /// reports, and validates the launch again now that they are known.
+    fn load_for(
+        &self,
+        dev: &Device,
+        which: Kernel,
+        mut launch: attn_core::Launch,
+    ) -> Result<(Arc<Loaded>, attn_core::Launch)> {
+        let kernel = self.kernel(dev, which)?;
+        launch.registers_per_thread = Some(kernel.registers);
+        launch.spill_bytes = Some(kernel.spill_bytes);
+        launch.validate(&which.name(), &dev.gpu.info().limits)?;
+        Ok((kernel, launch))
+    }
+
     /// The plan of the Hopper family, for the variant and launch it chose.
     fn plan_hopper(
         &self,
         dev: &Device,
         problem: &Problem,
         variant: hopper::Variant,
-        mut launch: attn_core::Launch,
+        launch: attn_core::Launch,
     ) -> Result<Planned> {
-        let info = dev.gpu.info();
-        let kernel = self.kernel(dev, Kernel::Hopper(variant))?;
-        launch.registers_per_thread = Some(kernel.registers);
-        launch.spill_bytes = Some(kernel.spill_bytes);
-        launch.validate(&variant.name(), &info.limits)?;
+        let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
         let mut notes = variant.notes(problem, &launch);
         notes.push(format!(
             "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
@@ -372,7 +364,7 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         let workspace = match kernel {
-            Kernel::Hopper(v) if v.form >= Form::Persistent => " and the tile counters (8 B)",
+            Kernel::Hopper(v) if v.uses_tile_counters() => " and the tile counters (8 B)",
             _ => "; no workspace",
         };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse only{workspace}, linear in S"));
@@ -412,7 +404,7 @@ impl Attention for Cuda {
             Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
             Kernel::Hopper(v) => {
                 // The persistent scheduler's two counters, zero; the kernel leaves them so.
-                let counters = match v.form >= Form::Persistent {
+                let counters = match v.uses_tile_counters() {
                     true => Some(
                         dev.gpu
                             .stream()

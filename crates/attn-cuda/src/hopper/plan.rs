@@ -87,7 +87,7 @@ pub struct Variant {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
-    /// Consumer warpgroups of 64 query rows each, past the `cp.async` form (which has one).
+    /// Consumer warpgroups of 64 query rows each: 1 in the `cp.async` form, 2 or 3 after it.
     pub consumers: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
@@ -96,34 +96,34 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// Consumer warpgroups: one in the `cp.async` form, two (128 query rows) or three (192) in
-    /// the others.
-    pub fn consumers(&self) -> u32 {
-        if self.form == Form::CpAsync { 1 } else { self.consumers }
-    }
-
     /// Registers per consumer thread after `setmaxnreg`: what the producer's
     /// [`PRODUCER_REGISTERS`] leave of the [`REGISTER_POOL`], in units of 8, at most
     /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three).
     pub fn consumer_registers(&self) -> u32 {
         let left = REGISTER_POOL - 128 * PRODUCER_REGISTERS;
-        CONSUMER_REGISTERS.min(left / (128 * self.consumers()) / 8 * 8)
+        CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
     }
 
     /// Query rows per CTA tile: 64 per consumer warpgroup.
     pub fn block_m(&self) -> usize {
-        64 * self.consumers() as usize
+        64 * self.consumers as usize
     }
 
     /// Threads per CTA: the consumer warpgroups and, from the TMA form on, the producer.
     pub fn threads(&self) -> u32 {
-        128 * (self.consumers() + u32::from(self.form >= Form::Tma))
+        128 * (self.consumers + u32::from(self.form >= Form::Tma))
     }
 
     /// Whether the kernel moves registers from the producer to the consumers (`setmaxnreg`):
     /// with 384 threads the cap at entry is 168 per thread, under what the consumers need.
     pub fn reallocates_registers(&self) -> bool {
         self.threads() > 256
+    }
+
+    /// Whether the launch holds the persistent scheduler's two tile counters (8 bytes of device
+    /// memory, zero at every launch).
+    pub fn uses_tile_counters(&self) -> bool {
+        self.form >= Form::Persistent
     }
 
     /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
@@ -177,7 +177,7 @@ impl Variant {
             ("ATTN_BF16".into(), flag(self.dtype == DType::Bf16)),
             ("ATTN_D".into(), self.head_dim.to_string()),
             ("ATTN_BN".into(), self.block_n.to_string()),
-            ("ATTN_CONSUMERS".into(), self.consumers().to_string()),
+            ("ATTN_CONSUMERS".into(), self.consumers.to_string()),
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_CAUSAL".into(), flag(self.causal)),
             ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
@@ -263,9 +263,9 @@ impl Variant {
             _ => format!(
                 "sm_90a warp-specialized: warpgroup {} produces (TMA copies of Q, K, V; {} registers per thread \
                  after setmaxnreg), warpgroups 0-{} consume (wgmma; {} registers per thread), {} threads",
-                self.consumers(),
+                self.consumers,
                 PRODUCER_REGISTERS,
-                self.consumers() - 1,
+                self.consumers - 1,
                 self.consumer_registers(),
                 self.threads()
             ),
@@ -281,7 +281,7 @@ impl Variant {
         if self.form >= Form::PingPong {
             notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
         }
-        if self.form >= Form::Persistent {
+        if self.uses_tile_counters() {
             notes.push(format!(
                 "persistent: {} CTAs take tiles from a counter as they finish one (8 bytes of device \
                  memory, put back to zero by the last CTA)",
@@ -366,12 +366,12 @@ pub fn choose(
     crate::plan::check_alignment(problem)?;
     let default = tiles(s.head_dim, form);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
-    if consumers == 0 {
-        consumers = default.consumers;
+    if consumers == 0 || form == Form::CpAsync {
+        consumers = default.consumers; // the cp.async form has its one warpgroup
     }
-    // The cp.async form's one warpgroup double-buffers: two stages.
-    let consumers_ok = if form == Form::CpAsync { stages == 2 } else { (2..=3).contains(&consumers) };
-    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !consumers_ok {
+    // That warpgroup double-buffers: two stages.
+    let form_ok = if form == Form::CpAsync { stages == 2 } else { (2..=3).contains(&consumers) };
+    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !form_ok {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
@@ -444,7 +444,7 @@ mod tests {
     fn the_register_split_fits_the_register_file() {
         for v in Variant::all() {
             let regs = match v.reallocates_registers() {
-                true => 128 * PRODUCER_REGISTERS + 128 * v.consumers() * v.consumer_registers(),
+                true => 128 * PRODUCER_REGISTERS + 128 * v.consumers * v.consumer_registers(),
                 false => v.threads() * v.register_budget(),
             };
             assert!(
@@ -536,7 +536,7 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0 });
         let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid).unwrap();
-        assert_eq!((v.block_n, v.stages, v.consumers()), (64, 3, tiles(64, Form::Persistent).consumers));
+        assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, tiles(64, Form::Persistent).consumers));
         let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1 });
         let err = choose(&problem(64), &h100, 132, Form::CpAsync, three_stages).unwrap_err().to_string();
         assert!(err.contains("2 in the cpasync form"), "{err}");
