@@ -12,8 +12,11 @@
 #   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
-#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers] ..."), S=4096
-#             and 16384; VERIFY_TILES="keys:stages:consumers" runs the quick grid with those first
+#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers[:q buffers]] ...",
+#             0 or unsaid: the default), S=4096 and 16384 (SWEEP_SEQS); VERIFY_TILES=
+#             "keys:stages[:consumers[:q buffers]] ..." runs the quick grid with those first
+#   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
+#             "128 4096 none"): warp states and stall samples per SASS instruction
 #   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) for the last form
 #             and the peers: the table for docs/performance.md
 # Expects `cargo xtask bundle` output in .device/ (carry it). Writes $OUT/hopper.tgz and
@@ -66,15 +69,16 @@ if has smoke; then
   echo "== smoke: one small call per form, head dim and mask (rel L2 against f64; 20 s each)"
   for f in $forms; do for d in 64 128 256; do for c in "" --no-causal; do
     r=$(ATTN_CUDA_FORM=$f timeout 20 $attn run --backend cuda -d $d --seq 300 --heads 4 --kv-heads 2 --batch 2 $c \
-        --iters 1 --warmup 0 --check-rows 64 --json 2>&1)
+        --iters 1 --warmup 0 --check-rows 64 --json 2> "$out/smoke.err")
     code=$?
     if ((code == 124)); then  # a hang hangs every launch after it: stop, and keep the device time
       echo "$f d$d ${c:-causal}: exit 124 (hang): stopping"; pack smoke; rm -rf "$out"; exit 1
     fi
     echo "$f d$d ${c:-causal}: exit $code $(echo "$r" | python3 -c 'import json,sys
 try:
-    r = json.loads(sys.stdin.read()); a = r["accuracy"]; print(f"rel_l2 {a[\"rel_l2\"]:.2e} max_abs {a[\"max_abs\"]:.2e} {r[\"plan\"][\"kernel\"]}")
-except Exception: print("no result")' 2>/dev/null) $( ((code != 0)) && echo "$r" | tail -2 | tr '\n' ' ')"
+    r = json.loads(sys.stdin.read()); a = r["accuracy"]
+    print("rel_l2 %.2e max_abs %.2e %s" % (a["rel_l2"], a["max_abs"], r["plan"]["kernel"]))
+except Exception: print("no result")') $( ((code != 0)) && tail -2 "$out/smoke.err" | tr '\n' ' ')"
   done; done; done | tee "$out/smoke.txt"
 fi
 pack smoke
@@ -95,10 +99,18 @@ pack verify
 if has sanitize; then
   echo "== compute-sanitizer on small cases (${SAN_FORMS:-tma $last})"
   for f in ${SAN_FORMS:-tma $last}; do for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
-    r=$(ATTN_CUDA_FORM=$f timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
-        -d $d --seq 200 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json 2>&1)
-    echo "$tool $f d$d ${c:-causal}: exit $? $(echo "$r" | grep -o '[A-Z]* SUMMARY: .*' | tail -1)"
+    log="$out/sanitizer-$tool-$f-d$d${c:+-nomask}.txt"
+    ATTN_CUDA_FORM=$f timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
+        -d $d --seq 200 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json > "$log" 2>&1
+    echo "$tool $f d$d ${c:-causal}: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
   done; done; done; done | tee "$out/sanitizer.txt"
+  # One CTA computing all four tiles of a case: the Q buffers and the tile slots reused.
+  log="$out/sanitizer-racecheck-grid1.txt"
+  ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=1 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $attn run \
+    --backend cuda --dtype bf16 -d 128 --seq 200 --heads 2 --batch 1 --no-causal --iters 1 --warmup 0 --check-rows 4 \
+    --json > "$log" 2>&1
+  echo "racecheck $last d128 --no-causal, one CTA: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)" \
+    | tee -a "$out/sanitizer.txt"
 fi
 pack sanitize
 if has sass; then
@@ -166,13 +178,28 @@ if has sweep; then
     echo "== verify ($last, tiles $t, quick grid)"
     verify "tiles-${t//:/-}" ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t -- --quick
   done
-  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers])"
-  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
-    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-2} bench "sweep-d$d-n$n-s$st-c${cons:-2}" --dtypes bf16 \
-      --dims $d --seqs 4096,16384 --masks none,causal --tokens 16384 --model-dim 2048
+  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers[:q buffers]])"
+  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons qb <<< "$t"
+    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0}:${qb:-0} bench "sweep-d$d-n$n-s$st-c${cons:-0}-q${qb:-0}" \
+      --dtypes bf16 --dims $d --seqs ${SWEEP_SEQS:-4096,16384} --masks none,causal --tokens 16384 --model-dim 2048
   done
 fi
 pack sweep
+if has profile; then
+  read -r d seq mask <<< "${PROFILE:-128 4096 none}"
+  echo "== profile: ncu on one launch of the $last form, D=$d S=$seq $mask"
+  c=; [[ $mask == none ]] && c=--no-causal
+  ATTN_CUDA_FORM=$last timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+    --section SourceCounters --section LaunchStats --section Occupancy -k regex:attn_fwd_sm90 --launch-skip 2 \
+    --launch-count 1 -o "$out/profile" $attn run --backend cuda -d $d --seq $seq --batch $((16384 / seq)) \
+    --heads $((2048 / d)) $c --iters 3 --warmup 0 --check-rows 8 > "$out/profile.log" 2>&1
+  echo "ncu exit $?"; tail -3 "$out/profile.log"
+  ncu -i "$out/profile.ncu-rep" --page details > "$out/profile-details.txt" 2>&1
+  ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass > "$out/profile-source.csv" 2>&1
+  grep -iE "duration|warp cycles per issued|issue slots busy|stall" "$out/profile-details.txt" | head -20
+  wc -l "$out/profile-source.csv"
+fi
+pack profile
 if has grid; then
   echo "== grid: the $last form and the peers on the standard grid"
   ATTN_CUDA_FORM=$last bench sm90 "${STANDARD[@]}"

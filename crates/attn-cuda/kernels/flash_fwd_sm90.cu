@@ -33,6 +33,9 @@
 //                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
 //                   out),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
+//   ATTN_Q_BUFFERS  2 (persistent only): the producer copies the CTA's next tile's Q into a
+//                   second buffer while this tile computes, so that a tile starts on a Q that
+//                   has landed (1: Q is copied once the consumers are done with the last one),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
@@ -62,6 +65,7 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
+constexpr int Q_BUFFERS = ATTN_Q_BUFFERS;
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -75,6 +79,7 @@ static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "
 static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
+static_assert(Q_BUFFERS == 1 || (Q_BUFFERS == 2 && PERSISTENT), "a second Q buffer: for a CTA's next tile");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -107,21 +112,21 @@ struct Params {
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
 // and the descriptors assume tiles start on that boundary). The host adds 1024 bytes of slack
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
-constexpr int Q_BYTES = BM * D * 2;
+constexpr int Q_BYTES = BM * D * 2;   // one Q buffer
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
-constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 16;  // the mbarriers and the tile slot
-constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
+constexpr int BARRIER_BYTES = 8 * (2 * Q_BUFFERS + 4 * STAGES) + 16;  // the mbarriers and the tile slots
+constexpr int SMEM_BYTES = Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
-    elem_t* q;
+    elem_t* q;  // Q_BUFFERS buffers
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
-    unsigned long long* q_full;  // Q landed
-    unsigned long long* q_empty; // every consumer is done reading Q
+    int* tile;  // [Q_BUFFERS] the tile whose Q is in the buffer, written before q_full is armed
+    unsigned long long* q_full;  // [Q_BUFFERS] Q landed
+    unsigned long long* q_empty; // [Q_BUFFERS] every consumer is done reading Q
     unsigned long long* k_full;  // [STAGES]
     unsigned long long* k_empty;
     unsigned long long* v_full;
@@ -133,19 +138,26 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     unsigned char* p = raw + ((1024 - (base & 1023)) & 1023);
     Smem s;
     s.q = reinterpret_cast<elem_t*>(p);
-    s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
-    s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
-    s.o = reinterpret_cast<elem_t*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES);
+    p += Q_BUFFERS * Q_BYTES;
+    s.k = reinterpret_cast<elem_t*>(p);
+    s.v = reinterpret_cast<elem_t*>(p + STAGES * KV_BYTES);
+    s.o = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
-    s.q_empty = bars + 1;
-    s.k_full = bars + 2;
-    s.k_empty = bars + 2 + STAGES;
-    s.v_full = bars + 2 + 2 * STAGES;
-    s.v_empty = bars + 2 + 3 * STAGES;
-    s.tile = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
+    s.q_empty = bars + Q_BUFFERS;
+    bars += 2 * Q_BUFFERS;
+    s.k_full = bars;
+    s.k_empty = bars + STAGES;
+    s.v_full = bars + 2 * STAGES;
+    s.v_empty = bars + 3 * STAGES;
+    s.tile = reinterpret_cast<int*>(bars + 4 * STAGES);
     return s;
 }
+
+// The CTA's n-th tile uses Q buffer n % Q_BUFFERS, whose barriers are in their
+// (n / Q_BUFFERS)-th phase.
+__device__ __forceinline__ int q_buffer(int n) { return n % Q_BUFFERS; }
+__device__ __forceinline__ unsigned q_phase(int n) { return (n / Q_BUFFERS) & 1; }
 
 // The (batch * head, query block) of tile t, and how many key tiles it sees.
 struct Tile {
@@ -189,20 +201,25 @@ __device__ void produce(const Params& p, const Smem& s) {
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int t = blockIdx.x;
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
-        // The consumers are done with the last tile's Q (and its slot): hand them the next. The
-        // barrier's arrival releases the slot's store to the consumers that wait on it.
-        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
-        *reinterpret_cast<volatile int*>(s.tile) = t;
+        // The consumers are done with the Q last held in this buffer (and its slot): hand them
+        // the next. The barrier's arrival releases the slot's store to the consumers that wait
+        // on it. With two buffers this is the tile before last's: the next tile's Q is copied
+        // while the consumers still compute this one.
+        const int qb = q_buffer(n);
+        unsigned long long* q_full = s.q_full + qb;
+        sm90::mbar_wait(s.q_empty + qb, q_phase(n) ^ 1);
+        *reinterpret_cast<volatile int*>(s.tile + qb) = t;
         if (t >= p.tiles) {
-            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
+            sm90::mbar_arrive(q_full);  // no Q: the consumers read the slot and stop
             break;
         }
         const Tile tile = tile_at(p, t);
         const int g = tile.h / (p.heads_q / p.heads_kv);
-        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
+        elem_t* q = s.q + qb * (Q_BYTES / 2);
+        sm90::mbar_arrive_expect_tx(q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
-            sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
+            sm90::tma_load_4d(q + c * BM * 64, &p.q_map, q_full, 64 * c, tile.m0, tile.h, tile.b);
         for (int j = 0; j < tile.n_kv; ++j, ++it) {
             const int st = it % STAGES;
             const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
@@ -486,6 +503,7 @@ struct Ctx {
     int row0;          // this thread's first row (the other is row0 + 8)
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
     unsigned q_smem;   // this warpgroup's 64 rows of Q
+    unsigned long long* q_empty;  // the tile's Q buffer's
     int n_kv;          // key tiles of this query tile
     int g, b;          // K/V head and batch (cp.async form)
 
@@ -495,14 +513,19 @@ struct Ctx {
     // whose barriers are in their (it / STAGES)-th phase.
     __device__ static int stage(int it) { return it % STAGES; }
     __device__ static unsigned phase(int it) { return (it / STAGES) & 1; }
-    // One arrival per warp on an "empty" barrier: this warp is done reading the stage (its
-    // wgmma, which reads shared memory asynchronously, has completed).
-    // The whole warp calls it: every lane's reads (of the tile slot too) come before lane 0's
-    // arrival, which lets the producer overwrite what they read.
+    // One arrival per warp on a K or V stage's "empty" barrier: this warp is done reading the
+    // stage (its wgmma, which reads shared memory asynchronously, has completed).
+    // The whole warp calls it: every lane is past its wait before lane 0 arrives.
     __device__ void release(unsigned long long* bar) const {
         if (!TMA) return;
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(bar);
+    }
+    // One arrival per thread on the Q buffer's "empty" barrier: this thread is done with Q and
+    // with the tile slot it read, and its arrival (a release) orders that read before the
+    // producer's next write of the slot. Once per tile.
+    __device__ void release_q() const {
+        if (TMA) sm90::mbar_arrive(q_empty);
     }
 };
 
@@ -534,7 +557,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
         sm90::wgmma_wait<0>();
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + stg);
-        if (j + 1 == c.n_kv) c.release(c.s.q_empty);  // the tile's last use of Q
+        if (j + 1 == c.n_kv) c.release_q();  // the tile's last use of Q
         float alpha[2];
         if (softmax_step(c, sc, st, j, alpha)) rescale(o, alpha);
         to_fragments(sc, pa);
@@ -569,7 +592,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
-    if (c.n_kv == 1) c.release(c.s.q_empty);
+    if (c.n_kv == 1) c.release_q();
     softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
     for (int j = 1; j < c.n_kv; ++j) {
@@ -585,7 +608,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + Ctx::stage(it));
-        if (j + 1 == c.n_kv) c.release(c.s.q_empty);
+        if (j + 1 == c.n_kv) c.release_q();
         const bool moved = softmax_step(c, sc, st, j, alpha);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
         sm90::fence_regs(o);
@@ -609,10 +632,12 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
+        const int qb = q_buffer(n);
+        elem_t* q = s.q + qb * (Q_BYTES / 2);
         int t;
         if (TMA) {
-            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
-            t = *reinterpret_cast<volatile int*>(s.tile);
+            sm90::mbar_wait(s.q_full + qb, q_phase(n));  // Q has landed, and the slot names its tile
+            t = *reinterpret_cast<volatile int*>(s.tile + qb);
         } else {
             t = blockIdx.x + n * gridDim.x;
         }
@@ -626,7 +651,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     p.seq_k - p.seq_q,
                     tile.m0 + 64 * wg + 16 * warp + lane / 4,
                     tile.m0 + 64 * wg + 16 * warp,
-                    sm90::smem_u32(s.q) + wg * 64 * 128,
+                    sm90::smem_u32(q) + wg * 64 * 128,
+                    s.q_empty + qb,
                     tile.n_kv,
                     tile.h / (p.heads_q / p.heads_kv),
                     tile.b};
@@ -638,7 +664,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         if (!TMA) {
             // Q, and K/V tile 0 into the stage the count says.
             const int stg = Ctx::stage(it);
-            cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
+            cp_tile<64>(q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
             if (tile.n_kv > 0) {
                 cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
                 cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
@@ -647,10 +673,10 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             sm90::fence_proxy_async();
             __syncthreads();
         }
-        if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
+        if (p.scale_log2 < 0.f) negate_q_rows(q, wg);
 
         if (tile.n_kv == 0) {
-            c.release(s.q_empty);
+            c.release_q();
         } else if (OVERLAP) {
             mainloop_overlapped(c, o, st, it);
         } else {
@@ -672,8 +698,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         return;
     }
     if (threadIdx.x == 0) {
-        sm90::mbar_init(s.q_full, 1);
-        sm90::mbar_init(s.q_empty, 4 * CONSUMERS);
+        for (int i = 0; i < Q_BUFFERS; ++i) {
+            sm90::mbar_init(s.q_full + i, 1);
+            sm90::mbar_init(s.q_empty + i, 128 * CONSUMERS);
+        }
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.k_full + i, 1);
             sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);
