@@ -13,7 +13,8 @@
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
 #   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers[:q buffers]] ...",
-#             0 or unsaid: the default), S=4096 and 16384 (SWEEP_SEQS); VERIFY_TILES=
+#             0 or unsaid: the default), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
+#             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); VERIFY_TILES=
 #             "keys:stages[:consumers[:q buffers]] ..." runs the quick grid with those first
 #   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
 #             "128 4096 none"): warp states and stall samples per SASS instruction
@@ -178,11 +179,28 @@ if has sweep; then
     echo "== verify ($last, tiles $t, quick grid)"
     verify "tiles-${t//:/-}" ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t -- --quick
   done
-  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers[:q buffers]])"
-  for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons qb <<< "$t"
-    ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0}:${qb:-0} bench "sweep-d$d-n$n-s$st-c${cons:-0}-q${qb:-0}" \
-      --dtypes bf16 --dims $d --seqs ${SWEEP_SEQS:-4096,16384} --masks none,causal --tokens 16384 --model-dim 2048
+  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers[:q buffers]]), ${SWEEP_ROUNDS:-1} round(s)"
+  # The SM clock, power and throttle reasons every 200 ms while the sweep runs (rounds interleave
+  # the configurations, so that a drift in clocks shows as a drift, not as a difference).
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv \
+    -lms 200 > "$out/clocks.csv" 2>&1 & smi=$!
+  for round in $(seq 1 ${SWEEP_ROUNDS:-1}); do
+    for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons qb <<< "$t"
+      label="sweep-d$d-n$n-s$st-c${cons:-0}-q${qb:-0}"; ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
+      ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0}:${qb:-0} bench "$label" --dtypes bf16 --dims $d \
+        --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 --model-dim 2048
+    done
   done
+  kill $smi 2>/dev/null
+  python3 - "$out/clocks.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))[1:]
+mhz = sorted(float(r[1].split()[0]) for r in rows if len(r) > 2 and r[1].strip()[:1].isdigit())
+watts = sorted(float(r[2].split()[0]) for r in rows if len(r) > 2 and r[2].strip()[:1].isdigit())
+if mhz:
+    print(f"SM clock over the sweep: min {mhz[0]:.0f}, median {mhz[len(mhz) // 2]:.0f}, max {mhz[-1]:.0f} MHz; "
+          f"power median {watts[len(watts) // 2]:.0f} W, max {watts[-1]:.0f} W ({len(mhz)} samples)")
+PY
 fi
 pack sweep
 if has profile; then

@@ -575,14 +575,16 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// The tile's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
-// S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
-// on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
-// stand outside the loop, so that every path through it waits for the same groups (ptxas
-// serializes all wgmma of a kernel where it cannot tell a group is complete).
-__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
-    unsigned pa[BN / 16][4];
-    float sc[NS];
+// The overlapped forms software-pipeline a tile's key tiles inside the warpgroup: S_j is issued
+// together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still on the tensor
+// cores; only then is O rescaled and P_j packed. The first S (the head) and the last P V (the
+// tail) stand outside the loop (the body), so that every path through it waits for the same
+// groups (ptxas serializes all wgmma of a kernel where it cannot tell a group is complete).
+// With two Q buffers a tile's tail goes with the next tile's head (pipeline_tail_head).
+
+// S_0 alone, its softmax and P_0 (O is still 0: nothing to rescale).
+__device__ __forceinline__ void pipeline_head(const Ctx& c, float (&o)[NO], float (&sc)[NS], unsigned (&pa)[BN / 16][4],
+                                              RowState& st, int it) {
     float alpha[2];
     sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
@@ -593,8 +595,14 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.n_kv == 1) c.release_q();
-    softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
+    softmax_step(c, sc, st, 0, alpha);
     to_fragments(sc, pa);
+}
+
+// Key tiles 1 .. n_kv - 1: S_j with P_{j-1} V_{j-1}.
+__device__ __forceinline__ void pipeline_body(const Ctx& c, float (&o)[NO], float (&sc)[NS], unsigned (&pa)[BN / 16][4],
+                                              RowState& st, int& it) {
+    float alpha[2];
     for (int j = 1; j < c.n_kv; ++j) {
         const int prev = it++;
         sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
@@ -616,6 +624,10 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         if (moved) rescale(o, alpha);
         to_fragments(sc, pa);
     }
+}
+
+// The last P V alone.
+__device__ __forceinline__ void pipeline_tail(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], int& it) {
     sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
     begin_batch(o, pa);
@@ -627,63 +639,122 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     ++it;
 }
 
-__device__ void consume(const Params& p, const Smem& s, int wg) {
+// The last P V of c's tile issued together with S_0 of the next tile (whose Q has landed in the
+// other buffer): c's O is stored while S_0 runs, then comes the next tile's first softmax. The
+// tensor cores get S_0 as early as they would get any S_j, where alone it would wait for the
+// store and then for its own result.
+__device__ __forceinline__ void pipeline_tail_head(const Ctx& c, const Tile& tile, const Ctx& next, float (&o)[NO],
+                                                   float (&sc)[NS], unsigned (&pa)[BN / 16][4], RowState& st, int& it) {
+    float alpha[2];
+    const int last = it++;
+    sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
+    sm90::mbar_wait(c.s.v_full + Ctx::stage(last), Ctx::phase(last));
+    await_turn(c.wg);
+    begin_batch(o, pa);
+    issue_pv(o, pa, c.v_smem(Ctx::stage(last)));
+    begin_batch(o, pa);
+    issue_qk(sc, next.q_smem, c.k_smem(Ctx::stage(it)));
+    pass_turn(c.wg);
+    sm90::wgmma_wait<1>();  // the P V is done; S_0 may still run
+    sm90::fence_regs(o);
+    c.release(c.s.v_empty + Ctx::stage(last));
+    store_output(c.p, c.s, tile, c.wg, c.row0, o, st);
+#pragma unroll
+    for (int i = 0; i < NO; ++i) o[i] = 0.f;
+    st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sc);
+    next.release(c.s.k_empty + Ctx::stage(it));
+    if (next.n_kv == 1) next.release_q();
+    softmax_step(next, sc, st, 0, alpha);
+    to_fragments(sc, pa);
+}
+
+// The CTA's n-th tile (or, past the last, a number >= p.tiles): with TMA, once its Q has
+// landed, from the slot the producer wrote; else the static order.
+__device__ __forceinline__ int fetch_tile(const Smem& s, int n) {
+    if (!TMA) return blockIdx.x + n * gridDim.x;
+    sm90::mbar_wait(s.q_full + q_buffer(n), q_phase(n));
+    return *reinterpret_cast<volatile int*>(s.tile + q_buffer(n));
+}
+
+// What a consumer thread knows of the CTA's n-th tile, `tile`.
+__device__ __forceinline__ Ctx tile_ctx(const Params& p, const Smem& s, int wg, const Tile& tile, int n) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    return Ctx{p,
+               s,
+               wg,
+               lane,
+               fmaxf(fabsf(p.scale_log2), 1e-30f),
+               p.seq_k - p.seq_q,
+               tile.m0 + 64 * wg + 16 * warp + lane / 4,
+               tile.m0 + 64 * wg + 16 * warp,
+               sm90::smem_u32(s.q + q_buffer(n) * (Q_BYTES / 2)) + wg * 64 * 128,
+               s.q_empty + q_buffer(n),
+               tile.n_kv,
+               tile.h / (p.heads_q / p.heads_kv),
+               tile.b};
+}
+
+// A tile's tail goes with the next tile's head where the next Q is copied during this tile.
+constexpr bool FUSE_TILES = OVERLAP && Q_BUFFERS == 2;
+
+__device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
-        const int qb = q_buffer(n);
-        elem_t* q = s.q + qb * (Q_BYTES / 2);
-        int t;
-        if (TMA) {
-            sm90::mbar_wait(s.q_full + qb, q_phase(n));  // Q has landed, and the slot names its tile
-            t = *reinterpret_cast<volatile int*>(s.tile + qb);
-        } else {
-            t = blockIdx.x + n * gridDim.x;
-        }
-        if (t >= p.tiles) break;
+    float o[NO];
+    float sc[NS];
+    unsigned pa[BN / 16][4];
+    RowState st;
+    bool primed = false;  // the tile's head ran with the last tile's tail
+    int t = fetch_tile(s, 0);
+    for (int n = 0; t < p.tiles; ++n) {  // n: query tiles of this CTA so far
         const Tile tile = tile_at(p, t);
-        const Ctx c{p,
-                    s,
-                    wg,
-                    lane,
-                    fmaxf(fabsf(p.scale_log2), 1e-30f),
-                    p.seq_k - p.seq_q,
-                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
-                    tile.m0 + 64 * wg + 16 * warp,
-                    sm90::smem_u32(q) + wg * 64 * 128,
-                    s.q_empty + qb,
-                    tile.n_kv,
-                    tile.h / (p.heads_q / p.heads_kv),
-                    tile.b};
-        float o[NO];
+        const Ctx c = tile_ctx(p, s, wg, tile, n);
+        elem_t* q = s.q + q_buffer(n) * (Q_BYTES / 2);
+        if (!primed) {
 #pragma unroll
-        for (int i = 0; i < NO; ++i) o[i] = 0.f;
-        RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-
-        if (!TMA) {
-            // Q, and K/V tile 0 into the stage the count says.
-            const int stg = Ctx::stage(it);
-            cp_tile<64>(q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
-            if (tile.n_kv > 0) {
-                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
-                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
+            for (int i = 0; i < NO; ++i) o[i] = 0.f;
+            st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+            if (!TMA) {
+                // Q, and K/V tile 0 into the stage the count says.
+                const int stg = Ctx::stage(it);
+                cp_tile<64>(q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
+                if (tile.n_kv > 0) {
+                    cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
+                    cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
+                }
+                asm volatile("cp.async.wait_group 0;\n" ::);
+                sm90::fence_proxy_async();
+                __syncthreads();
             }
-            asm volatile("cp.async.wait_group 0;\n" ::);
-            sm90::fence_proxy_async();
-            __syncthreads();
+            if (p.scale_log2 < 0.f) negate_q_rows(q, wg);
         }
-        if (p.scale_log2 < 0.f) negate_q_rows(q, wg);
-
-        if (tile.n_kv == 0) {
-            c.release_q();
-        } else if (OVERLAP) {
-            mainloop_overlapped(c, o, st, it);
+        if (tile.n_kv == 0 || !OVERLAP) {
+            if (tile.n_kv == 0) {
+                c.release_q();
+            } else {
+                mainloop_sequential(c, o, st, it);
+            }
+            store_output(p, s, tile, wg, c.row0, o, st);
+            if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
+            primed = false;
+            t = fetch_tile(s, n + 1);
+            continue;
+        }
+        if (!primed) pipeline_head(c, o, sc, pa, st, it);
+        pipeline_body(c, o, sc, pa, st, it);
+        const int next = FUSE_TILES ? fetch_tile(s, n + 1) : p.tiles;
+        primed = FUSE_TILES && next < p.tiles && tile_at(p, next).n_kv > 0;
+        if (primed) {
+            const Tile next_tile = tile_at(p, next);
+            if (p.scale_log2 < 0.f) negate_q_rows(s.q + q_buffer(n + 1) * (Q_BYTES / 2), wg);
+            pipeline_tail_head(c, tile, tile_ctx(p, s, wg, next_tile, n + 1), o, sc, pa, st, it);
         } else {
-            mainloop_sequential(c, o, st, it);
+            pipeline_tail(c, o, pa, it);
+            store_output(p, s, tile, wg, c.row0, o, st);
         }
-        store_output(p, s, tile, wg, c.row0, o, st);
-        if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
+        t = FUSE_TILES ? next : fetch_tile(s, n + 1);
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival

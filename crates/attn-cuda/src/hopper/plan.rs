@@ -300,6 +300,13 @@ impl Variant {
         if self.form >= Form::PingPong {
             notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
         }
+        if self.q_buffers == 2 {
+            notes.push(
+                "a tile's last P·V is issued with the next tile's first S, whose Q landed in the other buffer; \
+                 O is stored while that S runs"
+                    .into(),
+            );
+        }
         if self.uses_tile_counters() {
             notes.push(format!(
                 "persistent: {} CTAs take tiles from a counter as they finish one (8 bytes of device \
