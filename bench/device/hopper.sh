@@ -12,10 +12,10 @@
 #   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
-#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers[:q buffers]] ...",
-#             0 or unsaid: the default), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
+#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers] ...", 0 or
+#             unsaid: the head dim's), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
 #             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); VERIFY_TILES=
-#             "keys:stages[:consumers[:q buffers]] ..." runs the quick grid with those first
+#             "keys:stages[:consumers] ..." runs the quick grid with those first
 #   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
 #             "128 4096 none"): warp states and stall samples per SASS instruction
 #   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) for the last form
@@ -179,15 +179,15 @@ if has sweep; then
     echo "== verify ($last, tiles $t, quick grid)"
     verify "tiles-${t//:/-}" ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t -- --quick
   done
-  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers[:q buffers]]), ${SWEEP_ROUNDS:-1} round(s)"
+  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers]), ${SWEEP_ROUNDS:-1} round(s)"
   # The SM clock, power and throttle reasons every 200 ms while the sweep runs (rounds interleave
   # the configurations, so that a drift in clocks shows as a drift, not as a difference).
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv \
     -lms 200 > "$out/clocks.csv" 2>&1 & smi=$!
   for round in $(seq 1 ${SWEEP_ROUNDS:-1}); do
-    for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons qb <<< "$t"
-      label="sweep-d$d-n$n-s$st-c${cons:-0}-q${qb:-0}"; ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
-      ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0}:${qb:-0} bench "$label" --dtypes bf16 --dims $d \
+    for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
+      label="sweep-d$d-n$n-s$st-c${cons:-0}"; ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
+      ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" --dtypes bf16 --dims $d \
         --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 --model-dim 2048
     done
   done
@@ -216,6 +216,27 @@ if has profile; then
   ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass > "$out/profile-source.csv" 2>&1
   grep -iE "duration|warp cycles per issued|issue slots busy|stall" "$out/profile-details.txt" | head -20
   wc -l "$out/profile-source.csv"
+  # The same shape under attn bench, every launch's duration by ncu (one metric, no replay, no
+  # cache flush) beside the CUDA-event median that bench reports: do the two clocks agree?
+  ATTN_CUDA_FORM=$last timeout 200 ncu --clock-control none --cache-control none --metrics \
+    gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second -k regex:attn_fwd_sm90 --csv $attn bench --backend cuda \
+    --dtypes bf16 --dims $d --seqs $seq --masks $mask --tokens 16384 --model-dim 2048 --warmup 5 \
+    --iters 30 > "$out/profile-bench.csv" 2> "$out/profile-bench.log"
+  echo "ncu over attn bench exit $?"
+  python3 - "$out/profile-bench.csv" <<'PY'
+import csv, json, sys
+lines = open(sys.argv[1]).read().splitlines()
+bench = [json.loads(l) for l in lines if l.startswith("{")]
+rows = list(csv.DictReader(l for l in lines if l.startswith('"')))
+dur = sorted(float(r["Metric Value"].replace(",", "")) for r in rows if r["Metric Name"] == "gpu__time_duration.sum")
+clk = sorted(float(r["Metric Value"].replace(",", "")) for r in rows if r["Metric Name"] == "sm__cycles_elapsed.avg.per_second")
+unit = next((r["Metric Unit"] for r in rows if r["Metric Name"] == "gpu__time_duration.sum"), "?")
+if dur:
+    print(f"ncu: {len(dur)} launches, duration min {dur[0]:.1f} median {dur[len(dur) // 2]:.1f} max {dur[-1]:.1f} {unit}; "
+          f"SM clock median {clk[len(clk) // 2]:.3g} (last 30: median {sorted(dur[-30:])[15]:.1f} {unit})")
+for b in bench:
+    print(f"attn bench under ncu: median {b['median_ms']:.3f} ms, {b['gflops'] / 1e3:.1f} TFLOP/s")
+PY
 fi
 pack profile
 if has grid; then

@@ -73,7 +73,6 @@ fn hopper_cubin(args: &[String]) {
         block_n: tiles.block_n,
         stages: tiles.stages,
         consumers: tiles.consumers,
-        q_buffers: tiles.q_buffers,
         causal: args.iter().any(|a| a == "causal"),
         form,
     };

@@ -33,9 +33,6 @@
 //                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
 //                   out),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
-//   ATTN_Q_BUFFERS  2 (persistent only): the producer copies the CTA's next tile's Q into a
-//                   second buffer while this tile computes, so that a tile starts on a Q that
-//                   has landed (1: Q is copied once the consumers are done with the last one),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
@@ -65,7 +62,6 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
-constexpr int Q_BUFFERS = ATTN_Q_BUFFERS;
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -79,7 +75,6 @@ static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "
 static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
-static_assert(Q_BUFFERS == 1 || (Q_BUFFERS == 2 && PERSISTENT), "a second Q buffer: for a CTA's next tile");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -112,21 +107,21 @@ struct Params {
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
 // and the descriptors assume tiles start on that boundary). The host adds 1024 bytes of slack
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
-constexpr int Q_BYTES = BM * D * 2;   // one Q buffer
+constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
-constexpr int BARRIER_BYTES = 8 * (2 * Q_BUFFERS + 4 * STAGES) + 16;  // the mbarriers and the tile slots
-constexpr int SMEM_BYTES = Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
+constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 16;  // the mbarriers and the tile slot
+constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
-    elem_t* q;  // Q_BUFFERS buffers
+    elem_t* q;
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    int* tile;  // [Q_BUFFERS] the tile whose Q is in the buffer, written before q_full is armed
-    unsigned long long* q_full;  // [Q_BUFFERS] Q landed
-    unsigned long long* q_empty; // [Q_BUFFERS] every consumer is done reading Q
+    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
+    unsigned long long* q_full;  // Q landed
+    unsigned long long* q_empty; // every consumer thread is done reading Q and the tile slot
     unsigned long long* k_full;  // [STAGES]
     unsigned long long* k_empty;
     unsigned long long* v_full;
@@ -138,26 +133,19 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     unsigned char* p = raw + ((1024 - (base & 1023)) & 1023);
     Smem s;
     s.q = reinterpret_cast<elem_t*>(p);
-    p += Q_BUFFERS * Q_BYTES;
-    s.k = reinterpret_cast<elem_t*>(p);
-    s.v = reinterpret_cast<elem_t*>(p + STAGES * KV_BYTES);
-    s.o = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
+    s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
+    s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
+    s.o = reinterpret_cast<elem_t*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
-    s.q_empty = bars + Q_BUFFERS;
-    bars += 2 * Q_BUFFERS;
-    s.k_full = bars;
-    s.k_empty = bars + STAGES;
-    s.v_full = bars + 2 * STAGES;
-    s.v_empty = bars + 3 * STAGES;
-    s.tile = reinterpret_cast<int*>(bars + 4 * STAGES);
+    s.q_empty = bars + 1;
+    s.k_full = bars + 2;
+    s.k_empty = bars + 2 + STAGES;
+    s.v_full = bars + 2 + 2 * STAGES;
+    s.v_empty = bars + 2 + 3 * STAGES;
+    s.tile = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
     return s;
 }
-
-// The CTA's n-th tile uses Q buffer n % Q_BUFFERS, whose barriers are in their
-// (n / Q_BUFFERS)-th phase.
-__device__ __forceinline__ int q_buffer(int n) { return n % Q_BUFFERS; }
-__device__ __forceinline__ unsigned q_phase(int n) { return (n / Q_BUFFERS) & 1; }
 
 // The (batch * head, query block) of tile t, and how many key tiles it sees.
 struct Tile {
@@ -201,25 +189,20 @@ __device__ void produce(const Params& p, const Smem& s) {
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int t = blockIdx.x;
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
-        // The consumers are done with the Q last held in this buffer (and its slot): hand them
-        // the next. The barrier's arrival releases the slot's store to the consumers that wait
-        // on it. With two buffers this is the tile before last's: the next tile's Q is copied
-        // while the consumers still compute this one.
-        const int qb = q_buffer(n);
-        unsigned long long* q_full = s.q_full + qb;
-        sm90::mbar_wait(s.q_empty + qb, q_phase(n) ^ 1);
-        *reinterpret_cast<volatile int*>(s.tile + qb) = t;
+        // The consumers are done with the last tile's Q (and its slot): hand them the next. The
+        // barrier's arrival releases the slot's store to the consumers that wait on it.
+        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
+        *reinterpret_cast<volatile int*>(s.tile) = t;
         if (t >= p.tiles) {
-            sm90::mbar_arrive(q_full);  // no Q: the consumers read the slot and stop
+            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
             break;
         }
         const Tile tile = tile_at(p, t);
         const int g = tile.h / (p.heads_q / p.heads_kv);
-        elem_t* q = s.q + qb * (Q_BYTES / 2);
-        sm90::mbar_arrive_expect_tx(q_full, Q_BYTES);
+        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
-            sm90::tma_load_4d(q + c * BM * 64, &p.q_map, q_full, 64 * c, tile.m0, tile.h, tile.b);
+            sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
         for (int j = 0; j < tile.n_kv; ++j, ++it) {
             const int st = it % STAGES;
             const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
@@ -503,7 +486,6 @@ struct Ctx {
     int row0;          // this thread's first row (the other is row0 + 8)
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
     unsigned q_smem;   // this warpgroup's 64 rows of Q
-    unsigned long long* q_empty;  // the tile's Q buffer's
     int n_kv;          // key tiles of this query tile
     int g, b;          // K/V head and batch (cp.async form)
 
@@ -521,11 +503,12 @@ struct Ctx {
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(bar);
     }
-    // One arrival per thread on the Q buffer's "empty" barrier: this thread is done with Q and
-    // with the tile slot it read, and its arrival (a release) orders that read before the
-    // producer's next write of the slot. Once per tile.
+    // One arrival per thread on Q's "empty" barrier: this thread is done with Q and with the
+    // tile slot it read, and its own arrival (a release) orders that read before the producer's
+    // next write of the slot (racecheck found the per-warp arrival's ordering through
+    // __syncwarp wanting). Once per tile.
     __device__ void release_q() const {
-        if (TMA) sm90::mbar_arrive(q_empty);
+        if (TMA) sm90::mbar_arrive(s.q_empty);
     }
 };
 
@@ -575,16 +558,14 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// The overlapped forms software-pipeline a tile's key tiles inside the warpgroup: S_j is issued
-// together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still on the tensor
-// cores; only then is O rescaled and P_j packed. The first S (the head) and the last P V (the
-// tail) stand outside the loop (the body), so that every path through it waits for the same
-// groups (ptxas serializes all wgmma of a kernel where it cannot tell a group is complete).
-// With two Q buffers a tile's tail goes with the next tile's head (pipeline_tail_head).
-
-// S_0 alone, its softmax and P_0 (O is still 0: nothing to rescale).
-__device__ __forceinline__ void pipeline_head(const Ctx& c, float (&o)[NO], float (&sc)[NS], unsigned (&pa)[BN / 16][4],
-                                              RowState& st, int it) {
+// The tile's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
+// S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
+// on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
+// stand outside the loop, so that every path through it waits for the same groups (ptxas
+// serializes all wgmma of a kernel where it cannot tell a group is complete).
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    float sc[NS];
     float alpha[2];
     sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
@@ -595,14 +576,8 @@ __device__ __forceinline__ void pipeline_head(const Ctx& c, float (&o)[NO], floa
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.n_kv == 1) c.release_q();
-    softmax_step(c, sc, st, 0, alpha);
+    softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
-}
-
-// Key tiles 1 .. n_kv - 1: S_j with P_{j-1} V_{j-1}.
-__device__ __forceinline__ void pipeline_body(const Ctx& c, float (&o)[NO], float (&sc)[NS], unsigned (&pa)[BN / 16][4],
-                                              RowState& st, int& it) {
-    float alpha[2];
     for (int j = 1; j < c.n_kv; ++j) {
         const int prev = it++;
         sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
@@ -624,10 +599,6 @@ __device__ __forceinline__ void pipeline_body(const Ctx& c, float (&o)[NO], floa
         if (moved) rescale(o, alpha);
         to_fragments(sc, pa);
     }
-}
-
-// The last P V alone.
-__device__ __forceinline__ void pipeline_tail(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], int& it) {
     sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
     begin_batch(o, pa);
@@ -639,122 +610,60 @@ __device__ __forceinline__ void pipeline_tail(const Ctx& c, float (&o)[NO], unsi
     ++it;
 }
 
-// The last P V of c's tile issued together with S_0 of the next tile (whose Q has landed in the
-// other buffer): c's O is stored while S_0 runs, then comes the next tile's first softmax. The
-// tensor cores get S_0 as early as they would get any S_j, where alone it would wait for the
-// store and then for its own result.
-__device__ __forceinline__ void pipeline_tail_head(const Ctx& c, const Tile& tile, const Ctx& next, float (&o)[NO],
-                                                   float (&sc)[NS], unsigned (&pa)[BN / 16][4], RowState& st, int& it) {
-    float alpha[2];
-    const int last = it++;
-    sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
-    sm90::mbar_wait(c.s.v_full + Ctx::stage(last), Ctx::phase(last));
-    await_turn(c.wg);
-    begin_batch(o, pa);
-    issue_pv(o, pa, c.v_smem(Ctx::stage(last)));
-    begin_batch(o, pa);
-    issue_qk(sc, next.q_smem, c.k_smem(Ctx::stage(it)));
-    pass_turn(c.wg);
-    sm90::wgmma_wait<1>();  // the P V is done; S_0 may still run
-    sm90::fence_regs(o);
-    c.release(c.s.v_empty + Ctx::stage(last));
-    store_output(c.p, c.s, tile, c.wg, c.row0, o, st);
-#pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-    sm90::wgmma_wait<0>();
-    sm90::fence_regs(sc);
-    next.release(c.s.k_empty + Ctx::stage(it));
-    if (next.n_kv == 1) next.release_q();
-    softmax_step(next, sc, st, 0, alpha);
-    to_fragments(sc, pa);
-}
-
-// The CTA's n-th tile (or, past the last, a number >= p.tiles): with TMA, once its Q has
-// landed, from the slot the producer wrote; else the static order.
-__device__ __forceinline__ int fetch_tile(const Smem& s, int n) {
-    if (!TMA) return blockIdx.x + n * gridDim.x;
-    sm90::mbar_wait(s.q_full + q_buffer(n), q_phase(n));
-    return *reinterpret_cast<volatile int*>(s.tile + q_buffer(n));
-}
-
-// What a consumer thread knows of the CTA's n-th tile, `tile`.
-__device__ __forceinline__ Ctx tile_ctx(const Params& p, const Smem& s, int wg, const Tile& tile, int n) {
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    return Ctx{p,
-               s,
-               wg,
-               lane,
-               fmaxf(fabsf(p.scale_log2), 1e-30f),
-               p.seq_k - p.seq_q,
-               tile.m0 + 64 * wg + 16 * warp + lane / 4,
-               tile.m0 + 64 * wg + 16 * warp,
-               sm90::smem_u32(s.q + q_buffer(n) * (Q_BYTES / 2)) + wg * 64 * 128,
-               s.q_empty + q_buffer(n),
-               tile.n_kv,
-               tile.h / (p.heads_q / p.heads_kv),
-               tile.b};
-}
-
-// A tile's tail goes with the next tile's head where the next Q is copied during this tile.
-constexpr bool FUSE_TILES = OVERLAP && Q_BUFFERS == 2;
-
 __device__ void consume(const Params& p, const Smem& s, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    float o[NO];
-    float sc[NS];
-    unsigned pa[BN / 16][4];
-    RowState st;
-    bool primed = false;  // the tile's head ran with the last tile's tail
-    int t = fetch_tile(s, 0);
-    for (int n = 0; t < p.tiles; ++n) {  // n: query tiles of this CTA so far
-        const Tile tile = tile_at(p, t);
-        const Ctx c = tile_ctx(p, s, wg, tile, n);
-        elem_t* q = s.q + q_buffer(n) * (Q_BYTES / 2);
-        if (!primed) {
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-            st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-            if (!TMA) {
-                // Q, and K/V tile 0 into the stage the count says.
-                const int stg = Ctx::stage(it);
-                cp_tile<64>(q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
-                if (tile.n_kv > 0) {
-                    cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
-                    cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
-                }
-                asm volatile("cp.async.wait_group 0;\n" ::);
-                sm90::fence_proxy_async();
-                __syncthreads();
-            }
-            if (p.scale_log2 < 0.f) negate_q_rows(q, wg);
-        }
-        if (tile.n_kv == 0 || !OVERLAP) {
-            if (tile.n_kv == 0) {
-                c.release_q();
-            } else {
-                mainloop_sequential(c, o, st, it);
-            }
-            store_output(p, s, tile, wg, c.row0, o, st);
-            if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
-            primed = false;
-            t = fetch_tile(s, n + 1);
-            continue;
-        }
-        if (!primed) pipeline_head(c, o, sc, pa, st, it);
-        pipeline_body(c, o, sc, pa, st, it);
-        const int next = FUSE_TILES ? fetch_tile(s, n + 1) : p.tiles;
-        primed = FUSE_TILES && next < p.tiles && tile_at(p, next).n_kv > 0;
-        if (primed) {
-            const Tile next_tile = tile_at(p, next);
-            if (p.scale_log2 < 0.f) negate_q_rows(s.q + q_buffer(n + 1) * (Q_BYTES / 2), wg);
-            pipeline_tail_head(c, tile, tile_ctx(p, s, wg, next_tile, n + 1), o, sc, pa, st, it);
+    for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
+        int t;
+        if (TMA) {
+            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
+            t = *reinterpret_cast<volatile int*>(s.tile);
         } else {
-            pipeline_tail(c, o, pa, it);
-            store_output(p, s, tile, wg, c.row0, o, st);
+            t = blockIdx.x + n * gridDim.x;
         }
-        t = FUSE_TILES ? next : fetch_tile(s, n + 1);
+        if (t >= p.tiles) break;
+        const Tile tile = tile_at(p, t);
+        const Ctx c{p,
+                    s,
+                    wg,
+                    lane,
+                    fmaxf(fabsf(p.scale_log2), 1e-30f),
+                    p.seq_k - p.seq_q,
+                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
+                    tile.m0 + 64 * wg + 16 * warp,
+                    sm90::smem_u32(s.q) + wg * 64 * 128,
+                    tile.n_kv,
+                    tile.h / (p.heads_q / p.heads_kv),
+                    tile.b};
+        float o[NO];
+#pragma unroll
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
+        RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+
+        if (!TMA) {
+            // Q, and K/V tile 0 into the stage the count says.
+            const int stg = Ctx::stage(it);
+            cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
+            if (tile.n_kv > 0) {
+                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
+                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
+            }
+            asm volatile("cp.async.wait_group 0;\n" ::);
+            sm90::fence_proxy_async();
+            __syncthreads();
+        }
+        if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
+
+        if (tile.n_kv == 0) {
+            c.release_q();
+        } else if (OVERLAP) {
+            mainloop_overlapped(c, o, st, it);
+        } else {
+            mainloop_sequential(c, o, st, it);
+        }
+        store_output(p, s, tile, wg, c.row0, o, st);
+        if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
@@ -769,10 +678,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         return;
     }
     if (threadIdx.x == 0) {
-        for (int i = 0; i < Q_BUFFERS; ++i) {
-            sm90::mbar_init(s.q_full + i, 1);
-            sm90::mbar_init(s.q_empty + i, 128 * CONSUMERS);
-        }
+        sm90::mbar_init(s.q_full, 1);
+        sm90::mbar_init(s.q_empty, 128 * CONSUMERS);
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.k_full + i, 1);
             sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);

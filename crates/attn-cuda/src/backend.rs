@@ -144,8 +144,8 @@ impl Cuda {
         self
     }
 
-    /// Plans the Hopper kernel with `tiles` (keys per tile, K/V stages, consumer warpgroups, Q
-    /// buffers) instead of its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not
+    /// Plans the Hopper kernel with `tiles` (keys per tile, K/V stages, consumer warpgroups)
+    /// instead of its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not
     /// compile or fit is a plan error.
     pub fn with_sm90_tiles(mut self, tiles: hopper::plan::Tiles) -> Self {
         self.sm90_tiles = Some(Ok(tiles));
@@ -162,9 +162,8 @@ impl Cuda {
 
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
     /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>[:<Q buffers>]]`
-    /// (see [`Cuda::with_sm90_tiles`]; the head dim's consumers and the form's Q buffers unless
-    /// given) and
+    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
+    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given) and
     /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) when they are set; a value
     /// that cannot be read makes every plan fail with the reason.
     pub fn from_env() -> Self {
@@ -183,16 +182,14 @@ impl Cuda {
             })
         });
         let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
-            // Unsaid consumers and Q buffers (or 0) are the head dim's and form's defaults.
             let n: Vec<Option<u32>> = t.split(':').map(|x| x.parse().ok()).collect();
             match n[..] {
-                [Some(block_n), Some(stages), ref rest @ ..] if rest.len() <= 2 && rest.iter().all(Option::is_some) => {
-                    let at = |i: usize| rest.get(i).copied().flatten().unwrap_or(0);
-                    Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: at(0), q_buffers: at(1) })
+                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 }),
+                [Some(block_n), Some(stages), Some(consumers)] => {
+                    Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
                 }
                 _ => Err(format!(
-                    "ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>[:<consumer warpgroups>[:<Q buffers>]], \
-                     e.g. 176:2, 128:2:3 or 128:2:2:1"
+                    "ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>[:<consumer warpgroups>], e.g. 176:2 or 128:2:3"
                 )),
             }
         });

@@ -89,9 +89,6 @@ pub struct Variant {
     pub stages: u32,
     /// Consumer warpgroups of 64 query rows each: 1 in the `cp.async` form, 2 or 3 after it.
     pub consumers: u32,
-    /// Q buffers: 2 (persistent form) lets the producer copy a CTA's next tile's Q while the
-    /// consumers compute this one's; 1 copies it once they are done with the last.
-    pub q_buffers: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
     /// How the warpgroups share the work.
@@ -129,18 +126,18 @@ impl Variant {
         self.form >= Form::Persistent
     }
 
-    /// Dynamic shared memory: `q_buffers` Q tiles, `stages` K and V tiles (16-bit), O on its way
-    /// out where it is staged, the mbarriers and the tile slots (16 bytes), and 1024 bytes of
-    /// slack to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES`
-    /// in `kernels/flash_fwd_sm90.cu`.
+    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
+    /// staged, the mbarriers and the tile slot (16 bytes), and 1024 bytes of slack to align the
+    /// tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
+    /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         (self.unstaged_bytes() + if self.o_staged() { self.o_bytes() } else { 0 }) as u32
     }
 
     fn unstaged_bytes(&self) -> usize {
-        let q = self.q_buffers as usize * self.block_m() * self.head_dim * 2;
+        let q = self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        let barriers = 8 * (2 * self.q_buffers as usize + 4 * self.stages as usize) + 16;
+        let barriers = 8 * (2 + 4 * self.stages as usize) + 16;
         q + kv + barriers + 1024
     }
 
@@ -150,8 +147,7 @@ impl Variant {
 
     /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
     /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
-    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB). [`choose`] gives a second
-    /// Q buffer only where O stays staged with it.
+    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB).
     pub fn o_staged(&self) -> bool {
         self.form >= Form::Tma && self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT
     }
@@ -159,13 +155,12 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_q{}_{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
-            self.q_buffers,
             self.form,
             if self.causal { "_causal" } else { "" }
         )
@@ -190,7 +185,6 @@ impl Variant {
             ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
             ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
-            ("ATTN_Q_BUFFERS".into(), self.q_buffers.to_string()),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
         ]
@@ -226,17 +220,8 @@ impl Variant {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
                     for form in Form::ALL {
-                        let Tiles { block_n, stages, consumers, q_buffers } = tiles(head_dim, form);
-                        v.push(Variant {
-                            dtype,
-                            head_dim,
-                            block_n,
-                            stages,
-                            consumers,
-                            q_buffers,
-                            causal,
-                            form,
-                        });
+                        let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
+                        v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
                     }
                 }
             }
@@ -286,12 +271,8 @@ impl Variant {
             ),
         }];
         notes.push(format!(
-            "shared memory: Q {} B{}, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
+            "shared memory: Q {} B, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
             self.block_m() * self.head_dim * 2,
-            match self.q_buffers {
-                2 => " twice (a CTA's next tile's Q is copied while it computes this one)",
-                _ => "",
-            },
             self.stages
         ));
         if self.form >= Form::Overlap {
@@ -299,13 +280,6 @@ impl Variant {
         }
         if self.form >= Form::PingPong {
             notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
-        }
-        if self.q_buffers == 2 {
-            notes.push(
-                "a tile's last P·V is issued with the next tile's first S, whose Q landed in the other buffer; \
-                 O is stored while that S runs"
-                    .into(),
-            );
         }
         if self.uses_tile_counters() {
             notes.push(format!(
@@ -328,8 +302,7 @@ impl Variant {
     }
 }
 
-/// A tile configuration: keys per tile, K/V stages, consumer warpgroups (64 query rows each),
-/// Q buffers.
+/// A tile configuration: keys per tile, K/V stages, consumer warpgroups (64 query rows each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiles {
     /// Keys per tile: the N of S's wgmma, a multiple of 16 up to 256.
@@ -339,9 +312,6 @@ pub struct Tiles {
     /// Consumer warpgroups (ignored by the `cp.async` form, which has one). In tiles forced on
     /// [`choose`], 0 stands for the head dim's default.
     pub consumers: u32,
-    /// Q buffers: 2 in the persistent form where shared memory has room, else 1. In tiles
-    /// forced on [`choose`], 0 stands for that default.
-    pub q_buffers: u32,
 }
 
 /// The tiles of a head dim and form. The S accumulators (BN / 2 registers) and O's (D / 2) fit
@@ -356,19 +326,14 @@ pub struct Tiles {
 /// against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against 424 / 460 TFLOP/s
 /// without a mask, 377 / 489 against 354 / 425 causal
 /// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower.
-///
-/// In the persistent form, where a CTA computes many tiles, D = 64 and 128 take a second Q
-/// buffer (D = 128: 32 KB more, 225 KB in all); D = 256 has no room for one.
 pub fn tiles(head_dim: usize, form: Form) -> Tiles {
-    let q_buffers = if form == Form::Persistent && head_dim <= 128 { 2 } else { 1 };
-    let (block_n, stages, consumers) = match (head_dim, form) {
-        (256, Form::CpAsync) => (32, 2, 1),
-        (_, Form::CpAsync) => (128, 2, 1),
-        (64, _) => (96, 2, 3),
-        (256, _) => (64, 2, 2),
-        _ => (128, 2, 2),
-    };
-    Tiles { block_n, stages, consumers, q_buffers }
+    match (head_dim, form) {
+        (256, Form::CpAsync) => Tiles { block_n: 32, stages: 2, consumers: 1 },
+        (_, Form::CpAsync) => Tiles { block_n: 128, stages: 2, consumers: 1 },
+        (64, _) => Tiles { block_n: 96, stages: 2, consumers: 3 },
+        (256, _) => Tiles { block_n: 64, stages: 2, consumers: 2 },
+        _ => Tiles { block_n: 128, stages: 2, consumers: 2 },
+    }
 }
 
 /// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
@@ -400,45 +365,30 @@ pub fn choose(
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
     let default = tiles(s.head_dim, form);
-    let Tiles { block_n, stages, mut consumers, q_buffers } = forced.unwrap_or(default);
+    let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
     if consumers == 0 || form == Form::CpAsync {
         consumers = default.consumers; // the cp.async form has its one warpgroup
     }
     // That warpgroup double-buffers: two stages.
     let form_ok = if form == Form::CpAsync { stages == 2 } else { (2..=3).contains(&consumers) };
-    let q_ok = q_buffers <= 1 || (q_buffers == 2 && form == Form::Persistent);
-    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !form_ok || !q_ok
-    {
+    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !form_ok {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups, {q_buffers} Q buffers: \
-                 keys per tile must be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4 (2 in the \
-                 cpasync form), consumers 2 or 3, Q buffers 1 or 2 (2 in the persistent form only)"
+                "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups: keys per tile must \
+                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4 (2 in the cpasync form), \
+                 consumers 2 or 3"
             ),
         });
     }
-    let one_q = Variant {
+    let variant = Variant {
         dtype: problem.dtype,
         head_dim: s.head_dim,
         block_n,
         stages,
         consumers,
-        q_buffers: 1,
         causal: problem.is_causal(),
         form,
-    };
-    let two_q = Variant { q_buffers: 2, ..one_q };
-    let variant = match q_buffers {
-        // The default: a second Q buffer where the form has one and it fits with O still staged.
-        0 if default.q_buffers == 2
-            && two_q.o_staged() == one_q.o_staged()
-            && two_q.shared_bytes() as usize <= SHARED_LIMIT =>
-        {
-            two_q
-        }
-        0 | 1 => one_q,
-        _ => two_q,
     };
     let launch = variant.launch(problem, sms);
     launch.validate(&variant.name(), limits)?;
@@ -476,27 +426,15 @@ mod tests {
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
         // KB), the barriers (8 B each: Q full/empty, 4 per stage), the tile slot (16 B) and 1 KB
-        // of alignment slack, with one Q buffer.
-        let one_q = Tiles { block_n: 128, stages: 2, consumers: 2, q_buffers: 1 };
-        let (v, _) =
-            choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, Some(one_q)).unwrap();
-        assert_eq!(v.shared_bytes(), 163840 + 32768 + 96 + 1024);
-        // By default the persistent form has a second Q buffer (32 KB) and its two barriers:
-        // 225 KB of the 227.
+        // of alignment slack.
         let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!((v.q_buffers, v.shared_bytes()), (2, 163840 + 32768 + 32768 + 112 + 1024));
+        assert_eq!(v.shared_bytes(), 163840 + 32768 + 96 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
-        // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O or for a second Q.
+        // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!((v.q_buffers, v.shared_bytes()), (1, 196608 + 96 + 1024));
+        assert_eq!(v.shared_bytes(), 196608 + 96 + 1024);
         assert!(!v.o_staged());
-        // A second Q buffer is the persistent form's; where it does not fit, the plan says so.
-        let two_q = Some(Tiles { block_n: 128, stages: 2, consumers: 2, q_buffers: 2 });
-        let err = choose(&problem(128), &DeviceLimits::h100(), 132, Form::PingPong, two_q).unwrap_err();
-        assert!(err.to_string().contains("persistent form only"), "{err}");
-        let err = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, two_q).unwrap_err();
-        assert!(err.to_string().contains("shared memory per block"), "{err}");
         // The cp.async form is one warpgroup of 64 rows, no producer.
         let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None).unwrap();
         assert_eq!((v.threads(), v.block_m()), (128, 64));
@@ -557,7 +495,7 @@ mod tests {
             &h100,
             132,
             Form::Persistent,
-            Some(Tiles { block_n: 176, stages: 2, consumers: 2, q_buffers: 0 }),
+            Some(Tiles { block_n: 176, stages: 2, consumers: 2 }),
         )
         .unwrap();
         assert_eq!((v.block_n, v.stages), (176, 2));
@@ -566,7 +504,7 @@ mod tests {
             &h100,
             132,
             Form::Persistent,
-            Some(Tiles { block_n: 100, stages: 2, consumers: 2, q_buffers: 0 }),
+            Some(Tiles { block_n: 100, stages: 2, consumers: 2 }),
         )
         .unwrap_err()
         .to_string();
@@ -577,7 +515,7 @@ mod tests {
             &h100,
             132,
             Form::Persistent,
-            Some(Tiles { block_n: 128, stages: 3, consumers: 2, q_buffers: 0 }),
+            Some(Tiles { block_n: 128, stages: 3, consumers: 2 }),
         )
         .unwrap();
         assert!(!v.o_staged() && v.shared_bytes() as usize <= SHARED_LIMIT);
@@ -586,7 +524,7 @@ mod tests {
             &h100,
             132,
             Form::Persistent,
-            Some(Tiles { block_n: 128, stages: 4, consumers: 2, q_buffers: 0 }),
+            Some(Tiles { block_n: 128, stages: 4, consumers: 2 }),
         )
         .unwrap_err()
         .to_string();
@@ -596,17 +534,17 @@ mod tests {
     #[test]
     fn forced_tiles_fill_in_the_consumers_and_the_cpasync_form_takes_two_stages() {
         let h100 = DeviceLimits::h100();
-        let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0, q_buffers: 0 });
+        let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0 });
         let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid).unwrap();
         assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, tiles(64, Form::Persistent).consumers));
-        let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1, q_buffers: 0 });
+        let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1 });
         let err = choose(&problem(64), &h100, 132, Form::CpAsync, three_stages).unwrap_err().to_string();
         assert!(err.contains("2 in the cpasync form"), "{err}");
     }
 
     #[test]
     fn three_consumers_split_the_registers_that_are_left() {
-        let three = Tiles { block_n: 128, stages: 2, consumers: 3, q_buffers: 0 };
+        let three = Tiles { block_n: 128, stages: 2, consumers: 3 };
         let (v, launch) =
             choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(three)).unwrap();
         assert_eq!((v.block_m(), v.threads(), launch.block[0]), (192, 512, 512));
