@@ -14,7 +14,9 @@
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
 #   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers] ...", 0 or
 #             unsaid: the head dim's), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
-#             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); VERIFY_TILES=
+#             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); each
+#             configuration also with the binary BASE names (another commit's attn, labelled
+#             -base), in turn with this one; VERIFY_TILES=
 #             "keys:stages[:consumers] ..." runs the quick grid with those first
 #   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
 #             "128 4096 none"): warp states and stall samples per SASS instruction
@@ -186,9 +188,12 @@ if has sweep; then
     -lms 200 > "$out/clocks.csv" 2>&1 & smi=$!
   for round in $(seq 1 ${SWEEP_ROUNDS:-1}); do
     for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
-      label="sweep-d$d-n$n-s$st-c${cons:-0}"; ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
-      ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" --dtypes bf16 --dims $d \
-        --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 --model-dim 2048
+      for bin in $attn ${BASE:-}; do  # BASE: another commit's attn, timed in turn with this one
+        label="sweep-d$d-n$n-s$st-c${cons:-0}"; [[ $bin != "$attn" ]] && label+="-base"
+        ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
+        attn=$bin ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" --dtypes bf16 --dims $d \
+          --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 --model-dim 2048
+      done
     done
   done
   kill $smi 2>/dev/null
