@@ -243,19 +243,21 @@ __device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 
 
 // S = Q K^T for this warpgroup's 64 rows. `q` and `k` are the tiles' shared addresses.
 __device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k) {
+    const unsigned long long qd = sm90::sw128_desc(q, 0), kd = sm90::sw128_desc(k, 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned qa = q + (kk / 4) * BM * 128 + (kk % 4) * 32;
-        const unsigned ka = k + (kk / 4) * BN * 128 + (kk % 4) * 32;
-        wgmma_qk(s, sm90::sw128_desc(qa, 0), sm90::sw128_desc(ka, 0), kk > 0);
+        const unsigned long long qa = sm90::desc_advance(qd, (kk / 4) * BM * 128 + (kk % 4) * 32);
+        const unsigned long long ka = sm90::desc_advance(kd, (kk / 4) * BN * 128 + (kk % 4) * 32);
+        wgmma_qk(s, qa, ka, kk > 0);
     }
     sm90::wgmma_commit();
 }
 
 // O += P V, P as BN / 16 A fragments; V's 64-column blocks are BN rows (BN * 128 bytes) apart.
 __device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v) {
+    const unsigned long long vd = sm90::sw128_desc(v, BN * 128);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::sw128_desc(v + kk * 16 * 128, BN * 128), 1);
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
     sm90::wgmma_commit();
 }
 
@@ -289,6 +291,17 @@ __device__ __forceinline__ float exp2_fast(float x) {
 
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
 
+// A thread's row reductions (max, sum) run in CHAINS independent chains per row, element
+// (chunk c, e) in chain chain(c, e), combined pairwise at the end.
+constexpr int CHAINS = 4;
+static_assert(BN / 8 * 2 % CHAINS == 0, "every chain takes the same number of a row's elements");
+__device__ __forceinline__ int chain(int c, int e) { return (2 * c + (e & 1)) % CHAINS; }
+__device__ __forceinline__ float max_of(const float (&x)[CHAINS]) {
+    return fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+}
+__device__ __forceinline__ float sum_of(const float (&x)[CHAINS]) { return (x[0] + x[1]) + (x[2] + x[3]); }
+static_assert(CHAINS == 4, "max_of and sum_of combine four chains");
+
 // The running softmax state of this thread's two rows.
 struct RowState {
     float max[2];  // log2 units, -inf before any visible key
@@ -314,11 +327,21 @@ __device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k,
 // warp outgrew it by more than RESCALE_SLACK: until then probabilities stay below
 // 2^RESCALE_SLACK, which f32 sums and 16-bit P hold as well, and O / sum is unchanged.
 __device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, float sl2, float (&alpha)[2]) {
-    float tile_max[2] = {NEG_INF, NEG_INF};
+    // Four independent chains per row: one running max would be BN / 4 dependent FMNMX long,
+    // latency that the softmax, on the critical path between two products, cannot hide.
+    float part[2][CHAINS];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int k = 0; k < CHAINS; ++k) part[r][k] = NEG_INF;
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * c + e]);
+        for (int e = 0; e < 4; ++e) {
+            float& m = part[e >> 1][chain(c, e)];
+            m = fmaxf(m, s[4 * c + e]);
+        }
+    const float tile_max[2] = {max_of(part[0]), max_of(part[1])};
     float new_max[2];
     bool grow = false;
 #pragma unroll
@@ -352,13 +375,16 @@ __device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2])
 // p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
 __device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
     const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
+    float part[2][CHAINS] = {};  // the tile's sums, in independent chains as the max
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
-            st.sum[e >> 1] += s[4 * c + e];
+            part[e >> 1][chain(c, e)] += s[4 * c + e];
         }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.sum[r] += sum_of(part[r]);
 }
 
 // The probabilities as 16-bit A fragments: key chunks 2kk and 2kk + 1 make fragment kk.

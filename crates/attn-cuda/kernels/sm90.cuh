@@ -137,6 +137,15 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
            | 1ull << 62;                                                     // 128-byte swizzle
 }
 
+// The descriptor of the operand `bytes` further on (a multiple of 16): only the start address
+// field, the low 14 bits, moves, and shared memory lies below 256 KB, so it never carries into
+// the next field. Adding to the low word alone keeps a product's descriptors one integer add
+// apart (the whole descriptor rebuilt is five instructions before each wgmma).
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
+    const unsigned lo = static_cast<unsigned>(desc) + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // ---- Registers and barriers between warpgroups.
 
 // setmaxnreg (PTX ISA 9.7.17.1): the warpgroup gives registers back to the pool, or waits until
