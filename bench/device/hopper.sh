@@ -63,7 +63,7 @@ meta() {  # suite, command
 META
 }
 
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; $attn backends; } 2>&1 | tee "$out/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,enforced.power.limit,power.max_limit --format=csv; $attn backends; } 2>&1 | tee "$out/gpu.txt"
 for d in 64 128 256; do
   ATTN_CUDA_FORM=$last $attn plan --backend cuda -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
 done > "$out/plan.txt"
