@@ -33,9 +33,6 @@
 //                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
 //                   out),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
-//   ATTN_Q_REGS     1: each consumer warpgroup holds its rows of Q in registers (S = Q K^T with
-//                   A from registers) and frees Q's shared buffer at the start of a tile, so
-//                   that the producer brings the next tile's Q while this one computes,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
@@ -65,7 +62,6 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
-constexpr bool Q_REGS = ATTN_Q_REGS;
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -78,7 +74,7 @@ static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 
 static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
 static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
-static_assert(TMA || (!PERSISTENT && !O_STAGED && !Q_REGS), "the producer hands out tiles and stores O, and reloads Q");
+static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -245,31 +241,14 @@ __device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 
     sm90::wgmma_fence();
 }
 
-// This warpgroup's rows of Q as wgmma A fragments (Q_REGS): fragment kk holds columns 16kk to
-// 16kk + 15 of the warp's 16 rows, read from the 128-byte-swizzled tile by ldmatrix (matrices
-// 1 and 3 are the rows 8 further down, 2 and 3 the 8 columns further right).
-__device__ __forceinline__ void load_q(unsigned (&qf)[D / 16][4], const elem_t* q, int wg) {
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int row = wg * 64 + warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int chunk = 2 * kk + lane / 16;  // the row's 16-byte chunk
-        sm90::ldmatrix_x4(qf[kk], sm90::smem_u32(q) + (chunk / 8) * BM * 128 + row * 128 + (((chunk % 8) ^ (row & 7)) * 16));
-    }
-}
-
-// S = Q K^T for this warpgroup's 64 rows: Q from the fragments `qf` (Q_REGS) or from its
-// shared tile at `q`; `k` is K's tile.
-__device__ __forceinline__ void issue_qk(float (&s)[NS], const unsigned (&qf)[D / 16][4], unsigned q, unsigned k) {
+// S = Q K^T for this warpgroup's 64 rows. `q` and `k` are the tiles' shared addresses.
+__device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k) {
     const unsigned long long qd = sm90::sw128_desc(q, 0), kd = sm90::sw128_desc(k, 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned long long qa = sm90::desc_advance(qd, (kk / 4) * BM * 128 + (kk % 4) * 32);
         const unsigned long long ka = sm90::desc_advance(kd, (kk / 4) * BN * 128 + (kk % 4) * 32);
-        if constexpr (Q_REGS) {
-            wgmma_qk_rs(s, qf[kk], ka, kk > 0);
-        } else {
-            wgmma_qk(s, sm90::desc_advance(qd, (kk / 4) * BM * 128 + (kk % 4) * 32), ka, kk > 0);
-        }
+        wgmma_qk(s, qa, ka, kk > 0);
     }
     sm90::wgmma_commit();
 }
@@ -557,11 +536,6 @@ struct Ctx {
     __device__ void release_q() const {
         if (TMA) sm90::mbar_arrive(s.q_empty);
     }
-    // Key tile j's S has been computed: if Q is read from shared memory and this was its last
-    // use in the tile, the buffer goes back to the producer (with Q_REGS it went at the start).
-    __device__ void after_s(int j) const {
-        if (!Q_REGS && j + 1 == n_kv) release_q();
-    }
 };
 
 // Masks, then exponentiates tile j's scores in place; returns whether O must be rescaled.
@@ -575,7 +549,7 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
 
 // The tile's key tiles one after the other: S, softmax, P V, each waiting for the last (the
 // cp.async and TMA forms). `it` counts K/V tiles across this CTA's query tiles.
-__device__ void mainloop_sequential(const Ctx& c, unsigned (&qf)[D / 16][4], float (&o)[NO], RowState& st, int& it) {
+__device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
     for (int j = 0; j < c.n_kv; ++j, ++it) {
         const int stg = Ctx::stage(it);
@@ -588,11 +562,11 @@ __device__ void mainloop_sequential(const Ctx& c, unsigned (&qf)[D / 16][4], flo
         float sc[NS];
         if (TMA) sm90::mbar_wait(c.s.k_full + stg, Ctx::phase(it));
         begin_batch(o, pa);
-        issue_qk(sc, qf, c.q_smem, c.k_smem(stg));
+        issue_qk(sc, c.q_smem, c.k_smem(stg));
         sm90::wgmma_wait<0>();
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + stg);
-        c.after_s(j);
+        if (j + 1 == c.n_kv) c.release_q();  // the tile's last use of Q
         float alpha[2];
         if (softmax_step(c, sc, st, j, alpha)) rescale(o, alpha);
         to_fragments(sc, pa);
@@ -601,7 +575,6 @@ __device__ void mainloop_sequential(const Ctx& c, unsigned (&qf)[D / 16][4], flo
         issue_pv(o, pa, c.v_smem(stg));
         sm90::wgmma_wait<0>();
         sm90::fence_regs(o);
-        sm90::fence_regs(qf);  // as in mainloop_overlapped
         c.release(c.s.v_empty + stg);
         if (!TMA) {
             asm volatile("cp.async.wait_group 0;\n" ::);
@@ -616,19 +589,19 @@ __device__ void mainloop_sequential(const Ctx& c, unsigned (&qf)[D / 16][4], flo
 // on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
 // serializes all wgmma of a kernel where it cannot tell a group is complete).
-__device__ void mainloop_overlapped(const Ctx& c, unsigned (&qf)[D / 16][4], float (&o)[NO], RowState& st, int& it) {
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
     float sc[NS];
     float alpha[2];
     sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
     begin_batch(o, pa);
-    issue_qk(sc, qf, c.q_smem, c.k_smem(Ctx::stage(it)));
+    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
     pass_turn(c.wg);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
-    c.after_s(0);
+    if (c.n_kv == 1) c.release_q();
     softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
     for (int j = 1; j < c.n_kv; ++j) {
@@ -636,7 +609,7 @@ __device__ void mainloop_overlapped(const Ctx& c, unsigned (&qf)[D / 16][4], flo
         sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
         await_turn(c.wg);
         begin_batch(o, pa);
-        issue_qk(sc, qf, c.q_smem, c.k_smem(Ctx::stage(it)));
+        issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
         sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev));
         begin_batch(o, pa);
         issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
@@ -644,7 +617,7 @@ __device__ void mainloop_overlapped(const Ctx& c, unsigned (&qf)[D / 16][4], flo
         sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + Ctx::stage(it));
-        c.after_s(j);
+        if (j + 1 == c.n_kv) c.release_q();
         const bool moved = softmax_step(c, sc, st, j, alpha);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
         sm90::fence_regs(o);
@@ -659,7 +632,6 @@ __device__ void mainloop_overlapped(const Ctx& c, unsigned (&qf)[D / 16][4], flo
     pass_turn(c.wg);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
-    sm90::fence_regs(qf);  // Q's fragments stay live (unreused) until every S that read them is done
     c.release(c.s.v_empty + Ctx::stage(it));
     ++it;
 }
@@ -708,14 +680,13 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             __syncthreads();
         }
         if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
-        unsigned qf[D / 16][4];
-        if (Q_REGS && tile.n_kv > 0) load_q(qf, s.q, wg);
 
-        if (Q_REGS || tile.n_kv == 0) c.release_q();  // Q's buffer is free for the next tile
-        if (tile.n_kv > 0 && OVERLAP) {
-            mainloop_overlapped(c, qf, o, st, it);
-        } else if (tile.n_kv > 0) {
-            mainloop_sequential(c, qf, o, st, it);
+        if (tile.n_kv == 0) {
+            c.release_q();
+        } else if (OVERLAP) {
+            mainloop_overlapped(c, o, st, it);
+        } else {
+            mainloop_sequential(c, o, st, it);
         }
         store_output(p, s, tile, wg, c.row0, o, st);
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile

@@ -105,15 +105,6 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Four 8x8 matrices of 16-bit elements from shared memory (ldmatrix, PTX ISA 9.7.14.5.15):
-// lane l names row l % 8 of matrix l / 8; register i gets matrix i, row lane / 4, elements
-// 2 (lane % 4) and the next: the A-fragment layout of mma.sync and of wgmma from registers.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 // Keeps the compiler from moving reads or writes of these registers across this point: wgmma
 // reads and writes them asynchronously, between its issue and the wait that follows. Before a
 // batch's wgmma_fence it keeps the arithmetic that produced them (a rescale of O, P's packing)

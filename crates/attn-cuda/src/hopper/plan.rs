@@ -152,14 +152,6 @@ impl Variant {
         self.form >= Form::Tma && self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT
     }
 
-    /// Whether each consumer warpgroup holds its 64 rows of Q in registers (S's wgmma takes A
-    /// from registers), which frees Q's shared buffer at a tile's start for the producer to bring
-    /// the next tile's Q: in the TMA forms, where the fragments fit beside the accumulators
-    /// (D / 4 registers per thread: 32 at D = 128; not at D = 256, whose O alone takes 128).
-    pub fn q_in_registers(&self) -> bool {
-        self.form >= Form::Tma && self.head_dim <= 128
-    }
-
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
@@ -193,7 +185,6 @@ impl Variant {
             ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
             ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
-            ("ATTN_Q_REGS".into(), flag(self.q_in_registers())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
         ]
@@ -302,11 +293,6 @@ impl Variant {
                 "causal tile order: longest first within groups of {} heads, whose K and V fit L2",
                 super::launch::head_group(problem)
             ));
-        }
-        if self.q_in_registers() {
-            notes.push(
-                "Q is held in registers; its shared buffer takes the next tile's Q while this one computes".into(),
-            );
         }
         notes.push(match self.o_staged() {
             true => "O leaves through shared memory and a TMA store".into(),

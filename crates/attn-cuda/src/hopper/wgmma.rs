@@ -8,8 +8,6 @@
 //!
 //! - `wgmma_qk(s, a, b, accumulate)`: S (64 x BN) = or += Q (64 x 16) · Kᵀ, both operands in
 //!   shared memory by descriptor, both K-major (no transpose);
-//! - `wgmma_qk_rs(s, a, b, accumulate)`: the same product with Q's 64 x 16 slice from registers
-//!   (the A-fragment layout below), K by descriptor;
 //! - `wgmma_pv(o, a, b, accumulate)`: O (64 x D) = or += P (64 x 16, four 32-bit registers of 16-bit pairs, the
 //!   `mma.sync` A-fragment layout) · V (16 x D), V in shared memory MN-major (transposed: its
 //!   rows are keys).
@@ -38,29 +36,20 @@ pub fn header(dtype: DType, block_n: usize, d: usize) -> String {
         acc = n + 2,
         outs = accumulators(n),
     );
-    // S with Q from registers, and O: K not transposed, V transposed.
-    out += &from_registers("wgmma_qk_rs", ty, block_n, false);
-    out += &from_registers("wgmma_pv", ty, d, true);
-    out
-}
-
-/// A wrapper `name(d, a, b, accumulate)` of `m64n{n}k16` with A from registers (the fragment,
-/// four 32-bit registers) and B by descriptor, B transposed (MN-major) or not: the d-registers,
-/// the fragment, the descriptor, then the accumulate flag as a predicate.
-fn from_registers(name: &str, ty: &str, n: usize, transpose_b: bool) -> String {
-    let regs = n / 2;
-    format!(
-        "__device__ __forceinline__ void {name}(float (&d)[{regs}], const unsigned (&a)[4], unsigned long long b, \
+    // O: d-registers, the A fragment, V's descriptor, the flag; V transposed.
+    let n = d / 2;
+    out += &format!(
+        "__device__ __forceinline__ void wgmma_pv(float (&d)[{n}], const unsigned (&a)[4], unsigned long long b, \
          int accumulate) {{\n    asm volatile(\n        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n\"\n        \
-         \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} \"\n        \"{list}, {frag}, %{b}, p, 1, 1, {t};\\n}}\\n\"\n        \
-         : {outs}\n        : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(accumulate));\n}}\n\n",
-        list = operand_list(0, regs),
-        frag = operand_list(regs, 4),
-        b = regs + 4,
-        acc = regs + 5,
-        t = u8::from(transpose_b),
-        outs = accumulators(regs),
-    )
+         \"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ty}.{ty} \"\n        \"{regs}, {frag}, %{b}, p, 1, 1, 1;\\n}}\\n\"\n        \
+         : {outs}\n        : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(accumulate));\n}}\n",
+        regs = operand_list(0, n),
+        frag = operand_list(n, 4),
+        b = n + 4,
+        acc = n + 5,
+        outs = accumulators(n),
+    );
+    out
 }
 
 /// `{%first, ..., %(first + count - 1)}`.
@@ -91,9 +80,6 @@ mod tests {
         assert!(h.contains("m64n64k16.f32.bf16.bf16"), "{h}");
         assert!(h.contains("%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;"), "{h}");
         assert!(h.contains("setp.ne.b32 p, %37, 0"), "{h}");
-        // S from registers at BN = 128: the fragment %64..%67, K's descriptor %68, not transposed.
-        assert!(h.contains("%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;"), "{h}");
-        assert!(h.contains("setp.ne.b32 p, %69, 0"), "{h}");
         assert!(header(DType::F16, 64, 256).contains("m64n256k16.f32.f16.f16"));
     }
 }
