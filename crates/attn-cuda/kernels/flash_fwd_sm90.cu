@@ -292,7 +292,8 @@ __device__ __forceinline__ float exp2_fast(float x) {
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
 
 // A thread's row reductions (max, sum) run in CHAINS independent chains per row, element
-// (chunk c, e) in chain chain(c, e), combined pairwise at the end.
+// (chunk c, e) in chain chain(c, e), combined pairwise at the end: ILP for the softmax, though
+// on the H100 it timed the same as one chain (bench/results/2026-11-25-h100-hopper-0fb8596).
 constexpr int CHAINS = 4;
 static_assert(BN / 8 * 2 % CHAINS == 0, "every chain takes the same number of a row's elements");
 __device__ __forceinline__ int chain(int c, int e) { return (2 * c + (e & 1)) % CHAINS; }
@@ -327,9 +328,7 @@ __device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k,
 // warp outgrew it by more than RESCALE_SLACK: until then probabilities stay below
 // 2^RESCALE_SLACK, which f32 sums and 16-bit P hold as well, and O / sum is unchanged.
 __device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, float sl2, float (&alpha)[2]) {
-    // Four independent chains per row: one running max would be BN / 4 dependent FMNMX long,
-    // latency that the softmax, on the critical path between two products, cannot hide.
-    float part[2][CHAINS];
+    float part[2][CHAINS];  // per row, CHAINS running maxima instead of one BN / 4 long
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
