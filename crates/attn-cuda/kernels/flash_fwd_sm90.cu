@@ -295,7 +295,6 @@ __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast
 // (chunk c, e) in chain chain(c, e), combined pairwise at the end: ILP for the softmax, though
 // on the H100 it timed the same as one chain (bench/results/2026-11-25-h100-hopper-0fb8596).
 constexpr int CHAINS = 4;
-static_assert(BN / 8 * 2 % CHAINS == 0, "every chain takes the same number of a row's elements");
 __device__ __forceinline__ int chain(int c, int e) { return (2 * c + (e & 1)) % CHAINS; }
 __device__ __forceinline__ float max_of(const float (&x)[CHAINS]) {
     return fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
