@@ -197,12 +197,33 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
 
+// Key tile j of `tile` (K and V) into the ring's stage for the CTA's it-th K/V tile, once the
+// consumers are done with what that stage held.
+__device__ __forceinline__ void issue_kv(const Params& p, const Smem& s, const Tile& tile, int j, int it) {
+    const int g = tile.h / (p.heads_q / p.heads_kv);
+    const int st = it % STAGES;
+    const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+    elem_t* k = s.k + st * (KV_BYTES / 2);
+    elem_t* v = s.v + st * (KV_BYTES / 2);
+    sm90::mbar_wait(s.k_empty + st, free_parity);
+    sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+        sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+    sm90::mbar_wait(s.v_empty + st, free_parity);
+    sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+        sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+}
+
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
     sm90::tma_prefetch(&p.k_map);
     sm90::tma_prefetch(&p.v_map);
-    int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
+    int it = 0;     // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int t = blockIdx.x;
+    int ahead = 0;  // key tiles of tile t issued ahead of its Q (stream form)
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
         const Tile tile = tile_at(p, t < p.tiles ? t : 0);
         // The consumers are done with a part of the last tile's Q (and its slot): hand them the
@@ -223,24 +244,9 @@ __device__ void produce(const Params& p, const Smem& s) {
                                       tile.m0 + 64 * w, tile.h, tile.b);
         }
         if (t >= p.tiles) break;
-        const int g = tile.h / (p.heads_q / p.heads_kv);
-        for (int j = 0; j < tile.n_kv; ++j, ++it) {
-            const int st = it % STAGES;
-            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
-            elem_t* k = s.k + st * (KV_BYTES / 2);
-            elem_t* v = s.v + st * (KV_BYTES / 2);
-            sm90::mbar_wait(s.k_empty + st, free_parity);
-            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
-            sm90::mbar_wait(s.v_empty + st, free_parity);
-            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
-        }
+        for (int j = ahead; j < tile.n_kv; ++j, ++it) issue_kv(p, s, tile, j, it);
         t = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles;
+        ahead = 0;
         if (PERSISTENT && t < p.tiles) {
             // The next tile's Q into L2 now: its copy to shared memory waits for this tile's last
             // S, and then comes from L2 rather than from memory.
@@ -249,6 +255,13 @@ __device__ void produce(const Params& p, const Smem& s) {
 #pragma unroll
                 for (int c = 0; c < D_BLOCKS; ++c)
                     sm90::tma_prefetch_l2_4d(&p.q_map, 64 * c, next.m0 + 64 * w, next.h, next.b);
+            // Stream: the next tile's first K/V before its Q. Its stage frees with this tile's
+            // second-last S, its Q only with the last; the consumers issue that tile's first S
+            // with this one's last P V, which would otherwise wait for both copies in turn.
+            if (STREAM && next.n_kv > 0) {
+                issue_kv(p, s, next, 0, it++);
+                ahead = 1;
+            }
         }
     }
     if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
