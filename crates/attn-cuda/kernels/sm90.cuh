@@ -72,15 +72,6 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, uns
         : "memory");
 }
 
-// The same box brought into L2 only (no shared memory, no barrier): a later load of it then
-// waits on L2 rather than on memory.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const TensorMap* map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                     reinterpret_cast<unsigned long long>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
-
 // The box of a 4-D tensor map at (c0, c1, c2, c3) from shared memory back to global memory;
 // elements outside the tensor are not written. Completes in this thread's bulk groups.
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, const void* src, int c0, int c1, int c2, int c3) {

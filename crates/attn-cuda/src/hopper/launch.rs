@@ -135,8 +135,7 @@ impl Sm90Params {
         let (q, k, v, o) = (ptr(&tensors.q), ptr(&tensors.k), ptr(&tensors.v), ptr(&tensors.o));
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
         Ok(Sm90Params {
-            // Copied per consumer warpgroup (each releases its rows of Q on its own): 64 rows.
-            q_map: map("q", q, s.heads_q, s.seq_q, t.q, 64)?,
+            q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
             k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
             v_map: map("v", v, s.heads_kv, s.seq_k, t.v, variant.block_n)?,
             // Stored by each consumer warpgroup: 64 rows.
