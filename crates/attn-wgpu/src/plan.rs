@@ -35,8 +35,7 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 non-causal and D=64 causal (128,
-/// below). f16 from
+/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from
 /// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
 /// runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
@@ -65,7 +64,11 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// D=128 (bench/results/2026-11-24-h100-wgpu-split-ce51381). At D=64 causal, split with 64 rows
 /// was 3% slower at S=2048 and 4096, and with 128 rows 0.6%, 4% and 6% faster than Q shuffled
 /// at S=512, 2048 and 8192 (23.6, 29.9, 32.3; bench/results/2026-11-24-h100-wgpu-causal-rows-
-/// f30fa7b), so D=64 causal takes 128 rows (at D=128 causal 128 rows were 5% slower at S=512).
+/// f30fa7b), so D=64 causal took 128 rows (at D=128 causal 128 rows were 5% slower at S=512).
+/// Since causal blocks start longest first across heads (b2ae7c7), 64 rows are faster at every
+/// length: 24.3, 28.1, 30.5, 32.1, 33.0 against 23.5, 27.4, 29.9, 31.2, 32.2 TFLOP/s at
+/// S=512-8192, two interleaved rounds within 0.3% (bench/results/2026-11-25-h100-wgpu-d64-rows-
+/// 1678343), so f32 D=64 takes 64 rows with either mask.
 fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
@@ -78,11 +81,7 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         split_d: false,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(Measured {
-            rows: if causal { 128 } else { 64 },
-            split_d: true,
-            ..shape(true, 4, 32, true, true, 2)
-        }),
+        (KernelType::F32, 64) => Some(Measured { split_d: true, ..shape(true, 4, 32, true, true, 2) }),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
         (KernelType::F32, 128) => Some(Measured {
             rows: if causal { 64 } else { 128 },
@@ -1051,13 +1050,12 @@ mod tests {
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Causal too, with 128 rows at D=64 and 64 at D=128 (the other way round from
-                // non-causal).
+                // Causal too, with 64 rows at both head dims (D=128 non-causal takes 128).
                 let causal = Problem::new(Shape::new(1, 2, 300, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
                 assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
                 if dtype == DType::F32 {
-                    assert_eq!(v.block_m(), if d == 64 { 128 } else { 64 }, "{} causal", v.name());
+                    assert_eq!(v.block_m(), 64, "{} causal", v.name());
                 }
                 // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {
