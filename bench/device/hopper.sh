@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (an H100 or H200), in one call: the Hopper family of the cuda backend
 # (kernels/flash_fwd_sm90.cu) in each of its forms (ATTN_CUDA_FORM: cpasync, tma, overlap,
-# pingpong, persistent, stream; each adds one thing to the one before), next to PyTorch SDPA's cuDNN and
+# pingpong, persistent; each adds one thing to the one before), next to PyTorch SDPA's cuDNN and
 # FlashAttention-2 backends on the same shapes, and the Ampere/Ada family for reference.
 # Steps (STEPS, default all but sweep):
 #   smoke     one small call per form, head dim and mask, each under a timeout (a hang is a
@@ -32,7 +32,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper  # the Ampere rows below ask for theirs
 attn=.device/bin/attn
 steps=${STEPS:-smoke verify sanitize sass bench grid}
-forms=${FORMS:-cpasync tma overlap pingpong persistent stream}
+forms=${FORMS:-cpasync tma overlap pingpong persistent}
 last=${forms##* }
 has() { [[ " $steps " == *" $1 "* ]]; }
 TARGETS=(--dtypes bf16 --dims 64,128 --seqs 2048,4096,8192,16384 --masks none,causal --tokens 16384 --model-dim 2048)
@@ -71,12 +71,11 @@ done > "$out/plan.txt"
 
 if has smoke; then
   echo "== smoke: one small call per form, head dim and mask (rel L2 against f64; 20 s each)"
-  # The persistent forms also with a grid of 3 CTAs: the smoke problems have fewer tiles than the
+  # The persistent form also with a grid of 3 CTAs: the smoke problems have fewer tiles than the
   # H100 has SMs, and only a CTA that computes several goes from one tile to the next.
-  for fg in $forms $(for f in $forms; do [[ $f == persistent || $f == stream ]] && echo $f:3; done); do
+  for fg in $forms $(for f in $forms; do [[ $f == persistent ]] && echo $f:3; done); do
   f=${fg%:*}; g=${fg#"$f"}; g=${g#:}
   for d in 64 128 256; do for c in "" --no-causal; do
-    [[ $f == stream && $d == 256 ]] && continue  # not built for D=256 (hopper::plan::Form::runs)
     r=$(env ${g:+ATTN_CUDA_SM90_GRID=$g} ATTN_CUDA_FORM=$f timeout 20 $attn run --backend cuda -d $d --seq 300 --heads 4 --kv-heads 2 --batch 2 $c \
         --iters 1 --warmup 0 --check-rows 64 --json 2> "$out/smoke.err")
     code=$?
@@ -100,7 +99,7 @@ if has verify; then
     echo "== verify ($f${grid:+, quick grid})"
     verify $f ATTN_CUDA_FORM=$f -- $grid
   done
-  if [[ $last == persistent || $last == stream ]]; then
+  if [[ $last == persistent ]]; then
     # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one; with
     # two CTAs each computes many (the tile slot, the barriers' phases and the O buffer reused).
     echo "== verify ($last, a persistent grid of 2 CTAs)"
@@ -129,7 +128,6 @@ if has sass; then
   echo "== SASS of the $last form: HGMMA instructions, local-memory loads and stores"
   cubin=$PWD/.device/bin/cubin
   mkdir -p /tmp/sass && (cd /tmp/sass && for d in 64 128 256; do for c in "" causal; do
-    [[ $last == stream && $d == 256 ]] && continue
     $cubin sm90 bf16 $d $last $c > /dev/null || echo "cubin sm90 bf16 $d $last $c failed"
   done; done)
   for f in /tmp/sass/*.cubin; do

@@ -32,11 +32,6 @@
 //                   CTA's producer takes the next tile from a counter in global memory, so CTAs
 //                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
 //                   out),
-//   ATTN_STREAM     1: a consumer warpgroup's key tiles run as one pipeline across its query
-//                   tiles: a tile's last P V is issued with the next tile's first S, and the
-//                   next tile's first softmax runs under it; Q has two buffers, the next tile's
-//                   copied while this one runs (0: the pipeline drains and refills at every
-//                   query tile, one Q buffer),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
@@ -66,12 +61,6 @@ constexpr bool TMA = ATTN_TMA;
 constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
-constexpr bool STREAM = ATTN_STREAM;
-// Q buffers, each with its barriers and tile slot. The stream form issues a tile's first S as
-// soon as the last one's softmax is done; with one buffer that S waited for the copy of its Q,
-// which starts only when every warpgroup is done with the last tile's, and through the
-// ping-pong ring so did the other warpgroup (bench/results/2026-11-25-h100-hopper-stream-*).
-constexpr int Q_BUFFERS = STREAM ? 2 : 1;
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -86,7 +75,6 @@ static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "
 static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
-static_assert(!STREAM || (PERSISTENT && OVERLAP), "the stream runs the overlapped pipeline across a CTA's tiles");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -122,19 +110,18 @@ struct Params {
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
-constexpr int BARRIER_BYTES = 8 * (2 * Q_BUFFERS + 4 * STAGES) + 16;  // the mbarriers and the tile slots
-constexpr int SMEM_BYTES = Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
+constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 16;  // the mbarriers and the tile slot
+constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
-    elem_t* q;  // Q_BUFFERS buffers
+    elem_t* q;
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    // Per Q buffer:
-    int* tile;                    // the tile whose Q it holds, written before the producer arms q_full
-    unsigned long long* q_full;   // Q landed
-    unsigned long long* q_empty;  // every consumer thread is done reading Q and the tile slot
+    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
+    unsigned long long* q_full;  // Q landed
+    unsigned long long* q_empty; // every consumer thread is done reading Q and the tile slot
     unsigned long long* k_full;  // [STAGES]
     unsigned long long* k_empty;
     unsigned long long* v_full;
@@ -146,25 +133,19 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     unsigned char* p = raw + ((1024 - (base & 1023)) & 1023);
     Smem s;
     s.q = reinterpret_cast<elem_t*>(p);
-    p += Q_BUFFERS * Q_BYTES;
-    s.k = reinterpret_cast<elem_t*>(p);
-    s.v = reinterpret_cast<elem_t*>(p + STAGES * KV_BYTES);
-    s.o = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
+    s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
+    s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
+    s.o = reinterpret_cast<elem_t*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
-    s.q_empty = bars + Q_BUFFERS;
-    s.k_full = bars + 2 * Q_BUFFERS;
-    s.k_empty = s.k_full + STAGES;
-    s.v_full = s.k_full + 2 * STAGES;
-    s.v_empty = s.k_full + 3 * STAGES;
-    s.tile = reinterpret_cast<int*>(s.k_full + 4 * STAGES);
+    s.q_empty = bars + 1;
+    s.k_full = bars + 2;
+    s.k_empty = bars + 2 + STAGES;
+    s.v_full = bars + 2 + 2 * STAGES;
+    s.v_empty = bars + 2 + 3 * STAGES;
+    s.tile = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
     return s;
 }
-
-// The Q buffer (with its barriers and tile slot) of the CTA's n-th tile, and the phase its
-// barriers are in for that tile.
-__device__ __forceinline__ int q_buffer(int n) { return n % Q_BUFFERS; }
-__device__ __forceinline__ unsigned q_phase(int n) { return (n / Q_BUFFERS) & 1; }
 
 // The (batch * head, query block) of tile t, and how many key tiles it sees.
 struct Tile {
@@ -201,26 +182,6 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
 
-// Key tile j of `tile` (K and V) into the ring's stage for the CTA's it-th K/V tile, once the
-// consumers are done with what that stage held.
-__device__ __forceinline__ void issue_kv(const Params& p, const Smem& s, const Tile& tile, int j, int it) {
-    const int g = tile.h / (p.heads_q / p.heads_kv);
-    const int st = it % STAGES;
-    const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
-    elem_t* k = s.k + st * (KV_BYTES / 2);
-    elem_t* v = s.v + st * (KV_BYTES / 2);
-    sm90::mbar_wait(s.k_empty + st, free_parity);
-    sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
-#pragma unroll
-    for (int c = 0; c < D_BLOCKS; ++c)
-        sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
-    sm90::mbar_wait(s.v_empty + st, free_parity);
-    sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
-#pragma unroll
-    for (int c = 0; c < D_BLOCKS; ++c)
-        sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
-}
-
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
     sm90::tma_prefetch(&p.k_map);
@@ -228,22 +189,36 @@ __device__ void produce(const Params& p, const Smem& s) {
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int t = blockIdx.x;
     for (int n = 0;; ++n) {  // n: tiles of this CTA so far
-        // The consumers are done with this buffer's last tile (its Q and its slot): hand them
-        // the next. The barrier's arrival releases the slot's store to the threads that wait on it.
-        const int b = q_buffer(n);
-        sm90::mbar_wait(s.q_empty + b, q_phase(n) ^ 1);
-        reinterpret_cast<volatile int*>(s.tile)[b] = t;
+        // The consumers are done with the last tile's Q (and its slot): hand them the next. The
+        // barrier's arrival releases the slot's store to the consumers that wait on it.
+        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
+        *reinterpret_cast<volatile int*>(s.tile) = t;
         if (t >= p.tiles) {
-            sm90::mbar_arrive(s.q_full + b);  // no Q: the consumers read the slot and stop
+            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
             break;
         }
         const Tile tile = tile_at(p, t);
-        sm90::mbar_arrive_expect_tx(s.q_full + b, Q_BYTES);
+        const int g = tile.h / (p.heads_q / p.heads_kv);
+        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
-            sm90::tma_load_4d(s.q + b * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + b, 64 * c, tile.m0, tile.h,
-                              tile.b);
-        for (int j = 0; j < tile.n_kv; ++j, ++it) issue_kv(p, s, tile, j, it);
+            sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
+        for (int j = 0; j < tile.n_kv; ++j, ++it) {
+            const int st = it % STAGES;
+            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+            elem_t* k = s.k + st * (KV_BYTES / 2);
+            elem_t* v = s.v + st * (KV_BYTES / 2);
+            sm90::mbar_wait(s.k_empty + st, free_parity);
+            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+            sm90::mbar_wait(s.v_empty + st, free_parity);
+            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+        }
         t = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles;
     }
     if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
@@ -534,7 +509,6 @@ struct Ctx {
     int shift;         // seq_k - seq_q: row i sees keys j <= i + shift
     int row0;          // this thread's first row (the other is row0 + 8)
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
-    int q_buf;         // the Q buffer of this tile
     unsigned q_smem;   // this warpgroup's 64 rows of Q
     int n_kv;          // key tiles of this query tile
     int g, b;          // K/V head and batch (cp.async form)
@@ -558,7 +532,7 @@ struct Ctx {
     // next write of the slot (racecheck found the per-warp arrival's ordering through
     // __syncwarp wanting). Once per tile.
     __device__ void release_q() const {
-        if (TMA) sm90::mbar_arrive(s.q_empty + q_buf);
+        if (TMA) sm90::mbar_arrive(s.q_empty);
     }
 };
 
@@ -608,18 +582,14 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// The overlapped forms software-pipeline key tiles inside the warpgroup: S_j is issued together
-// with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still on the tensor cores; only
-// then is O rescaled and P_j packed. A query tile's first S (pipeline_head) and last P V
-// (pipeline_tail) stand outside its loop (pipeline_body), so that every path through the loop
-// waits for the same groups (ptxas serializes all wgmma of a kernel where it cannot tell a group
-// is complete). In the stream form a tile's last P V goes out with the next tile's first S
-// instead (pipeline_handover), and the pipeline runs unbroken through a CTA's tiles.
-
-// Tile c's S_0 alone, its softmax and P_0 (O is still 0: nothing to rescale). `it` names c's
-// K/V tile 0.
-__device__ __forceinline__ void pipeline_head(const Ctx& c, float (&o)[NO], float (&sc)[NS],
-                                              unsigned (&pa)[BN / 16][4], RowState& st, int it) {
+// The tile's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
+// S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
+// on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
+// stand outside the loop, so that every path through it waits for the same groups (ptxas
+// serializes all wgmma of a kernel where it cannot tell a group is complete).
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    float sc[NS];
     float alpha[2];
     sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
@@ -630,35 +600,21 @@ __device__ __forceinline__ void pipeline_head(const Ctx& c, float (&o)[NO], floa
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.n_kv == 1) c.release_q();
-    softmax_step(c, sc, st, 0, alpha);
+    softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
-}
-
-// In c's turn, S = Q K^T on K/V tile k_it (Q at `q`) issued together with P V on K/V tile v_it;
-// returns once S is done (the P V may still run) and K's stage is released.
-__device__ __forceinline__ void issue_s_with_pv(const Ctx& c, unsigned q, float (&o)[NO], float (&sc)[NS],
-                                                unsigned (&pa)[BN / 16][4], int k_it, int v_it) {
-    sm90::mbar_wait(c.s.k_full + Ctx::stage(k_it), Ctx::phase(k_it));
-    await_turn(c.wg);
-    begin_batch(o, pa);
-    issue_qk(sc, q, c.k_smem(Ctx::stage(k_it)));
-    sm90::mbar_wait(c.s.v_full + Ctx::stage(v_it), Ctx::phase(v_it));
-    begin_batch(o, pa);
-    issue_pv(o, pa, c.v_smem(Ctx::stage(v_it)));
-    pass_turn(c.wg);
-    sm90::wgmma_wait<1>();
-    sm90::fence_regs(sc);
-    c.release(c.s.k_empty + Ctx::stage(k_it));
-}
-
-// Key tiles 1 .. n_kv - 1 of c, S_j with P_{j-1} V_{j-1}. On entry P_0 is packed and `it` names
-// c's K/V tile 0; on return `it` names the last, whose P waits in `pa` for its P V.
-__device__ __forceinline__ void pipeline_body(const Ctx& c, float (&o)[NO], float (&sc)[NS],
-                                              unsigned (&pa)[BN / 16][4], RowState& st, int& it) {
-    float alpha[2];
     for (int j = 1; j < c.n_kv; ++j) {
         const int prev = it++;
-        issue_s_with_pv(c, c.q_smem, o, sc, pa, it, prev);  // S_j is done; P_{j-1} V_{j-1} may still run
+        sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
+        await_turn(c.wg);
+        begin_batch(o, pa);
+        issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+        sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev));
+        begin_batch(o, pa);
+        issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
+        pass_turn(c.wg);
+        sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+        sm90::fence_regs(sc);
+        c.release(c.s.k_empty + Ctx::stage(it));
         if (j + 1 == c.n_kv) c.release_q();
         const bool moved = softmax_step(c, sc, st, j, alpha);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
@@ -667,10 +623,6 @@ __device__ __forceinline__ void pipeline_body(const Ctx& c, float (&o)[NO], floa
         if (moved) rescale(o, alpha);
         to_fragments(sc, pa);
     }
-}
-
-// The last P V of c alone; `it` moves past its K/V tile.
-__device__ __forceinline__ void pipeline_tail(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], int& it) {
     sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
     begin_batch(o, pa);
@@ -682,78 +634,32 @@ __device__ __forceinline__ void pipeline_tail(const Ctx& c, float (&o)[NO], unsi
     ++it;
 }
 
-// One query tile's key tiles, the pipeline filled and drained (the overlap to persistent forms).
-__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
-    unsigned pa[BN / 16][4];
-    float sc[NS];
-    pipeline_head(c, o, sc, pa, st, it);
-    pipeline_body(c, o, sc, pa, st, it);
-    pipeline_tail(c, o, pa, it);
-}
-
-// The stream form's step from one query tile to the next: the last P V of `done` (its P in `pa`,
-// `it` naming its K/V tile) goes out with S_0 of `next`, whose Q has landed, exactly as a P V
-// goes with the next S inside a tile; next's first softmax runs under it. Then done's O is
-// stored and next's O starts from zero. On return `it` names next's K/V tile 0 and P_0 is packed.
-__device__ __forceinline__ void pipeline_handover(const Ctx& done, const Tile& done_tile, const Ctx& next,
-                                                  float (&o)[NO], float (&sc)[NS], unsigned (&pa)[BN / 16][4],
-                                                  RowState& st, int& it) {
-    float alpha[2];
-    const int last = it++;
-    issue_s_with_pv(next, next.q_smem, o, sc, pa, it, last);  // next's S_0 is done; done's last P V may still run
-    if (next.n_kv == 1) next.release_q();
-    RowState fresh = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-    softmax_step(next, sc, fresh, 0, alpha);  // next's O is still to start: nothing to rescale
-    sm90::wgmma_wait<0>();                    // done's O is complete
-    sm90::fence_regs(o);
-    done.release(done.s.v_empty + Ctx::stage(last));
-    to_fragments(sc, pa);
-    store_output(done.p, done.s, done_tile, done.wg, done.row0, o, st);
-#pragma unroll
-    for (int i = 0; i < NO; ++i) o[i] = 0.f;
-    st = fresh;
-    // The store's branches (one thread issues the TMA store, LSE's lanes) have joined again. Said
-    // to ptxas: without it the key-tile loop that follows counts as divergent code, and its wgmma
-    // descriptors left the uniform datapath (48 R2UR per iteration against 16, and every
-    // mbarrier wait in a convergence region): 5-8% slower on the H100.
-    __syncwarp();
-}
-
-// The CTA's n-th tile (or, past the last, a number >= p.tiles): with TMA, once its Q has landed,
-// from the slot the producer wrote; else the static order.
-__device__ __forceinline__ int fetch_tile(const Smem& s, int n) {
-    if (!TMA) return blockIdx.x + n * gridDim.x;
-    sm90::mbar_wait(s.q_full + q_buffer(n), q_phase(n));
-    return reinterpret_cast<volatile int*>(s.tile)[q_buffer(n)];
-}
-
-// What a thread of consumer warpgroup wg knows while it computes `tile`, the CTA's n-th.
-__device__ __forceinline__ Ctx tile_ctx(const Params& p, const Smem& s, int wg, const Tile& tile, int n) {
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    return Ctx{p,
-               s,
-               wg,
-               lane,
-               fmaxf(fabsf(p.scale_log2), 1e-30f),
-               p.seq_k - p.seq_q,
-               tile.m0 + 64 * wg + 16 * warp + lane / 4,
-               tile.m0 + 64 * wg + 16 * warp,
-               q_buffer(n),
-               sm90::smem_u32(s.q) + q_buffer(n) * Q_BYTES + wg * 64 * 128,
-               tile.n_kv,
-               tile.h / (p.heads_q / p.heads_kv),
-               tile.b};
-}
-
-// A consumer warpgroup's tiles one after the other, each filling and draining its pipeline.
 __device__ void consume(const Params& p, const Smem& s, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
-        const int t = fetch_tile(s, n);
+        int t;
+        if (TMA) {
+            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
+            t = *reinterpret_cast<volatile int*>(s.tile);
+        } else {
+            t = blockIdx.x + n * gridDim.x;
+        }
         if (t >= p.tiles) break;
         const Tile tile = tile_at(p, t);
-        const Ctx c = tile_ctx(p, s, wg, tile, n);
+        const Ctx c{p,
+                    s,
+                    wg,
+                    lane,
+                    fmaxf(fabsf(p.scale_log2), 1e-30f),
+                    p.seq_k - p.seq_q,
+                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
+                    tile.m0 + 64 * wg + 16 * warp,
+                    sm90::smem_u32(s.q) + wg * 64 * 128,
+                    tile.n_kv,
+                    tile.h / (p.heads_q / p.heads_kv),
+                    tile.b};
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
@@ -771,7 +677,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             sm90::fence_proxy_async();
             __syncthreads();
         }
-        if (p.scale_log2 < 0.f) negate_q_rows(s.q + c.q_buf * (Q_BYTES / 2), wg);
+        if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
 
         if (tile.n_kv == 0) {
             c.release_q();
@@ -787,53 +693,6 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
 }
 
-// The stream form's consumer warpgroup: one pipeline through all of the CTA's tiles. A tile is
-// "open" from its last S to its last P V, which goes out with the next tile's first S when that
-// tile has keys to see (else alone, the pipeline drained as in the other forms).
-__device__ void consume_stream(const Params& p, const Smem& s, int wg) {
-    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
-    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    float o[NO];
-    float sc[NS];
-    unsigned pa[BN / 16][4];
-    RowState st;
-    // The open tile, if any: the CTA's (n - 1)-th (its number: a Tile would hold four registers).
-    int open = -1;
-    for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
-        const int t = fetch_tile(s, n);
-        const bool more = t < p.tiles;
-        const Tile tile = tile_at(p, more ? t : 0);
-        const Ctx c = tile_ctx(p, s, wg, tile, n);
-        if (more && p.scale_log2 < 0.f) negate_q_rows(s.q + c.q_buf * (Q_BYTES / 2), wg);
-        if (open >= 0 && more && tile.n_kv > 0) {
-            const Tile done = tile_at(p, open);
-            pipeline_handover(tile_ctx(p, s, wg, done, n - 1), done, c, o, sc, pa, st, it);
-        } else {
-            if (open >= 0) {
-                const Tile done = tile_at(p, open);
-                const Ctx dc = tile_ctx(p, s, wg, done, n - 1);
-                pipeline_tail(dc, o, pa, it);
-                store_output(p, s, done, wg, dc.row0, o, st);
-            }
-            if (!more) break;
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-            st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-            open = -1;
-            if (tile.n_kv == 0) {  // no key to see: O = 0
-                c.release_q();
-                store_output(p, s, tile, wg, c.row0, o, st);
-                continue;
-            }
-            pipeline_head(c, o, sc, pa, st, it);
-        }
-        pipeline_body(c, o, sc, pa, st, it);
-        open = t;
-    }
-    if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
-    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
@@ -843,10 +702,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         return;
     }
     if (threadIdx.x == 0) {
-        for (int b = 0; b < Q_BUFFERS; ++b) {
-            sm90::mbar_init(s.q_full + b, 1);
-            sm90::mbar_init(s.q_empty + b, 128 * CONSUMERS);
-        }
+        sm90::mbar_init(s.q_full, 1);
+        sm90::mbar_init(s.q_empty, 128 * CONSUMERS);
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.k_full + i, 1);
             sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);
@@ -862,10 +719,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         if (threadIdx.x % 128 == 0) produce(p, s);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
-        if (STREAM) {
-            consume_stream(p, s, wg);
-        } else {
-            consume(p, s, wg);
-        }
+        consume(p, s, wg);
     }
 }

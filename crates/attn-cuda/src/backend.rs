@@ -106,7 +106,7 @@ pub struct Cuda {
     rank: Option<std::result::Result<usize, String>>,
     /// A forced family, or why `ATTN_CUDA_FAMILY` could not be read.
     family: Option<std::result::Result<Family, String>>,
-    /// The Hopper kernel's form (default: persistent), or why `ATTN_CUDA_FORM` could
+    /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
     /// not be read.
     form: Option<std::result::Result<Form, String>>,
     /// The Hopper kernel's tiles instead of its defaults, or why `ATTN_CUDA_SM90_TILES` could

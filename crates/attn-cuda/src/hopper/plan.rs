@@ -15,7 +15,7 @@ pub const SHARED_LIMIT: usize = 227 * 1024;
 
 /// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies and
 /// takes tiles from the scheduler (with 24 that spilled).
-pub const PRODUCER_REGISTERS: u32 = 40;
+pub const PRODUCER_REGISTERS: u32 = 32;
 
 /// Registers per consumer thread after `setmaxnreg` at most: the O and S accumulators (D / 2 +
 /// BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
@@ -47,17 +47,11 @@ pub enum Form {
     /// One CTA per SM; each takes its next tile from a counter in global memory as it finishes
     /// one (a persistent grid with dynamic scheduling; causal: longest first).
     Persistent,
-    /// The persistent form with one pipeline per consumer warpgroup through all of its CTA's
-    /// tiles: a tile's last P·V is issued with the next tile's first S, whose softmax runs under
-    /// it, where the other forms drain the pipeline at the end of each tile and refill it; Q in
-    /// two buffers, the next tile's copied while this one runs.
-    Stream,
 }
 
 impl Form {
     /// Every form, in the order they build on each other.
-    pub const ALL: [Form; 6] =
-        [Form::CpAsync, Form::Tma, Form::Overlap, Form::PingPong, Form::Persistent, Form::Stream];
+    pub const ALL: [Form; 5] = [Form::CpAsync, Form::Tma, Form::Overlap, Form::PingPong, Form::Persistent];
 
     /// The name in kernel names and `ATTN_CUDA_FORM`.
     pub fn as_str(self) -> &'static str {
@@ -67,15 +61,7 @@ impl Form {
             Form::Overlap => "overlap",
             Form::PingPong => "pingpong",
             Form::Persistent => "persistent",
-            Form::Stream => "stream",
         }
-    }
-
-    /// Whether the form is built for head dim `d`. The stream form is not at D = 256: where a
-    /// tile hands over to the next, O (128 registers), S (32) and P (16) are live together with
-    /// two tiles' row state, more than the consumers' 232, and ptxas serializes every wgmma.
-    pub fn runs(self, d: usize) -> bool {
-        self != Form::Stream || d <= 128
     }
 
     /// The form named `name` (as [`Form::as_str`] spells it).
@@ -140,24 +126,18 @@ impl Variant {
         self.form >= Form::Persistent
     }
 
-    /// Q buffers, each with its barriers and tile slot: two in the stream form (the next tile's
-    /// Q is copied while this one runs), else one. Mirrors `Q_BUFFERS` in the kernel.
-    pub fn q_buffers(&self) -> usize {
-        if self.form >= Form::Stream { 2 } else { 1 }
-    }
-
-    /// Dynamic shared memory: the Q buffers, `stages` K and V tiles (16-bit), O on its way out
-    /// where it is staged, the mbarriers (two per Q buffer, four per stage) and the tile slots
-    /// (16 bytes), and 1024 bytes of slack to align the tiles to the 128-byte swizzle's
-    /// 1024-byte period. Mirrors `SMEM_BYTES` in `kernels/flash_fwd_sm90.cu`.
+    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
+    /// staged, the mbarriers and the tile slot (16 bytes), and 1024 bytes of slack to align the
+    /// tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
+    /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         (self.unstaged_bytes() + if self.o_staged() { self.o_bytes() } else { 0 }) as u32
     }
 
     fn unstaged_bytes(&self) -> usize {
-        let q = self.q_buffers() * self.block_m() * self.head_dim * 2;
+        let q = self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        let barriers = 8 * (2 * self.q_buffers() + 4 * self.stages as usize) + 16;
+        let barriers = 8 * (2 + 4 * self.stages as usize) + 16;
         q + kv + barriers + 1024
     }
 
@@ -204,7 +184,6 @@ impl Variant {
             ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
             ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
             ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
-            ("ATTN_STREAM".into(), flag(self.form >= Form::Stream)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
@@ -240,7 +219,7 @@ impl Variant {
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
-                    for form in Form::ALL.into_iter().filter(|f| f.runs(head_dim)) {
+                    for form in Form::ALL {
                         let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
                         v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
                     }
@@ -308,13 +287,6 @@ impl Variant {
                  memory, put back to zero by the last CTA)",
                 launch.grid[0]
             ));
-        }
-        if self.form >= Form::Stream {
-            notes.push(
-                "stream: a tile's last P·V goes out with the next tile's first S, one pipeline through \
-                 the CTA's tiles; two Q buffers, the next tile's copied while this one runs"
-                    .into(),
-            );
         }
         if self.causal && self.form >= Form::Tma {
             notes.push(format!(
@@ -392,16 +364,6 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
-    if !form.runs(s.head_dim) {
-        return Err(Error::Unsupported {
-            backend: "cuda (Hopper family)".into(),
-            what: format!(
-                "the {form} form at head dim {}: its consumers have no registers to hold two tiles at once; \
-                 it runs head dims 64 and 128 (the persistent form runs all three)",
-                s.head_dim
-            ),
-        });
-    }
     let default = tiles(s.head_dim, form);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
     if consumers == 0 || form == Form::CpAsync {
@@ -446,13 +408,13 @@ mod tests {
     fn every_head_dim_fits_an_h100_in_every_form() {
         let h100 = DeviceLimits::h100();
         for d in HEAD_DIMS {
-            for form in Form::ALL.into_iter().filter(|f| f.runs(d)) {
+            for form in Form::ALL {
                 let (v, launch) = choose(&problem(d), &h100, 132, form, None).unwrap();
                 assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
                 let tiles = 4096u32.div_ceil(v.block_m() as u32) * 64;
                 assert_eq!(
                     launch.grid[0],
-                    if form >= Form::Persistent { 132 } else { tiles },
+                    if form == Form::Persistent { 132 } else { tiles },
                     "{}",
                     v.name()
                 );
@@ -463,12 +425,10 @@ mod tests {
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
-        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the tile slots (16 B) and 1 KB
-        // of alignment slack; the stream form has a second Q buffer with its two barriers.
+        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the tile slot (16 B) and 1 KB
+        // of alignment slack.
         let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
         assert_eq!(v.shared_bytes(), 163840 + 32768 + 96 + 1024);
-        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Stream, None).unwrap();
-        assert_eq!(v.shared_bytes(), 32768 + 163840 + 32768 + 112 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
@@ -500,10 +460,9 @@ mod tests {
                 );
             }
         }
-        // The TMA forms: D=128 and 256 with two consumers (the stream form at D=128 only), D=64
-        // with three.
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 36);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 20);
+        // The TMA forms: D=128 and 256 with two consumers, D=64 with three.
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 32);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 16);
     }
 
     #[test]
@@ -517,8 +476,6 @@ mod tests {
     #[test]
     fn unsupported_inputs_are_typed_errors() {
         let h100 = DeviceLimits::h100();
-        let err = choose(&problem(256), &h100, 132, Form::Stream, None).unwrap_err().to_string();
-        assert!(err.contains("stream form at head dim 256") && err.contains("64 and 128"), "{err}");
         assert!(matches!(
             choose(&problem(96), &h100, 132, Form::Persistent, None),
             Err(Error::UnsupportedHeadDim { .. })
