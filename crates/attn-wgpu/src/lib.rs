@@ -48,8 +48,8 @@
 //!   8-12% more; D=64: both with 4x16 micro-tiles, 3-8% faster, each alone no faster; on the
 //!   H100); `ATTN_WGPU_ROWS=16|32|64|128`: only workgroups of that many query
 //!   rows (128 exists only with V read straight from its buffer, with Q in registers, or with 16
-//!   invocations per row at D=64; f32 D=128 non-causal and D=64 causal take 128 by default,
-//!   up to 3% and 6% faster on the H100). 4x16 tiles (but for f32 D=64's default) and 4 invocations per row were timed slower
+//!   invocations per row at D=64; f32 D=128 non-causal takes 128 by default, up to 3% faster
+//!   on the H100, and f32 D=64 64 with either mask, 2-4% faster causal than 128). 4x16 tiles (but for f32 D=64's default) and 4 invocations per row were timed slower
 //!   on the H100 and are picked only by their knobs;
 //!   `ATTN_WGPU_INTERLEAVE=1|2|4`: shapes with one row group's lanes together (every shape but
 //!   f32's defaults), or f32's measured shapes with two or four row groups' lanes interleaved, so
