@@ -9,7 +9,7 @@
 //! matrices where they are used.
 //!
 //! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` (55 of 55) with 16- and 32-key
-//! tiles. How it got there, each step measured (bench/results/2026-11-2[34]-h100-wgpu-coop-*):
+//! tiles. How it got there, each step measured (bench/results/2026-11-2{3,4}-h100-wgpu-coop-*):
 //! - The first version failed every f16 case with random data. Naga's Vulkan memory model was
 //!   suspected and ruled out ([`crate::spirv`] moves the module to GLSL450; same failures, same
 //!   values). First-tile dumps (`ATTN_WGPU_COOP_DUMP`) then showed Q·Kᵀ already wrong, and the
