@@ -3,8 +3,8 @@
 use crate::{Buffer, DType, Inputs, Outputs, Plan, Problem, Result};
 use std::time::{Duration, Instant};
 
-/// What kind of hardware a backend computes on; [`Attention::kind`] lets the facade rank
-/// backends without knowing them.
+/// What kind of hardware a backend computes on; [`Attention::availability`] reports it, so that
+/// the facade can rank backends without knowing them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceKind {

@@ -46,7 +46,8 @@ pub struct Timing {
     pub runs: usize,
     /// Each timed run, seconds, in the order they ran.
     pub each_s: Vec<f64>,
-    /// Device memory the prepared call held, as measured by the backend ([`Prepared::device_bytes`]).
+    /// Device memory the prepared call held, as measured by the backend
+    /// ([`attn_core::Prepared::device_bytes`]).
     pub device_bytes: Option<u64>,
 }
 
