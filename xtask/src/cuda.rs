@@ -1,10 +1,12 @@
-//! NVRTC and the CUDA headers for the CUDA backend's tests: where they are, how to install them
-//! on a bare machine, and the environment that points the child cargo processes at them.
+//! NVRTC, the CUDA headers and `cuobjdump` for the CUDA backend's tests: where they are, how to
+//! install them on a bare machine, and the environment that points the child cargo processes at
+//! them.
 //!
 //! CI machines have no GPU and no toolkit, but `attn-cuda` still compiles every kernel
-//! specialisation for every target architecture with NVRTC; NVIDIA's Python wheels supply it
-//! (`nvidia-cuda-nvrtc`: the library; `nvidia-cuda-runtime`: `cuda_fp16.h` and friends) under
-//! `site-packages/nvidia/cu13/`, where the dynamic loader does not look on its own.
+//! specialisation for every target architecture with NVRTC, and reads the Hopper kernels' SASS
+//! with `cuobjdump`; NVIDIA's Python wheels supply them (`nvidia-cuda-nvrtc`: the library;
+//! `nvidia-cuda-runtime`: `cuda_fp16.h` and friends; `nvidia-cuda-cuobjdump`: the disassembler)
+//! under `site-packages/nvidia/cu13/`, where neither the dynamic loader nor `PATH` looks.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -14,8 +16,10 @@ use crate::cmd;
 /// The NVRTC library of the CUDA major version attn-cuda's cudarc is built for.
 const NVRTC: &str = "libnvrtc.so.13";
 
-/// The wheels, pinned to the CUDA version the kernels are written against.
-const WHEELS: [&str; 2] = ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*"];
+/// The wheels, pinned to the CUDA version the kernels are written against (cuobjdump's wheels
+/// start at 13.2; it reads 13.0's CUBINs).
+const WHEELS: [&str; 3] =
+    ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-cuobjdump==13.2.*"];
 
 /// The directory holding `libnvrtc.so.13`: `ATTN_NVRTC_LIB` (file or directory) if set, the
 /// toolkit's, the loader's usual directories, then the wheel's.
@@ -40,6 +44,20 @@ pub fn include_dir() -> Option<PathBuf> {
         .find(|d| d.join("cuda_fp16.h").is_file())
 }
 
+/// `cuobjdump`: `ATTN_CUOBJDUMP` if set, the toolkit's, `PATH`'s, the wheel's.
+pub fn cuobjdump() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("ATTN_CUOBJDUMP").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let path_dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    std::iter::once(PathBuf::from("/usr/local/cuda/bin"))
+        .chain(path_dirs)
+        .chain(wheel_dirs("bin"))
+        .map(|d| d.join("cuobjdump"))
+        .find(|f| f.is_file())
+}
+
 /// `site-packages/nvidia/cu13/<sub>` in every Python site directory that has one.
 fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
     let script = "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))";
@@ -47,9 +65,9 @@ fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
     sites.lines().map(|s| Path::new(s).join("nvidia/cu13").join(sub)).filter(|d| d.is_dir()).collect()
 }
 
-/// Whether both NVRTC and the headers are there.
+/// Whether NVRTC, the headers and cuobjdump are all there.
 pub fn present() -> bool {
-    nvrtc_dir().is_some() && include_dir().is_some()
+    nvrtc_dir().is_some() && include_dir().is_some() && cuobjdump().is_some()
 }
 
 /// Installs the wheels with the Python that `python3` names.
@@ -59,11 +77,12 @@ pub fn install() -> Result<(), String> {
     cmd::run("python3", &args)
 }
 
-/// The environment for child cargo processes: `ATTN_NVRTC_LIB` and `ATTN_CUDA_INCLUDE` pinned to
-/// what was found (so tests use exactly the NVRTC this run reported), the NVRTC directory
+/// The environment for child cargo processes: `ATTN_NVRTC_LIB`, `ATTN_CUDA_INCLUDE` and
+/// `ATTN_CUOBJDUMP` pinned to what was found (so tests use exactly what this run reported), the NVRTC directory
 /// prepended to `LD_LIBRARY_PATH` (a child's loader reads it at start-up, so it must be set
 /// before the child starts, never from inside it), and with `require`, `ATTN_REQUIRE_NVRTC=1`,
-/// which turns attn-cuda's NVRTC tests from skipped into failed where NVRTC is missing.
+/// which turns attn-cuda's NVRTC tests (and its SASS test, which needs cuobjdump too) from skipped
+/// into failed where they are missing.
 pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     let mut vars = Vec::new();
     if let Some(dir) = nvrtc_dir() {
@@ -80,6 +99,9 @@ pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     }
     if let Some(dir) = include_dir() {
         vars.push(("ATTN_CUDA_INCLUDE", dir.into_os_string()));
+    }
+    if let Some(path) = cuobjdump() {
+        vars.push(("ATTN_CUOBJDUMP", path.into_os_string()));
     }
     if require {
         vars.push(("ATTN_REQUIRE_NVRTC", "1".into()));

@@ -26,6 +26,7 @@ pub fn print_inventory() {
     line("vulkan loader", found(find_library("libvulkan.so")));
     line("vulkan drivers", vulkan_drivers().unwrap_or_else(|| "absent".into()));
     line("nvrtc", found(find_nvrtc()));
+    line("cuobjdump", found(crate::cuda::cuobjdump()));
     line("nvidia gpu", found(nvidia_gpu()));
 }
 

@@ -25,8 +25,9 @@ pub fn prerequisites() -> Vec<Prerequisite> {
     vec![
         Prerequisite {
             name: "nvrtc",
-            why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not \
-                  (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime 13.0: library and headers)",
+            why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not, \
+                  and reads the Hopper kernels' SASS (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime \
+                  13.0: library and headers; nvidia-cuda-cuobjdump 13.2: the disassembler)",
             present: crate::cuda::present,
             install: crate::cuda::install,
         },

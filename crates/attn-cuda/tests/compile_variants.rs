@@ -1,10 +1,12 @@
 //! Every kernel specialisation the backend can choose compiles with NVRTC, with no warning, no
 //! spill, registers within the variant's budget and none of ptxas's notes on wgmma pipelines:
-//! the Ampere/Ada family for sm_80, sm_89 and sm_90a, the Hopper family for sm_90a. Runs on a
-//! machine without a GPU; CI requires NVRTC (ATTN_REQUIRE_NVRTC=1), elsewhere each test is
-//! skipped by name when NVRTC is missing.
+//! the Ampere/Ada family for sm_80, sm_89 and sm_90a, the Hopper family for sm_90a; and the
+//! Hopper family's SASS (read with cuobjdump) has the shape its speed depends on. Runs on a
+//! machine without a GPU; CI requires NVRTC and cuobjdump (ATTN_REQUIRE_NVRTC=1), elsewhere each
+//! test is skipped by name when they are missing.
 
 use attn_cuda::{Arch, CompileRequest, compile, hopper, nvrtc_available, plan};
+use std::path::PathBuf;
 
 /// One compilation to check.
 struct Job {
@@ -32,12 +34,10 @@ fn nvrtc_or_skip(test: &str) -> bool {
     }
 }
 
-/// Compiles the jobs on every core and returns what is wrong with each that fails: a compile
-/// error, no ptxas report, a spill, registers over the budget, or a note of ptxas's on wgmma
-/// (C75xx: fences it had to inject, or every wgmma serialized because it could not prove a
-/// group complete before its registers were used).
-fn check_all(jobs: &[Job]) -> Vec<String> {
+/// Runs `check` on the jobs on every core and returns what it found wrong with each that fails.
+fn check_all(jobs: &[Job], check: impl Fn(&Job) -> Option<String> + Sync) -> Vec<String> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let check = &check;
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .chunks(jobs.len().div_ceil(threads).max(1))
@@ -47,7 +47,10 @@ fn check_all(jobs: &[Job]) -> Vec<String> {
     })
 }
 
-fn check(job: &Job) -> Option<String> {
+/// What is wrong with a job's compile: an error, no ptxas report, a spill, registers over the
+/// budget, or a note of ptxas's on wgmma (C75xx: fences it had to inject, or every wgmma
+/// serialized because it could not prove a group complete before its registers were used).
+fn check_resources(job: &Job) -> Option<String> {
     let c = match compile(&job.request) {
         Ok(c) => c,
         Err(e) => return Some(format!("{}: {e}", job.name)),
@@ -79,11 +82,11 @@ fn check(job: &Job) -> Option<String> {
     }
 }
 
-fn assert_all_pass(jobs: &[Job]) {
-    let failures = check_all(jobs);
+fn assert_all_pass(jobs: &[Job], check: impl Fn(&Job) -> Option<String> + Sync) {
+    let failures = check_all(jobs, check);
     assert!(
         failures.is_empty(),
-        "{} of {} compiles failed:\n{}",
+        "{} of {} variants failed:\n{}",
         failures.len(),
         jobs.len(),
         failures.join("\n")
@@ -105,7 +108,7 @@ fn every_variant_compiles_without_spills_for_every_arch() {
             budget: v.register_budget(),
         })
         .collect();
-    assert_all_pass(&jobs);
+    assert_all_pass(&jobs, check_resources);
 }
 
 /// The Hopper family, for sm_90a only; with `setmaxnreg` the budget is the cap at entry (the
@@ -115,7 +118,11 @@ fn every_hopper_variant_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_variant_compiles_without_spills") {
         return;
     }
-    let jobs: Vec<Job> = hopper::Variant::all()
+    assert_all_pass(&hopper_jobs(), check_resources);
+}
+
+fn hopper_jobs() -> Vec<Job> {
+    hopper::Variant::all()
         .into_iter()
         .map(|v| Job {
             name: v.name(),
@@ -123,6 +130,155 @@ fn every_hopper_variant_compiles_without_spills() {
             entry: "attn_fwd_sm90",
             budget: v.register_budget(),
         })
-        .collect();
-    assert_all_pass(&jobs);
+        .collect()
+}
+
+/// The Hopper family's SASS: tensor-core products (HGMMA) present, no local-memory traffic
+/// (LDL/STL), and the key-tile loop's wgmma descriptors on the uniform datapath: at most two
+/// R2UR (a vector register moved to a uniform one) per S product, for Q's descriptor, which
+/// depends on the warpgroup; none for K's and V's. Where ptxas takes the loop for divergent code
+/// it builds every descriptor in vector registers: an attempt at D=128 had 48 R2UR per iteration
+/// against 16, and was 5-8% slower on the H100
+/// (bench/results/2026-11-25-h100-hopper-stream-8bf801d).
+#[test]
+fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() {
+    let test = "every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop";
+    if !nvrtc_or_skip(test) {
+        return;
+    }
+    let Some(tool) = cuobjdump_or_skip(test) else { return };
+    assert_all_pass(&hopper_jobs(), |job| check_sass(job, &tool));
+}
+
+/// `cuobjdump`: `ATTN_CUOBJDUMP` (which `cargo xtask test` sets), else the first on `PATH`; if
+/// neither, the test is reported skipped by name (or fails where CI requires it).
+fn cuobjdump_or_skip(test: &str) -> Option<PathBuf> {
+    let from_env = std::env::var_os("ATTN_CUOBJDUMP").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let on_path = || {
+        std::env::var_os("PATH")
+            .and_then(|p| std::env::split_paths(&p).map(|d| d.join("cuobjdump")).find(|f| f.is_file()))
+    };
+    match from_env.or_else(on_path) {
+        Some(tool) => Some(tool),
+        None if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            panic!("cuobjdump is required (ATTN_REQUIRE_NVRTC=1) but neither ATTN_CUOBJDUMP nor PATH has it")
+        }
+        None => {
+            println!("SKIPPED {test}: no cuobjdump (set ATTN_CUOBJDUMP, or `cargo xtask prerequisites`)");
+            None
+        }
+    }
+}
+
+fn check_sass(job: &Job, tool: &std::path::Path) -> Option<String> {
+    let compiled = match compile(&job.request) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("{}: {e}", job.name)),
+    };
+    let file = std::env::temp_dir().join(format!("attn-sass-{}-{}.cubin", std::process::id(), job.name));
+    let dump = std::fs::write(&file, &compiled.cubin).map_err(|e| e.to_string()).and_then(|()| {
+        std::process::Command::new(tool).arg("-sass").arg(&file).output().map_err(|e| e.to_string())
+    });
+    let _ = std::fs::remove_file(&file);
+    let sass = match dump {
+        Ok(out) if out.status.success() => parse_sass(&String::from_utf8_lossy(&out.stdout)),
+        Ok(out) => {
+            return Some(format!("{}: cuobjdump failed: {}", job.name, String::from_utf8_lossy(&out.stderr)));
+        }
+        Err(e) => return Some(format!("{}: cuobjdump did not run: {e}", job.name)),
+    };
+    let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
+    let local = sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
+    let Some(lp) = key_tile_loop(&sass) else {
+        return Some(format!("{}: no loop with both S and P·V products in the SASS", job.name));
+    };
+    let s_products = lp.iter().filter(|i| i.product() == Some(Product::S)).count();
+    let r2ur = lp.iter().filter(|i| i.opcode().starts_with("R2UR")).count();
+    println!(
+        "{:<60} HGMMA {hgmma:>3}, LDL/STL {local}, key-tile loop {} instructions, {s_products} S products, \
+         {r2ur} R2UR",
+        job.name,
+        lp.len()
+    );
+    if hgmma == 0 || local > 0 || r2ur > 2 * s_products {
+        Some(format!(
+            "{}: HGMMA {hgmma} (none is wrong), LDL/STL {local} (any is wrong), R2UR in the key-tile loop \
+             {r2ur} (more than 2 per S product, {s_products}, is wrong)",
+            job.name
+        ))
+    } else {
+        None
+    }
+}
+
+/// One SASS instruction of a `cuobjdump -sass` listing: its address and its text, predicate
+/// included, `;` and encoding left out.
+struct Instruction {
+    addr: u64,
+    text: String,
+}
+
+/// Which product an HGMMA computes: S = Q K^T reads both operands from shared memory
+/// (`HGMMA... Rd, gdesc[..], ..`); O += P V reads P from registers (`HGMMA... Rd, Rp, ..`).
+#[derive(Clone, Copy, PartialEq)]
+enum Product {
+    S,
+    PV,
+}
+
+impl Instruction {
+    /// The opcode with its modifiers, e.g. `HGMMA.64x128x16.F32.BF16`.
+    fn opcode(&self) -> &str {
+        let mut words = self.text.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.starts_with('@') { words.next().unwrap_or("") } else { first }
+    }
+
+    fn product(&self) -> Option<Product> {
+        if !self.opcode().starts_with("HGMMA") {
+            return None;
+        }
+        let operands: Vec<&str> = self.text.split(',').map(str::trim).collect();
+        match operands.get(1) {
+            Some(a) if a.starts_with("gdesc") => Some(Product::S),
+            Some(a) if a.starts_with('R') => Some(Product::PV),
+            _ => None,
+        }
+    }
+
+    /// Where a backward or forward branch goes (`BRA 0x1f40`), if this is one.
+    fn branch_target(&self) -> Option<u64> {
+        let at = self.text.find("BRA 0x")?;
+        let hex: String = self.text[at + 6..].chars().take_while(char::is_ascii_hexdigit).collect();
+        u64::from_str_radix(&hex, 16).ok()
+    }
+}
+
+/// The instructions of a listing: lines `/*0470*/ OPCODE operands ;`.
+fn parse_sass(listing: &str) -> Vec<Instruction> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start().strip_prefix("/*")?;
+            let (addr, rest) = line.split_once("*/")?;
+            let addr = u64::from_str_radix(addr, 16).ok()?;
+            let (text, _) = rest.split_once(';')?;
+            Some(Instruction { addr, text: text.trim().to_string() })
+        })
+        .collect()
+}
+
+/// The key-tile loop: the shortest span from a backward branch's target to the branch that holds
+/// both S and P·V products.
+fn key_tile_loop(sass: &[Instruction]) -> Option<&[Instruction]> {
+    sass.iter()
+        .enumerate()
+        .filter_map(|(end, branch)| {
+            let target = branch.branch_target().filter(|&t| t < branch.addr)?;
+            let start = sass.iter().position(|i| i.addr == target)?;
+            let body = &sass[start..=end];
+            let has = |p: Product| body.iter().any(|i| i.product() == Some(p));
+            (has(Product::S) && has(Product::PV)).then_some(body)
+        })
+        .min_by_key(|body| body.len())
 }
