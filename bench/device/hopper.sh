@@ -198,7 +198,7 @@ if has sweep; then
     for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
       for bin in $attn ${BASE:-}; do  # BASE: another commit's attn, timed in turn with this one
         for f in ${SWEEP_FORMS:-$last}; do
-          [[ $bin != "$attn" && $f != persistent ]] && continue  # the base binary: its own last form
+          [[ $bin != "$attn" && $f != persistent ]] && continue  # the base binary: the default form only
           label="sweep-d$d-n$n-s$st-c${cons:-0}"; [[ -n ${SWEEP_FORMS:-} ]] && label="sweep-$f-${label#sweep-}"
           [[ $bin != "$attn" ]] && label+="-base"
           ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"

@@ -5,8 +5,9 @@
 //! machine without a GPU; CI requires NVRTC and cuobjdump (ATTN_REQUIRE_NVRTC=1), elsewhere each
 //! test is skipped by name when they are missing.
 
-use attn_cuda::{Arch, CompileRequest, compile, hopper, nvrtc_available, plan};
-use std::path::PathBuf;
+use attn_cuda::{Arch, CompileRequest, Compiled, compile, hopper, nvrtc_available, plan};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// One compilation to check.
 struct Job {
@@ -34,27 +35,34 @@ fn nvrtc_or_skip(test: &str) -> bool {
     }
 }
 
-/// Runs `check` on the jobs on every core and returns what it found wrong with each that fails.
-fn check_all(jobs: &[Job], check: impl Fn(&Job) -> Option<String> + Sync) -> Vec<String> {
+/// A job and what NVRTC made of it (or why it could not).
+type Outcome = (Job, Result<Compiled, String>);
+
+/// Compiles the jobs on every core.
+fn compile_all(jobs: Vec<Job>) -> Vec<Outcome> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let check = &check;
-    std::thread::scope(|s| {
+    let compile_one = |job: &Job| compile(&job.request).map_err(|e| format!("{}: {e}", job.name));
+    let compiled: Vec<Result<Compiled, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .chunks(jobs.len().div_ceil(threads).max(1))
-            .map(|chunk| s.spawn(move || chunk.iter().filter_map(check).collect::<Vec<_>>()))
+            .map(|part| s.spawn(move || part.iter().map(compile_one).collect::<Vec<_>>()))
             .collect();
         handles.into_iter().flat_map(|h| h.join().expect("compile thread panicked")).collect()
-    })
+    });
+    jobs.into_iter().zip(compiled).collect()
 }
 
-/// What is wrong with a job's compile: an error, no ptxas report, a spill, registers over the
-/// budget, or a note of ptxas's on wgmma (C75xx: fences it had to inject, or every wgmma
-/// serialized because it could not prove a group complete before its registers were used).
-fn check_resources(job: &Job) -> Option<String> {
-    let c = match compile(&job.request) {
-        Ok(c) => c,
-        Err(e) => return Some(format!("{}: {e}", job.name)),
-    };
+/// Every Hopper variant compiled once for the tests that read it (NVRTC takes a second or more
+/// per variant); the second test to ask waits for the first's compiles.
+fn hopper_compiled() -> &'static [Outcome] {
+    static COMPILED: OnceLock<Vec<Outcome>> = OnceLock::new();
+    COMPILED.get_or_init(|| compile_all(hopper_jobs()))
+}
+
+/// What is wrong with a compiled job: no ptxas report, a spill, registers over the budget, or a
+/// note of ptxas's on wgmma (C75xx: fences it had to inject, or every wgmma serialized because it
+/// could not prove a group complete before its registers were used).
+fn check_resources(job: &Job, c: &Compiled) -> Option<String> {
     let r = c.resources_of(job.entry).cloned().unwrap_or_default();
     println!(
         "{:<60} {:>3} registers (budget {}), {} B spilled, {} B stack",
@@ -82,13 +90,20 @@ fn check_resources(job: &Job) -> Option<String> {
     }
 }
 
-fn assert_all_pass(jobs: &[Job], check: impl Fn(&Job) -> Option<String> + Sync) {
-    let failures = check_all(jobs, check);
+/// Fails with every job whose compile failed or that `check` finds wrong.
+fn assert_all_pass(outcomes: &[Outcome], check: impl Fn(&Job, &Compiled) -> Option<String>) {
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(job, compiled)| match compiled {
+            Ok(c) => check(job, c),
+            Err(e) => Some(e.clone()),
+        })
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of {} variants failed:\n{}",
         failures.len(),
-        jobs.len(),
+        outcomes.len(),
         failures.join("\n")
     );
 }
@@ -108,7 +123,7 @@ fn every_variant_compiles_without_spills_for_every_arch() {
             budget: v.register_budget(),
         })
         .collect();
-    assert_all_pass(&jobs, check_resources);
+    assert_all_pass(&compile_all(jobs), check_resources);
 }
 
 /// The Hopper family, for sm_90a only; with `setmaxnreg` the budget is the cap at entry (the
@@ -118,7 +133,7 @@ fn every_hopper_variant_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_variant_compiles_without_spills") {
         return;
     }
-    assert_all_pass(&hopper_jobs(), check_resources);
+    assert_all_pass(hopper_compiled(), check_resources);
 }
 
 fn hopper_jobs() -> Vec<Job> {
@@ -147,7 +162,7 @@ fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() 
         return;
     }
     let Some(tool) = cuobjdump_or_skip(test) else { return };
-    assert_all_pass(&hopper_jobs(), |job| check_sass(job, &tool));
+    assert_all_pass(hopper_compiled(), |job, compiled| check_sass(job, compiled, &tool));
 }
 
 /// `cuobjdump`: `ATTN_CUOBJDUMP` (which `cargo xtask test` sets), else the first on `PATH`; if
@@ -170,11 +185,7 @@ fn cuobjdump_or_skip(test: &str) -> Option<PathBuf> {
     }
 }
 
-fn check_sass(job: &Job, tool: &std::path::Path) -> Option<String> {
-    let compiled = match compile(&job.request) {
-        Ok(c) => c,
-        Err(e) => return Some(format!("{}: {e}", job.name)),
-    };
+fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
     let file = std::env::temp_dir().join(format!("attn-sass-{}-{}.cubin", std::process::id(), job.name));
     let dump = std::fs::write(&file, &compiled.cubin).map_err(|e| e.to_string()).and_then(|()| {
         std::process::Command::new(tool).arg("-sass").arg(&file).output().map_err(|e| e.to_string())
