@@ -7,7 +7,8 @@
 #   smoke     one small call per form, head dim and mask, each under a timeout (a hang is a
 #             deadlock), with its error against f64
 #   verify    attn verify per form: the quick grid, the full grid for the last form (and, for
-#             the persistent form, again with a grid of 2 CTAs, each computing many tiles)
+#             the persistent form, again with grids of 2, 3 and 7 CTAs (VERIFY_GRIDS), each
+#             computing many tiles, and with 3 and 7 the split tail's runs across tiles)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck on small cases
 #   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
 #   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
@@ -16,7 +17,8 @@
 #             unsaid: the head dim's), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
 #             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); each
 #             configuration also in the forms SWEEP_FORMS names (labelled with the form) and
-#             with the binary BASE names (another commit's attn, labelled -base), in turn with
+#             with the binary BASE names (another commit's attn, labelled -base), and with the
+#             split tail on and off (SWEEP_SPLIT="on off", labelled split-on/-off), in turn with
 #             this one; VERIFY_TILES=
 #             "keys:stages[:consumers] ..." runs the quick grid with those first
 #   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
@@ -100,10 +102,14 @@ if has verify; then
     verify $f ATTN_CUDA_FORM=$f -- $grid
   done
   if [[ $last == persistent ]]; then
-    # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one; with
-    # two CTAs each computes many (the tile slot, the barriers' phases and the O buffer reused).
-    echo "== verify ($last, a persistent grid of 2 CTAs)"
-    verify grid2 ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=2 --
+    # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one (or
+    # a run of the split tail); with a few CTAs each computes many (the piece slot, the
+    # barriers' phases and the O buffer reused), and with 3 or 7 the tail's runs also cross
+    # from one tile into the next, after whole tiles.
+    for g in ${VERIFY_GRIDS:-2 3 7}; do
+      echo "== verify ($last, a persistent grid of $g CTAs)"
+      verify grid$g ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=$g --
+    done
   fi
 fi
 pack verify
@@ -122,6 +128,14 @@ if has sanitize; then
     --json > "$log" 2>&1
   echo "racecheck $last d128 --no-causal, one CTA: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)" \
     | tee -a "$out/sanitizer.txt"
+  # The split tail: 8 tiles of 8 key tiles, dealt to 16 CTAs in runs of 4, each tile merged
+  # from two pieces (global partial results, a counter, a flag in shared memory).
+  if [[ $last == persistent ]]; then for tool in memcheck racecheck synccheck; do
+    log="$out/sanitizer-$tool-split.txt"
+    ATTN_CUDA_FORM=$last timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda \
+      --dtype bf16 -d 128 --seq 1024 --heads 1 --batch 1 --no-causal --iters 1 --warmup 0 --check-rows 16 --json > "$log" 2>&1
+    echo "$tool $last d128 S=1024 --no-causal, split tail: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
+  done | tee -a "$out/sanitizer.txt"; fi
 fi
 pack sanitize
 if has sass; then
@@ -197,14 +211,16 @@ if has sweep; then
   for round in $(seq 1 ${SWEEP_ROUNDS:-1}); do
     for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
       for bin in $attn ${BASE:-}; do  # BASE: another commit's attn, timed in turn with this one
-        for f in ${SWEEP_FORMS:-$last}; do
+        for f in ${SWEEP_FORMS:-$last}; do for sp in ${SWEEP_SPLIT:-""}; do
           [[ $bin != "$attn" && $f != persistent ]] && continue  # the base binary: the default form only
           label="sweep-d$d-n$n-s$st-c${cons:-0}"; [[ -n ${SWEEP_FORMS:-} ]] && label="sweep-$f-${label#sweep-}"
+          [[ -n $sp ]] && label+="-split-$sp"
           [[ $bin != "$attn" ]] && label+="-base"
           ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
-          attn=$bin ATTN_CUDA_FORM=$f ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" --dtypes bf16 --dims $d \
-            --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 --model-dim 2048
-        done
+          attn=$bin ATTN_CUDA_SM90_SPLIT=${sp:-on} ATTN_CUDA_FORM=$f ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" \
+            --dtypes bf16 --dims $d --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 \
+            --model-dim 2048
+        done; done
       done
     done
   done

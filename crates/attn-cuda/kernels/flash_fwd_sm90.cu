@@ -32,6 +32,10 @@
 //                   CTA's producer takes the next tile from a counter in global memory, so CTAs
 //                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
 //                   out),
+//                   Without a mask the persistent form also splits the tail: the tiles past
+//                   the last whole wave are cut into runs of key tiles dealt evenly to the CTAs
+//                   (see Piece), and a tile's partial results are merged by whichever of its
+//                   pieces ends last (merge_partials),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
@@ -62,6 +66,7 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
+constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -81,7 +86,8 @@ static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles a
 
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
 // `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
-// schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688; 768 bytes in all.
+// schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704;
+// 768 bytes in all.
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -90,8 +96,10 @@ struct Params {
     const elem_t* v;
     elem_t* o;
     float* lse;  // null when not asked for
-    // The persistent scheduler's counters: [0] the next tile past the first gridDim.x, [1] CTAs
-    // that have run out. Zero at every launch: the last CTA to run out puts them back.
+    // The persistent scheduler's counters: [0] the next unit of work past the first gridDim.x,
+    // [1] CTAs that have run out, then one per (tail tile, consumer warpgroup): the pieces of
+    // that tile's rows that have arrived (merge_partials). Zero at every launch: the last CTA to
+    // run out puts [0] and [1] back, the last piece of a tile its own.
     unsigned* schedule;
     long long q_sb, q_sh, q_ss;
     long long k_sb, k_sh, k_ss;
@@ -102,6 +110,15 @@ struct Params {
     int q_blocks;      // query blocks per (batch, head)
     int tiles;         // q_blocks * batch * heads_q
     int head_group;    // causal: heads whose tiles go longest first together (see tile_at)
+    // The split tail (see Piece; `Split` in crates/attn-cuda/src/hopper/plan.rs): tiles before
+    // `whole` go out whole, one per unit of work; the tail_iters key tiles of the tiles from
+    // `whole` on are dealt to tail_units units in even runs. No split: whole = tiles, 0 units.
+    int whole;
+    int tail_units;
+    int tail_iters;
+    // Two slots per tail unit, for the partial results of its first and last pieces:
+    // [slot][consumer warpgroup][NO / 4 + 1][128 threads] float4s (see merge_partials).
+    float* partials;
 };
 
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
@@ -110,7 +127,7 @@ struct Params {
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
-constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 16;  // the mbarriers and the tile slot
+constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 32;  // the mbarriers, the piece slot, merge flags
 constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
@@ -119,7 +136,8 @@ struct Smem {
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED)
-    int* tile;  // the producer's next tile for the consumers, written before it arms q_full
+    int* piece;  // the producer's next piece for the consumers (4 ints), written before it arms q_full
+    int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // Q landed
     unsigned long long* q_empty; // every consumer thread is done reading Q and the tile slot
     unsigned long long* k_full;  // [STAGES]
@@ -143,7 +161,8 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.k_empty = bars + 2 + STAGES;
     s.v_full = bars + 2 + 2 * STAGES;
     s.v_empty = bars + 2 + 3 * STAGES;
-    s.tile = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
+    s.piece = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
+    s.merge = s.piece + 4;
     return s;
 }
 
@@ -180,46 +199,98 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     return tile;
 }
 
+// A piece of work: key tiles [j0, j1) of tile t. The units of work a CTA draws are whole tiles
+// (`unit` -1), then, past `whole`, the tail's units: without a mask every tile has the same
+// key tiles, and the tail's tail_iters of them, tile after tile, are dealt to tail_units units
+// in runs as even as integers allow. A run may cross from one tile into the next, so a unit is
+// one piece or more; a piece that is not its tile's whole range is partial. t >= p.tiles: no
+// work is left.
+struct Piece {
+    int t, j0, j1, unit;
+};
+
+__device__ __forceinline__ int key_tiles(const Params& p) { return (p.seq_k + BN - 1) / BN; }
+// The first key tile (counted over the tail) of tail unit g, and the unit that holds key tile x
+// (the host keeps tail_units * tail_iters under 2^31).
+__device__ __forceinline__ int unit_start(const Params& p, int g) { return g * p.tail_iters / p.tail_units; }
+__device__ __forceinline__ int unit_of(const Params& p, int x) { return ((x + 1) * p.tail_units - 1) / p.tail_iters; }
+
+// Tail unit g's piece that starts at the tail's key tile x: up to the unit's end or the tile's.
+__device__ __forceinline__ Piece run_at(const Params& p, int g, int x) {
+    const int nk = key_tiles(p), tail_tile = x / nk;
+    const int end = min(unit_start(p, g + 1), (tail_tile + 1) * nk);
+    return Piece{p.whole + tail_tile, x - tail_tile * nk, end - tail_tile * nk, g};
+}
+
+// The first piece of unit of work u.
+__device__ __forceinline__ Piece first_piece(const Params& p, int u) {
+    if (!SPLIT_TAIL || u < p.whole) return Piece{u, 0, u < p.tiles ? tile_at(p, u).n_kv : 0, -1};
+    const int g = u - p.whole;
+    if (g >= p.tail_units) return Piece{p.tiles, 0, 0, -1};
+    return run_at(p, g, unit_start(p, g));
+}
+
+// Moves `pc` on to the next piece of its unit; false when the unit has no more.
+__device__ __forceinline__ bool next_piece(const Params& p, Piece& pc) {
+    if (!SPLIT_TAIL || pc.unit < 0) return false;
+    const int x = (pc.t - p.whole) * key_tiles(p) + pc.j1;
+    if (x >= unit_start(p, pc.unit + 1)) return false;
+    pc = run_at(p, pc.unit, x);
+    return true;
+}
+
 // ---- The producer: one thread of the producer warpgroup issues every copy.
+
+// Waits until the consumers are done with the last piece's Q (and the slot), then names the
+// next piece in the slot. The barrier's arrival, which follows, releases the slot's stores to
+// the consumers that wait on it. `n` counts the pieces handed out.
+__device__ __forceinline__ void announce(const Smem& s, const Piece& pc, int& n) {
+    sm90::mbar_wait(s.q_empty, (n++ & 1) ^ 1);
+    volatile int* slot = s.piece;
+    slot[0] = pc.t;
+    slot[1] = pc.j0;
+    slot[2] = pc.j1;
+    slot[3] = pc.unit;
+}
 
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
     sm90::tma_prefetch(&p.k_map);
     sm90::tma_prefetch(&p.v_map);
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
-    int t = blockIdx.x;
-    for (int n = 0;; ++n) {  // n: tiles of this CTA so far
-        // The consumers are done with the last tile's Q (and its slot): hand them the next. The
-        // barrier's arrival releases the slot's store to the consumers that wait on it.
-        sm90::mbar_wait(s.q_empty, (n & 1) ^ 1);
-        *reinterpret_cast<volatile int*>(s.tile) = t;
-        if (t >= p.tiles) {
+    int n = 0;   // pieces handed out so far
+    for (int u = blockIdx.x;; u = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles) {
+        Piece pc = first_piece(p, u);
+        if (pc.t >= p.tiles) {
+            announce(s, pc, n);
             sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
             break;
         }
-        const Tile tile = tile_at(p, t);
-        const int g = tile.h / (p.heads_q / p.heads_kv);
-        sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
-#pragma unroll
-        for (int c = 0; c < D_BLOCKS; ++c)
-            sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
-        for (int j = 0; j < tile.n_kv; ++j, ++it) {
-            const int st = it % STAGES;
-            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
-            elem_t* k = s.k + st * (KV_BYTES / 2);
-            elem_t* v = s.v + st * (KV_BYTES / 2);
-            sm90::mbar_wait(s.k_empty + st, free_parity);
-            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+        do {
+            announce(s, pc, n);
+            const Tile tile = tile_at(p, pc.t);
+            const int g = tile.h / (p.heads_q / p.heads_kv);
+            sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
-            sm90::mbar_wait(s.v_empty + st, free_parity);
-            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+                sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
+            for (int j = pc.j0; j < pc.j1; ++j, ++it) {
+                const int st = it % STAGES;
+                const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+                elem_t* k = s.k + st * (KV_BYTES / 2);
+                elem_t* v = s.v + st * (KV_BYTES / 2);
+                sm90::mbar_wait(s.k_empty + st, free_parity);
+                sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
 #pragma unroll
-            for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
-        }
-        t = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles;
+                for (int c = 0; c < D_BLOCKS; ++c)
+                    sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+                sm90::mbar_wait(s.v_empty + st, free_parity);
+                sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+#pragma unroll
+                for (int c = 0; c < D_BLOCKS; ++c)
+                    sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+            }
+        } while (next_piece(p, pc));
     }
     if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
     if (PERSISTENT && atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
@@ -510,7 +581,7 @@ struct Ctx {
     int row0;          // this thread's first row (the other is row0 + 8)
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
     unsigned q_smem;   // this warpgroup's 64 rows of Q
-    int n_kv;          // key tiles of this query tile
+    int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
@@ -536,6 +607,74 @@ struct Ctx {
     }
 };
 
+// ---- A tile split across pieces (the tail without a mask; see Piece).
+
+// The float4s of the slot where tail unit g leaves its piece of the tail tile whose first key
+// tile is x0, for consumer warpgroup wg, seen from thread `thread`: slot 2g holds a unit's first
+// piece, 2g + 1 its last (the pieces between are whole tiles). Thread-major in float4s, so a
+// warpgroup's stores and loads of each float4 are 2 KB in a row.
+__device__ __forceinline__ float4* partial_slot(const Params& p, int g, int x0, int wg, int thread) {
+    const int slot = 2 * g + (unit_start(p, g) >= x0 ? 0 : 1);
+    return reinterpret_cast<float4*>(p.partials) + (size_t)(slot * CONSUMERS + wg) * (NO / 4 + 1) * 128 + thread;
+}
+
+// A partial piece leaves this warpgroup's O (not yet divided by the sums), row maxima and
+// partial sums in its slot, then counts itself in at its tile's counter (one per warpgroup);
+// the piece that arrives last takes the others' results into its own and returns true: it
+// stores the tile. Each piece's O is relative to its own maxima; rescaled to the larger,
+//   O = O_a 2^(m_a - m) + O_b 2^(m_b - m),  sum = sum_a 2^(m_a - m) + sum_b 2^(m_b - m).
+// The writes are released to the last piece by __threadfence, the counter and __threadfence
+// again, and read past L1 (ld.global.cg): another SM wrote them.
+__device__ bool merge_partials(const Ctx& c, const Piece& pc, float (&o)[NO], RowState& st) {
+    const Params& p = c.p;
+    const int thread = threadIdx.x % 128;
+    const int nk = key_tiles(p), x0 = (pc.t - p.whole) * nk;
+    const int first = unit_of(p, x0), last = unit_of(p, x0 + nk - 1);
+    float4* mine = partial_slot(p, pc.unit, x0, c.wg, thread);
+#pragma unroll
+    for (int i = 0; i < NO / 4; ++i) __stcg(mine + i * 128, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+    __stcg(mine + NO / 4 * 128, make_float4(st.max[0], st.max[1], st.sum[0], st.sum[1]));
+    __threadfence();
+    sm90::named_sync(1 + c.wg, 128);
+    volatile int* arrived_last = c.s.merge + c.wg;
+    if (thread == 0) {
+        unsigned* count = p.schedule + 2 + (pc.t - p.whole) * CONSUMERS + c.wg;
+        const bool is_last = atomicAdd(count, 1u) == (unsigned)(last - first);
+        if (is_last) atomicExch(count, 0u);  // every piece is in: zero for the next launch
+        *arrived_last = is_last;
+    }
+    sm90::named_sync(1 + c.wg, 128);
+    // Read through a vote, which ptxas knows is the same in every lane: a branch it took for
+    // divergent would make it build the next piece's wgmma descriptors in vector registers.
+    if (!__any_sync(0xffffffff, *arrived_last)) return false;
+    __threadfence();
+    for (int g = first; g <= last; ++g) {
+        if (g == pc.unit) continue;
+        const float4* theirs = partial_slot(p, g, x0, c.wg, thread);
+        const float4 state = __ldcg(theirs + NO / 4 * 128);
+        const float max[2] = {state.x, state.y}, sum[2] = {state.z, state.w};
+        float mine_by[2], theirs_by[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m = fmaxf(st.max[r], max[r]);
+            const float base = m == NEG_INF ? 0.f : m;  // no visible key in either: both 0
+            mine_by[r] = exp2_fast(st.max[r] - base);
+            theirs_by[r] = exp2_fast(max[r] - base);
+            st.sum[r] = st.sum[r] * mine_by[r] + sum[r] * theirs_by[r];
+            st.max[r] = m;
+        }
+#pragma unroll
+        for (int i = 0; i < NO / 4; ++i) {
+            const float4 x = __ldcg(theirs + i * 128);
+            o[4 * i] = o[4 * i] * mine_by[0] + x.x * theirs_by[0];
+            o[4 * i + 1] = o[4 * i + 1] * mine_by[0] + x.y * theirs_by[0];
+            o[4 * i + 2] = o[4 * i + 2] * mine_by[1] + x.z * theirs_by[1];
+            o[4 * i + 3] = o[4 * i + 3] * mine_by[1] + x.w * theirs_by[1];
+        }
+    }
+    return true;
+}
+
 // Masks, then exponentiates tile j's scores in place; returns whether O must be rescaled.
 __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
     const int n0 = j * BN;
@@ -545,13 +684,13 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
     return moved;
 }
 
-// The tile's key tiles one after the other: S, softmax, P V, each waiting for the last (the
-// cp.async and TMA forms). `it` counts K/V tiles across this CTA's query tiles.
+// The piece's key tiles one after the other: S, softmax, P V, each waiting for the last (the
+// cp.async and TMA forms). `it` counts K/V tiles across this CTA's pieces.
 __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
-    for (int j = 0; j < c.n_kv; ++j, ++it) {
+    for (int j = c.j0; j < c.j1; ++j, ++it) {
         const int stg = Ctx::stage(it);
-        if (!TMA && j + 1 < c.n_kv) {
+        if (!TMA && j + 1 < c.j1) {
             // Tile j + 1 into the other stage, under this tile's arithmetic.
             const int next = Ctx::stage(it + 1);
             cp_tile<BN>(c.s.k + next * (KV_BYTES / 2), c.p.k + c.b * c.p.k_sb + c.g * c.p.k_sh, c.p.k_ss, (j + 1) * BN, c.p.seq_k);
@@ -564,7 +703,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
         sm90::wgmma_wait<0>();
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + stg);
-        if (j + 1 == c.n_kv) c.release_q();  // the tile's last use of Q
+        if (j + 1 == c.j1) c.release_q();  // the piece's last use of Q
         float alpha[2];
         if (softmax_step(c, sc, st, j, alpha)) rescale(o, alpha);
         to_fragments(sc, pa);
@@ -582,7 +721,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// The tile's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
+// The piece's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
 // S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
 // on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
@@ -599,10 +738,10 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
-    if (c.n_kv == 1) c.release_q();
-    softmax_step(c, sc, st, 0, alpha);  // O is still 0: nothing to rescale
+    if (c.j1 - c.j0 == 1) c.release_q();
+    softmax_step(c, sc, st, c.j0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
-    for (int j = 1; j < c.n_kv; ++j) {
+    for (int j = c.j0 + 1; j < c.j1; ++j) {
         const int prev = it++;
         sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
         await_turn(c.wg);
@@ -615,7 +754,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + Ctx::stage(it));
-        if (j + 1 == c.n_kv) c.release_q();
+        if (j + 1 == c.j1) c.release_q();
         const bool moved = softmax_step(c, sc, st, j, alpha);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
         sm90::fence_regs(o);
@@ -638,16 +777,22 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    for (int n = 0;; ++n) {  // n: query tiles of this CTA so far
-        int t;
+    for (int n = 0;; ++n) {  // n: pieces of this CTA so far
+        Piece pc;
         if (TMA) {
-            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its tile
-            t = *reinterpret_cast<volatile int*>(s.tile);
+            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its piece
+            // Lane 0's reads, passed on by shuffles, which ptxas knows give every lane the same
+            // value (see merge_partials): so it is for the loops the piece bounds.
+            const volatile int* slot = s.piece;
+            const int t = slot[0], j0 = slot[1], j1 = slot[2], unit = slot[3];
+            pc = Piece{__shfl_sync(0xffffffff, t, 0), __shfl_sync(0xffffffff, j0, 0), __shfl_sync(0xffffffff, j1, 0),
+                       __shfl_sync(0xffffffff, unit, 0)};
         } else {
-            t = blockIdx.x + n * gridDim.x;
+            pc = first_piece(p, blockIdx.x + n * gridDim.x);
         }
-        if (t >= p.tiles) break;
-        const Tile tile = tile_at(p, t);
+        if (pc.t >= p.tiles) break;
+        if (!SPLIT_TAIL) pc.j0 = 0;  // every piece a whole tile: loops from a constant (fewer R2UR)
+        const Tile tile = tile_at(p, pc.t);
         const Ctx c{p,
                     s,
                     wg,
@@ -657,7 +802,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     tile.m0 + 64 * wg + 16 * warp + lane / 4,
                     tile.m0 + 64 * wg + 16 * warp,
                     sm90::smem_u32(s.q) + wg * 64 * 128,
-                    tile.n_kv,
+                    pc.j0,
+                    pc.j1,
                     tile.h / (p.heads_q / p.heads_kv),
                     tile.b};
         float o[NO];
@@ -666,12 +812,13 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
 
         if (!TMA) {
-            // Q, and K/V tile 0 into the stage the count says.
+            // Q, and the piece's first K/V tile into the stage the count says.
             const int stg = Ctx::stage(it);
             cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
-            if (tile.n_kv > 0) {
-                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, 0, p.seq_k);
-                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, 0, p.seq_k);
+            if (pc.j1 > pc.j0) {
+                const int n0 = pc.j0 * BN;
+                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, n0, p.seq_k);
+                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, n0, p.seq_k);
             }
             asm volatile("cp.async.wait_group 0;\n" ::);
             sm90::fence_proxy_async();
@@ -679,14 +826,15 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         }
         if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
 
-        if (tile.n_kv == 0) {
+        if (pc.j1 == pc.j0) {
             c.release_q();
         } else if (OVERLAP) {
             mainloop_overlapped(c, o, st, it);
         } else {
             mainloop_sequential(c, o, st, it);
         }
-        store_output(p, s, tile, wg, c.row0, o, st);
+        const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
+        if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, tile, wg, c.row0, o, st);
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA

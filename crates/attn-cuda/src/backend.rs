@@ -10,7 +10,7 @@ use attn_core::{
     Problem, Result, Tiles,
 };
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -115,6 +115,9 @@ pub struct Cuda {
     /// At most this many CTAs in the Hopper kernel's persistent grid, or why
     /// `ATTN_CUDA_SM90_GRID` could not be read.
     sm90_grid: Option<std::result::Result<u32, String>>,
+    /// Whether the persistent Hopper form splits its tail (default: yes), or why
+    /// `ATTN_CUDA_SM90_SPLIT` could not be read.
+    sm90_split: Option<std::result::Result<bool, String>>,
 }
 
 impl Cuda {
@@ -160,11 +163,20 @@ impl Cuda {
         self
     }
 
+    /// Whether the persistent Hopper form cuts the tiles past its last whole wave into even runs
+    /// of key tiles (`hopper::plan::Split`; the default) or hands every tile out whole: to time
+    /// one against the other.
+    pub fn with_sm90_split(mut self, split: bool) -> Self {
+        self.sm90_split = Some(Ok(split));
+        self
+    }
+
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
     /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
     /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
     /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given) and
-    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) when they are set; a value
+    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and `ATTN_CUDA_SM90_SPLIT=on|off`
+    /// (see [`Cuda::with_sm90_split`]) when they are set; a value
     /// that cannot be read makes every plan fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
@@ -197,7 +209,12 @@ impl Cuda {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("ATTN_CUDA_SM90_GRID={g} is not a number of CTAs (1 or more)")),
         });
-        Cuda { rank, family, form, sm90_tiles, sm90_grid, ..Self::default() }
+        let sm90_split = var("ATTN_CUDA_SM90_SPLIT").map(|s| match s.as_str() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(format!("ATTN_CUDA_SM90_SPLIT={s} is not on or off")),
+        });
+        Cuda { rank, family, form, sm90_tiles, sm90_grid, sm90_split, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -252,7 +269,10 @@ impl Cuda {
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
-        let knobs = self.form.is_some() || self.sm90_tiles.is_some() || self.sm90_grid.is_some();
+        let knobs = self.form.is_some()
+            || self.sm90_tiles.is_some()
+            || self.sm90_grid.is_some()
+            || self.sm90_split.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -271,7 +291,8 @@ impl Cuda {
         }
         let ctas = knob(&self.sm90_grid)?.map_or(info.sm_count, |cap| cap.min(info.sm_count));
         let form = knob(&self.form)?.unwrap_or(Form::Persistent);
-        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?) {
+        let split = knob(&self.sm90_split)?.unwrap_or(true);
+        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, split) {
             Ok((variant, launch)) => Ok(Choice::Hopper(variant, launch)),
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
@@ -310,6 +331,14 @@ impl Cuda {
         Ok((kernel, launch))
     }
 
+    /// How the Hopper kernel's persistent form deals out `problem` over a grid of `ctas`.
+    fn split(&self, variant: &hopper::Variant, problem: &Problem, ctas: u32) -> Result<hopper::plan::Split> {
+        Ok(match knob(&self.sm90_split)?.unwrap_or(true) {
+            true => variant.split(problem, ctas),
+            false => hopper::plan::Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
+        })
+    }
+
     /// The plan of the Hopper family, for the variant and launch it chose.
     fn plan_hopper(
         &self,
@@ -319,7 +348,8 @@ impl Cuda {
         launch: attn_core::Launch,
     ) -> Result<Planned> {
         let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
-        let mut notes = variant.notes(problem, &launch);
+        let split = self.split(&variant, problem, launch.grid[0])?;
+        let mut notes = variant.notes(problem, &launch, Some(split));
         notes.push(format!(
             "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
             kernel.registers
@@ -364,10 +394,20 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         let workspace = match kernel {
-            Kernel::Hopper(v) if v.uses_tile_counters() => " and the tile counters (8 B)",
-            _ => "; no workspace",
+            Kernel::Hopper(v) if v.uses_tile_counters() => {
+                let split = self.split(&v, problem, launch.grid[0])?;
+                let counters = 4 * split.counters(v.consumers);
+                match split.partial_floats(v.head_dim, v.consumers) {
+                    0 => format!(" and the tile counters ({counters} B)"),
+                    n => format!(
+                        ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
+                        4 * n
+                    ),
+                }
+            }
+            _ => "; no workspace".into(),
         };
-        notes.push(format!("device memory {bytes} B: q, k, v, o and lse only{workspace}, linear in S"));
+        notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),
@@ -399,29 +439,47 @@ impl Attention for Cuda {
         let free =
             || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
         let free_before = free()?;
+        let Execution::Gpu(launch) = &plan.execution else {
+            return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
+        };
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
         let params = match which {
             Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
             Kernel::Hopper(v) => {
-                // The persistent scheduler's two counters, zero; the kernel leaves them so.
+                let split = self.split(&v, problem, launch.grid[0])?;
+                let stream = dev.gpu.stream();
+                // The persistent scheduler's counters, zero; the kernel leaves them so.
                 let counters = match v.uses_tile_counters() {
                     true => Some(
-                        dev.gpu
-                            .stream()
-                            .alloc_zeros::<u32>(2)
+                        stream
+                            .alloc_zeros::<u32>(split.counters(v.consumers))
                             .map_err(driver("allocate the tile counters"))?,
                     ),
                     false => None,
                 };
-                let params = Sm90Params::new(&tensors, counters.as_ref(), dev.gpu.stream(), problem, &v)?;
-                Params::Hopper { params: Box::new(params), _counters: counters }
+                // The split tail's partial results, written before they are read.
+                let partials = match split.units > 0 {
+                    true => Some(
+                        // SAFETY: every slot a launch reads, it first writes (merge_partials).
+                        unsafe { stream.alloc::<f32>(split.partial_floats(v.head_dim, v.consumers)) }
+                            .map_err(driver("allocate the split tail's partial results"))?,
+                    ),
+                    false => None,
+                };
+                let params = Sm90Params::new(
+                    &tensors,
+                    counters.as_ref(),
+                    partials.as_ref(),
+                    &split,
+                    stream,
+                    problem,
+                    &v,
+                )?;
+                Params::Hopper { params: Box::new(params), _buffers: (counters, partials) }
             }
         };
         dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
         let device_bytes = free_before.saturating_sub(free()?);
-        let Execution::Gpu(launch) = &plan.execution else {
-            return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
-        };
         let cfg = LaunchConfig {
             grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
@@ -432,10 +490,10 @@ impl Attention for Cuda {
 }
 
 /// The parameter block of either family's kernel (and what the Hopper one points at beyond the
-/// tensors: the tile counters).
+/// tensors: the tile counters and the split tail's partial results).
 enum Params {
     Ampere(KernelParams),
-    Hopper { params: Box<Sm90Params>, _counters: Option<cudarc::driver::CudaSlice<u32>> },
+    Hopper { params: Box<Sm90Params>, _buffers: (Option<CudaSlice<u32>>, Option<CudaSlice<f32>>) },
 }
 
 struct CudaPrepared {

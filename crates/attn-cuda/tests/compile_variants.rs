@@ -151,7 +151,8 @@ fn hopper_jobs() -> Vec<Job> {
 /// The Hopper family's SASS: tensor-core products (HGMMA) present, no local-memory traffic
 /// (LDL/STL), and the key-tile loop's wgmma descriptors on the uniform datapath: at most two
 /// R2UR (a vector register moved to a uniform one) per S product, for Q's descriptor, which
-/// depends on the warpgroup; none for K's and V's. Where ptxas takes the loop for divergent code
+/// depends on the warpgroup; none for K's and V's. (An R2UR into an mbarrier instruction's
+/// address is not counted: the sequential form at D=64 moves one per key tile.) Where ptxas takes the loop for divergent code
 /// it builds every descriptor in vector registers: an attempt at D=128 had 48 R2UR per iteration
 /// against 16, and was 5-8% slower on the H100
 /// (bench/results/2026-11-25-h100-hopper-stream-8bf801d).
@@ -204,7 +205,7 @@ fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
         return Some(format!("{}: no loop with both S and P·V products in the SASS", job.name));
     };
     let s_products = lp.iter().filter(|i| i.product() == Some(Product::S)).count();
-    let r2ur = lp.iter().filter(|i| i.opcode().starts_with("R2UR")).count();
+    let r2ur = descriptor_r2ur(lp);
     println!(
         "{:<60} HGMMA {hgmma:>3}, LDL/STL {local}, key-tile loop {} instructions, {s_products} S products, \
          {r2ur} R2UR",
@@ -277,6 +278,24 @@ fn parse_sass(listing: &str) -> Vec<Instruction> {
             Some(Instruction { addr, text: text.trim().to_string() })
         })
         .collect()
+}
+
+/// The R2UR in `body` but those into a register that an mbarrier instruction (SYNCS) of the
+/// body reads as its address: what is left moves descriptors and other values of the products.
+fn descriptor_r2ur(body: &[Instruction]) -> usize {
+    let uniform = |s: &str| s.strip_prefix("UR").and_then(|n| n.parse::<u32>().ok());
+    let registers = |text: &str| -> Vec<u32> {
+        text.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(uniform).collect()
+    };
+    let barrier_addresses: Vec<u32> =
+        body.iter().filter(|i| i.opcode().starts_with("SYNCS")).flat_map(|i| registers(&i.text)).collect();
+    body.iter()
+        .filter(|i| i.opcode().starts_with("R2UR"))
+        .filter(|i| {
+            let operands = i.text.split_once(i.opcode()).map_or("", |(_, rest)| rest);
+            !registers(operands).first().is_some_and(|ur| barrier_addresses.contains(ur))
+        })
+        .count()
 }
 
 /// The key-tile loop: the shortest span from a backward branch's target to the branch that holds

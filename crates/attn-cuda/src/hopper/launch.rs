@@ -1,6 +1,7 @@
 //! The Hopper kernel's parameter block: the tensors by pointer and by TMA tensor map.
 
 use super::Variant;
+use super::plan::Split;
 use crate::launch::DeviceTensors;
 use attn_core::{DType, Error, Problem, Result, Strides};
 use cudarc::driver::sys::{
@@ -38,6 +39,10 @@ pub struct Sm90Params {
     q_blocks: i32,
     tiles: i32,
     head_group: i32,
+    whole: i32,
+    tail_units: i32,
+    tail_iters: i32,
+    partials: u64,
 }
 
 /// L2 the causal tile order may fill with K/V (see [`head_group`]): about two thirds of the
@@ -117,10 +122,13 @@ fn tensor_map(
 
 impl Sm90Params {
     /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
-    /// persistent scheduler's two counters, zero (the persistent form only).
+    /// persistent scheduler's counters, zero ([`Split::counters`], the persistent form only),
+    /// and `partials` the split tail's partial results (where `split` has units).
     pub fn new(
         tensors: &DeviceTensors,
         schedule: Option<&CudaSlice<u32>>,
+        partials: Option<&CudaSlice<f32>>,
+        split: &Split,
         stream: &CudaStream,
         problem: &Problem,
         variant: &Variant,
@@ -159,6 +167,10 @@ impl Sm90Params {
             q_blocks: q_blocks as i32,
             tiles: variant.tiles(problem).min(i32::MAX as u64) as i32,
             head_group: head_group(problem) as i32,
+            whole: split.whole as i32,
+            tail_units: split.units as i32,
+            tail_iters: split.tail_iters() as i32,
+            partials: partials.map_or(0, |c| c.device_ptr(stream).0),
         })
     }
 }
@@ -185,7 +197,8 @@ mod tests {
     #[test]
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
-        // + 9 ints and floats = 692 bytes, padded to the 128-byte alignment: 768.
+        // + 12 ints and floats + 4 bytes of padding + 1 pointer = 712 bytes, padded to the
+        // 128-byte alignment: 768.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
@@ -197,7 +210,9 @@ mod tests {
             offset_of!(super::Sm90Params, batch),
             offset_of!(super::Sm90Params, scale_log2),
             offset_of!(super::Sm90Params, head_group),
+            offset_of!(super::Sm90Params, whole),
+            offset_of!(super::Sm90Params, partials),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704]);
     }
 }

@@ -14,8 +14,10 @@ pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 pub const SHARED_LIMIT: usize = 227 * 1024;
 
 /// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies and
-/// takes tiles from the scheduler (with 24 that spilled).
-pub const PRODUCER_REGISTERS: u32 = 32;
+/// takes tiles from the scheduler (with 24 that spilled), and cuts the split tail into pieces
+/// (with 32 that spilled). 40 leaves the consumers what 32 did: 232 each for two warpgroups,
+/// 152 for three (in units of 8).
+pub const PRODUCER_REGISTERS: u32 = 40;
 
 /// Registers per consumer thread after `setmaxnreg` at most: the O and S accumulators (D / 2 +
 /// BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
@@ -27,6 +29,55 @@ pub const CONSUMER_REGISTERS: u32 = 240;
 /// (bench/results/2026-11-25-h100-hopper-976d895); 64512 (FlashAttention-3's 24 + 2 x 240)
 /// leaves a 1024-register margin.
 pub const REGISTER_POOL: u32 = 64512;
+
+/// The fewest key tiles in a unit of the split tail ([`Split`]): a partial piece writes its O
+/// and reads the others' (about a key tile's worth of time at D=128), so runs shorter than this
+/// would spend more on the merge than they save.
+pub const MIN_RUN: u64 = 4;
+
+/// How the persistent form deals out its work (`Piece` in the kernel). Without a mask every
+/// tile takes the same time, so `tiles` over `ctas` CTAs leaves the last wave part-empty: at
+/// D=128, S=4096 on 132 SMs, 2048 tiles are 15 waves and 68 tiles, and 64 SMs wait out the 16th
+/// (3% of the whole). The tail (the tiles past the last whole wave, or all of them when there
+/// are fewer tiles than CTAs) is cut instead into `units` runs of its key tiles, as even as
+/// integers allow and at least [`MIN_RUN`] long, which the CTAs draw after the whole tiles; a
+/// tile cut between runs is merged by the piece that ends last. Under a causal mask tiles differ
+/// in length and go longest first instead: no split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    /// Tiles handed out whole: the first `whole` of the tile order.
+    pub whole: u32,
+    /// Units the tail's key tiles are dealt to (0: no split).
+    pub units: u32,
+    /// Tiles in the tail.
+    pub tail_tiles: u32,
+    /// Key tiles per tile (every tile's, without a mask).
+    pub key_tiles: u32,
+}
+
+impl Split {
+    /// Every tile whole.
+    pub fn none(tiles: u32) -> Split {
+        Split { whole: tiles, units: 0, tail_tiles: 0, key_tiles: 0 }
+    }
+
+    /// Key tiles in the tail.
+    pub fn tail_iters(&self) -> u32 {
+        self.tail_tiles * self.key_tiles
+    }
+
+    /// The launch's u32 counters: the scheduler's two, then one per tail tile and consumer
+    /// warpgroup (its pieces that have arrived).
+    pub fn counters(&self, consumers: u32) -> usize {
+        2 + (self.tail_tiles * consumers) as usize
+    }
+
+    /// f32s of partial results: two slots per unit (its first and last piece), each with, per
+    /// consumer thread, its O accumulators (D / 2) and its rows' maxima and sums (4).
+    pub fn partial_floats(&self, head_dim: usize, consumers: u32) -> usize {
+        2 * self.units as usize * consumers as usize * 128 * (head_dim / 2 + 4)
+    }
+}
 
 /// How the kernel's warpgroups share the work: each form adds one thing to the one before,
 /// following the steps the kernel was built in, so that each can be verified and timed alone.
@@ -120,14 +171,14 @@ impl Variant {
         self.threads() > 256
     }
 
-    /// Whether the launch holds the persistent scheduler's two tile counters (8 bytes of device
-    /// memory, zero at every launch).
+    /// Whether the launch holds the persistent scheduler's counters (zero at every launch:
+    /// [`Split::counters`]).
     pub fn uses_tile_counters(&self) -> bool {
         self.form >= Form::Persistent
     }
 
     /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
-    /// staged, the mbarriers and the tile slot (16 bytes), and 1024 bytes of slack to align the
+    /// staged, the mbarriers, the piece slot and merge flags (32 bytes), and 1024 bytes of slack to align the
     /// tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
     /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
@@ -137,7 +188,7 @@ impl Variant {
     fn unstaged_bytes(&self) -> usize {
         let q = self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        let barriers = 8 * (2 + 4 * self.stages as usize) + 16;
+        let barriers = 8 * (2 + 4 * self.stages as usize) + 32;
         q + kv + barriers + 1024
     }
 
@@ -235,11 +286,38 @@ impl Variant {
         (s.seq_q.div_ceil(self.block_m()) * s.batch * s.heads_q) as u64
     }
 
-    /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
-    /// per SM, each taking tiles from the scheduler's counter after its first, `blockIdx.x`.
-    pub fn launch(&self, problem: &Problem, sms: u32) -> Launch {
+    /// How the persistent form splits the tail of `problem` over `ctas` CTAs ([`Split`]);
+    /// `Split::none` in the other forms, under a causal mask, or where it would not help (the
+    /// tiles fill whole waves, or runs of [`MIN_RUN`] would not outnumber the tail's tiles).
+    /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
+    pub fn split(&self, problem: &Problem, ctas: u32) -> Split {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
-        let grid = if self.form >= Form::Persistent { tiles.min(sms.max(1)) } else { tiles };
+        let key_tiles = problem.shape.seq_k.div_ceil(self.block_n) as u64;
+        let rest = tiles % ctas.max(1);
+        if self.form < Form::Persistent || self.causal || rest == 0 || key_tiles == 0 {
+            return Split::none(tiles);
+        }
+        let units = (rest as u64 * key_tiles / MIN_RUN).min(ctas as u64) as u32;
+        // The kernel's piece arithmetic multiplies units by the tail's key tiles in 32 bits.
+        if units <= rest || units as u64 * rest as u64 * key_tiles > i32::MAX as u64 {
+            return Split::none(tiles);
+        }
+        Split { whole: tiles - rest, units, tail_tiles: rest, key_tiles: key_tiles as u32 }
+    }
+
+    /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
+    /// per SM, each taking units of work (tiles, then runs of the split tail: `split` says
+    /// whether to cut it) from the scheduler's counter after its first, `blockIdx.x`.
+    pub fn launch(&self, problem: &Problem, sms: u32, split: bool) -> Launch {
+        let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
+        let grid = match self.form >= Form::Persistent {
+            true => {
+                let ctas = sms.max(1);
+                let s = if split { self.split(problem, ctas) } else { Split::none(tiles) };
+                (s.whole + s.units).min(ctas)
+            }
+            false => tiles,
+        };
         Launch {
             grid: [grid, 1, 1],
             block: [self.threads(), 1, 1],
@@ -252,7 +330,8 @@ impl Variant {
 
     /// What the plan says about the kernel's roles, registers, memory and tile order for
     /// `problem`.
-    pub fn notes(&self, problem: &Problem, launch: &Launch) -> Vec<String> {
+    /// `split`: the launch's [`Split`], where it has one.
+    pub fn notes(&self, problem: &Problem, launch: &Launch, split: Option<Split>) -> Vec<String> {
         let kv = self.block_n * self.head_dim * 2;
         let mut notes = vec![match self.form {
             Form::CpAsync => format!(
@@ -283,9 +362,22 @@ impl Variant {
         }
         if self.uses_tile_counters() {
             notes.push(format!(
-                "persistent: {} CTAs take tiles from a counter as they finish one (8 bytes of device \
-                 memory, put back to zero by the last CTA)",
+                "persistent: {} CTAs take tiles from a counter as they finish one (put back to zero by \
+                 the last CTA)",
                 launch.grid[0]
+            ));
+        }
+        if let Some(s) = split.filter(|s| s.units > 0) {
+            notes.push(format!(
+                "split tail: the last {} tiles' {} key tiles dealt to {} units ({}-{} each) after the {} \
+                 whole tiles; a cut tile is merged by its last piece ({} B of partial results)",
+                s.tail_tiles,
+                s.tail_iters(),
+                s.units,
+                s.tail_iters() / s.units,
+                s.tail_iters().div_ceil(s.units),
+                s.whole,
+                4 * s.partial_floats(self.head_dim, self.consumers)
             ));
         }
         if self.causal && self.form >= Form::Tma {
@@ -344,6 +436,7 @@ pub fn choose(
     sms: u32,
     form: Form,
     forced: Option<Tiles>,
+    split: bool,
 ) -> Result<(Variant, Launch)> {
     problem.validate()?;
     let s = problem.shape;
@@ -390,7 +483,7 @@ pub fn choose(
         causal: problem.is_causal(),
         form,
     };
-    let launch = variant.launch(problem, sms);
+    let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
     Ok((variant, launch))
 }
@@ -409,7 +502,7 @@ mod tests {
         let h100 = DeviceLimits::h100();
         for d in HEAD_DIMS {
             for form in Form::ALL {
-                let (v, launch) = choose(&problem(d), &h100, 132, form, None).unwrap();
+                let (v, launch) = choose(&problem(d), &h100, 132, form, None, true).unwrap();
                 assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
                 let tiles = 4096u32.div_ceil(v.block_m() as u32) * 64;
                 assert_eq!(
@@ -423,20 +516,101 @@ mod tests {
     }
 
     #[test]
+    fn the_tail_past_the_last_whole_wave_is_split() {
+        let persistent =
+            |p: &Problem| choose(p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        // D=128, S=4096, 4 x 16: 2048 tiles of 32 key tiles, 15 waves of 132 and 68 tiles.
+        let p = problem(128);
+        let (v, launch) = persistent(&p);
+        let s = v.split(&p, 132);
+        assert_eq!(s, Split { whole: 1980, units: 132, tail_tiles: 68, key_tiles: 32 });
+        assert_eq!((s.tail_iters(), launch.grid[0]), (2176, 132));
+        assert_eq!((s.counters(2), s.partial_floats(128, 2)), (2 + 136, 2 * 132 * 2 * 128 * 68));
+        // Causal tiles go longest first instead; whole waves need nothing; nor do other forms.
+        let causal = p.causal();
+        assert_eq!(persistent(&causal).0.split(&causal, 132), Split::none(2048));
+        assert_eq!(v.split(&p, 128), Split::none(2048));
+        let (pingpong, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
+        assert_eq!(pingpong.split(&p, 132), Split::none(2048));
+        // Fewer tiles than SMs: all of them are the tail, and the grid is the units.
+        let few = Problem::new(Shape::new(1, 4, 1024, 128), DType::Bf16); // 32 tiles of 8 key tiles
+        let (v, launch) = persistent(&few);
+        assert_eq!(v.split(&few, 132), Split { whole: 0, units: 64, tail_tiles: 32, key_tiles: 8 });
+        assert_eq!(launch.grid[0], 64);
+        // Runs shorter than MIN_RUN would not outnumber the tiles: no split, a CTA a tile.
+        let short = Problem::new(Shape::new(1, 4, 256, 128), DType::Bf16); // 8 tiles of 2
+        let (v, launch) = persistent(&short);
+        assert_eq!((v.split(&short, 132), launch.grid[0]), (Split::none(8), 8));
+        // Without the split the grid is as before.
+        let (_, launch) = choose(&few, &DeviceLimits::h100(), 132, Form::Persistent, None, false).unwrap();
+        assert_eq!(launch.grid[0], 32);
+    }
+
+    #[test]
+    fn the_grid_splits_the_tail_as_the_ctas_it_came_from() {
+        // The kernel's parameters are built from the launch's grid, not the SM count.
+        for (b, h, s, d) in
+            [(4, 16, 4096, 128), (1, 4, 1024, 128), (3, 5, 777, 64), (1, 1, 16384, 256), (2, 3, 100, 64)]
+        {
+            let p = Problem::new(Shape::new(b, h, s, d), DType::F16);
+            for ctas in [1, 2, 3, 7, 132] {
+                let (v, launch) =
+                    choose(&p, &DeviceLimits::h100(), ctas, Form::Persistent, None, true).unwrap();
+                assert_eq!(v.split(&p, launch.grid[0]), v.split(&p, ctas), "{p:?} on {ctas}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_tail_key_tile_is_in_one_piece_and_every_slot_is_written_once() {
+        // The kernel's piece arithmetic (unit_start, unit_of, run_at, partial_slot), replayed.
+        for (tail_tiles, nk, units) in [(68u32, 32u32, 132u32), (5, 9, 11), (32, 8, 64), (1, 2, 2), (2, 3, 3)]
+        {
+            let iters = (tail_tiles * nk) as u64;
+            let start = |g: u32| (g as u64 * iters / units as u64) as u32;
+            let unit_of = |x: u32| (((x as u64 + 1) * units as u64 - 1) / iters) as u32;
+            let mut seen = vec![0u32; iters as usize];
+            let mut slots = vec![0u32; 2 * units as usize];
+            let mut pieces_of_tile = vec![0u32; tail_tiles as usize];
+            for g in 0..units {
+                let mut x = start(g);
+                while x < start(g + 1) {
+                    let (tile, j0) = (x / nk, x % nk);
+                    let j1 = (start(g + 1) - tile * nk).min(nk);
+                    (j0..j1).for_each(|j| seen[(tile * nk + j) as usize] += 1);
+                    assert!(unit_of(tile * nk + j0) == g && unit_of(tile * nk + j1 - 1) == g);
+                    pieces_of_tile[tile as usize] += 1;
+                    if j0 > 0 || j1 < nk {
+                        slots[(2 * g + u32::from(start(g) < tile * nk)) as usize] += 1;
+                    }
+                    x = tile * nk + j1;
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1));
+            assert!(slots.iter().all(|&n| n <= 1));
+            // A tile's pieces are the units from the one holding its first key tile to its last's.
+            for (t, &n) in pieces_of_tile.iter().enumerate() {
+                let x0 = t as u32 * nk;
+                assert_eq!(n, unit_of(x0 + nk - 1) - unit_of(x0) + 1);
+            }
+        }
+    }
+
+    #[test]
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
-        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the tile slot (16 B) and 1 KB
+        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the piece slot and merge flags (32 B) and 1 KB
         // of alignment slack.
-        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!(v.shared_bytes(), 163840 + 32768 + 96 + 1024);
+        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        assert_eq!(v.shared_bytes(), 163840 + 32768 + 112 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
-        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None).unwrap();
-        assert_eq!(v.shared_bytes(), 196608 + 96 + 1024);
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        assert_eq!(v.shared_bytes(), 196608 + 112 + 1024);
         assert!(!v.o_staged());
         // The cp.async form is one warpgroup of 64 rows, no producer.
-        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None).unwrap();
+        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
         assert_eq!((v.threads(), v.block_m()), (128, 64));
     }
 
@@ -468,8 +642,9 @@ mod tests {
     #[test]
     fn an_l4_sized_device_gets_a_clear_error() {
         // The Hopper family runs on sm_90 only, but its plan is validated like any other.
-        let err =
-            choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent, None).unwrap_err().to_string();
+        let err = choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent, None, true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shared memory per block") && err.contains("101376"), "{err}");
     }
 
@@ -477,12 +652,12 @@ mod tests {
     fn unsupported_inputs_are_typed_errors() {
         let h100 = DeviceLimits::h100();
         assert!(matches!(
-            choose(&problem(96), &h100, 132, Form::Persistent, None),
+            choose(&problem(96), &h100, 132, Form::Persistent, None, true),
             Err(Error::UnsupportedHeadDim { .. })
         ));
         let f32 = Problem::new(Shape::new(1, 2, 64, 64), DType::F32);
         assert!(matches!(
-            choose(&f32, &h100, 132, Form::Persistent, None),
+            choose(&f32, &h100, 132, Form::Persistent, None, true),
             Err(Error::UnsupportedDType { .. })
         ));
     }
@@ -496,6 +671,7 @@ mod tests {
             132,
             Form::Persistent,
             Some(Tiles { block_n: 176, stages: 2, consumers: 2 }),
+            true,
         )
         .unwrap();
         assert_eq!((v.block_n, v.stages), (176, 2));
@@ -505,6 +681,7 @@ mod tests {
             132,
             Form::Persistent,
             Some(Tiles { block_n: 100, stages: 2, consumers: 2 }),
+            true,
         )
         .unwrap_err()
         .to_string();
@@ -516,6 +693,7 @@ mod tests {
             132,
             Form::Persistent,
             Some(Tiles { block_n: 128, stages: 3, consumers: 2 }),
+            true,
         )
         .unwrap();
         assert!(!v.o_staged() && v.shared_bytes() as usize <= SHARED_LIMIT);
@@ -525,6 +703,7 @@ mod tests {
             132,
             Form::Persistent,
             Some(Tiles { block_n: 128, stages: 4, consumers: 2 }),
+            true,
         )
         .unwrap_err()
         .to_string();
@@ -535,10 +714,11 @@ mod tests {
     fn forced_tiles_fill_in_the_consumers_and_the_cpasync_form_takes_two_stages() {
         let h100 = DeviceLimits::h100();
         let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0 });
-        let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid).unwrap();
+        let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid, true).unwrap();
         assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, tiles(64, Form::Persistent).consumers));
         let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1 });
-        let err = choose(&problem(64), &h100, 132, Form::CpAsync, three_stages).unwrap_err().to_string();
+        let err =
+            choose(&problem(64), &h100, 132, Form::CpAsync, three_stages, true).unwrap_err().to_string();
         assert!(err.contains("2 in the cpasync form"), "{err}");
     }
 
@@ -546,9 +726,9 @@ mod tests {
     fn three_consumers_split_the_registers_that_are_left() {
         let three = Tiles { block_n: 128, stages: 2, consumers: 3 };
         let (v, launch) =
-            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(three)).unwrap();
+            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(three), true).unwrap();
         assert_eq!((v.block_m(), v.threads(), launch.block[0]), (192, 512, 512));
-        // 128 x 32 for the producer, 384 x 152 for the consumers: 62464; and 128 at entry.
+        // 128 x 40 for the producer, 384 x 152 for the consumers: 63488; and 128 at entry.
         assert_eq!((v.consumer_registers(), v.register_budget()), (152, 128));
         assert!(v.name().contains("bm192"));
     }
