@@ -261,7 +261,7 @@ impl Cuda {
 
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
-    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`) asks for the Hopper kernel, so that a
+    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`) asks for the Hopper kernel, so that a
     /// problem it cannot run is then an error rather than a silent run of the other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();

@@ -6,7 +6,8 @@
 //! why it fell back to the Ampere/Ada family otherwise. `ATTN_CUDA_FAMILY=ampere|hopper` forces
 //! a family; `ATTN_CUDA_FORM` picks one of the kernel's [`Form`]s (each step of its
 //! construction stays compilable, to verify and time them one against another),
-//! `ATTN_CUDA_SM90_TILES` other tiles and `ATTN_CUDA_SM90_GRID` a smaller persistent grid (see
+//! `ATTN_CUDA_SM90_TILES` other tiles, `ATTN_CUDA_SM90_GRID` a smaller persistent grid and
+//! `ATTN_CUDA_SM90_SPLIT=off` every tile whole instead of the split tail ([`plan::Split`]; see
 //! `attn_cuda::Cuda::from_env`).
 //!
 //! - [`plan`]: the variants, their tiles, launch and shared memory, validated before launch.
