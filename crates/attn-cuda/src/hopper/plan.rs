@@ -35,12 +35,23 @@ pub const REGISTER_POOL: u32 = 64512;
 /// would spend more on the merge than they save.
 pub const MIN_RUN: u64 = 4;
 
+/// Key tiles the split must take off the busiest CTA (or a quarter of its work, for problems of
+/// one wave or less) before the tail is split: each piece pays a tile's start and end again and
+/// the merge, which a small gain does not cover. Measured on the H100, D=128 without a mask
+/// (bench/results/2026-11-25-h100-hopper-split-6ccb445): 128 tiles on 132 SMs, cut into 132
+/// runs, were 13% slower at S=4096 and 4% at S=16384 (a gain of 0 and 3 key tiles); 2048 tiles
+/// of 16 key tiles (S=2048, a gain of 7) came out even or 2% slower, of 32 (15) 0.6% faster, of
+/// 128 (62) 3%; one head's 32 tiles at S=4096 (a gain of 24) 1.85x, 32 tiles of 8 key tiles
+/// (S=1024, 4 of 8) 1.12x.
+pub const MIN_GAIN: u64 = 12;
+
 /// How the persistent form deals out its work (`Piece` in the kernel). Without a mask every
 /// tile takes the same time, so `tiles` over `ctas` CTAs leaves the last wave part-empty: at
 /// D=128, S=4096 on 132 SMs, 2048 tiles are 15 waves and 68 tiles, and 64 SMs wait out the 16th
 /// (3% of the whole). The tail (the tiles past the last whole wave, or all of them when there
 /// are fewer tiles than CTAs) is cut instead into `units` runs of its key tiles, as even as
-/// integers allow and at least [`MIN_RUN`] long, which the CTAs draw after the whole tiles; a
+/// integers allow and at least [`MIN_RUN`] long, which the CTAs draw after the whole tiles (where
+/// that gains at least [`MIN_GAIN`] key tiles or a quarter of the busiest CTA's work); a
 /// tile cut between runs is merged by the piece that ends last. Under a causal mask tiles differ
 /// in length and go longest first instead: no split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,7 +299,8 @@ impl Variant {
 
     /// How the persistent form splits the tail of `problem` over `ctas` CTAs ([`Split`]);
     /// `Split::none` in the other forms, under a causal mask, or where it would not help (the
-    /// tiles fill whole waves, or runs of [`MIN_RUN`] would not outnumber the tail's tiles).
+    /// tiles fill whole waves, runs of [`MIN_RUN`] would not outnumber the tail's tiles, or the
+    /// busiest CTA would gain less than [`MIN_GAIN`] key tiles and a quarter of its work).
     /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
     pub fn split(&self, problem: &Problem, ctas: u32) -> Split {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
@@ -300,6 +312,12 @@ impl Variant {
         let units = (rest as u64 * key_tiles / MIN_RUN).min(ctas as u64) as u32;
         // The kernel's piece arithmetic multiplies units by the tail's key tiles in 32 bits.
         if units <= rest || units as u64 * rest as u64 * key_tiles > i32::MAX as u64 {
+            return Split::none(tiles);
+        }
+        // The busiest CTA's key tiles: a whole tile of the last wave, or its run of the tail.
+        let unsplit = tiles.div_ceil(ctas.max(1)) as u64 * key_tiles;
+        let gain = key_tiles - (rest as u64 * key_tiles).div_ceil(units as u64);
+        if gain < MIN_GAIN && 4 * gain < unsplit {
             return Split::none(tiles);
         }
         Split { whole: tiles - rest, units, tail_tiles: rest, key_tiles: key_tiles as u32 }
@@ -537,7 +555,25 @@ mod tests {
         let (v, launch) = persistent(&few);
         assert_eq!(v.split(&few, 132), Split { whole: 0, units: 64, tail_tiles: 32, key_tiles: 8 });
         assert_eq!(launch.grid[0], 64);
-        // Runs shorter than MIN_RUN would not outnumber the tiles: no split, a CTA a tile.
+        // Runs too short or a gain too small: no split, a CTA a tile. 8 tiles of 2 key tiles:
+        // runs of MIN_RUN would not outnumber them; 128 tiles of 32 or 128 on 132 CTAs: runs of
+        // 32 or 125 save the busiest CTA 0 or 3 key tiles (measured 13% and 4% slower split).
+        for (b, h, s) in [(1, 4, 4096), (1, 1, 16384)] {
+            let p = Problem::new(Shape::new(b, h, s, 128), DType::Bf16);
+            let (v, launch) = persistent(&p);
+            assert_eq!((v.split(&p, 132), launch.grid[0]), (Split::none(128), 128), "{p:?}");
+        }
+        // 2048 tiles of 16 key tiles (S=2048) save 7 of 256: no split; of 128 (S=16384) 62.
+        let s2048 = Problem::new(Shape::new(8, 16, 2048, 128), DType::Bf16);
+        assert_eq!(persistent(&s2048).0.split(&s2048, 132), Split::none(2048));
+        let s16384 = Problem::new(Shape::new(1, 16, 16384, 128), DType::Bf16);
+        assert_eq!(persistent(&s16384).0.split(&s16384, 132).units, 132);
+        // One head at S=4096: 32 tiles of 32 key tiles in 132 runs of 7-8 (a gain of 24).
+        let one = Problem::new(Shape::new(1, 1, 4096, 128), DType::Bf16);
+        assert_eq!(
+            persistent(&one).0.split(&one, 132),
+            Split { whole: 0, units: 132, tail_tiles: 32, key_tiles: 32 }
+        );
         let short = Problem::new(Shape::new(1, 4, 256, 128), DType::Bf16); // 8 tiles of 2
         let (v, launch) = persistent(&short);
         assert_eq!((v.split(&short, 132), launch.grid[0]), (Split::none(8), 8));
