@@ -139,7 +139,7 @@ struct Smem {
     int* piece;  // the producer's next piece for the consumers (4 ints), written before it arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // Q landed
-    unsigned long long* q_empty; // every consumer thread is done reading Q and the tile slot
+    unsigned long long* q_empty; // every consumer thread is done reading Q and the piece slot
     unsigned long long* k_full;  // [STAGES]
     unsigned long long* k_empty;
     unsigned long long* v_full;
@@ -781,17 +781,12 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         Piece pc;
         if (TMA) {
             sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its piece
-            // Lane 0's reads, passed on by shuffles, which ptxas knows give every lane the same
-            // value (see merge_partials): so it is for the loops the piece bounds.
             const volatile int* slot = s.piece;
-            const int t = slot[0], j0 = slot[1], j1 = slot[2], unit = slot[3];
-            pc = Piece{__shfl_sync(0xffffffff, t, 0), __shfl_sync(0xffffffff, j0, 0), __shfl_sync(0xffffffff, j1, 0),
-                       __shfl_sync(0xffffffff, unit, 0)};
+            pc = Piece{slot[0], slot[1], slot[2], slot[3]};
         } else {
             pc = first_piece(p, blockIdx.x + n * gridDim.x);
         }
         if (pc.t >= p.tiles) break;
-        if (!SPLIT_TAIL) pc.j0 = 0;  // every piece a whole tile: loops from a constant (fewer R2UR)
         const Tile tile = tile_at(p, pc.t);
         const Ctx c{p,
                     s,

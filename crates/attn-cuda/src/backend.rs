@@ -173,10 +173,10 @@ impl Cuda {
 
     /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
     /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]) and `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
-    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given) and
-    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and `ATTN_CUDA_SM90_SPLIT=on|off`
-    /// (see [`Cuda::with_sm90_split`]) when they are set; a value
+    /// [`Cuda::with_form`]), `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
+    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given),
+    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
+    /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) when they are set; a value
     /// that cannot be read makes every plan fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
@@ -261,8 +261,9 @@ impl Cuda {
 
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
-    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`) asks for the Hopper kernel, so that a
-    /// problem it cannot run is then an error rather than a silent run of the other family.
+    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`) asks for the Hopper
+    /// kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
         let asked = knob(&self.family)?;
@@ -291,8 +292,8 @@ impl Cuda {
         }
         let ctas = knob(&self.sm90_grid)?.map_or(info.sm_count, |cap| cap.min(info.sm_count));
         let form = knob(&self.form)?.unwrap_or(Form::Persistent);
-        let split = knob(&self.sm90_split)?.unwrap_or(true);
-        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, split) {
+        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, self.splits()?)
+        {
             Ok((variant, launch)) => Ok(Choice::Hopper(variant, launch)),
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
@@ -331,9 +332,14 @@ impl Cuda {
         Ok((kernel, launch))
     }
 
+    /// Whether the Hopper kernel's persistent form may split its tail (`ATTN_CUDA_SM90_SPLIT`).
+    fn splits(&self) -> Result<bool> {
+        Ok(knob(&self.sm90_split)?.unwrap_or(true))
+    }
+
     /// How the Hopper kernel's persistent form deals out `problem` over a grid of `ctas`.
     fn split(&self, variant: &hopper::Variant, problem: &Problem, ctas: u32) -> Result<hopper::plan::Split> {
-        Ok(match knob(&self.sm90_split)?.unwrap_or(true) {
+        Ok(match self.splits()? {
             true => variant.split(problem, ctas),
             false => hopper::plan::Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
         })
