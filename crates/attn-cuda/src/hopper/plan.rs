@@ -284,6 +284,9 @@ impl Variant {
                     for form in Form::ALL {
                         let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
                         v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
+                        if let Some(long) = long_tiles(head_dim, form, causal) {
+                            v.push(Variant { block_n: long.block_n, ..v[v.len() - 1] });
+                        }
                     }
                 }
             }
@@ -446,8 +449,44 @@ pub fn tiles(head_dim: usize, form: Form) -> Tiles {
     }
 }
 
+/// Longer key tiles than [`tiles`]' where they were measured faster per key: D = 128 in the
+/// persistent form without a mask, 144 keys (the S accumulators 72 registers, P 36). Measured
+/// on the H100 against 128, interleaved, three rounds (bench/results/2026-11-25-h100-hopper-bn144-
+/// ba763ae): S = 8192 656.5-678.1 against 647.6-649.0 TFLOP/s, S = 16384 682.9-692.6 against
+/// 678.1-685.8; at S = 4096 even (630.0-633.3 against 611.3-635.9), where 4096 keys make 29 tiles
+/// of 144, the last 64 keys long: 2% of the products wasted on masked keys. [`key_tiles_for`]
+/// takes them where that waste is smaller than what they gain.
+pub fn long_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
+    match (head_dim, form, causal) {
+        (128, Form::Persistent, false) => Some(Tiles { block_n: 144, ..tiles(head_dim, form) }),
+        _ => None,
+    }
+}
+
+/// What a key of a [`long_tiles`] tile costs against one of [`tiles`]' (per 1000): 1.5% less,
+/// as measured at S = 8192 (where 144-key tiles waste 0.2% of their keys and 128-key ones none).
+const LONG_TILE_COST_PER_MILLE: usize = 985;
+
+/// The tiles of `form` for `problem`: [`long_tiles`] where the keys they pad the sequence to,
+/// at their lower cost per key, come to less than [`tiles`]' (S = 8192 and 16384 at D = 128,
+/// not S = 2048 or 4096), else [`tiles`].
+pub fn key_tiles_for(problem: &Problem, form: Form) -> Tiles {
+    let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
+    let short = tiles(d, form);
+    match long_tiles(d, form, problem.is_causal()) {
+        Some(long)
+            if seq_k.div_ceil(long.block_n) * long.block_n * LONG_TILE_COST_PER_MILLE
+                < seq_k.div_ceil(short.block_n) * short.block_n * 1000 =>
+        {
+            long
+        }
+        _ => short,
+    }
+}
+
 /// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
-/// multiprocessors, with [`tiles`] or the tiles `forced`, or says why the family cannot run it.
+/// multiprocessors, with [`key_tiles_for`] or the tiles `forced`, or says why the family cannot
+/// run it.
 pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
@@ -475,7 +514,7 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     crate::plan::check_alignment(problem)?;
-    let default = tiles(s.head_dim, form);
+    let default = key_tiles_for(problem, form);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
     if consumers == 0 || form == Form::CpAsync {
         consumers = default.consumers; // the cp.async form has its one warpgroup
@@ -633,6 +672,26 @@ mod tests {
     }
 
     #[test]
+    fn long_key_tiles_where_they_waste_little() {
+        let keys = |s: usize, d: usize, causal: bool| {
+            let p = Problem::new(Shape::new(16384 / s, 2048 / d, s, d), DType::Bf16);
+            let p = if causal { p.causal() } else { p };
+            choose(&p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap().0.block_n
+        };
+        // 8192 keys: 57 tiles of 144 (8208 keys) at 1.5% less a key than 64 of 128; 4096: 29
+        // tiles (4176 keys, 2% masked), no.
+        assert_eq!([2048, 4096, 8192, 16384].map(|s| keys(s, 128, false)), [128, 128, 144, 144]);
+        assert_eq!(keys(8192, 128, true), 128);
+        assert_eq!((keys(8192, 64, false), keys(8192, 256, false)), (96, 64));
+        // Only in the persistent form, and in the list CI compiles.
+        let p = Problem::new(Shape::new(2, 16, 8192, 128), DType::Bf16);
+        let (v, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
+        assert_eq!(v.block_n, 128);
+        let (v, _) = choose(&p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        assert!(Variant::all().contains(&v), "{}", v.name());
+    }
+
+    #[test]
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
         // KB), the barriers (8 B each: Q full/empty, 4 per stage), the piece slot and merge flags (32 B) and 1 KB
@@ -670,8 +729,9 @@ mod tests {
                 );
             }
         }
-        // The TMA forms: D=128 and 256 with two consumers, D=64 with three.
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 32);
+        // The TMA forms: D=128 and 256 with two consumers (and D=128's 144-key tiles for the
+        // persistent form without a mask), D=64 with three.
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 34);
         assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 16);
     }
 
