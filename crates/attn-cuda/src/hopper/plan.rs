@@ -189,8 +189,8 @@ impl Variant {
     }
 
     /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
-    /// staged, the mbarriers, the piece slot and merge flags (32 bytes), and 1024 bytes of slack to align the
-    /// tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
+    /// staged, the mbarriers, the piece slot and merge flags (32 bytes), and 1024 bytes of slack
+    /// to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
     /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         (self.unstaged_bytes() + if self.o_staged() { self.o_bytes() } else { 0 }) as u32
