@@ -78,11 +78,11 @@ pub fn install() -> Result<(), String> {
 }
 
 /// The environment for child cargo processes: `ATTN_NVRTC_LIB`, `ATTN_CUDA_INCLUDE` and
-/// `ATTN_CUOBJDUMP` pinned to what was found (so tests use exactly what this run reported), the NVRTC directory
-/// prepended to `LD_LIBRARY_PATH` (a child's loader reads it at start-up, so it must be set
-/// before the child starts, never from inside it), and with `require`, `ATTN_REQUIRE_NVRTC=1`,
-/// which turns attn-cuda's NVRTC tests (and its SASS test, which needs cuobjdump too) from skipped
-/// into failed where they are missing.
+/// `ATTN_CUOBJDUMP` pinned to what was found (so tests use exactly what this run reported), the
+/// NVRTC directory prepended to `LD_LIBRARY_PATH` (a child's loader reads it at start-up, so it
+/// must be set before the child starts, never from inside it), and with `require`,
+/// `ATTN_REQUIRE_NVRTC=1`, which turns attn-cuda's NVRTC tests (and its SASS test, which needs
+/// cuobjdump too) from skipped into failed where they are missing.
 pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     let mut vars = Vec::new();
     if let Some(dir) = nvrtc_dir() {

@@ -76,12 +76,14 @@ enum Choice {
     Ampere(Option<String>),
 }
 
-/// What a family's planner decided: the kernel, its launch, what the plan says about it.
+/// What a family's planner decided: the kernel, its launch, what the plan says about it, and
+/// the device memory the launch holds beyond the tensors (for the plan's memory note).
 struct Planned {
     kernel: Kernel,
     launch: attn_core::Launch,
     notes: Vec<String>,
     tiles: Tiles,
+    workspace: String,
 }
 
 /// An open device and the specialisations loaded on it so far.
@@ -314,7 +316,13 @@ impl Cuda {
         ));
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        Ok(Planned { kernel: Kernel::Ampere(variant), launch, notes, tiles })
+        Ok(Planned {
+            kernel: Kernel::Ampere(variant),
+            launch,
+            notes,
+            tiles,
+            workspace: "; no workspace".into(),
+        })
     }
 
     /// Compiles and loads `which` for its plan, fills in the registers and spills the compiler
@@ -355,14 +363,26 @@ impl Cuda {
     ) -> Result<Planned> {
         let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
         let split = self.split(&variant, problem, launch.grid[0])?;
-        let mut notes = variant.notes(problem, &launch, Some(split));
+        let mut notes = variant.notes(problem, &launch, split);
         notes.push(format!(
             "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
             kernel.registers
         ));
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles })
+        let counters = 4 * split.counters(variant.consumers);
+        let workspace =
+            match (variant.uses_tile_counters(), split.partial_floats(variant.head_dim, variant.consumers)) {
+                (false, _) => "; no workspace".into(),
+                (true, 0) => format!(" and the tile counters ({counters} B)"),
+                (true, n) => {
+                    format!(
+                        ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
+                        4 * n
+                    )
+                }
+            };
+        Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles, workspace })
     }
 }
 
@@ -389,30 +409,17 @@ impl Attention for Cuda {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let dev = self.device()?;
-        let Planned { kernel, launch, mut notes, tiles } = match self.choose_family(&dev, problem)? {
-            Choice::Hopper(variant, launch) => self.plan_hopper(&dev, problem, variant, launch)?,
-            Choice::Ampere(why) => {
-                let mut planned = self.plan_ampere(&dev, problem)?;
-                planned.notes.extend(why);
-                planned
-            }
-        };
+        let Planned { kernel, launch, mut notes, tiles, workspace } =
+            match self.choose_family(&dev, problem)? {
+                Choice::Hopper(variant, launch) => self.plan_hopper(&dev, problem, variant, launch)?,
+                Choice::Ampere(why) => {
+                    let mut planned = self.plan_ampere(&dev, problem)?;
+                    planned.notes.extend(why);
+                    planned
+                }
+            };
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
-        let workspace = match kernel {
-            Kernel::Hopper(v) if v.uses_tile_counters() => {
-                let split = self.split(&v, problem, launch.grid[0])?;
-                let counters = 4 * split.counters(v.consumers);
-                match split.partial_floats(v.head_dim, v.consumers) {
-                    0 => format!(" and the tile counters ({counters} B)"),
-                    n => format!(
-                        ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
-                        4 * n
-                    ),
-                }
-            }
-            _ => "; no workspace".into(),
-        };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
         Ok(Plan {
             backend: self.name().into(),

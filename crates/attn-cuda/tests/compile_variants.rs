@@ -205,7 +205,7 @@ fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
         return Some(format!("{}: no loop with both S and P·V products in the SASS", job.name));
     };
     let s_products = lp.iter().filter(|i| i.product() == Some(Product::S)).count();
-    let r2ur = descriptor_r2ur(lp);
+    let r2ur = counted_r2ur(lp);
     println!(
         "{:<60} HGMMA {hgmma:>3}, LDL/STL {local}, key-tile loop {} instructions, {s_products} S products, \
          {r2ur} R2UR",
@@ -282,7 +282,7 @@ fn parse_sass(listing: &str) -> Vec<Instruction> {
 
 /// The R2UR in `body` but those into a register that an mbarrier instruction (SYNCS) of the
 /// body reads as its address: what is left moves descriptors and other values of the products.
-fn descriptor_r2ur(body: &[Instruction]) -> usize {
+fn counted_r2ur(body: &[Instruction]) -> usize {
     let uniform = |s: &str| s.strip_prefix("UR").and_then(|n| n.parse::<u32>().ok());
     let registers = |text: &str| -> Vec<u32> {
         text.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(uniform).collect()

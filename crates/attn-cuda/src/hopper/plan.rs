@@ -351,8 +351,8 @@ impl Variant {
 
     /// What the plan says about the kernel's roles, registers, memory and tile order for
     /// `problem`.
-    /// `split`: the launch's [`Split`], where it has one.
-    pub fn notes(&self, problem: &Problem, launch: &Launch, split: Option<Split>) -> Vec<String> {
+    /// `split`: how the launch deals out its work ([`Variant::split`]).
+    pub fn notes(&self, problem: &Problem, launch: &Launch, split: Split) -> Vec<String> {
         let kv = self.block_n * self.head_dim * 2;
         let mut notes = vec![match self.form {
             Form::CpAsync => format!(
@@ -388,17 +388,17 @@ impl Variant {
                 launch.grid[0]
             ));
         }
-        if let Some(s) = split.filter(|s| s.units > 0) {
+        if split.units > 0 {
             notes.push(format!(
                 "split tail: the last {} tiles' {} key tiles dealt to {} units ({}-{} each) after the {} \
                  whole tiles; a cut tile is merged by its last piece ({} B of partial results)",
-                s.tail_tiles,
-                s.tail_iters(),
-                s.units,
-                s.tail_iters() / s.units,
-                s.tail_iters().div_ceil(s.units),
-                s.whole,
-                4 * s.partial_floats(self.head_dim, self.consumers)
+                split.tail_tiles,
+                split.tail_iters(),
+                split.units,
+                split.tail_iters() / split.units,
+                split.tail_iters().div_ceil(split.units),
+                split.whole,
+                4 * split.partial_floats(self.head_dim, self.consumers)
             ));
         }
         if self.causal && self.form >= Form::Tma {
