@@ -4,12 +4,11 @@
 use crate::hopper::{self, Form, launch::Sm90Params};
 use crate::launch::{DeviceTensors, KernelParams, from_bits};
 use crate::plan::{self, Variant};
-use crate::{Gpu, driver};
+use crate::{Gpu, Lead, driver};
 use attn_core::{
     Attention, Availability, DeviceKind, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared,
     Problem, Result, Tiles,
 };
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -120,6 +119,9 @@ pub struct Cuda {
     /// Whether the persistent Hopper form splits its tail (default: yes), or why
     /// `ATTN_CUDA_SM90_SPLIT` could not be read.
     sm90_split: Option<std::result::Result<bool, String>>,
+    /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
+    /// `ATTN_CUDA_TIMING_LEAD` could not be read.
+    timing_lead: Option<std::result::Result<Lead, String>>,
 }
 
 impl Cuda {
@@ -178,8 +180,10 @@ impl Cuda {
     /// [`Cuda::with_form`]), `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
     /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given),
     /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
-    /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) when they are set; a value
-    /// that cannot be read makes every plan fail with the reason.
+    /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
+    /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
+    /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
+    /// (the lead: every prepared run) fail with the reason.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
         let rank = var("ATTN_CUDA_RANK")
@@ -216,7 +220,11 @@ impl Cuda {
             "off" => Ok(false),
             _ => Err(format!("ATTN_CUDA_SM90_SPLIT={s} is not on or off")),
         });
-        Cuda { rank, family, form, sm90_tiles, sm90_grid, sm90_split, ..Self::default() }
+        let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
+            Lead::parse(&t)
+                .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
+        });
+        Cuda { rank, family, form, sm90_tiles, sm90_grid, sm90_split, timing_lead, ..Self::default() }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -498,7 +506,17 @@ impl Attention for Cuda {
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        Ok(Box::new(CudaPrepared { plan: plan.clone(), dev, kernel, tensors, params, cfg, device_bytes }))
+        let lead = knob(&self.timing_lead)?.unwrap_or(Lead::Repeat);
+        Ok(Box::new(CudaPrepared {
+            plan: plan.clone(),
+            dev,
+            kernel,
+            tensors,
+            params,
+            cfg,
+            device_bytes,
+            lead,
+        }))
     }
 }
 
@@ -517,6 +535,8 @@ struct CudaPrepared {
     params: Params,
     cfg: LaunchConfig,
     device_bytes: u64,
+    /// What [`Gpu::time`] queues ahead of each timed launch.
+    lead: Lead,
 }
 
 impl Prepared for CudaPrepared {
@@ -524,25 +544,21 @@ impl Prepared for CudaPrepared {
         &self.plan
     }
 
-    /// Kernel time between two CUDA events; launch and execution errors are both checked.
+    /// Kernel time between two CUDA events, behind the lead ([`Gpu::time`]: by default an
+    /// untimed launch of the same kernel); launch and execution errors are both checked.
     fn run(&mut self) -> Result<Duration> {
-        let stream = self.dev.gpu.stream();
-        let start =
-            stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("cuEventRecord"))?;
-        let mut builder = stream.launch_builder(&self.kernel.function);
-        match &self.params {
-            Params::Ampere(p) => builder.arg(p),
-            Params::Hopper { params, .. } => builder.arg(params.as_ref()),
-        };
-        // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
-        // Problem::required_lens for the strides the kernel reads, and the launch is the plan's,
-        // validated against the device's limits.
-        unsafe { builder.launch(self.cfg) }.map_err(driver("cuLaunchKernel"))?;
-        let end =
-            stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("cuEventRecord"))?;
-        stream.synchronize().map_err(driver("kernel execution (cuStreamSynchronize)"))?;
-        let ms = start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?;
-        Ok(Duration::from_secs_f64(ms as f64 / 1e3))
+        let (kernel, params, cfg) = (&self.kernel, &self.params, self.cfg);
+        self.dev.gpu.time(self.lead, |stream| {
+            let mut builder = stream.launch_builder(&kernel.function);
+            match params {
+                Params::Ampere(p) => builder.arg(p),
+                Params::Hopper { params, .. } => builder.arg(params.as_ref()),
+            };
+            // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
+            // Problem::required_lens for the strides the kernel reads, and the launch is the
+            // plan's, validated against the device's limits.
+            unsafe { builder.launch(cfg) }.map(|_| ()).map_err(driver("cuLaunchKernel"))
+        })
     }
 
     /// Free device memory before the buffers were allocated minus after (cuMemGetInfo; the

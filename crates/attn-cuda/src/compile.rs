@@ -419,6 +419,7 @@ mod tests {
     use super::*;
 
     const SMOKE: &str = include_str!("../kernels/smoke.cu");
+    const HOLD: &str = include_str!("../kernels/hold.cu");
 
     /// Whether NVRTC tests should run; prints the skip line and returns false when they cannot,
     /// unless `ATTN_REQUIRE_NVRTC=1` (CI), where a missing NVRTC fails the test.
@@ -458,6 +459,9 @@ mod tests {
                 panic!("{arch}: no ptxas report for smoke_halves in the log:\n{}", compiled.log)
             };
             assert!(halves.shared_bytes > 0, "{arch}: {halves:?}");
+            // The kernel that holds the stream before a timed launch (runtime::Gpu::time).
+            let hold = compile(&CompileRequest::new("hold", HOLD, arch)).unwrap_or_else(|e| panic!("{e}"));
+            assert!(hold.resources_of("hold_stream").is_some(), "{arch}: {}", hold.log);
         }
     }
 

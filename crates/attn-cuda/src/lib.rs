@@ -41,4 +41,4 @@ pub use backend::{Cuda, Family};
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
-pub use runtime::{FunctionAttributes, Gpu, Kernel, driver};
+pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};

@@ -50,7 +50,7 @@ fn smoke_kernels_run_on_the_gpu() -> attn_core::Result<()> {
     let report = scale.resources.clone().expect("ptxas reports smoke_scale_f32");
     assert_eq!(report.registers, gpu.attributes(&scale.function)?.registers);
     let mut y = stream.alloc_zeros::<f32>(n as usize).map_err(driver("cuMemAlloc y"))?;
-    let elapsed = gpu.time(|s| {
+    let elapsed = gpu.time(attn_cuda::Lead::Hold(std::time::Duration::from_micros(50)), |s| {
         // SAFETY: arguments match the kernel's (x, y, n); both buffers hold n floats.
         unsafe { s.launch_builder(&scale.function).arg(&x).arg(&mut y).arg(&n).launch(cfg) }
             .map(|_| ())
