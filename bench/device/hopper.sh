@@ -61,7 +61,7 @@ meta() {  # suite, command
   cat <<META
 {"suite": "$1", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader)", "commit": "$(cat .device/COMMIT)",
  "date": "$(date -u +%FT%TZ)", "command": "$2",
- "clock": "CUDA events around each call; medians of 30 after 5 warm-up calls and 200 ms",
+ "clock": "CUDA events around each call, each behind an untimed twin of itself (lead: repeat); medians of 30 after 5 warm-up calls and 200 ms",
  "torch": "$(python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())')"}
 META
 }

@@ -71,7 +71,7 @@ if has sdpa; then
   # math materialises B·H·S² scores: at S=8192 f32, 2·32·8192²·4 B = 17 GB (D=64), twice that
   # with the softmax, within 80 GB; a shape that runs out of memory is reported as an error row.
   echo "== bench: pytorch sdpa math + efficient"
-  timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes $dtypes "${GRID[@]}" \
+  timeout 240 python3 bench/peers/torch_sdpa_gpu.py --backends efficient,math --dtypes $dtypes "${GRID[@]}" \
     --warmup 2 --iters ${ITERS:-10} --math-iters 3 --min-warmup-ms ${WARMUP_MS:-1000} > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
   echo "sdpa exit $?"; tail -2 "$out/sdpa.log"
 fi
@@ -81,7 +81,7 @@ if has report; then
 {"suite": "wgpu", "device": "$(nvidia-smi --query-gpu=name --format=csv,noheader) through Vulkan (wgpu 30)",
  "commit": "$(cat .device/COMMIT)", "date": "$(date -u +%FT%TZ)",
  "command": "$(env | grep '^ATTN_WGPU_' | sort | tr '\n' ' ')STEPS=\"$steps\" DTYPES=$dtypes DIMS=${DIMS:-64,128} SEQS=${SEQS:-512,1024,2048,4096,8192} ITERS=${ITERS:-10} bash bench/device/wgpu.sh",
- "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events",
+ "clock": "wgpu: timestamp queries around the dispatch (see plan.txt); sdpa: CUDA events, each call behind an untimed twin (--lead repeat)",
  "torch": "$(python3 -c 'import torch; print(torch.__version__)')"}
 META
   peers=(); for f in sdpa attn-cpu; do [[ -s $out/$f.jsonl ]] && peers+=(--peer "$out/$f.jsonl"); done
