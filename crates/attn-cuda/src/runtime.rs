@@ -62,10 +62,10 @@ const BACKEND: &str = "cuda";
 /// What runs on the stream just before a timed launch's start event ([`Gpu::time`]).
 ///
 /// An idle stream stamps an event as soon as it is recorded, so timing a launch on its own
-/// also counts what comes between the host's calls: the launch's way to the device and the
-/// device waking from idle (measured on the H100: 50-80 µs on a 0.4-1.7 ms kernel). Ahead of
-/// other work the start is stamped when that work ends, with the timed launch already queued
-/// behind it.
+/// also counts what the host does until the launch reaches the device: microseconds for this
+/// backend, up to 0.1-0.28 ms a call for PyTorch's SDPA backends, which the peer script times
+/// the same way (bench/results/2026-11-25-h100-timing-lead). Ahead of other work the start is
+/// stamped when that work ends, with the timed launch already queued behind it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lead {
     /// Nothing: the start event is stamped when it reaches an idle device.
@@ -73,8 +73,9 @@ pub enum Lead {
     /// The same work once more, untimed: the timed launch runs back to back with its twin, as
     /// in a stream of such calls (the backend's default).
     Repeat,
-    /// A one-thread kernel that waits this long ([`Gpu::hold`]): the device idles before the
-    /// timed launch, but the host's part is not counted.
+    /// A one-thread kernel that waits this long ([`Gpu::hold`]): the host's part is not
+    /// counted, but the device rests before the timed launch and starts it at a higher clock
+    /// than a stream of such calls would see (on the H100, at its power cap, up to 15% faster).
     Hold(Duration),
 }
 
