@@ -5,8 +5,9 @@
 //! CI machines have no GPU and no toolkit, but `attn-cuda` still compiles every kernel
 //! specialisation for every target architecture with NVRTC, and reads the Hopper kernels' SASS
 //! with `cuobjdump`; NVIDIA's Python wheels supply them (`nvidia-cuda-nvrtc`: the library;
-//! `nvidia-cuda-runtime`: `cuda_fp16.h` and friends; `nvidia-cuda-cuobjdump`: the disassembler)
-//! under `site-packages/nvidia/cu13/`, where neither the dynamic loader nor `PATH` looks.
+//! `nvidia-cuda-runtime`: `cuda_fp16.h` and friends; `nvidia-cuda-cuobjdump` and
+//! `nvidia-cuda-nvdisasm`: the SASS reader, which runs `nvdisasm` from `PATH`) under
+//! `site-packages/nvidia/cu13/`, where neither the dynamic loader nor `PATH` looks.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -16,10 +17,14 @@ use crate::cmd;
 /// The NVRTC library of the CUDA major version attn-cuda's cudarc is built for.
 const NVRTC: &str = "libnvrtc.so.13";
 
-/// The wheels, pinned to the CUDA version the kernels are written against (cuobjdump's wheels
-/// start at 13.2; it reads 13.0's CUBINs).
-const WHEELS: [&str; 3] =
-    ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-cuobjdump==13.2.*"];
+/// The wheels, pinned to the CUDA version the kernels are written against (cuobjdump's and
+/// nvdisasm's wheels start at 13.2; they read 13.0's CUBINs).
+const WHEELS: [&str; 4] = [
+    "nvidia-cuda-nvrtc==13.0.*",
+    "nvidia-cuda-runtime==13.0.*",
+    "nvidia-cuda-cuobjdump==13.2.*",
+    "nvidia-cuda-nvdisasm==13.2.*",
+];
 
 /// The directory holding `libnvrtc.so.13`: `ATTN_NVRTC_LIB` (file or directory) if set, the
 /// toolkit's, the loader's usual directories, then the wheel's.
@@ -49,12 +54,22 @@ pub fn cuobjdump() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("ATTN_CUOBJDUMP").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(path));
     }
+    tool("cuobjdump")
+}
+
+/// `nvdisasm`, which `cuobjdump -sass` runs from `PATH`: the toolkit's, `PATH`'s, the wheel's.
+pub fn nvdisasm() -> Option<PathBuf> {
+    tool("nvdisasm")
+}
+
+/// The first `name` in the toolkit's `bin`, `PATH` and the wheels' `bin`.
+fn tool(name: &str) -> Option<PathBuf> {
     let path_dirs: Vec<PathBuf> =
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     std::iter::once(PathBuf::from("/usr/local/cuda/bin"))
         .chain(path_dirs)
         .chain(wheel_dirs("bin"))
-        .map(|d| d.join("cuobjdump"))
+        .map(|d| d.join(name))
         .find(|f| f.is_file())
 }
 
@@ -65,9 +80,9 @@ fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
     sites.lines().map(|s| Path::new(s).join("nvidia/cu13").join(sub)).filter(|d| d.is_dir()).collect()
 }
 
-/// Whether NVRTC, the headers and cuobjdump are all there.
+/// Whether NVRTC, the headers, cuobjdump and nvdisasm are all there.
 pub fn present() -> bool {
-    nvrtc_dir().is_some() && include_dir().is_some() && cuobjdump().is_some()
+    nvrtc_dir().is_some() && include_dir().is_some() && cuobjdump().is_some() && nvdisasm().is_some()
 }
 
 /// Installs the wheels with the Python that `python3` names.
@@ -80,7 +95,8 @@ pub fn install() -> Result<(), String> {
 /// The environment for child cargo processes: `ATTN_NVRTC_LIB`, `ATTN_CUDA_INCLUDE` and
 /// `ATTN_CUOBJDUMP` pinned to what was found (so tests use exactly what this run reported), the
 /// NVRTC directory prepended to `LD_LIBRARY_PATH` (a child's loader reads it at start-up, so it
-/// must be set before the child starts, never from inside it), and with `require`,
+/// must be set before the child starts, never from inside it), nvdisasm's to `PATH` (where
+/// cuobjdump looks for it), and with `require`,
 /// `ATTN_REQUIRE_NVRTC=1`, which turns attn-cuda's NVRTC tests (and its SASS test, which needs
 /// cuobjdump too) from skipped into failed where they are missing.
 pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
@@ -102,6 +118,17 @@ pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     }
     if let Some(path) = cuobjdump() {
         vars.push(("ATTN_CUOBJDUMP", path.into_os_string()));
+    }
+    if let Some(dir) = nvdisasm().as_deref().and_then(Path::parent) {
+        let mut paths = vec![dir.to_path_buf()];
+        paths.extend(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        if let Ok(joined) = std::env::join_paths(paths) {
+            vars.push(("PATH", joined));
+        }
     }
     if require {
         vars.push(("ATTN_REQUIRE_NVRTC", "1".into()));

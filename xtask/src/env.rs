@@ -27,6 +27,7 @@ pub fn print_inventory() {
     line("vulkan drivers", vulkan_drivers().unwrap_or_else(|| "absent".into()));
     line("nvrtc", found(find_nvrtc()));
     line("cuobjdump", found(crate::cuda::cuobjdump()));
+    line("nvdisasm", found(crate::cuda::nvdisasm()));
     line("nvidia gpu", found(nvidia_gpu()));
 }
 

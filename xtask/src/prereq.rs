@@ -27,7 +27,8 @@ pub fn prerequisites() -> Vec<Prerequisite> {
             name: "nvrtc",
             why: "the CUDA backend compiles every kernel for sm_80/sm_89/sm_90a with NVRTC, GPU or not, \
                   and reads the Hopper kernels' SASS (pip wheels nvidia-cuda-nvrtc and nvidia-cuda-runtime \
-                  13.0: library and headers; nvidia-cuda-cuobjdump 13.2: the disassembler)",
+                  13.0: library and headers; nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm 13.2: the \
+                  disassembler)",
             present: crate::cuda::present,
             install: crate::cuda::install,
         },

@@ -186,10 +186,23 @@ fn cuobjdump_or_skip(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// `PATH` with cuobjdump's own directory first: `cuobjdump -sass` runs `nvdisasm` from `PATH`,
+/// and the toolkit and NVIDIA's wheels keep the two side by side.
+fn with_tool_dir(tool: &Path) -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = tool.parent().map(Path::to_path_buf).into_iter().chain(std::env::split_paths(&path));
+    std::env::join_paths(dirs).unwrap_or(path)
+}
+
 fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
     let file = std::env::temp_dir().join(format!("attn-sass-{}-{}.cubin", std::process::id(), job.name));
     let dump = std::fs::write(&file, &compiled.cubin).map_err(|e| e.to_string()).and_then(|()| {
-        std::process::Command::new(tool).arg("-sass").arg(&file).output().map_err(|e| e.to_string())
+        std::process::Command::new(tool)
+            .arg("-sass")
+            .arg(&file)
+            .env("PATH", with_tool_dir(tool))
+            .output()
+            .map_err(|e| e.to_string())
     });
     let _ = std::fs::remove_file(&file);
     let sass = match dump {
