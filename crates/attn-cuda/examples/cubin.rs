@@ -75,7 +75,6 @@ fn hopper_cubin(args: &[String]) {
         consumers: tiles.consumers,
         causal: args.iter().any(|a| a == "causal"),
         form,
-        exp2_poly: hopper::plan::exp2_poly_for(head_dim),
     };
     match compile(&variant.request()) {
         Ok(c) => {

@@ -37,9 +37,7 @@
 //                   (see Piece), and a tile's partial results are merged by whichever of its
 //                   pieces ends last (merge_partials),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
-//   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
-//   ATTN_EXP2_POLY  of every four 8-key chunks of probabilities, how many exponentiate on the
-//                   FMA pipe (exp2_poly) instead of the multi-function unit (ex2).
+//   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
 
@@ -68,7 +66,6 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
-constexpr int EXP2_POLY = ATTN_EXP2_POLY;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -363,21 +360,6 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
-// 2^x without the multi-function unit, whose ex2 (16 a clock per SM) the softmax otherwise
-// spends one of per score: x = j + f with j = round(x) (the 1.5 * 2^23 trick leaves j in t's low
-// mantissa bits) and |f| <= 1/2, 2^f by a degree-3 polynomial (minimax for the relative error,
-// 7.5e-5: below 16-bit P's rounding), 2^j added to the exponent bits. x under -126 (masked
-// scores, -inf) gives exactly 0, as ex2.approx.ftz does. 3 FADD, 3 FFMA, an integer
-// multiply-add and a select, all on the FMA and integer pipes.
-__device__ __forceinline__ float exp2_poly(float x) {
-    const float round = 12582912.f;  // 1.5 * 2^23
-    const float t = x + round;
-    const float f = x - (t - round);
-    const float p = fmaf(fmaf(fmaf(0.055171434f, f, 0.24261081f), f, 0.69326097f), f, 0.99992812f);
-    const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
-    return x < -126.f ? 0.f : __int_as_float(bits);
-}
-
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
 
 // A thread's row reductions (max, sum) run in CHAINS independent chains per row, element
@@ -467,8 +449,7 @@ __device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x = fmaf(s[4 * c + e], sl2, -base[e >> 1]);
-            s[4 * c + e] = c % 4 < EXP2_POLY ? exp2_poly(x) : exp2_fast(x);
+            s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
             part[e >> 1][chain(c, e)] += s[4 * c + e];
         }
 #pragma unroll

@@ -155,10 +155,6 @@ pub struct Variant {
     pub causal: bool,
     /// How the warpgroups share the work.
     pub form: Form,
-    /// Of every four 8-key chunks of a tile's probabilities, how many are exponentiated by a
-    /// polynomial on the FMA pipe rather than by `ex2` on the multi-function unit (0 to 4; see
-    /// `exp2_poly` in the kernel and [`exp2_poly_for`]).
-    pub exp2_poly: u32,
 }
 
 impl Variant {
@@ -221,14 +217,13 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
             self.form,
-            if self.exp2_poly > 0 { format!("_e{}", self.exp2_poly) } else { String::new() },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -254,7 +249,6 @@ impl Variant {
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
-            ("ATTN_EXP2_POLY".into(), self.exp2_poly.to_string()),
         ]
     }
 
@@ -289,17 +283,7 @@ impl Variant {
                 for causal in [false, true] {
                     for form in Form::ALL {
                         let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
-                        let exp2_poly = exp2_poly_for(head_dim);
-                        v.push(Variant {
-                            dtype,
-                            head_dim,
-                            block_n,
-                            stages,
-                            consumers,
-                            causal,
-                            form,
-                            exp2_poly,
-                        });
+                        v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             v.push(Variant { block_n: long.block_n, ..v[v.len() - 1] });
                         }
@@ -465,12 +449,6 @@ pub fn tiles(head_dim: usize, form: Form) -> Tiles {
     }
 }
 
-/// Of every four 8-key chunks of probabilities, how many a head dim's kernel exponentiates on
-/// the FMA pipe ([`Variant::exp2_poly`]): none yet.
-pub fn exp2_poly_for(_head_dim: usize) -> u32 {
-    0
-}
-
 /// Longer key tiles than [`tiles`]' where they were measured faster per key: D = 128 in the
 /// persistent form without a mask, 144 keys (the S accumulators 72 registers, P 36). Measured
 /// on the H100 against 128, interleaved, three rounds (bench/results/2026-11-25-h100-hopper-bn144-
@@ -561,7 +539,6 @@ pub fn choose(
         consumers,
         causal: problem.is_causal(),
         form,
-        exp2_poly: exp2_poly_for(s.head_dim),
     };
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
