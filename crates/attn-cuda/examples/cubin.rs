@@ -75,6 +75,7 @@ fn hopper_cubin(args: &[String]) {
         consumers: tiles.consumers,
         causal: args.iter().any(|a| a == "causal"),
         form,
+        pingpong: form >= hopper::Form::PingPong && !args.iter().any(|a| a == "noturns"),
     };
     match compile(&variant.request()) {
         Ok(c) => {

@@ -119,6 +119,9 @@ pub struct Cuda {
     /// Whether the persistent Hopper form splits its tail (default: yes), or why
     /// `ATTN_CUDA_SM90_SPLIT` could not be read.
     sm90_split: Option<std::result::Result<bool, String>>,
+    /// Whether the Hopper kernel's consumer warpgroups take turns (default: yes, from the
+    /// ping-pong form on), or why `ATTN_CUDA_SM90_TURNS` could not be read.
+    sm90_turns: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -181,6 +184,7 @@ impl Cuda {
     /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given),
     /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
     /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
+    /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -220,11 +224,26 @@ impl Cuda {
             "off" => Ok(false),
             _ => Err(format!("ATTN_CUDA_SM90_SPLIT={s} is not on or off")),
         });
+        let sm90_turns = var("ATTN_CUDA_SM90_TURNS").map(|s| match s.as_str() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(format!("ATTN_CUDA_SM90_TURNS={s} is not on or off")),
+        });
         let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
             Lead::parse(&t)
                 .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
         });
-        Cuda { rank, family, form, sm90_tiles, sm90_grid, sm90_split, timing_lead, ..Self::default() }
+        Cuda {
+            rank,
+            family,
+            form,
+            sm90_tiles,
+            sm90_grid,
+            sm90_split,
+            sm90_turns,
+            timing_lead,
+            ..Self::default()
+        }
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -283,7 +302,8 @@ impl Cuda {
         let knobs = self.form.is_some()
             || self.sm90_tiles.is_some()
             || self.sm90_grid.is_some()
-            || self.sm90_split.is_some();
+            || self.sm90_split.is_some()
+            || self.sm90_turns.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -304,7 +324,12 @@ impl Cuda {
         let form = knob(&self.form)?.unwrap_or(Form::Persistent);
         match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, self.splits()?)
         {
-            Ok((variant, launch)) => Ok(Choice::Hopper(variant, launch)),
+            Ok((mut variant, launch)) => {
+                if let Some(turns) = knob(&self.sm90_turns)? {
+                    variant.pingpong &= turns;
+                }
+                Ok(Choice::Hopper(variant, launch))
+            }
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
                 "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"

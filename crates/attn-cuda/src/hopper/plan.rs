@@ -155,6 +155,9 @@ pub struct Variant {
     pub causal: bool,
     /// How the warpgroups share the work.
     pub form: Form,
+    /// Whether the consumer warpgroups take turns issuing their products (from the ping-pong
+    /// form on, unless turned off to measure what the turns cost).
+    pub pingpong: bool,
 }
 
 impl Variant {
@@ -217,13 +220,14 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
             self.form,
+            if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -244,7 +248,7 @@ impl Variant {
             ("ATTN_CAUSAL".into(), flag(self.causal)),
             ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
             ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
-            ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong)),
+            ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong && self.pingpong)),
             ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
@@ -283,7 +287,17 @@ impl Variant {
                 for causal in [false, true] {
                     for form in Form::ALL {
                         let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
-                        v.push(Variant { dtype, head_dim, block_n, stages, consumers, causal, form });
+                        let pingpong = form >= Form::PingPong;
+                        v.push(Variant {
+                            dtype,
+                            head_dim,
+                            block_n,
+                            stages,
+                            consumers,
+                            causal,
+                            form,
+                            pingpong,
+                        });
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             v.push(Variant { block_n: long.block_n, ..v[v.len() - 1] });
                         }
@@ -539,6 +553,7 @@ pub fn choose(
         consumers,
         causal: problem.is_causal(),
         form,
+        pingpong: form >= Form::PingPong,
     };
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
