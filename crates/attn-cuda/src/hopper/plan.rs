@@ -856,4 +856,19 @@ mod tests {
         }
         assert_eq!(Form::parse("fast"), None);
     }
+
+    #[test]
+    fn turns_are_on_from_the_ping_pong_form_and_off_only_by_name() {
+        let h100 = DeviceLimits::h100();
+        for form in Form::ALL {
+            let (v, _) = choose(&problem(64), &h100, 132, form, None, true).unwrap();
+            assert_eq!(v.pingpong, form >= Form::PingPong, "{}", v.name());
+        }
+        let (on, _) = choose(&problem(64), &h100, 132, Form::Persistent, None, true).unwrap();
+        let off = Variant { pingpong: false, ..on };
+        // Compiled kernels are cached by name: the two must differ, as their defines do.
+        assert_ne!(on.name(), off.name());
+        let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
+        assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
+    }
 }
