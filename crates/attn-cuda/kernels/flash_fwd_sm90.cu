@@ -18,7 +18,7 @@
 // descriptors describe (sm90.cuh, sw128_desc).
 //
 // Variants (NVRTC -D, chosen by crates/attn-cuda/src/hopper/plan.rs):
-//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 to 3),
+//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 to 4),
 //   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask),
 //   ATTN_TMA        1: a producer warpgroup copies Q, K and V with TMA (the family's kernels);
 //                   0: no producer, the one consumer warpgroup loads its tiles with cp.async
@@ -77,7 +77,7 @@ constexpr float RESCALE_SLACK = 8.f;
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
 static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
-static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "64 to 192 query rows");
+static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 

@@ -163,7 +163,7 @@ pub struct Variant {
 impl Variant {
     /// Registers per consumer thread after `setmaxnreg`: what the producer's
     /// [`PRODUCER_REGISTERS`] leave of the [`REGISTER_POOL`], in units of 8, at most
-    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three).
+    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three, 112 with four).
     pub fn consumer_registers(&self) -> u32 {
         let left = REGISTER_POOL - 128 * PRODUCER_REGISTERS;
         CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
@@ -534,14 +534,14 @@ pub fn choose(
         consumers = default.consumers; // the cp.async form has its one warpgroup
     }
     // That warpgroup double-buffers: two stages.
-    let form_ok = if form == Form::CpAsync { stages == 2 } else { (2..=3).contains(&consumers) };
+    let form_ok = if form == Form::CpAsync { stages == 2 } else { (2..=4).contains(&consumers) };
     if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !form_ok {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
                 "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups: keys per tile must \
                  be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4 (2 in the cpasync form), \
-                 consumers 2 or 3"
+                 consumers 2 to 4"
             ),
         });
     }
@@ -870,5 +870,21 @@ mod tests {
         assert_ne!(on.name(), off.name());
         let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
         assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
+    }
+
+    #[test]
+    fn four_consumers_take_what_is_left_after_the_producer() {
+        // Only by forced tiles (ATTN_CUDA_SM90_TILES=64:2:4): 256 rows, 640 threads, 96
+        // registers at entry and 112 per consumer after setmaxnreg, which 64-key tiles at D=64
+        // fit without a spill (80 and 96 keys spill).
+        let four = Tiles { block_n: 64, stages: 2, consumers: 4 };
+        let (v, launch) =
+            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(four), true).unwrap();
+        assert_eq!((v.block_m(), v.threads(), launch.block[0]), (256, 640, 640));
+        assert_eq!((v.consumer_registers(), v.register_budget()), (112, 96));
+        let five = Tiles { consumers: 5, ..four };
+        assert!(
+            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(five), true).is_err()
+        );
     }
 }
