@@ -834,14 +834,22 @@ mod tests {
     }
 
     #[test]
-    fn three_consumers_split_the_registers_that_are_left() {
-        let three = Tiles { block_n: 128, stages: 2, consumers: 3 };
-        let (v, launch) =
-            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(three), true).unwrap();
-        assert_eq!((v.block_m(), v.threads(), launch.block[0]), (192, 512, 512));
-        // 128 x 40 for the producer, 384 x 152 for the consumers: 63488; and 128 at entry.
-        assert_eq!((v.consumer_registers(), v.register_budget()), (152, 128));
-        assert!(v.name().contains("bm192"));
+    fn more_consumers_split_the_registers_that_are_left() {
+        // What 128 x 40 registers for the producer leave of 64512, per consumer thread, and the
+        // cap at entry (65536 over the threads). Four consumers only by forced tiles
+        // (ATTN_CUDA_SM90_TILES=64:2:4), which 64-key tiles at D=64 fit without a spill (80 and
+        // 96 keys spill).
+        let persistent =
+            |tiles| choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(tiles), true);
+        for (consumers, block_n, rows, threads, regs, entry) in
+            [(3, 128, 192, 512, 152, 128), (4, 64, 256, 640, 112, 96)]
+        {
+            let (v, launch) = persistent(Tiles { block_n, stages: 2, consumers }).unwrap();
+            assert_eq!((v.block_m(), v.threads(), launch.block[0]), (rows, threads, threads));
+            assert_eq!((v.consumer_registers(), v.register_budget()), (regs, entry));
+            assert!(v.name().contains(&format!("bm{rows}")));
+        }
+        assert!(persistent(Tiles { block_n: 64, stages: 2, consumers: 5 }).is_err());
     }
 
     #[test]
@@ -870,21 +878,5 @@ mod tests {
         assert_ne!(on.name(), off.name());
         let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
         assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
-    }
-
-    #[test]
-    fn four_consumers_take_what_is_left_after_the_producer() {
-        // Only by forced tiles (ATTN_CUDA_SM90_TILES=64:2:4): 256 rows, 640 threads, 96
-        // registers at entry and 112 per consumer after setmaxnreg, which 64-key tiles at D=64
-        // fit without a spill (80 and 96 keys spill).
-        let four = Tiles { block_n: 64, stages: 2, consumers: 4 };
-        let (v, launch) =
-            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(four), true).unwrap();
-        assert_eq!((v.block_m(), v.threads(), launch.block[0]), (256, 640, 640));
-        assert_eq!((v.consumer_registers(), v.register_budget()), (112, 96));
-        let five = Tiles { consumers: 5, ..four };
-        assert!(
-            choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(five), true).is_err()
-        );
     }
 }
