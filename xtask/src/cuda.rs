@@ -102,13 +102,7 @@ pub fn install() -> Result<(), String> {
 pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     let mut vars = Vec::new();
     if let Some(dir) = nvrtc_dir() {
-        let mut paths = vec![dir.clone()];
-        paths.extend(
-            std::env::var_os("LD_LIBRARY_PATH")
-                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        );
-        if let Ok(joined) = std::env::join_paths(paths) {
+        if let Some(joined) = prepended("LD_LIBRARY_PATH", &dir) {
             vars.push(("LD_LIBRARY_PATH", joined));
         }
         vars.push(("ATTN_NVRTC_LIB", dir.join(NVRTC).into_os_string()));
@@ -119,19 +113,19 @@ pub fn child_env(require: bool) -> Vec<(&'static str, OsString)> {
     if let Some(path) = cuobjdump() {
         vars.push(("ATTN_CUOBJDUMP", path.into_os_string()));
     }
-    if let Some(dir) = nvdisasm().as_deref().and_then(Path::parent) {
-        let mut paths = vec![dir.to_path_buf()];
-        paths.extend(
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        );
-        if let Ok(joined) = std::env::join_paths(paths) {
-            vars.push(("PATH", joined));
-        }
+    if let Some(joined) = nvdisasm().as_deref().and_then(Path::parent).and_then(|dir| prepended("PATH", dir))
+    {
+        vars.push(("PATH", joined));
     }
     if require {
         vars.push(("ATTN_REQUIRE_NVRTC", "1".into()));
     }
     vars
+}
+
+/// The list variable `var` (`PATH`, `LD_LIBRARY_PATH`) as this process has it, with `dir` first.
+fn prepended(var: &str, dir: &Path) -> Option<OsString> {
+    let rest =
+        std::env::var_os(var).map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(rest)).ok()
 }
