@@ -219,16 +219,14 @@ impl Cuda {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(format!("ATTN_CUDA_SM90_GRID={g} is not a number of CTAs (1 or more)")),
         });
-        let sm90_split = var("ATTN_CUDA_SM90_SPLIT").map(|s| match s.as_str() {
-            "on" => Ok(true),
-            "off" => Ok(false),
-            _ => Err(format!("ATTN_CUDA_SM90_SPLIT={s} is not on or off")),
-        });
-        let sm90_turns = var("ATTN_CUDA_SM90_TURNS").map(|s| match s.as_str() {
-            "on" => Ok(true),
-            "off" => Ok(false),
-            _ => Err(format!("ATTN_CUDA_SM90_TURNS={s} is not on or off")),
-        });
+        let on_off = |name: &str| {
+            var(name).map(|s| match s.as_str() {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                _ => Err(format!("{name}={s} is not on or off")),
+            })
+        };
+        let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
         let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
             Lead::parse(&t)
                 .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
