@@ -59,7 +59,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim]";
     let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -76,6 +76,7 @@ fn hopper_cubin(args: &[String]) {
         causal: args.iter().any(|a| a == "causal"),
         form,
         pingpong: form >= hopper::Form::PingPong && !args.iter().any(|a| a == "noturns"),
+        trim: args.iter().any(|a| a == "trim"),
     };
     match compile(&variant.request()) {
         Ok(c) => {

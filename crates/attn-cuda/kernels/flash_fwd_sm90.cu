@@ -37,7 +37,10 @@
 //                   (see Piece), and a tile's partial results are merged by whichever of its
 //                   pieces ends last (merge_partials),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
-//   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg.
+//   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
+//   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
+//                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
+//                   takes its turns and frees the stages (see mainloop_overlapped).
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
 
@@ -66,6 +69,7 @@ constexpr bool OVERLAP = ATTN_OVERLAP;
 constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
+constexpr bool TRIM = ATTN_TRIM;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -80,6 +84,7 @@ static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "
 static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
+static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -171,6 +176,13 @@ struct Tile {
     int b, h, m0, n_kv;
 };
 
+// The key tiles that query rows before `row_end` see under the bottom-right causal mask (row i
+// sees keys j <= i + seq_k - seq_q).
+__device__ __forceinline__ int visible_key_tiles(const Params& p, int row_end) {
+    const int n_end = min(p.seq_k, max(0, row_end + p.seq_k - p.seq_q));
+    return (n_end + BN - 1) / BN;
+}
+
 // Without a mask a head's query blocks are neighbours, so the CTAs running at once share K/V
 // in L2. Under a causal mask the longest tiles go first, but across all heads at once each
 // wave of CTAs would read every head's K/V (at S=2048, D=128: 128 MB, against 50 MB of L2) and
@@ -192,10 +204,7 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     tile.b = bh / p.heads_q;
     tile.h = bh % p.heads_q;
     tile.m0 = qb * BM;
-    int n_end = p.seq_k;
-    // Bottom-right: row i sees keys j <= i + (seq_k - seq_q).
-    if (CAUSAL) n_end = min(p.seq_k, max(0, tile.m0 + BM + p.seq_k - p.seq_q));
-    tile.n_kv = (n_end + BN - 1) / BN;
+    tile.n_kv = CAUSAL ? visible_key_tiles(p, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
     return tile;
 }
 
@@ -583,6 +592,7 @@ struct Ctx {
     unsigned q_smem;   // this warpgroup's 64 rows of Q
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
+    int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -726,7 +736,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
 // on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
 // serializes all wgmma of a kernel where it cannot tell a group is complete).
-__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+__device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
     float sc[NS];
     float alpha[2];
@@ -738,10 +748,10 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
-    if (c.j1 - c.j0 == 1) c.release_q();
+    if (c.j_end - c.j0 == 1) c.release_q();
     softmax_step(c, sc, st, c.j0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
-    for (int j = c.j0 + 1; j < c.j1; ++j) {
+    for (int j = c.j0 + 1; j < c.j_end; ++j) {
         const int prev = it++;
         sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
         await_turn(c.wg);
@@ -754,7 +764,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         sm90::fence_regs(sc);
         c.release(c.s.k_empty + Ctx::stage(it));
-        if (j + 1 == c.j1) c.release_q();
+        if (j + 1 == c.j_end) c.release_q();
         const bool moved = softmax_step(c, sc, st, j, alpha);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
         sm90::fence_regs(o);
@@ -771,6 +781,38 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
     sm90::fence_regs(o);
     c.release(c.s.v_empty + Ctx::stage(it));
     ++it;
+}
+
+// The piece for one consumer warpgroup: its key tiles computed (above), then, with TRIM, the
+// ones it does not see passed over.
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    if (!TRIM) return mainloop_computed(c, o, st, it);  // j_end is j1
+    if (c.j_end > c.j0) {
+        mainloop_computed(c, o, st, it);
+    } else {
+        c.release_q();  // its rows see no key of this piece: O stays 0
+        await_turn(c.wg);  // the turn its last P V would have taken
+        pass_turn(c.wg);
+    }
+    // TRIM: the key tiles past this warpgroup's diagonal, which the other warpgroups compute.
+    // It takes the turn each would have been, and frees each stage once the stage holds that
+    // tile (an arrival before that would count towards the stage's previous use).
+    for (int j = max(c.j_end, c.j0); j < c.j1; ++j, ++it) {
+        await_turn(c.wg);
+        pass_turn(c.wg);
+        sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
+        c.release(c.s.k_empty + Ctx::stage(it));
+        sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
+        c.release(c.s.v_empty + Ctx::stage(it));
+    }
+}
+
+// TRIM: the end of warpgroup wg's key tiles in piece pc, the same in every lane. Through a
+// warp reduction, whose result ptxas keeps in a uniform register: computed from wg (that is,
+// from threadIdx) it would take the key-tile loop for divergent code and build every wgmma
+// descriptor in vector registers (28 R2UR in the D=64 loop against 8).
+__device__ __forceinline__ int trimmed_end(const Params& p, const Tile& tile, const Piece& pc, int wg) {
+    return __reduce_min_sync(0xffffffffu, min(pc.j1, visible_key_tiles(p, tile.m0 + 64 * (wg + 1))));
 }
 
 __device__ void consume(const Params& p, const Smem& s, int wg) {
@@ -800,7 +842,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     pc.j0,
                     pc.j1,
                     tile.h / (p.heads_q / p.heads_kv),
-                    tile.b};
+                    tile.b,
+                    TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1};
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;

@@ -122,6 +122,9 @@ pub struct Cuda {
     /// Whether the Hopper kernel's consumer warpgroups take turns (default: yes, from the
     /// ping-pong form on), or why `ATTN_CUDA_SM90_TURNS` could not be read.
     sm90_turns: Option<std::result::Result<bool, String>>,
+    /// Whether the Hopper kernel trims each consumer warpgroup's causal key tiles (default:
+    /// no), or why `ATTN_CUDA_SM90_TRIM` could not be read.
+    sm90_trim: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -185,6 +188,7 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
     /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
     /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
+    /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -227,6 +231,7 @@ impl Cuda {
             })
         };
         let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
+        let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
         let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
             Lead::parse(&t)
                 .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
@@ -239,6 +244,7 @@ impl Cuda {
             sm90_grid,
             sm90_split,
             sm90_turns,
+            sm90_trim,
             timing_lead,
             ..Self::default()
         }
@@ -301,7 +307,8 @@ impl Cuda {
             || self.sm90_tiles.is_some()
             || self.sm90_grid.is_some()
             || self.sm90_split.is_some()
-            || self.sm90_turns.is_some();
+            || self.sm90_turns.is_some()
+            || self.sm90_trim.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -325,6 +332,9 @@ impl Cuda {
             Ok((mut variant, launch)) => {
                 if let Some(turns) = knob(&self.sm90_turns)? {
                     variant.pingpong &= turns;
+                }
+                if let Some(trim) = knob(&self.sm90_trim)? {
+                    variant.trim = trim;
                 }
                 Ok(Choice::Hopper(variant, launch))
             }

@@ -158,6 +158,9 @@ pub struct Variant {
     /// Whether the consumer warpgroups take turns issuing their products (from the ping-pong
     /// form on, unless turned off to measure what the turns cost).
     pub pingpong: bool,
+    /// Causal, from the overlap form on: each consumer warpgroup computes only the key tiles its
+    /// own 64 rows see and passes over the rest of its tile's (`ATTN_TRIM`; off unless asked).
+    pub trim: bool,
 }
 
 impl Variant {
@@ -167,6 +170,11 @@ impl Variant {
     pub fn consumer_registers(&self) -> u32 {
         let left = REGISTER_POOL - 128 * PRODUCER_REGISTERS;
         CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
+    }
+
+    /// Whether the kernel trims each warpgroup's key tiles ([`Variant::trim`] where it applies).
+    pub fn trims(&self) -> bool {
+        self.trim && self.causal && self.form >= Form::Overlap
     }
 
     /// Query rows per CTA tile: 64 per consumer warpgroup.
@@ -220,7 +228,7 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -228,6 +236,7 @@ impl Variant {
             self.stages,
             self.form,
             if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
+            if self.trims() { "_trim" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -253,6 +262,7 @@ impl Variant {
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
+            ("ATTN_TRIM".into(), flag(self.trims())),
         ]
     }
 
@@ -279,7 +289,9 @@ impl Variant {
     }
 
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
-    /// tiles in every form, both masks, both dtypes.
+    /// tiles in every form, both masks, both dtypes, and the trimmed causal ones
+    /// ([`Variant::trim`], whose loop ptxas once took for divergent code). Tiles forced by
+    /// `ATTN_CUDA_SM90_TILES` and the forms without turns are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
@@ -297,9 +309,13 @@ impl Variant {
                             causal,
                             form,
                             pingpong,
+                            trim: false,
                         });
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             v.push(Variant { block_n: long.block_n, ..v[v.len() - 1] });
+                        }
+                        if causal && form >= Form::Overlap {
+                            v.push(Variant { trim: true, ..v[v.len() - 1] });
                         }
                     }
                 }
@@ -554,6 +570,7 @@ pub fn choose(
         causal: problem.is_causal(),
         form,
         pingpong: form >= Form::PingPong,
+        trim: false,
     };
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
@@ -745,9 +762,10 @@ mod tests {
             }
         }
         // The TMA forms: D=128 and 256 with two consumers (and D=128's 144-key tiles for the
-        // persistent form without a mask), D=64 with three.
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 34);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 16);
+        // persistent form without a mask), D=64 with three; each causal one from the overlap
+        // form on also trimmed (12 and 6).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 46);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 22);
     }
 
     #[test]
@@ -878,5 +896,20 @@ mod tests {
         assert_ne!(on.name(), off.name());
         let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
         assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
+    }
+
+    #[test]
+    fn only_causal_overlapped_forms_trim() {
+        let h100 = DeviceLimits::h100();
+        for (form, causal) in
+            [(Form::Tma, true), (Form::Overlap, true), (Form::Persistent, true), (Form::Persistent, false)]
+        {
+            let p = if causal { problem(64).causal() } else { problem(64) };
+            let (v, _) = choose(&p, &h100, 132, form, None, true).unwrap();
+            let trimmed = Variant { trim: true, ..v };
+            assert!(!v.trims(), "{}", v.name());
+            assert_eq!(trimmed.trims(), causal && form >= Form::Overlap, "{}", trimmed.name());
+            assert_eq!(trimmed.name() != v.name(), trimmed.trims());
+        }
     }
 }

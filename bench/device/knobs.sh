@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: the Hopper persistent form under several knob settings, verified and
+# timed against each other in one call. CONFIGS lists "label=SETTING,SETTING..." ("base" with
+# nothing for the defaults), e.g.
+#   CONFIGS="base noturns=ATTN_CUDA_SM90_TURNS=off trim=ATTN_CUDA_SM90_TRIM=on
+#            trim4=ATTN_CUDA_SM90_TRIM=on,ATTN_CUDA_SM90_TILES=64:2:4"
+# Each non-base configuration runs `attn verify` first (the quick grid; the full grid for those
+# in VERIFY_FULL, and again on 3 CTAs with ATTN_CUDA_SM90_GRID=3), then all of them are timed in
+# ROUNDS interleaved rounds on SHAPES ("d:seqs:masks ...", default D=64 and 128, S=2048-16384,
+# both masks; bf16, batch x heads = 16384/S x 2048/D). Each timed call is behind an untimed
+# twin (the default lead). Expects `cargo xtask bundle` output in .device/ (carry it). Writes
+# $OUT/knobs.tgz with summary.txt.
+set -uo pipefail
+final=${OUT:-/tmp/out}; out=$final/knobs; mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ATTN_CUDA_FAMILY=hopper
+attn=.device/bin/attn
+cat .device/COMMIT > "$out/gpu.txt"; nvidia-smi --query-gpu=name,driver_version --format=csv >> "$out/gpu.txt"
+configs=${CONFIGS:-base}
+settings() { local c=$1; [[ $c == *=* ]] && echo "${c#*=}" | tr ',' ' '; }
+label() { echo "${1%%=*}"; }
+for c in $configs; do
+  [[ $c != *=* ]] && continue
+  l=$(label "$c"); grid=(--quick); [[ " ${VERIFY_FULL:-} " == *" $l "* ]] && grid=()
+  env $(settings "$c") timeout 150 $attn verify --backend cuda --json "${grid[@]}" > "$out/verify-$l.json" \
+    2> "$out/verify-$l.log"
+  echo "verify $l (${grid[*]:-full grid}): exit $? $(python3 -c "import json; print(json.load(open('$out/verify-$l.json'))['verdict'])" 2>/dev/null)"
+  if ((${#grid[@]} == 0)); then
+    env $(settings "$c") ATTN_CUDA_SM90_GRID=3 timeout 150 $attn verify --backend cuda --json > "$out/verify-$l-grid3.json" \
+      2> "$out/verify-$l-grid3.log"
+    echo "verify $l (full, 3 CTAs): exit $? $(python3 -c "import json; print(json.load(open('$out/verify-$l-grid3.json'))['verdict'])" 2>/dev/null)"
+  fi
+done
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for c in $configs; do
+    l=$(label "$c")
+    for shape in ${SHAPES:-64:2048,4096,8192,16384:none,causal 128:2048,4096,8192,16384:none,causal}; do
+      IFS=: read -r d seqs masks <<< "$shape"
+      env $(settings "$c") timeout 150 $attn bench --backend cuda --warmup 5 --iters 30 --check-rows 8 --dtypes bf16 \
+        --dims $d --seqs $seqs --masks $masks --tokens 16384 --model-dim 2048 \
+        > "$out/attn-$l-d$d-r$round.jsonl" 2> "$out/attn-$l-d$d-r$round.log"
+    done
+  done
+done
+python3 - "$out" $(for c in $configs; do label "$c"; done) <<'PY' | tee "$out/summary.txt"
+import glob, json, re, sys
+out, labels = sys.argv[1], sys.argv[2:]
+got = {}
+for p in glob.glob(f"{out}/attn-*.jsonl"):
+    l = re.match(r"attn-(.+)-d\d+-r\d+\.jsonl", p.split("/")[-1]).group(1)
+    for line in open(p):
+        r = json.loads(line)
+        if "gflops" in r:
+            key = (r["head_dim"], r["seq"], "causal" if r["causal"] else "none")
+            got.setdefault(key, {}).setdefault(l, []).append(r["gflops"] / 1e3)
+mean = lambda xs: sum(xs) / len(xs)
+print("D S mask | " + " | ".join(labels) + " | ratios to " + labels[0] + " (means of the rounds)")
+for k in sorted(got):
+    row = got[k]
+    cells = " | ".join(" / ".join(f"{x:.1f}" for x in row.get(l, [])) for l in labels)
+    ratios = " ".join(f"{mean(row[l]) / mean(row[labels[0]]):.3f}" if l in row and labels[0] in row else "-" for l in labels[1:])
+    print(f"{k[0]} {k[1]} {k[2]} | {cells} | {ratios}")
+PY
+tar -czf "$final/knobs.tgz" -C "$final" knobs
