@@ -731,9 +731,10 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// The piece's key tiles software-pipelined inside the warpgroup (the overlap and later forms):
-// S_j is issued together with P_{j-1} V_{j-1}, and S_j's softmax runs while that P V is still
-// on the tensor cores; only then is O rescaled and P_j packed. The first S and the last P V
+// This warpgroup's key tiles of the piece, [j0, j_end), software-pipelined inside the
+// warpgroup (the overlap and later forms): S_j is issued together with P_{j-1} V_{j-1}, and
+// S_j's softmax runs while that P V is still on the tensor cores; only then is O rescaled and
+// P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
 // serializes all wgmma of a kernel where it cannot tell a group is complete).
 __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
@@ -795,7 +796,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         pass_turn(c.wg);
     }
     // TRIM: the key tiles past this warpgroup's diagonal, which the other warpgroups compute.
-    // It takes the turn each would have been, and frees each stage once the stage holds that
+    // It takes the turn each would have taken, and frees each stage once the stage holds that
     // tile (an arrival before that would count towards the stage's previous use).
     for (int j = max(c.j_end, c.j0); j < c.j1; ++j, ++it) {
         await_turn(c.wg);
