@@ -41,6 +41,8 @@
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
+// The barriers, stages and turns are modelled in kernels/sm90_protocol.py (random interleavings,
+// checked for deadlocks and stale reads): run it after changing how any of them is used.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
 // come first (tile_at); both ways of handing them out take them in that order.
 
