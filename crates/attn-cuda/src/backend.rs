@@ -462,6 +462,8 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
+        let lead = knob(&self.timing_lead)?.unwrap_or(Lead::Repeat);
+        notes.push(format!("timed by CUDA events around each launch, {}", lead.describe()));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),

@@ -80,6 +80,20 @@ pub enum Lead {
 }
 
 impl Lead {
+    /// What runs ahead of a timed launch, in words (for the plan's notes).
+    pub fn describe(&self) -> String {
+        match self {
+            Lead::Idle => {
+                "nothing ahead of it (ATTN_CUDA_TIMING_LEAD=idle: the host's launch counted)".into()
+            }
+            Lead::Repeat => "each behind an untimed twin of itself (ATTN_CUDA_TIMING_LEAD=repeat)".into(),
+            Lead::Hold(span) => format!(
+                "each behind a {} us wait (ATTN_CUDA_TIMING_LEAD=hold: a rested device, faster than steady state)",
+                span.as_micros()
+            ),
+        }
+    }
+
     /// Reads `idle`, `repeat` or `hold:<microseconds>`.
     pub fn parse(text: &str) -> Option<Lead> {
         match text {
@@ -306,12 +320,14 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn leads_read_from_their_names() {
+    fn leads_read_from_their_names_and_say_what_they_are() {
         assert_eq!(Lead::parse("repeat"), Some(Lead::Repeat));
         assert_eq!(Lead::parse("idle"), Some(Lead::Idle));
         assert_eq!(Lead::parse("hold:200"), Some(Lead::Hold(Duration::from_micros(200))));
         for wrong in ["", "hold", "hold:", "hold:-1", "hold:1.5", "Repeat"] {
             assert_eq!(Lead::parse(wrong), None, "{wrong:?}");
         }
+        assert!(Lead::Repeat.describe().contains("untimed twin"));
+        assert!(Lead::Hold(Duration::from_micros(200)).describe().contains("200 us"));
     }
 }
