@@ -463,7 +463,7 @@ impl Attention for Cuda {
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
         let lead = knob(&self.timing_lead)?.unwrap_or(Lead::Repeat);
-        notes.push(format!("timed by CUDA events around each launch, {}", lead.describe()));
+        notes.push(format!("benchmarks time each launch by CUDA events, {}", lead.describe()));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),
@@ -570,20 +570,14 @@ struct CudaPrepared {
     params: Params,
     cfg: LaunchConfig,
     device_bytes: u64,
-    /// What [`Gpu::time`] queues ahead of each timed launch.
+    /// What [`Gpu::time`] queues ahead of each launch a benchmark times (`run_timed`).
     lead: Lead,
 }
 
-impl Prepared for CudaPrepared {
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Kernel time between two CUDA events, behind the lead ([`Gpu::time`]: by default an
-    /// untimed launch of the same kernel); launch and execution errors are both checked.
-    fn run(&mut self) -> Result<Duration> {
+impl CudaPrepared {
+    fn launch_timed(&mut self, lead: Lead) -> Result<Duration> {
         let (kernel, params, cfg) = (&self.kernel, &self.params, self.cfg);
-        self.dev.gpu.time(self.lead, |stream| {
+        self.dev.gpu.time(lead, |stream| {
             let mut builder = stream.launch_builder(&kernel.function);
             match params {
                 Params::Ampere(p) => builder.arg(p),
@@ -594,6 +588,24 @@ impl Prepared for CudaPrepared {
             // plan's, validated against the device's limits.
             unsafe { builder.launch(cfg) }.map(|_| ()).map_err(driver("cuLaunchKernel"))
         })
+    }
+}
+
+impl Prepared for CudaPrepared {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// One launch, timed by CUDA events around it on the idle stream (so the time also holds
+    /// the launch's way to the device); launch and execution errors are both checked.
+    fn run(&mut self) -> Result<Duration> {
+        self.launch_timed(Lead::Idle)
+    }
+
+    /// The launch timed behind the lead ([`Gpu::time`]: by default an untimed launch of the same
+    /// kernel first, so that the timed one runs back to back with it).
+    fn run_timed(&mut self) -> Result<Duration> {
+        self.launch_timed(self.lead)
     }
 
     /// Free device memory before the buffers were allocated minus after (cuMemGetInfo; the

@@ -71,7 +71,7 @@ pub enum Lead {
     /// Nothing: the start event is stamped when it reaches an idle device.
     Idle,
     /// The same work once more, untimed: the timed launch runs back to back with its twin, as
-    /// in a stream of such calls (the backend's default).
+    /// in a stream of such calls (what the backend's benchmarked runs take by default).
     Repeat,
     /// A one-thread kernel that waits this long ([`Gpu::hold`]): the host's part is not
     /// counted, but the device rests before the timed launch and starts it at a higher clock

@@ -57,8 +57,9 @@ pub struct Timing {
 pub const MIN_WARMUP: Duration = Duration::from_millis(200);
 
 /// Runs `backend` on `inputs` untimed `warmup` times and for at least `min_warmup` (see
-/// [`MIN_WARMUP`]), then `runs` times timed (the backend's own device-side timing), and leaves
-/// the output of the last run in `outputs`.
+/// [`MIN_WARMUP`]), then `runs` times timed (the backend's own device-side timing,
+/// [`attn_core::Prepared::run_timed`], the warm-up the same way), and leaves the output of the
+/// last run in `outputs`.
 pub fn time(
     backend: &dyn Attention,
     plan: &Plan,
@@ -72,10 +73,10 @@ pub fn time(
     let start = std::time::Instant::now();
     let mut warmed = 0;
     while warmed < warmup || start.elapsed() < min_warmup {
-        prepared.run()?;
+        prepared.run_timed()?;
         warmed += 1;
     }
-    let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run()).collect::<Result<_>>()?;
+    let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run_timed()).collect::<Result<_>>()?;
     prepared.read(outputs)?;
     let each_s = times.iter().map(Duration::as_secs_f64).collect();
     times.sort();
