@@ -294,8 +294,8 @@ impl Cuda {
 
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
-    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`) asks for the Hopper
-    /// kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
+    /// `_SM90_TRIM`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -381,6 +381,12 @@ impl Cuda {
         Ok((kernel, launch))
     }
 
+    /// What runs ahead of a launch a benchmark times (`ATTN_CUDA_TIMING_LEAD`; default: an
+    /// untimed twin).
+    fn lead(&self) -> Result<Lead> {
+        Ok(knob(&self.timing_lead)?.unwrap_or(Lead::Repeat))
+    }
+
     /// Whether the Hopper kernel's persistent form may split its tail (`ATTN_CUDA_SM90_SPLIT`).
     fn splits(&self) -> Result<bool> {
         Ok(knob(&self.sm90_split)?.unwrap_or(true))
@@ -462,8 +468,7 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
-        let lead = knob(&self.timing_lead)?.unwrap_or(Lead::Repeat);
-        notes.push(format!("benchmarks time each launch by CUDA events, {}", lead.describe()));
+        notes.push(format!("benchmarks time each launch by CUDA events, {}", self.lead()?.describe()));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),
@@ -541,7 +546,7 @@ impl Attention for Cuda {
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        let lead = knob(&self.timing_lead)?.unwrap_or(Lead::Repeat);
+        let lead = self.lead()?;
         Ok(Box::new(CudaPrepared {
             plan: plan.clone(),
             dev,

@@ -278,8 +278,8 @@ impl Gpu {
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
-    /// Queues a one-thread kernel that keeps the stream busy (and the device all but idle) for `span` of the device's global
-    /// timer (`kernels/hold.cu`), compiled and loaded on first use.
+    /// Queues a one-thread kernel that keeps the stream busy (and the device all but idle) for
+    /// `span` of the device's global timer (`kernels/hold.cu`), compiled and loaded on first use.
     pub fn hold(&self, span: Duration) -> Result<()> {
         let arch = self
             .arch()
