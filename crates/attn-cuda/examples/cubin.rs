@@ -59,14 +59,19 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
     };
     let head_dim: usize = d.parse().unwrap_or_else(|_| panic!("{usage}: {d} is not a number"));
     let form = hopper::Form::parse(form).unwrap_or_else(|| panic!("{usage}: {form} is not a form"));
-    let tiles = hopper::plan::tiles(head_dim, form);
+    let forced = args.iter().find_map(|a| a.strip_prefix("tiles=")).map(|t| {
+        let n: Vec<u32> = t.split(':').map(|x| x.parse().unwrap_or_else(|_| panic!("{usage}: {t}"))).collect();
+        assert_eq!(n.len(), 3, "{usage}: {t}");
+        hopper::plan::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
+    });
+    let tiles = forced.unwrap_or_else(|| hopper::plan::tiles(head_dim, form));
     let variant = hopper::Variant {
         dtype: if dtype == "bf16" { DType::Bf16 } else { DType::F16 },
         head_dim,

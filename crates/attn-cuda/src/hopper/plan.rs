@@ -27,7 +27,10 @@ pub const CONSUMER_REGISTERS: u32 = 240;
 /// waits until the registers are free, so asking for more hangs the kernel: 128 x 32 + 256 x
 /// 240, the whole 65536, hung every launch on the H100
 /// (bench/results/2026-11-25-h100-hopper-976d895); 64512 (FlashAttention-3's 24 + 2 x 240)
-/// leaves a 1024-register margin.
+/// leaves a 1024-register margin. The pool is also at most what the launch gave the CTA (its
+/// threads times the cap at entry, [`Variant::register_pool`]): with four consumers (640 threads,
+/// 96 each at entry, 61440 in all) the 112 that 64512 would leave each consumer hung every launch
+/// (bench/results/2026-11-26-h100-hopper-knobs-d4ae16f).
 pub const REGISTER_POOL: u32 = 64512;
 
 /// The fewest key tiles in a unit of the split tail ([`Split`]): a partial piece writes its O
@@ -165,10 +168,10 @@ pub struct Variant {
 
 impl Variant {
     /// Registers per consumer thread after `setmaxnreg`: what the producer's
-    /// [`PRODUCER_REGISTERS`] leave of the [`REGISTER_POOL`], in units of 8, at most
-    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three, 112 with four).
+    /// [`PRODUCER_REGISTERS`] leave of the [`Variant::register_pool`], in units of 8, at most
+    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three, 104 with four).
     pub fn consumer_registers(&self) -> u32 {
-        let left = REGISTER_POOL - 128 * PRODUCER_REGISTERS;
+        let left = self.register_pool() - 128 * PRODUCER_REGISTERS;
         CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
     }
 
@@ -286,6 +289,13 @@ impl Variant {
             cap if cap >= 255 => 255,
             cap => cap / 8 * 8, // allocated in units of 8
         }
+    }
+
+    /// The registers `setmaxnreg` may hand out in a CTA: what the launch allocated (threads times
+    /// [`Variant::register_budget`]), at most [`REGISTER_POOL`]. `setmaxnreg.inc` waits for
+    /// registers that are free in the CTA's own allocation, so asking for more hangs.
+    pub fn register_pool(&self) -> u32 {
+        REGISTER_POOL.min(self.threads() * self.register_budget())
     }
 
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
@@ -749,7 +759,7 @@ mod tests {
                 false => v.threads() * v.register_budget(),
             };
             assert!(
-                regs <= if v.reallocates_registers() { REGISTER_POOL } else { 65536 },
+                regs <= if v.reallocates_registers() { v.register_pool() } else { 65536 },
                 "{}: {regs} registers",
                 v.name()
             );
@@ -860,7 +870,7 @@ mod tests {
         let persistent =
             |tiles| choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(tiles), true);
         for (consumers, block_n, rows, threads, regs, entry) in
-            [(3, 128, 192, 512, 152, 128), (4, 64, 256, 640, 112, 96)]
+            [(3, 128, 192, 512, 152, 128), (4, 64, 256, 640, 104, 96)]
         {
             let (v, launch) = persistent(Tiles { block_n, stages: 2, consumers }).unwrap();
             assert_eq!((v.block_m(), v.threads(), launch.block[0]), (rows, threads, threads));
