@@ -59,7 +59,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -67,7 +67,8 @@ fn hopper_cubin(args: &[String]) {
     let head_dim: usize = d.parse().unwrap_or_else(|_| panic!("{usage}: {d} is not a number"));
     let form = hopper::Form::parse(form).unwrap_or_else(|| panic!("{usage}: {form} is not a form"));
     let forced = args.iter().find_map(|a| a.strip_prefix("tiles=")).map(|t| {
-        let n: Vec<u32> = t.split(':').map(|x| x.parse().unwrap_or_else(|_| panic!("{usage}: {t}"))).collect();
+        let n: Vec<u32> =
+            t.split(':').map(|x| x.parse().unwrap_or_else(|_| panic!("{usage}: {t}"))).collect();
         assert_eq!(n.len(), 3, "{usage}: {t}");
         hopper::plan::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
     });
@@ -82,6 +83,11 @@ fn hopper_cubin(args: &[String]) {
         form,
         pingpong: form >= hopper::Form::PingPong && !args.iter().any(|a| a == "noturns"),
         trim: args.iter().any(|a| a == "trim"),
+        q_slots: 1,
+    };
+    let variant = match args.iter().any(|a| a == "q2") {
+        true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),
+        false => variant,
     };
     match compile(&variant.request()) {
         Ok(c) => {

@@ -37,6 +37,11 @@
 //                   (see Piece), and a tile's partial results are merged by whichever of its
 //                   pieces ends last (merge_partials),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
+//   ATTN_Q_SLOTS    1: one Q tile in shared memory, loaded for the next piece once every
+//                   consumer has issued its last S of this one; 2 (TMA forms with O staged): two
+//                   slots, so that the producer loads the next piece's Q while this one's key
+//                   tiles still run, and O is staged in its own tile's Q slot (the slot is free
+//                   again once the TMA store has read it),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
@@ -72,6 +77,7 @@ constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
+constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -87,6 +93,7 @@ static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
+static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && TMA && O_STAGED), "two Q slots: the producer fills them, O staged in them");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -133,20 +140,21 @@ struct Params {
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
-constexpr int O_BYTES = O_STAGED ? BM * D * 2 : 0;
-constexpr int BARRIER_BYTES = 8 * (2 + 4 * STAGES) + 32;  // the mbarriers, the piece slot, merge flags
-constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
+constexpr int O_BYTES = O_STAGED && Q_SLOTS == 1 ? BM * D * 2 : 0;  // two slots: O goes out through Q's
+// The mbarriers, the piece slots (4 ints each) and the merge flags (4 ints).
+constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 16 * Q_SLOTS + 16;
+constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
-    elem_t* q;
+    elem_t* q;  // Q_SLOTS slots of Q_BYTES; piece n's Q is in slot n % Q_SLOTS
     elem_t* k;  // STAGES stages
     elem_t* v;
-    elem_t* o;  // O on its way out (O_STAGED)
-    int* piece;  // the producer's next piece for the consumers (4 ints), written before it arms q_full
+    elem_t* o;  // O on its way out (O_STAGED with one Q slot; with two, O uses its tile's)
+    int* piece;  // [Q_SLOTS][4]: the piece whose Q a slot holds, written before the producer arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
-    unsigned long long* q_full;  // Q landed
-    unsigned long long* q_empty; // every consumer thread is done reading Q and the piece slot
+    unsigned long long* q_full;  // [Q_SLOTS] Q landed
+    unsigned long long* q_empty; // [Q_SLOTS] every consumer thread is done with the Q slot and its piece
     unsigned long long* k_full;  // [STAGES]
     unsigned long long* k_empty;
     unsigned long long* v_full;
@@ -158,18 +166,19 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     unsigned char* p = raw + ((1024 - (base & 1023)) & 1023);
     Smem s;
     s.q = reinterpret_cast<elem_t*>(p);
-    s.k = reinterpret_cast<elem_t*>(p + Q_BYTES);
-    s.v = reinterpret_cast<elem_t*>(p + Q_BYTES + STAGES * KV_BYTES);
-    s.o = reinterpret_cast<elem_t*>(p + Q_BYTES + 2 * STAGES * KV_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES);
+    p += Q_SLOTS * Q_BYTES;
+    s.k = reinterpret_cast<elem_t*>(p);
+    s.v = reinterpret_cast<elem_t*>(p + STAGES * KV_BYTES);
+    s.o = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
-    s.q_empty = bars + 1;
-    s.k_full = bars + 2;
-    s.k_empty = bars + 2 + STAGES;
-    s.v_full = bars + 2 + 2 * STAGES;
-    s.v_empty = bars + 2 + 3 * STAGES;
-    s.piece = reinterpret_cast<int*>(bars + 2 + 4 * STAGES);
-    s.merge = s.piece + 4;
+    s.q_empty = bars + Q_SLOTS;
+    s.k_full = bars + 2 * Q_SLOTS;
+    s.k_empty = s.k_full + STAGES;
+    s.v_full = s.k_full + 2 * STAGES;
+    s.v_empty = s.k_full + 3 * STAGES;
+    s.piece = reinterpret_cast<int*>(s.k_full + 4 * STAGES);
+    s.merge = s.piece + 4 * Q_SLOTS;
     return s;
 }
 
@@ -252,16 +261,19 @@ __device__ __forceinline__ bool next_piece(const Params& p, Piece& pc) {
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
 
-// Waits until the consumers are done with the last piece's Q (and the slot), then names the
-// next piece in the slot. The barrier's arrival, which follows, releases the slot's stores to
-// the consumers that wait on it. `n` counts the pieces handed out.
-__device__ __forceinline__ void announce(const Smem& s, const Piece& pc, int& n) {
-    sm90::mbar_wait(s.q_empty, (n++ & 1) ^ 1);
-    volatile int* slot = s.piece;
+// Waits until the consumers are done with the Q slot of piece n (they last used it for piece
+// n - Q_SLOTS), then names piece n in the slot and returns the slot. The q_full arrival that
+// follows releases the slot's stores to the consumers that wait on it. `n` counts the pieces
+// handed out.
+__device__ __forceinline__ int announce(const Smem& s, const Piece& pc, int& n) {
+    const int q = n % Q_SLOTS;
+    sm90::mbar_wait(s.q_empty + q, ((n++ / Q_SLOTS) & 1) ^ 1);
+    volatile int* slot = s.piece + 4 * q;
     slot[0] = pc.t;
     slot[1] = pc.j0;
     slot[2] = pc.j1;
     slot[3] = pc.unit;
+    return q;
 }
 
 __device__ void produce(const Params& p, const Smem& s) {
@@ -273,18 +285,18 @@ __device__ void produce(const Params& p, const Smem& s) {
     for (int u = blockIdx.x;; u = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles) {
         Piece pc = first_piece(p, u);
         if (pc.t >= p.tiles) {
-            announce(s, pc, n);
-            sm90::mbar_arrive(s.q_full);  // no Q: the consumers read the slot and stop
+            sm90::mbar_arrive(s.q_full + announce(s, pc, n));  // no Q: the consumers read the slot and stop
             break;
         }
         do {
-            announce(s, pc, n);
+            const int q = announce(s, pc, n);
             const Tile tile = tile_at(p, pc.t);
             const int g = tile.h / (p.heads_q / p.heads_kv);
-            sm90::mbar_arrive_expect_tx(s.q_full, Q_BYTES);
+            sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(s.q + c * BM * 64, &p.q_map, s.q_full, 64 * c, tile.m0, tile.h, tile.b);
+                sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c, tile.m0,
+                                  tile.h, tile.b);
             for (int j = pc.j0; j < pc.j1; ++j, ++it) {
                 const int st = it % STAGES;
                 const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
@@ -483,8 +495,8 @@ __device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa
 // quad's 16 bytes of a row land in a chunk of their own, so a warp's stores are free of bank
 // conflicts), then one thread hands them to TMA, which skips the rows past seq_q; the thread
 // waits for its previous store to have read the buffer before anyone writes it again.
-__device__ __forceinline__ void store_output(const Params& p, const Smem& s, const Tile& tile, int wg,
-                                             int row0, float (&o)[NO], const RowState& st) {
+__device__ __forceinline__ void store_output(const Params& p, const Smem& s, elem_t* q_tile, const Tile& tile,
+                                             int wg, int row0, float (&o)[NO], const RowState& st) {
     const int t = threadIdx.x % 128, lane = threadIdx.x % 32;
     float inv[2];
 #pragma unroll
@@ -512,8 +524,11 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, con
         }
         return;
     }
-    elem_t* mine = s.o + wg * 64 * 64;  // this warpgroup's rows of each 64-column block
-    if (t == 0) sm90::bulk_wait_read();
+    // This warpgroup's rows of each 64-column block: of the O tile, whose last store must have
+    // read them; or, with two Q slots, of this piece's Q tile, which the warpgroup is done with
+    // (its last S has completed) and which the store must read before the slot is freed.
+    elem_t* mine = (Q_SLOTS == 2 ? q_tile : s.o) + wg * 64 * 64;
+    if (Q_SLOTS == 1 && t == 0) sm90::bulk_wait_read();
     sm90::named_sync(1 + wg, 128);
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's first row of the warpgroup's 64
 #pragma unroll
@@ -534,7 +549,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, con
         for (int c = 0; c < D_BLOCKS; ++c)
             sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, tile.m0 + 64 * wg, tile.h, tile.b);
         sm90::bulk_commit();
+        if (Q_SLOTS == 2) sm90::bulk_wait_read();  // the slot is read: the producer may refill it
     }
+    if (Q_SLOTS == 2) sm90::named_sync(1 + wg, 128);
 }
 
 // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs sl2 > 0
@@ -595,6 +612,7 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
+    int q_slot;        // the Q slot of this piece
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -611,11 +629,16 @@ struct Ctx {
         if (lane == 0) sm90::mbar_arrive(bar);
     }
     // One arrival per thread on Q's "empty" barrier: this thread is done with Q and with the
-    // tile slot it read, and its own arrival (a release) orders that read before the producer's
+    // piece slot it read, and its own arrival (a release) orders that read before the producer's
     // next write of the slot (racecheck found the per-warp arrival's ordering through
-    // __syncwarp wanting). Once per tile.
+    // __syncwarp wanting). Once per piece: with one Q slot, at the piece's last S (so that the
+    // next piece's Q loads under the last P V); with two, once the piece is over and its O has
+    // left the slot (free_q_slot).
     __device__ void release_q() const {
-        if (TMA) sm90::mbar_arrive(s.q_empty);
+        if (TMA && Q_SLOTS == 1) sm90::mbar_arrive(s.q_empty);
+    }
+    __device__ void free_q_slot() const {
+        if (Q_SLOTS == 2) sm90::mbar_arrive(s.q_empty + q_slot);
     }
 };
 
@@ -824,9 +847,11 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
         Piece pc;
+        const int q = n % Q_SLOTS;
+        elem_t* const q_tile = s.q + q * (Q_BYTES / 2);
         if (TMA) {
-            sm90::mbar_wait(s.q_full, n & 1);  // Q has landed, and the slot names its piece
-            const volatile int* slot = s.piece;
+            sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);  // Q has landed, and the slot names its piece
+            const volatile int* slot = s.piece + 4 * q;
             pc = Piece{slot[0], slot[1], slot[2], slot[3]};
         } else {
             pc = first_piece(p, blockIdx.x + n * gridDim.x);
@@ -841,12 +866,13 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     p.seq_k - p.seq_q,
                     tile.m0 + 64 * wg + 16 * warp + lane / 4,
                     tile.m0 + 64 * wg + 16 * warp,
-                    sm90::smem_u32(s.q) + wg * 64 * 128,
+                    sm90::smem_u32(q_tile) + wg * 64 * 128,
                     pc.j0,
                     pc.j1,
                     tile.h / (p.heads_q / p.heads_kv),
                     tile.b,
-                    TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1};
+                    TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
+                    q};
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
@@ -865,7 +891,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             sm90::fence_proxy_async();
             __syncthreads();
         }
-        if (p.scale_log2 < 0.f) negate_q_rows(s.q, wg);
+        if (p.scale_log2 < 0.f) negate_q_rows(q_tile, wg);
 
         if (pc.j1 == pc.j0) {
             c.release_q();
@@ -875,7 +901,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             mainloop_sequential(c, o, st, it);
         }
         const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
-        if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, tile, wg, c.row0, o, st);
+        if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, q_tile, tile, wg, c.row0, o, st);
+        c.free_q_slot();
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
@@ -891,8 +918,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         return;
     }
     if (threadIdx.x == 0) {
-        sm90::mbar_init(s.q_full, 1);
-        sm90::mbar_init(s.q_empty, 128 * CONSUMERS);
+        for (int i = 0; i < Q_SLOTS; ++i) {
+            sm90::mbar_init(s.q_full + i, 1);
+            sm90::mbar_init(s.q_empty + i, 128 * CONSUMERS);
+        }
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.k_full + i, 1);
             sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);

@@ -1,19 +1,22 @@
 """A model of the Hopper kernel's synchronization (kernels/flash_fwd_sm90.cu), to check a change
-to it before a GPU runs it: the producer (`produce`: the piece slot and Q's barriers, the K/V
+to it before a GPU runs it: the producer (`produce`: the piece and Q slots (one or two, with
+their barriers; with two, O is staged in its piece's Q slot), the K/V
 stages' full and empty mbarriers with their phase parities) and the consumer warpgroups
 (`consume` and `mainloop_overlapped`, with TRIM's skipped key tiles, and the ping-pong ring of
 named barriers, `await_turn` / `pass_turn`), one coroutine each, run in random interleavings
 over random pieces and per-warpgroup key-tile ends. It fails on a deadlock, on a read of a stage
-that holds another key tile, and on a turn passed twice before it was taken (the named barrier
+or Q slot that holds another key tile or piece (O's staging in the slot counts as a read), and
+on a turn passed twice before it was taken (the named barrier
 would then complete without its waiter). A warpgroup stands for its warps and threads: the
 barriers here count warpgroups. Keep it in step with the kernel when either changes.
 
     python3 crates/attn-cuda/kernels/sm90_protocol.py            # the kernel's protocol
-    python3 crates/attn-cuda/kernels/sm90_protocol.py --mutants  # three broken ones, each caught
+    python3 crates/attn-cuda/kernels/sm90_protocol.py --mutants  # four broken ones, each caught
 
 2026-11-25: 3000 random cases of 2-4 consumer warpgroups and 2-3 stages pass; freeing a skipped
 tile's stages before they hold it, a skipped piece without its turn, and Q released at the
-untrimmed end each fail.
+untrimmed end each fail. 2026-11-26: with one or two Q slots; two slots freed at the last S (as
+one slot is), before O has left the slot, fail.
 """
 import random
 import sys
@@ -55,15 +58,16 @@ def wait(cond):
         yield
 
 
-def run(seed, consumers, stages, pieces, ends, mutant=None):
+def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
     """One random interleaving; `pieces[t]` = (j0, j1), `ends[t][w]` = warpgroup w's key-tile end."""
     rnd = random.Random(seed)
     k_full, v_full = [Mbarrier(1) for _ in range(stages)], [Mbarrier(1) for _ in range(stages)]
     k_empty, v_empty = [Mbarrier(consumers) for _ in range(stages)], [Mbarrier(consumers) for _ in range(stages)]
-    q_full, q_empty = Mbarrier(1), Mbarrier(consumers)
+    q_full, q_empty = [Mbarrier(1) for _ in range(q_slots)], [Mbarrier(consumers) for _ in range(q_slots)]
     k_holds, v_holds = [None] * stages, [None] * stages  # which (piece, key tile) a stage holds
+    q_holds = [None] * q_slots  # which piece's Q (or O, staged) a Q slot holds
     turns = [NamedBarrier() for _ in range(consumers)]
-    slot = [None]
+    slot = [None] * q_slots
     stage = lambda it: it % stages
     phase = lambda it: (it // stages) & 1
 
@@ -80,10 +84,12 @@ def run(seed, consumers, stages, pieces, ends, mutant=None):
     def producer():
         it = 0
         for n, t in enumerate(range(len(pieces) + 1)):
-            yield from wait(lambda: q_empty.done((n & 1) ^ 1))
-            slot[0] = (t,) + pieces[t] if t < len(pieces) else None
-            q_full.arrive()
-            if slot[0] is None:
+            q = n % q_slots
+            yield from wait(lambda: q_empty[q].done(((n // q_slots) & 1) ^ 1))
+            slot[q] = (t,) + pieces[t] if t < len(pieces) else None
+            q_holds[q] = t
+            q_full[q].arrive()
+            if slot[q] is None:
                 return
             for j in range(*pieces[t]):
                 st, free = stage(it), phase(it) ^ 1
@@ -101,32 +107,46 @@ def run(seed, consumers, stages, pieces, ends, mutant=None):
             yield from pass_turn(w)  # warpgroup 0 issues first
         it = 0
         for n in range(len(pieces) + 1):
-            yield from wait(lambda: q_full.done(n & 1))
-            if slot[0] is None:
+            q = n % q_slots
+            yield from wait(lambda: q_full[q].done((n // q_slots) & 1))
+            if slot[q] is None:
                 break
-            t, j0, j1 = slot[0]
+            t, j0, j1 = slot[q]
             j_end = min(j1, ends[t][w])
             q_until = j1 if mutant == "q-released-late" else j_end
+            # Q is released at the piece's last S with one slot (release_q), with two at its end
+            # (free_q_slot), unless the mutant frees two slots as one.
+            early = q_slots == 1 or mutant == "two-slots-freed-at-the-last-s"
+
+            def release_q():
+                if early:
+                    q_empty[q].arrive()
+
+            def read_q():
+                assert q_holds[q] == t, f"warpgroup {w} reads Q {t} in slot {q}, which holds {q_holds[q]}"
+
             if j_end > j0:  # mainloop_computed
                 yield from wait(lambda: k_full[stage(it)].done(phase(it)))
                 yield from await_turn(w)
                 assert k_holds[stage(it)] == (t, j0), f"warpgroup {w} reads K {t, j0}: {k_holds}"
+                read_q()
                 yield from pass_turn(w)
                 k_empty[stage(it)].arrive()
                 if q_until - j0 == 1:
-                    q_empty.arrive()
+                    release_q()
                 for j in range(j0 + 1, j_end):
                     prev = it
                     it += 1
                     yield from wait(lambda: k_full[stage(it)].done(phase(it)))
                     yield from await_turn(w)
                     assert k_holds[stage(it)] == (t, j), f"warpgroup {w} reads K {t, j}: {k_holds}"
+                    read_q()
                     yield from wait(lambda: v_full[stage(prev)].done(phase(prev)))
                     assert v_holds[stage(prev)] == (t, j - 1), f"warpgroup {w} reads V {t, j - 1}: {v_holds}"
                     yield from pass_turn(w)
                     k_empty[stage(it)].arrive()
                     if j + 1 == q_until:
-                        q_empty.arrive()
+                        release_q()
                     yield
                     assert v_holds[stage(prev)] == (t, j - 1), f"V {t, j - 1} overwritten under warpgroup {w}"
                     v_empty[stage(prev)].arrive()
@@ -139,7 +159,7 @@ def run(seed, consumers, stages, pieces, ends, mutant=None):
                 v_empty[stage(it)].arrive()
                 it += 1
             else:
-                q_empty.arrive()
+                release_q()
                 if mutant != "no-turn-for-an-empty-piece":
                     yield from await_turn(w)
                     yield from pass_turn(w)
@@ -153,6 +173,12 @@ def run(seed, consumers, stages, pieces, ends, mutant=None):
                     yield from wait(lambda: v_full[stage(it)].done(phase(it)))
                 v_empty[stage(it)].arrive()
                 it += 1
+            if q_slots == 2:  # store_output stages O in the slot, the TMA store reads it
+                read_q()
+                yield
+                read_q()
+                if not early:
+                    q_empty[q].arrive()  # free_q_slot
         if w == 0:
             yield from await_turn(w)  # the last warpgroup's last arrival
 
@@ -172,7 +198,7 @@ def failures(mutant=None, cases=3000):
     failed = []
     for seed in range(cases):
         r = random.Random(seed)
-        consumers, stages = r.choice([2, 3, 4]), r.choice([2, 3])
+        consumers, stages, q_slots = r.choice([2, 3, 4]), r.choice([2, 3]), r.choice([1, 2])
         pieces, ends = [], []
         for _ in range(r.randint(1, 5)):
             j1 = r.randint(1, 6)
@@ -180,9 +206,11 @@ def failures(mutant=None, cases=3000):
             # Rows further down see more keys; some pieces untrimmed.
             ends.append([j1] * consumers if r.random() < 0.3 else sorted(r.randint(0, j1) for _ in range(consumers)))
         try:
-            run(seed, consumers, stages, pieces, ends, mutant)
+            run(seed, consumers, stages, q_slots, pieces, ends, mutant)
         except AssertionError as e:
-            failed.append(f"seed {seed}: {consumers} consumers, {stages} stages, pieces {pieces}, ends {ends}: {e}")
+            failed.append(
+                f"seed {seed}: {consumers} consumers, {stages} stages, {q_slots} Q slots, pieces {pieces}, ends {ends}: {e}"
+            )
     return failed
 
 
@@ -193,7 +221,7 @@ if __name__ == "__main__":
         print("  " + line)
     ok = not failed
     if "--mutants" in sys.argv:
-        for mutant in ["freed-before-loaded", "no-turn-for-an-empty-piece", "q-released-late"]:
+        for mutant in ["freed-before-loaded", "no-turn-for-an-empty-piece", "q-released-late", "two-slots-freed-at-the-last-s"]:
             caught = failures(mutant)
             print(f"mutant {mutant}: {len(caught)} of 3000 cases fail" + (f" (first: {caught[0]})" if caught else ""))
             ok &= bool(caught)

@@ -125,6 +125,9 @@ pub struct Cuda {
     /// Whether the Hopper kernel trims each consumer warpgroup's causal key tiles (default:
     /// no), or why `ATTN_CUDA_SM90_TRIM` could not be read.
     sm90_trim: Option<std::result::Result<bool, String>>,
+    /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
+    /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
+    sm90_q_slots: Option<std::result::Result<u32, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -189,6 +192,7 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
     /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
+    /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -232,6 +236,11 @@ impl Cuda {
         };
         let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
         let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
+        let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
+            "1" => Ok(1),
+            "2" => Ok(2),
+            _ => Err(format!("ATTN_CUDA_SM90_QSLOTS={q} is not a number of Q slots (1 or 2)")),
+        });
         let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
             Lead::parse(&t)
                 .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
@@ -245,6 +254,7 @@ impl Cuda {
             sm90_split,
             sm90_turns,
             sm90_trim,
+            sm90_q_slots,
             timing_lead,
             ..Self::default()
         }
@@ -295,7 +305,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -308,7 +318,8 @@ impl Cuda {
             || self.sm90_grid.is_some()
             || self.sm90_split.is_some()
             || self.sm90_turns.is_some()
-            || self.sm90_trim.is_some();
+            || self.sm90_trim.is_some()
+            || self.sm90_q_slots.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -329,12 +340,18 @@ impl Cuda {
         let form = knob(&self.form)?.unwrap_or(Form::Persistent);
         match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, self.splits()?)
         {
-            Ok((mut variant, launch)) => {
+            Ok((mut variant, mut launch)) => {
                 if let Some(turns) = knob(&self.sm90_turns)? {
                     variant.pingpong &= turns;
                 }
                 if let Some(trim) = knob(&self.sm90_trim)? {
                     variant.trim = trim;
+                }
+                if let Some(slots) = knob(&self.sm90_q_slots)? {
+                    // Shared memory changes with the slots: the launch is planned and checked again.
+                    variant = variant.with_q_slots(slots)?;
+                    launch = variant.launch(problem, ctas, self.splits()?);
+                    launch.validate(&variant.name(), &info.limits)?;
                 }
                 Ok(Choice::Hopper(variant, launch))
             }

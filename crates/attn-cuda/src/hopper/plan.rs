@@ -164,6 +164,11 @@ pub struct Variant {
     /// Causal, from the overlap form on: each consumer warpgroup computes only the key tiles its
     /// own 64 rows see and passes over the rest of its tile's (`ATTN_TRIM`; off unless asked).
     pub trim: bool,
+    /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
+    /// consumer has issued its last S of this one; or 2 (TMA forms, where shared memory has
+    /// room), so that the next piece's Q loads while this one's key tiles run, with O staged in
+    /// its own tile's Q slot. See [`Variant::with_q_slots`].
+    pub q_slots: u32,
 }
 
 impl Variant {
@@ -207,13 +212,15 @@ impl Variant {
     /// to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
     /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        (self.unstaged_bytes() + if self.o_staged() { self.o_bytes() } else { 0 }) as u32
+        (self.unstaged_bytes() + if self.o_staged() && self.q_slots == 1 { self.o_bytes() } else { 0 }) as u32
     }
 
     fn unstaged_bytes(&self) -> usize {
-        let q = self.block_m() * self.head_dim * 2;
+        let q = self.q_slots as usize * self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        let barriers = 8 * (2 + 4 * self.stages as usize) + 32;
+        // The mbarriers, a piece slot (4 ints) per Q slot and the merge flags (4 ints).
+        let barriers =
+            8 * (2 * self.q_slots as usize + 4 * self.stages as usize) + 16 * self.q_slots as usize + 16;
         q + kv + barriers + 1024
     }
 
@@ -223,15 +230,37 @@ impl Variant {
 
     /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
     /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
-    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB).
+    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
+    /// in its tile's Q slot.
     pub fn o_staged(&self) -> bool {
-        self.form >= Form::Tma && self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT
+        self.form >= Form::Tma
+            && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
+    }
+
+    /// This variant with `slots` Q slots, or why it cannot have them: two need a TMA form and
+    /// room for a second Q tile (where O then goes out through the Q slots, the shared memory
+    /// of O's own staging is the room it needs).
+    pub fn with_q_slots(self, slots: u32) -> Result<Variant> {
+        let v = Variant { q_slots: slots, ..self };
+        let fits = slots == 1 || (slots == 2 && self.form >= Form::Tma && v.unstaged_bytes() <= SHARED_LIMIT);
+        match fits {
+            true => Ok(v),
+            false => Err(Error::Unsupported {
+                backend: "cuda (Hopper family)".into(),
+                what: format!(
+                    "{slots} Q slots in {}: 1, or 2 in the TMA forms where two Q tiles and the K/V stages fit \
+                     {SHARED_LIMIT} bytes of shared memory ({} needed)",
+                    self.name(),
+                    v.unstaged_bytes()
+                ),
+            }),
+        }
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -240,6 +269,7 @@ impl Variant {
             self.form,
             if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
             if self.trims() { "_trim" } else { "" },
+            if self.q_slots == 2 { "_q2" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -266,6 +296,7 @@ impl Variant {
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
             ("ATTN_TRIM".into(), flag(self.trims())),
+            ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
         ]
     }
 
@@ -299,8 +330,9 @@ impl Variant {
     }
 
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
-    /// tiles in every form, both masks, both dtypes, and the trimmed causal ones
-    /// ([`Variant::trim`], whose loop ptxas once took for divergent code). Tiles forced by
+    /// tiles in every form, both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
+    /// whose loop ptxas once took for divergent code), and the persistent ones with two Q slots
+    /// ([`Variant::q_slots`]) where they fit. Tiles forced by
     /// `ATTN_CUDA_SM90_TILES` and the forms without turns are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
@@ -310,7 +342,7 @@ impl Variant {
                     for form in Form::ALL {
                         let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
                         let pingpong = form >= Form::PingPong;
-                        v.push(Variant {
+                        let mut here = vec![Variant {
                             dtype,
                             head_dim,
                             block_n,
@@ -320,13 +352,21 @@ impl Variant {
                             form,
                             pingpong,
                             trim: false,
-                        });
+                            q_slots: 1,
+                        }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
-                            v.push(Variant { block_n: long.block_n, ..v[v.len() - 1] });
+                            here.push(Variant { block_n: long.block_n, ..here[0] });
                         }
                         if causal && form >= Form::Overlap {
-                            v.push(Variant { trim: true, ..v[v.len() - 1] });
+                            here.push(Variant { trim: true, ..here[0] });
                         }
+                        // Each with two Q slots too, in the persistent form, where they fit.
+                        if form == Form::Persistent {
+                            let twins: Vec<Variant> =
+                                here.iter().filter_map(|x| x.with_q_slots(2).ok()).collect();
+                            here.extend(twins);
+                        }
+                        v.extend(here);
                     }
                 }
             }
@@ -411,8 +451,12 @@ impl Variant {
             ),
         }];
         notes.push(format!(
-            "shared memory: Q {} B, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
+            "shared memory: Q {} B{}, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
             self.block_m() * self.head_dim * 2,
+            match self.q_slots {
+                2 => " x 2 slots (the next piece's Q loads under this one's key tiles)",
+                _ => "",
+            },
             self.stages
         ));
         if self.form >= Form::Overlap {
@@ -448,6 +492,7 @@ impl Variant {
             ));
         }
         notes.push(match self.o_staged() {
+            true if self.q_slots == 2 => "O leaves through its tile's Q slot and a TMA store".into(),
             true => "O leaves through shared memory and a TMA store".into(),
             false => "O is stored from registers (no room left in shared memory to stage it)".into(),
         });
@@ -581,6 +626,7 @@ pub fn choose(
         form,
         pingpong: form >= Form::PingPong,
         trim: false,
+        q_slots: 1,
     };
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
@@ -746,6 +792,19 @@ mod tests {
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 196608 + 112 + 1024);
         assert!(!v.o_staged());
+        // Two Q slots at D=128: a second Q tile where O's staging was, O going out through them;
+        // the barriers 16 B more (the second slot's full/empty) and its piece slot 16 B.
+        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let q2 = v.with_q_slots(2).unwrap();
+        assert_eq!(q2.shared_bytes(), 163840 + 32768 + 112 + 32 + 1024);
+        assert!(q2.o_staged() && q2.name().contains("_q2") && !v.name().contains("_q2"));
+        assert!(q2.defines().contains(&("ATTN_Q_SLOTS".into(), "2".into())));
+        // Not at D=256 (Q 64 KB more would make 256 KB), nor without TMA, nor three slots.
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let err = v.with_q_slots(2).unwrap_err().to_string();
+        assert!(err.contains("2 Q slots") && err.contains("263312 needed"), "{err}");
+        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
+        assert!(v.with_q_slots(2).is_err() && v.with_q_slots(3).is_err());
         // The cp.async form is one warpgroup of 64 rows, no producer.
         let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
         assert_eq!((v.threads(), v.block_m()), (128, 64));
@@ -773,9 +832,10 @@ mod tests {
         }
         // The TMA forms: D=128 and 256 with two consumers (and D=128's 144-key tiles for the
         // persistent form without a mask), D=64 with three; each causal one from the overlap
-        // form on also trimmed (12 and 6).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 46);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 22);
+        // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
+        // D=256, where a second Q tile does not fit (8 and 6).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 54);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 28);
     }
 
     #[test]
