@@ -38,10 +38,10 @@
 //                   pieces ends last (merge_partials),
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_Q_SLOTS    1: one Q tile in shared memory, loaded for the next piece once every
-//                   consumer has issued its last S of this one; 2 (TMA forms with O staged): two
-//                   slots, so that the producer loads the next piece's Q while this one's key
-//                   tiles still run, and O is staged in its own tile's Q slot (the slot is free
-//                   again once the TMA store has read it),
+//                   consumer has issued its last S of this one; 2 (overlapped forms, O staged):
+//                   two slots, so that the producer loads the next piece's Q while this one's
+//                   key tiles still run, and O is staged in its own tile's Q slot (freed under
+//                   the next piece's first S, once the TMA store has read it),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
@@ -93,7 +93,7 @@ static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
-static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && TMA && O_STAGED), "two Q slots: the producer fills them, O staged in them");
+static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -526,7 +526,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     }
     // This warpgroup's rows of each 64-column block: of the O tile, whose last store must have
     // read them; or, with two Q slots, of this piece's Q tile, which the warpgroup is done with
-    // (its last S has completed) and which the store must read before the slot is freed.
+    // (its last S has completed) and which the store must read before the slot is freed
+    // (Ctx::free_prev_q).
     elem_t* mine = (Q_SLOTS == 2 ? q_tile : s.o) + wg * 64 * 64;
     if (Q_SLOTS == 1 && t == 0) sm90::bulk_wait_read();
     sm90::named_sync(1 + wg, 128);
@@ -549,9 +550,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
         for (int c = 0; c < D_BLOCKS; ++c)
             sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, tile.m0 + 64 * wg, tile.h, tile.b);
         sm90::bulk_commit();
-        if (Q_SLOTS == 2) sm90::bulk_wait_read();  // the slot is read: the producer may refill it
     }
-    if (Q_SLOTS == 2) sm90::named_sync(1 + wg, 128);
 }
 
 // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs sl2 > 0
@@ -612,7 +611,7 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
-    int q_slot;        // the Q slot of this piece
+    int q_prev;        // the Q slot of the last piece, to free (Q_SLOTS == 2), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -632,13 +631,19 @@ struct Ctx {
     // piece slot it read, and its own arrival (a release) orders that read before the producer's
     // next write of the slot (racecheck found the per-warp arrival's ordering through
     // __syncwarp wanting). Once per piece: with one Q slot, at the piece's last S (so that the
-    // next piece's Q loads under the last P V); with two, once the piece is over and its O has
-    // left the slot (free_q_slot).
+    // next piece's Q loads under the last P V); with two, see free_prev_q().
     __device__ void release_q() const {
         if (TMA && Q_SLOTS == 1) sm90::mbar_arrive(s.q_empty);
     }
-    __device__ void free_q_slot() const {
-        if (Q_SLOTS == 2) sm90::mbar_arrive(s.q_empty + q_slot);
+    // Two Q slots: frees the last piece's, where its O was staged, under this piece's first S.
+    // Thread 0 issued that O's TMA store and waits until it has read the slot (long since, by
+    // now: waited for at the end of the last piece, it cost D=64 2-3.5%), then the warpgroup's
+    // threads arrive, as release_q's do.
+    __device__ void free_prev_q() const {
+        if (Q_SLOTS == 1 || q_prev < 0) return;
+        if (threadIdx.x % 128 == 0) sm90::bulk_wait_read();
+        sm90::named_sync(1 + wg, 128);
+        sm90::mbar_arrive(s.q_empty + q_prev);
     }
 };
 
@@ -771,6 +776,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     begin_batch(o, pa);
     issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
     pass_turn(c.wg);
+    c.free_prev_q();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
@@ -817,6 +823,7 @@ __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, 
         mainloop_computed(c, o, st, it);
     } else {
         c.release_q();  // its rows see no key of this piece: O stays 0
+        c.free_prev_q();
         await_turn(c.wg);  // the turn its last P V would have taken
         pass_turn(c.wg);
     }
@@ -872,7 +879,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     tile.h / (p.heads_q / p.heads_kv),
                     tile.b,
                     TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
-                    q};
+                    n > 0 ? (n - 1) % Q_SLOTS : -1};
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
@@ -895,6 +902,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
 
         if (pc.j1 == pc.j0) {
             c.release_q();
+            c.free_prev_q();
         } else if (OVERLAP) {
             mainloop_overlapped(c, o, st, it);
         } else {
@@ -902,7 +910,6 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         }
         const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
         if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, q_tile, tile, wg, c.row0, o, st);
-        c.free_q_slot();
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA

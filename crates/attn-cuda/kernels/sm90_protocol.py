@@ -15,8 +15,8 @@ barriers here count warpgroups. Keep it in step with the kernel when either chan
 
 2026-11-25: 3000 random cases of 2-4 consumer warpgroups and 2-3 stages pass; freeing a skipped
 tile's stages before they hold it, a skipped piece without its turn, and Q released at the
-untrimmed end each fail. 2026-11-26: with one or two Q slots; two slots freed at the last S (as
-one slot is), before O has left the slot, fail.
+untrimmed end each fail. 2026-11-26: with one or two Q slots (two freed under the next piece's
+first S); two slots freed at the last S (as one slot is), before O has left the slot, fail.
 """
 import random
 import sys
@@ -114,13 +114,18 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
             t, j0, j1 = slot[q]
             j_end = min(j1, ends[t][w])
             q_until = j1 if mutant == "q-released-late" else j_end
-            # Q is released at the piece's last S with one slot (release_q), with two at its end
-            # (free_q_slot), unless the mutant frees two slots as one.
+            # Q is released at the piece's last S with one slot (release_q); with two, the last
+            # piece's slot under this piece's first S (free_prev_q), unless the mutant frees two
+            # slots as one.
             early = q_slots == 1 or mutant == "two-slots-freed-at-the-last-s"
 
             def release_q():
                 if early:
                     q_empty[q].arrive()
+
+            def free_prev_q():
+                if not early and n > 0:
+                    q_empty[(n - 1) % q_slots].arrive()
 
             def read_q():
                 assert q_holds[q] == t, f"warpgroup {w} reads Q {t} in slot {q}, which holds {q_holds[q]}"
@@ -131,6 +136,7 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
                 assert k_holds[stage(it)] == (t, j0), f"warpgroup {w} reads K {t, j0}: {k_holds}"
                 read_q()
                 yield from pass_turn(w)
+                free_prev_q()
                 k_empty[stage(it)].arrive()
                 if q_until - j0 == 1:
                     release_q()
@@ -160,6 +166,7 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
                 it += 1
             else:
                 release_q()
+                free_prev_q()
                 if mutant != "no-turn-for-an-empty-piece":
                     yield from await_turn(w)
                     yield from pass_turn(w)
@@ -177,8 +184,6 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
                 read_q()
                 yield
                 read_q()
-                if not early:
-                    q_empty[q].arrive()  # free_q_slot
         if w == 0:
             yield from await_turn(w)  # the last warpgroup's last arrival
 

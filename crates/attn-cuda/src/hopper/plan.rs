@@ -165,9 +165,9 @@ pub struct Variant {
     /// own 64 rows see and passes over the rest of its tile's (`ATTN_TRIM`; off unless asked).
     pub trim: bool,
     /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
-    /// consumer has issued its last S of this one; or 2 (TMA forms, where shared memory has
-    /// room), so that the next piece's Q loads while this one's key tiles run, with O staged in
-    /// its own tile's Q slot. See [`Variant::with_q_slots`].
+    /// consumer has issued its last S of this one; or 2 (overlapped forms, where shared memory
+    /// has room), so that the next piece's Q loads while this one's key tiles run, with O staged
+    /// in its own tile's Q slot. See [`Variant::with_q_slots`].
     pub q_slots: u32,
 }
 
@@ -237,18 +237,19 @@ impl Variant {
             && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
     }
 
-    /// This variant with `slots` Q slots, or why it cannot have them: two need a TMA form and
+    /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped form and
     /// room for a second Q tile (where O then goes out through the Q slots, the shared memory
     /// of O's own staging is the room it needs).
     pub fn with_q_slots(self, slots: u32) -> Result<Variant> {
         let v = Variant { q_slots: slots, ..self };
-        let fits = slots == 1 || (slots == 2 && self.form >= Form::Tma && v.unstaged_bytes() <= SHARED_LIMIT);
+        let fits =
+            slots == 1 || (slots == 2 && self.form >= Form::Overlap && v.unstaged_bytes() <= SHARED_LIMIT);
         match fits {
             true => Ok(v),
             false => Err(Error::Unsupported {
                 backend: "cuda (Hopper family)".into(),
                 what: format!(
-                    "{slots} Q slots in {}: 1, or 2 in the TMA forms where two Q tiles and the K/V stages fit \
+                    "{slots} Q slots in {}: 1, or 2 in the overlapped forms where two Q tiles and the K/V stages fit \
                      {SHARED_LIMIT} bytes of shared memory ({} needed)",
                     self.name(),
                     v.unstaged_bytes()
