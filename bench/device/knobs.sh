@@ -8,8 +8,11 @@
 # in VERIFY_FULL, and again on 3 CTAs with ATTN_CUDA_SM90_GRID=3), then all of them are timed in
 # ROUNDS interleaved rounds on SHAPES ("d:seqs:masks ...", default D=64 and 128, S=2048-16384,
 # both masks; bf16, batch x heads = 16384/S x 2048/D). Each timed call is behind an untimed
-# twin (the default lead). Expects `cargo xtask bundle` output in .device/ (carry it). Writes
-# $OUT/knobs.tgz with summary.txt.
+# twin (the default lead). PEERS="cudnn,flash" also times those PyTorch SDPA backends on the same
+# shapes in every round (bench/peers/torch_sdpa_gpu.py, its calls behind the same twin), before
+# the configurations in even rounds and after them in odd ones, and the summary gives each
+# configuration's ratio to cuDNN. Expects `cargo xtask bundle` output in .device/ (carry it).
+# Writes $OUT/knobs.tgz with summary.txt.
 set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/knobs; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -31,34 +34,49 @@ for c in $configs; do
     echo "verify $l (full, 3 CTAs): exit $? $(python3 -c "import json; print(json.load(open('$out/verify-$l-grid3.json'))['verdict'])" 2>/dev/null)"
   fi
 done
+shapes=${SHAPES:-64:2048,4096,8192,16384:none,causal 128:2048,4096,8192,16384:none,causal}
+peers() {  # round
+  [[ -z ${PEERS:-} ]] && return
+  for shape in $shapes; do
+    IFS=: read -r d seqs masks <<< "$shape"
+    timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends "$PEERS" --dtypes bf16 --dims $d --seqs $seqs \
+      --masks $masks --tokens 16384 --model-dim 2048 > "$out/peers-d$d-r$1.jsonl" 2> "$out/peers-d$d-r$1.log"
+  done
+}
 for round in $(seq 1 "${ROUNDS:-2}"); do
+  ((round % 2 == 0)) && peers $round
   for c in $configs; do
     l=$(label "$c")
-    for shape in ${SHAPES:-64:2048,4096,8192,16384:none,causal 128:2048,4096,8192,16384:none,causal}; do
+    for shape in $shapes; do
       IFS=: read -r d seqs masks <<< "$shape"
       env $(settings "$c") timeout 150 $attn bench --backend cuda --warmup 5 --iters 30 --check-rows 8 --dtypes bf16 \
         --dims $d --seqs $seqs --masks $masks --tokens 16384 --model-dim 2048 \
         > "$out/attn-$l-d$d-r$round.jsonl" 2> "$out/attn-$l-d$d-r$round.log"
     done
   done
+  ((round % 2 == 1)) && peers $round
 done
 python3 - "$out" $(for c in $configs; do label "$c"; done) <<'PY' | tee "$out/summary.txt"
 import glob, json, re, sys
 out, labels = sys.argv[1], sys.argv[2:]
 got = {}
-for p in glob.glob(f"{out}/attn-*.jsonl"):
-    l = re.match(r"attn-(.+)-d\d+-r\d+\.jsonl", p.split("/")[-1]).group(1)
+for p in sorted(glob.glob(f"{out}/attn-*.jsonl") + glob.glob(f"{out}/peers-*.jsonl")):
+    name = p.split("/")[-1]
+    l = re.match(r"attn-(.+)-d\d+-r\d+\.jsonl", name).group(1) if name.startswith("attn-") else None
     for line in open(p):
         r = json.loads(line)
         if "gflops" in r:
             key = (r["head_dim"], r["seq"], "causal" if r["causal"] else "none")
-            got.setdefault(key, {}).setdefault(l, []).append(r["gflops"] / 1e3)
+            got.setdefault(key, {}).setdefault(l or r["impl"], []).append(r["gflops"] / 1e3)
+labels += sorted({l for row in got.values() for l in row if l.startswith("sdpa-")})
 mean = lambda xs: sum(xs) / len(xs)
-print("D S mask | " + " | ".join(labels) + " | ratios to " + labels[0] + " (means of the rounds)")
+ref = "sdpa-cudnn" if "sdpa-cudnn" in labels else labels[0]
+print("D S mask | " + " | ".join(labels) + f" | ratios to {ref} (means of the rounds, TFLOP/s per round)")
 for k in sorted(got):
     row = got[k]
     cells = " | ".join(" / ".join(f"{x:.1f}" for x in row.get(l, [])) for l in labels)
-    ratios = " ".join(f"{mean(row[l]) / mean(row[labels[0]]):.3f}" if l in row and labels[0] in row else "-" for l in labels[1:])
+    ratios = " ".join(f"{l} {mean(row[l]) / mean(row[ref]):.3f}" if l in row and ref in row else "-"
+                      for l in labels if l != ref)
     print(f"{k[0]} {k[1]} {k[2]} | {cells} | {ratios}")
 PY
 tar -czf "$final/knobs.tgz" -C "$final" knobs
