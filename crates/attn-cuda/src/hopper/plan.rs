@@ -549,6 +549,19 @@ pub fn long_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
     }
 }
 
+/// How many Q slots ([`Variant::q_slots`]) a variant of `form` takes by default: two at D = 128
+/// without a mask in the persistent form, where loading the next piece's Q under this one's key
+/// tiles was measured faster at S = 2048 and 4096 (1.5-3.4%, two runs on the H100 of four and
+/// three interleaved rounds: bench/results/2026-11-26-h100-hopper-qslots-a9e155f and
+/// -targets-e5b4086) and even at S = 8192 and 16384; one elsewhere, where two were even or slower
+/// (D = 64 without a mask 1.5-4% slower, causal within 2% either way).
+pub fn q_slots_for(head_dim: usize, causal: bool, form: Form) -> u32 {
+    match (head_dim, causal, form) {
+        (128, false, Form::Persistent) => 2,
+        _ => 1,
+    }
+}
+
 /// What a key of a [`long_tiles`] tile costs against one of [`tiles`]' (per 1000): 1.5% less,
 /// as measured at S = 8192 (where 144-key tiles waste 0.2% of their keys and 128-key ones none).
 const LONG_TILE_COST_PER_MILLE: usize = 985;
@@ -629,6 +642,8 @@ pub fn choose(
         trim: false,
         q_slots: 1,
     };
+    // Two slots where they are the default and fit (forced tiles may leave no room).
+    let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
     Ok((variant, launch))
@@ -782,10 +797,11 @@ mod tests {
 
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
-        // D=128: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O staged (32
-        // KB), the barriers (8 B each: Q full/empty, 4 per stage), the piece slot and merge flags (32 B) and 1 KB
-        // of alignment slack.
-        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        // D=128, causal: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O
+        // staged (32 KB), the barriers (8 B each: Q full/empty, 4 per stage), the piece slot and
+        // merge flags (32 B) and 1 KB of alignment slack.
+        let (v, _) =
+            choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 163840 + 32768 + 112 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
@@ -793,13 +809,24 @@ mod tests {
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 196608 + 112 + 1024);
         assert!(!v.o_staged());
-        // Two Q slots at D=128: a second Q tile where O's staging was, O going out through them;
-        // the barriers 16 B more (the second slot's full/empty) and its piece slot 16 B.
-        let (v, _) = choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        let q2 = v.with_q_slots(2).unwrap();
+        // Two Q slots (D=128 without a mask, by default): a second Q tile where O's staging was, O
+        // going out through them; the barriers 16 B more (the second slot's full/empty) and its
+        // piece slot 16 B.
+        let (q2, _) =
+            choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(q2.shared_bytes(), 163840 + 32768 + 112 + 32 + 1024);
         assert!(q2.o_staged() && q2.name().contains("_q2") && !v.name().contains("_q2"));
         assert!(q2.defines().contains(&("ATTN_Q_SLOTS".into(), "2".into())));
+        assert_eq!(q2.with_q_slots(1).unwrap(), Variant { q_slots: 1, ..q2 });
+        // Only there: not causal, not at D=64, not in the other forms.
+        for (p, form) in [
+            (problem(128).causal(), Form::Persistent),
+            (problem(64), Form::Persistent),
+            (problem(128), Form::PingPong),
+        ] {
+            let (v, _) = choose(&p, &DeviceLimits::h100(), 132, form, None, true).unwrap();
+            assert_eq!(v.q_slots, 1, "{}", v.name());
+        }
         // Not at D=256 (Q 64 KB more would make 256 KB), nor without TMA, nor three slots.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         let err = v.with_q_slots(2).unwrap_err().to_string();
