@@ -40,14 +40,8 @@
 //   ATTN_Q_SLOTS    1: one Q tile in shared memory, loaded for the next piece once every
 //                   consumer has issued its last S of this one; 2 (overlapped forms, O staged):
 //                   two slots, so that the producer loads the next piece's Q while this one's
-//                   key tiles still run,
-//   ATTN_O_IN_Q     1 (two Q slots, where shared memory has no room for O's own tile): O is
-//                   staged in its own piece's Q slot, freed under the next piece's first S once
-//                   the TMA store has read it (free_prev_q); 0: a slot is freed at the piece's
-//                   last S, as the one slot is,
-//   ATTN_STREAM     1 (two Q slots, O's own tile, overlapped, no split tail or trim): a consumer
-//                   warpgroup's pieces run as one stream of key tiles, the next piece's first S
-//                   issued with this one's last P V (consume_streamed),
+//                   key tiles still run, and O is staged in its own tile's Q slot (freed under
+//                   the next piece's first S, once the TMA store has read it),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
@@ -84,8 +78,6 @@ constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
-constexpr bool O_IN_Q = ATTN_O_IN_Q;
-constexpr bool STREAM = ATTN_STREAM;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -101,9 +93,7 @@ static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
-static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged");
-static_assert(!O_IN_Q || Q_SLOTS == 2, "O staged in the Q slots: two of them");
-static_assert(!STREAM || (Q_SLOTS == 2 && !O_IN_Q && !SPLIT_TAIL && !TRIM), "a stream of pieces: the next Q loaded, O's own tile");
+static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -150,7 +140,7 @@ struct Params {
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
-constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;
+constexpr int O_BYTES = O_STAGED && Q_SLOTS == 1 ? BM * D * 2 : 0;  // two slots: O goes out through Q's
 // The mbarriers, the piece slots (4 ints each) and the merge flags (4 ints).
 constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 16 * Q_SLOTS + 16;
 constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
@@ -160,7 +150,7 @@ struct Smem {
     elem_t* q;  // Q_SLOTS slots of Q_BYTES; piece n's Q is in slot n % Q_SLOTS
     elem_t* k;  // STAGES stages
     elem_t* v;
-    elem_t* o;  // O on its way out (O_STAGED; with O_IN_Q, O uses its piece's Q slot instead)
+    elem_t* o;  // O on its way out (O_STAGED with one Q slot; with two, O uses its tile's)
     int* piece;  // [Q_SLOTS][4]: the piece whose Q a slot holds, written before the producer arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // [Q_SLOTS] Q landed
@@ -535,11 +525,11 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
         return;
     }
     // This warpgroup's rows of each 64-column block: of the O tile, whose last store must have
-    // read them; or, with O_IN_Q, of this piece's Q tile, which the warpgroup is done with
+    // read them; or, with two Q slots, of this piece's Q tile, which the warpgroup is done with
     // (its last S has completed) and which the store must read before the slot is freed
     // (Ctx::free_prev_q).
-    elem_t* mine = (O_IN_Q ? q_tile : s.o) + wg * 64 * 64;
-    if (!O_IN_Q && t == 0) sm90::bulk_wait_read();
+    elem_t* mine = (Q_SLOTS == 2 ? q_tile : s.o) + wg * 64 * 64;
+    if (Q_SLOTS == 1 && t == 0) sm90::bulk_wait_read();
     sm90::named_sync(1 + wg, 128);
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's first row of the warpgroup's 64
 #pragma unroll
@@ -621,8 +611,7 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
-    int q_slot;        // this piece's Q slot
-    int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
+    int q_prev;        // the Q slot of the last piece, to free (Q_SLOTS == 2), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -641,17 +630,17 @@ struct Ctx {
     // One arrival per thread on Q's "empty" barrier: this thread is done with Q and with the
     // piece slot it read, and its own arrival (a release) orders that read before the producer's
     // next write of the slot (racecheck found the per-warp arrival's ordering through
-    // __syncwarp wanting). Once per piece, at the piece's last S (so that a Q loads under the
-    // last P V); with O_IN_Q see free_prev_q().
+    // __syncwarp wanting). Once per piece: with one Q slot, at the piece's last S (so that the
+    // next piece's Q loads under the last P V); with two, see free_prev_q().
     __device__ void release_q() const {
-        if (TMA && !O_IN_Q) sm90::mbar_arrive(s.q_empty + q_slot);
+        if (TMA && Q_SLOTS == 1) sm90::mbar_arrive(s.q_empty);
     }
-    // O_IN_Q: frees the last piece's Q slot, where its O was staged, under this piece's first S.
+    // Two Q slots: frees the last piece's, where its O was staged, under this piece's first S.
     // Thread 0 issued that O's TMA store and waits until it has read the slot (long since, by
     // now: waited for at the end of the last piece, it cost D=64 2-3.5%), then the warpgroup's
     // threads arrive, as release_q's do.
     __device__ void free_prev_q() const {
-        if (!O_IN_Q || q_prev < 0) return;
+        if (Q_SLOTS == 1 || q_prev < 0) return;
         if (threadIdx.x % 128 == 0) sm90::bulk_wait_read();
         sm90::named_sync(1 + wg, 128);
         sm90::mbar_arrive(s.q_empty + q_prev);
@@ -859,48 +848,38 @@ __device__ __forceinline__ int trimmed_end(const Params& p, const Tile& tile, co
     return __reduce_min_sync(0xffffffffu, min(pc.j1, visible_key_tiles(p, tile.m0 + 64 * (wg + 1))));
 }
 
-// Piece n of this CTA: its Q has landed in slot n % Q_SLOTS, and the slot names it (TMA forms).
-__device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n) {
-    if (!TMA) return first_piece(p, blockIdx.x + n * gridDim.x);
-    const int q = n % Q_SLOTS;
-    sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
-    const volatile int* slot = s.piece + 4 * q;
-    return Piece{slot[0], slot[1], slot[2], slot[3]};
-}
-
-__device__ __forceinline__ elem_t* q_tile_of(const Smem& s, int n) {
-    return s.q + (n % Q_SLOTS) * (Q_BYTES / 2);
-}
-
-__device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, const Piece& pc, const Tile& tile, int n) {
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    return Ctx{p,
-               s,
-               wg,
-               lane,
-               fmaxf(fabsf(p.scale_log2), 1e-30f),
-               p.seq_k - p.seq_q,
-               tile.m0 + 64 * wg + 16 * warp + lane / 4,
-               tile.m0 + 64 * wg + 16 * warp,
-               sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
-               pc.j0,
-               pc.j1,
-               tile.h / (p.heads_q / p.heads_kv),
-               tile.b,
-               TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
-               n % Q_SLOTS,
-               n > 0 ? (n - 1) % Q_SLOTS : -1};
-}
-
 __device__ void consume(const Params& p, const Smem& s, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
-        const Piece pc = take_piece(p, s, n);
+        Piece pc;
+        const int q = n % Q_SLOTS;
+        elem_t* const q_tile = s.q + q * (Q_BYTES / 2);
+        if (TMA) {
+            sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);  // Q has landed, and the slot names its piece
+            const volatile int* slot = s.piece + 4 * q;
+            pc = Piece{slot[0], slot[1], slot[2], slot[3]};
+        } else {
+            pc = first_piece(p, blockIdx.x + n * gridDim.x);
+        }
         if (pc.t >= p.tiles) break;
         const Tile tile = tile_at(p, pc.t);
-        elem_t* const q_tile = q_tile_of(s, n);
-        const Ctx c = context(p, s, wg, pc, tile, n);
+        const Ctx c{p,
+                    s,
+                    wg,
+                    lane,
+                    fmaxf(fabsf(p.scale_log2), 1e-30f),
+                    p.seq_k - p.seq_q,
+                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
+                    tile.m0 + 64 * wg + 16 * warp,
+                    sm90::smem_u32(q_tile) + wg * 64 * 128,
+                    pc.j0,
+                    pc.j1,
+                    tile.h / (p.heads_q / p.heads_kv),
+                    tile.b,
+                    TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
+                    n > 0 ? (n - 1) % Q_SLOTS : -1};
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
@@ -937,120 +916,6 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
 }
 
-// STREAM: this warpgroup's pieces as one stream of key tiles. The next piece's first S is issued
-// with this piece's last P V, in one turn, and its softmax runs while that P V is on the tensor
-// cores; only then is this piece's O stored and the next one's begun. In consume(), a piece
-// starts with an S whose softmax nothing hides and ends with a P V and a store nothing overlaps,
-// and all the consumer warpgroups of the CTA reach those at the same time. The next piece's Q
-// is in the other slot by then (the producer loaded it once its slot's last S was issued).
-__device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
-    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
-    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    int n = 0;   // pieces of this CTA so far
-    Piece pc = take_piece(p, s, 0);
-    if (pc.t < p.tiles) {
-        Tile tile = tile_at(p, pc.t);
-        float o[NO];
-#pragma unroll
-        for (int i = 0; i < NO; ++i) o[i] = 0.f;
-        RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-        unsigned pa[BN / 16][4];
-        float sc[NS];
-        float alpha[2];
-        bool begun = false;  // the piece's first S was issued with the last piece's last P V
-        for (;;) {
-            const Ctx c = context(p, s, wg, pc, tile, n);
-            if (!begun) {
-                if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n), wg);
-                if (c.j1 > c.j0) {  // the first S, as mainloop_computed issues it
-                    sm90::mbar_wait(s.k_full + Ctx::stage(it), Ctx::phase(it));
-                    await_turn(wg);
-                    begin_batch(o, pa);
-                    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
-                    pass_turn(wg);
-                    sm90::wgmma_wait<0>();
-                    sm90::fence_regs(sc);
-                    c.release(s.k_empty + Ctx::stage(it));
-                    if (c.j_end - c.j0 == 1) c.release_q();
-                    softmax_step(c, sc, st, c.j0, alpha);
-                    to_fragments(sc, pa);
-                } else {
-                    c.release_q();  // no key tile: O stays 0
-                }
-            }
-            for (int j = c.j0 + 1; j < c.j_end; ++j) {  // as in mainloop_computed
-                const int prev = it++;
-                sm90::mbar_wait(s.k_full + Ctx::stage(it), Ctx::phase(it));
-                await_turn(wg);
-                begin_batch(o, pa);
-                issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
-                sm90::mbar_wait(s.v_full + Ctx::stage(prev), Ctx::phase(prev));
-                begin_batch(o, pa);
-                issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
-                pass_turn(wg);
-                sm90::wgmma_wait<1>();
-                sm90::fence_regs(sc);
-                c.release(s.k_empty + Ctx::stage(it));
-                if (j + 1 == c.j_end) c.release_q();
-                const bool moved = softmax_step(c, sc, st, j, alpha);
-                sm90::wgmma_wait<0>();
-                sm90::fence_regs(o);
-                c.release(s.v_empty + Ctx::stage(prev));
-                if (moved) rescale(o, alpha);
-                to_fragments(sc, pa);
-            }
-            // The piece's last P V; the next piece's first S with it where there is one.
-            const Piece next = take_piece(p, s, n + 1);  // outside any turn: its Q has landed
-            const bool streams = c.j1 > c.j0 && next.t < p.tiles && next.j1 > next.j0;
-            const Tile next_tile = tile_at(p, next.t < p.tiles ? next.t : 0);
-            const Ctx nc = context(p, s, wg, next, next_tile, n + 1);
-            RowState next_st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-            if (streams) {
-                if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n + 1), wg);
-                const int prev = it++;
-                sm90::mbar_wait(s.k_full + Ctx::stage(it), Ctx::phase(it));
-                await_turn(wg);
-                begin_batch(o, pa);
-                issue_qk(sc, nc.q_smem, nc.k_smem(Ctx::stage(it)));
-                sm90::mbar_wait(s.v_full + Ctx::stage(prev), Ctx::phase(prev));
-                begin_batch(o, pa);
-                issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
-                pass_turn(wg);
-                sm90::wgmma_wait<1>();
-                sm90::fence_regs(sc);
-                c.release(s.k_empty + Ctx::stage(it));
-                if (nc.j_end - nc.j0 == 1) nc.release_q();
-                softmax_step(nc, sc, next_st, nc.j0, alpha);  // the next piece's O is 0: no rescale
-                sm90::wgmma_wait<0>();
-                sm90::fence_regs(o);
-                c.release(s.v_empty + Ctx::stage(prev));
-            } else if (c.j1 > c.j0) {
-                sm90::mbar_wait(s.v_full + Ctx::stage(it), Ctx::phase(it));
-                await_turn(wg);
-                begin_batch(o, pa);
-                issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
-                pass_turn(wg);
-                sm90::wgmma_wait<0>();
-                sm90::fence_regs(o);
-                c.release(s.v_empty + Ctx::stage(it));
-                ++it;
-            }
-            store_output(p, s, q_tile_of(s, n), tile, wg, c.row0, o, st);
-            if (next.t >= p.tiles) break;
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-            st = next_st;
-            if (streams) to_fragments(sc, pa);
-            begun = streams;
-            pc = next;
-            tile = next_tile;
-            ++n;
-        }
-    }
-    if (threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
-    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
@@ -1079,10 +944,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         if (threadIdx.x % 128 == 0) produce(p, s);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
-        if (STREAM) {
-            consume_streamed(p, s, wg);
-        } else {
-            consume(p, s, wg);
-        }
+        consume(p, s, wg);
     }
 }

@@ -128,9 +128,6 @@ pub struct Cuda {
     /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
     /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
     sm90_q_slots: Option<std::result::Result<u32, String>>,
-    /// Whether the Hopper kernel streams a warpgroup's pieces (default: the plan's), or why
-    /// `ATTN_CUDA_SM90_STREAM` could not be read.
-    sm90_stream: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -196,7 +193,6 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
-    /// `ATTN_CUDA_SM90_STREAM=on|off` (see `hopper::Variant::stream`),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -240,7 +236,6 @@ impl Cuda {
         };
         let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
         let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
-        let sm90_stream = on_off("ATTN_CUDA_SM90_STREAM");
         let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
             "1" => Ok(1),
             "2" => Ok(2),
@@ -260,7 +255,6 @@ impl Cuda {
             sm90_turns,
             sm90_trim,
             sm90_q_slots,
-            sm90_stream,
             timing_lead,
             ..Self::default()
         }
@@ -311,7 +305,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_STREAM`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -325,8 +319,7 @@ impl Cuda {
             || self.sm90_split.is_some()
             || self.sm90_turns.is_some()
             || self.sm90_trim.is_some()
-            || self.sm90_q_slots.is_some()
-            || self.sm90_stream.is_some();
+            || self.sm90_q_slots.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -359,20 +352,6 @@ impl Cuda {
                     variant = variant.with_q_slots(slots)?;
                     launch = variant.launch(problem, ctas, self.splits()?);
                     launch.validate(&variant.name(), &info.limits)?;
-                }
-                if let Some(stream) = knob(&self.sm90_stream)? {
-                    variant.stream = stream;
-                    if stream && !variant.streams() {
-                        return Err(Error::Unsupported {
-                            backend: "cuda (Hopper family)".into(),
-                            what: format!(
-                                "streaming the pieces of {}: it needs two Q slots with room for O's own tile \
-                                 (ATTN_CUDA_SM90_QSLOTS=2; not at D=128 or 256), an overlapped form, no trim, and \
-                                 a causal mask in the persistent form (whose tail is split otherwise)",
-                                variant.name()
-                            ),
-                        });
-                    }
                 }
                 Ok(Choice::Hopper(variant, launch))
             }

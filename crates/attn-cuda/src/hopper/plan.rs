@@ -167,11 +167,8 @@ pub struct Variant {
     /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
     /// consumer has issued its last S of this one; or 2 (overlapped forms, where shared memory
     /// has room), so that the next piece's Q loads while this one's key tiles run, with O staged
-    /// in its own tile's Q slot where there is no room for O's own. See [`Variant::with_q_slots`].
+    /// in its own tile's Q slot. See [`Variant::with_q_slots`].
     pub q_slots: u32,
-    /// A consumer warpgroup's pieces as one stream of key tiles (`ATTN_STREAM`, where
-    /// [`Variant::streams`]): the next piece's first S issued with this one's last P V.
-    pub stream: bool,
 }
 
 impl Variant {
@@ -215,25 +212,7 @@ impl Variant {
     /// to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
     /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        (self.unstaged_bytes() + if self.o_staged() && !self.o_in_q() { self.o_bytes() } else { 0 }) as u32
-    }
-
-    /// Whether O is staged in its piece's Q slot: with two slots, where shared memory has no
-    /// room for O's own tile next to them (D = 128).
-    pub fn o_in_q(&self) -> bool {
-        self.q_slots == 2 && self.unstaged_bytes() + self.o_bytes() > SHARED_LIMIT
-    }
-
-    /// Whether the kernel streams its pieces ([`Variant::stream`] where it applies): two Q
-    /// slots with O's own tile, an overlapped form, no trim, and no split tail (causal, or not
-    /// the persistent form).
-    pub fn streams(&self) -> bool {
-        self.stream
-            && self.q_slots == 2
-            && !self.o_in_q()
-            && self.form >= Form::Overlap
-            && !self.trims()
-            && (self.causal || self.form < Form::Persistent)
+        (self.unstaged_bytes() + if self.o_staged() && self.q_slots == 1 { self.o_bytes() } else { 0 }) as u32
     }
 
     fn unstaged_bytes(&self) -> usize {
@@ -291,11 +270,7 @@ impl Variant {
             self.form,
             if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
             if self.trims() { "_trim" } else { "" },
-            match (self.q_slots, self.streams()) {
-                (2, true) => "_q2_stream",
-                (2, false) => "_q2",
-                _ => "",
-            },
+            if self.q_slots == 2 { "_q2" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -323,8 +298,6 @@ impl Variant {
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
             ("ATTN_TRIM".into(), flag(self.trims())),
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
-            ("ATTN_O_IN_Q".into(), flag(self.o_in_q())),
-            ("ATTN_STREAM".into(), flag(self.streams())),
         ]
     }
 
@@ -381,7 +354,6 @@ impl Variant {
                             pingpong,
                             trim: false,
                             q_slots: 1,
-                            stream: false,
                         }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -390,17 +362,10 @@ impl Variant {
                             here.push(Variant { trim: true, ..here[0] });
                         }
                         // Each with two Q slots too, in the persistent form, where they fit.
-                        // and, where they apply, streaming their pieces.
                         if form == Form::Persistent {
                             let twins: Vec<Variant> =
                                 here.iter().filter_map(|x| x.with_q_slots(2).ok()).collect();
-                            let streamed: Vec<Variant> = twins
-                                .iter()
-                                .map(|x| Variant { stream: true, ..*x })
-                                .filter(Variant::streams)
-                                .collect();
                             here.extend(twins);
-                            here.extend(streamed);
                         }
                         v.extend(here);
                     }
@@ -676,7 +641,6 @@ pub fn choose(
         pingpong: form >= Form::PingPong,
         trim: false,
         q_slots: 1,
-        stream: false,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
@@ -845,19 +809,13 @@ mod tests {
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 196608 + 112 + 1024);
         assert!(!v.o_staged());
-        // Two Q slots (D=128 without a mask, by default): a second Q tile, O's own still fits
-        // (225 KB of 227); the barriers 16 B more (the second slot's full/empty) and its piece
-        // slot 16 B. With 144-key tiles (S = 8192 and up) O has no room of its own and is staged
-        // in the Q slots.
+        // Two Q slots (D=128 without a mask, by default): a second Q tile where O's staging was, O
+        // going out through them; the barriers 16 B more (the second slot's full/empty) and its
+        // piece slot 16 B.
         let (q2, _) =
             choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert_eq!(q2.shared_bytes(), 163840 + 32768 + 32768 + 112 + 32 + 1024);
-        assert!(q2.o_staged() && !q2.o_in_q() && q2.name().contains("_q2") && !v.name().contains("_q2"));
-        let long = Problem::new(Shape::new(1, 16, 16384, 128), DType::Bf16);
-        let (q2_long, _) = choose(&long, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert_eq!((q2_long.block_n, q2_long.q_slots), (144, 2));
-        assert!(q2_long.o_staged() && q2_long.o_in_q());
-        assert_eq!(q2_long.shared_bytes(), 2 * 32768 + 147456 + 112 + 32 + 1024);
+        assert_eq!(q2.shared_bytes(), 163840 + 32768 + 112 + 32 + 1024);
+        assert!(q2.o_staged() && q2.name().contains("_q2") && !v.name().contains("_q2"));
         assert!(q2.defines().contains(&("ATTN_Q_SLOTS".into(), "2".into())));
         assert_eq!(q2.with_q_slots(1).unwrap(), Variant { q_slots: 1, ..q2 });
         // Only there: not causal, not at D=64, not in the other forms.
@@ -903,11 +861,9 @@ mod tests {
         // The TMA forms: D=128 and 256 with two consumers (and D=128's 144-key tiles for the
         // persistent form without a mask), D=64 with three; each causal one from the overlap
         // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
-        // D=256, where a second Q tile does not fit (8 and 6); and streamed (2 and 2).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 56);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 30);
-        // The causal ones with two slots also streamed (not trimmed): D=64 and 128, two dtypes.
-        assert_eq!(Variant::all().iter().filter(|v| v.streams()).count(), 4);
+        // D=256, where a second Q tile does not fit (8 and 6).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 54);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 28);
     }
 
     #[test]
