@@ -551,10 +551,11 @@ pub fn long_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
 
 /// How many Q slots ([`Variant::q_slots`]) a variant of `form` takes by default: two at D = 128
 /// without a mask in the persistent form, where loading the next piece's Q under this one's key
-/// tiles was measured faster at S = 2048 and 4096 (1.5-3.4%, two runs on the H100 of four and
-/// three interleaved rounds: bench/results/2026-11-26-h100-hopper-qslots-a9e155f and
-/// -targets-e5b4086) and even at S = 8192 and 16384; one elsewhere, where two were even or slower
-/// (D = 64 without a mask 1.5-4% slower, causal within 2% either way).
+/// tiles was measured a little faster at S = 2048 (1.5-3.4% by the means of two runs on the H100,
+/// of three and four interleaved rounds: bench/results/2026-11-26-h100-hopper-qslots-a9e155f and
+/// -targets-e5b4086) and at S = 4096 by 1.7-2.7% (0-1.3% by the medians: one fast round) and
+/// even at S = 8192 and 16384; one elsewhere, where two were even or slower (D = 64 without a
+/// mask 1.5-4% slower, causal within 2% either way). A small gain, near the rounds' spread.
 pub fn q_slots_for(head_dim: usize, causal: bool, form: Form) -> u32 {
     match (head_dim, causal, form) {
         (128, false, Form::Persistent) => 2,
