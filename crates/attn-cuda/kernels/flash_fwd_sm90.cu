@@ -43,6 +43,10 @@
 //                   key tiles still run, and O is staged in its own tile's Q slot (freed under
 //                   the next piece's first S, once the TMA store has read it),
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
+//   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
+//                   the block that S % BM leaves short is the first, whose rows see the fewest
+//                   keys, not the last, whose see the most (its rows before 0 are TMA's zero
+//                   fill on load and skipped on store); 0: blocks start at row 0,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
@@ -77,6 +81,7 @@ constexpr bool PINGPONG = ATTN_PINGPONG;
 constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
+constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
@@ -93,6 +98,7 @@ static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
 static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
+static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
@@ -214,7 +220,8 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     Tile tile;
     tile.b = bh / p.heads_q;
     tile.h = bh % p.heads_q;
-    tile.m0 = qb * BM;
+    // BOTTOM: the first block starts before row 0 where BM does not divide seq_q.
+    tile.m0 = BOTTOM ? p.seq_q - (p.q_blocks - qb) * BM : qb * BM;
     tile.n_kv = CAUSAL ? visible_key_tiles(p, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
     return tile;
 }
@@ -504,7 +511,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
         const float sum = quad_sum(st.sum[r]);
         inv[r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
         const int row = row0 + 8 * r;
-        if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+        if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < p.seq_q) {
             p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
                 sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
         }

@@ -128,6 +128,9 @@ pub struct Cuda {
     /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
     /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
     sm90_q_slots: Option<std::result::Result<u32, String>>,
+    /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default) or
+    /// from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
+    sm90_bottom: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -193,6 +196,7 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
+    /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -236,6 +240,11 @@ impl Cuda {
         };
         let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
         let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
+        let sm90_bottom = var("ATTN_CUDA_SM90_BLOCKS").map(|b| match b.as_str() {
+            "bottom" => Ok(true),
+            "top" => Ok(false),
+            _ => Err(format!("ATTN_CUDA_SM90_BLOCKS={b} is not bottom or top")),
+        });
         let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
             "1" => Ok(1),
             "2" => Ok(2),
@@ -255,6 +264,7 @@ impl Cuda {
             sm90_turns,
             sm90_trim,
             sm90_q_slots,
+            sm90_bottom,
             timing_lead,
             ..Self::default()
         }
@@ -305,7 +315,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -319,7 +329,8 @@ impl Cuda {
             || self.sm90_split.is_some()
             || self.sm90_turns.is_some()
             || self.sm90_trim.is_some()
-            || self.sm90_q_slots.is_some();
+            || self.sm90_q_slots.is_some()
+            || self.sm90_bottom.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -346,6 +357,9 @@ impl Cuda {
                 }
                 if let Some(trim) = knob(&self.sm90_trim)? {
                     variant.trim = trim;
+                }
+                if let Some(bottom) = knob(&self.sm90_bottom)? {
+                    variant.bottom = bottom;
                 }
                 if let Some(slots) = knob(&self.sm90_q_slots)? {
                     // Shared memory changes with the slots: the launch is planned and checked again.

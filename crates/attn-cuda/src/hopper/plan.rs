@@ -169,6 +169,10 @@ pub struct Variant {
     /// has room), so that the next piece's Q loads while this one's key tiles run, with O staged
     /// in its own tile's Q slot. See [`Variant::with_q_slots`].
     pub q_slots: u32,
+    /// Causal, persistent form, O staged: a head's query blocks end at its last row, so that
+    /// the block `seq_q % block_m` leaves short is the first (whose rows see the fewest keys), not
+    /// the last (whose rows see the most); `ATTN_BOTTOM`, see [`Variant::bottoms`].
+    pub bottom: bool,
 }
 
 impl Variant {
@@ -178,6 +182,13 @@ impl Variant {
     pub fn consumer_registers(&self) -> u32 {
         let left = self.register_pool() - 128 * PRODUCER_REGISTERS;
         CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
+    }
+
+    /// Whether the kernel lays its query blocks from the bottom ([`Variant::bottom`] where it
+    /// applies: causal, the persistent form, O staged by TMA, which skips the rows before 0 as
+    /// its loads fill them with zeros).
+    pub fn bottoms(&self) -> bool {
+        self.bottom && self.causal && self.form == Form::Persistent && self.o_staged()
     }
 
     /// Whether the kernel trims each warpgroup's key tiles ([`Variant::trim`] where it applies).
@@ -261,7 +272,7 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -271,6 +282,7 @@ impl Variant {
             if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
             if self.trims() { "_trim" } else { "" },
             if self.q_slots == 2 { "_q2" } else { "" },
+            if self.bottoms() { "_bottom" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -298,6 +310,7 @@ impl Variant {
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
             ("ATTN_TRIM".into(), flag(self.trims())),
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
+            ("ATTN_BOTTOM".into(), flag(self.bottoms())),
         ]
     }
 
@@ -354,6 +367,7 @@ impl Variant {
                             pingpong,
                             trim: false,
                             q_slots: 1,
+                            bottom: true,
                         }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -488,8 +502,12 @@ impl Variant {
         }
         if self.causal && self.form >= Form::Tma {
             notes.push(format!(
-                "causal tile order: longest first within groups of {} heads, whose K and V fit L2",
-                super::launch::head_group(problem)
+                "causal tile order: longest first within groups of {} heads, whose K and V fit L2{}",
+                super::launch::head_group(problem),
+                match self.bottoms() {
+                    true => "; query blocks laid from the last row, so that a short block is the first",
+                    false => "",
+                }
             ));
         }
         notes.push(match self.o_staged() {
@@ -642,6 +660,7 @@ pub fn choose(
         pingpong: form >= Form::PingPong,
         trim: false,
         q_slots: 1,
+        bottom: true,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
@@ -995,6 +1014,27 @@ mod tests {
         assert_ne!(on.name(), off.name());
         let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
         assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
+    }
+
+    #[test]
+    fn causal_blocks_are_laid_from_the_bottom_where_o_is_staged() {
+        let h100 = DeviceLimits::h100();
+        let pick = |d, causal: bool, form| {
+            let p = if causal { problem(d).causal() } else { problem(d) };
+            choose(&p, &h100, 132, form, None, true).unwrap().0
+        };
+        for d in [64, 128] {
+            let v = pick(d, true, Form::Persistent);
+            assert!(v.bottoms() && v.name().contains("_bottom"), "{}", v.name());
+            assert!(v.defines().contains(&("ATTN_BOTTOM".into(), "1".into())));
+            assert!(Variant::all().contains(&v), "{}", v.name());
+            let top = Variant { bottom: false, ..v };
+            assert!(!top.bottoms() && !top.name().contains("_bottom"));
+        }
+        // Not without a mask, not in the other forms, not at D=256 (O stored from registers).
+        assert!(!pick(64, false, Form::Persistent).bottoms());
+        assert!(!pick(64, true, Form::PingPong).bottoms());
+        assert!(!pick(256, true, Form::Persistent).bottoms());
     }
 
     #[test]
