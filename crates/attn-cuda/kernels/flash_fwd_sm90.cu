@@ -644,9 +644,9 @@ struct Ctx {
         if (TMA && Q_SLOTS == 1) sm90::mbar_arrive(s.q_empty);
     }
     // Two Q slots: frees the last piece's, where its O was staged, under this piece's first S.
-    // Thread 0 issued that O's TMA store and waits until it has read the slot (long since, by
-    // now: waited for at the end of the last piece, it cost D=64 2-3.5%), then the warpgroup's
-    // threads arrive, as release_q's do.
+    // Thread 0 issued that O's TMA store and waits until the store has read the slot (done long
+    // before now; waiting for it at the end of the last piece instead cost D=64 2-3.5%, 24ae121),
+    // then the warpgroup's threads arrive, as release_q's do.
     __device__ void free_prev_q() const {
         if (Q_SLOTS == 1 || q_prev < 0) return;
         if (threadIdx.x % 128 == 0) sm90::bulk_wait_read();
