@@ -358,14 +358,14 @@ impl Cuda {
                 if let Some(trim) = knob(&self.sm90_trim)? {
                     variant.trim = trim;
                 }
-                if let Some(bottom) = knob(&self.sm90_bottom)? {
-                    variant.bottom = bottom;
-                }
                 if let Some(slots) = knob(&self.sm90_q_slots)? {
                     // Shared memory changes with the slots: the launch is planned and checked again.
                     variant = variant.with_q_slots(slots)?;
                     launch = variant.launch(problem, ctas, self.splits()?);
                     launch.validate(&variant.name(), &info.limits)?;
+                }
+                if let Some(bottom) = knob(&self.sm90_bottom)? {
+                    variant = variant.with_bottom(bottom)?;
                 }
                 Ok(Choice::Hopper(variant, launch))
             }

@@ -196,6 +196,25 @@ impl Variant {
         self.bottom && self.causal && self.form == Form::Persistent && self.o_staged()
     }
 
+    /// This variant with its causal query blocks laid from the bottom or not, or why they cannot
+    /// be: where asked of a causal variant whose blocks cannot be (not the persistent form, or O
+    /// not staged, as at D=256), an error rather than the usual order under another name.
+    /// Without a mask there is no order to change, and the setting is left as asked.
+    pub fn with_bottom(self, bottom: bool) -> Result<Variant> {
+        let v = Variant { bottom, ..self };
+        match bottom && self.causal && !v.bottoms() {
+            false => Ok(v),
+            true => Err(Error::Unsupported {
+                backend: "cuda (Hopper family)".into(),
+                what: format!(
+                    "causal query blocks from the bottom in {}: only in the persistent form with O staged \
+                     through shared memory (TMA skips the rows before 0); ATTN_CUDA_SM90_BLOCKS=top",
+                    self.name()
+                ),
+            }),
+        }
+    }
+
     /// Whether the kernel trims each warpgroup's key tiles ([`Variant::trim`] where it applies).
     pub fn trims(&self) -> bool {
         self.trim && self.causal && self.form >= Form::Overlap
@@ -253,9 +272,9 @@ impl Variant {
             && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
     }
 
-    /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped form and
-    /// room for a second Q tile (where O then goes out through the Q slots, the shared memory
-    /// of O's own staging is the room it needs).
+    /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped
+    /// form and room for a second Q tile (O then goes out through the Q slots, so the room is
+    /// the second tile's, not O's).
     pub fn with_q_slots(self, slots: u32) -> Result<Variant> {
         let v = Variant { q_slots: slots, ..self };
         let fits =
@@ -1049,6 +1068,15 @@ mod tests {
         assert!(!pick(64, false, Form::Persistent).bottoms());
         assert!(!pick(64, true, Form::PingPong).bottoms());
         assert!(!pick(256, true, Form::Persistent).bottoms());
+        // Asked where it cannot be: an error for a causal variant, never a silent top order.
+        for (d, form) in [(64, Form::PingPong), (256, Form::Persistent)] {
+            let v = Variant { bottom: false, ..pick(d, true, form) };
+            let err = v.with_bottom(true).unwrap_err().to_string();
+            assert!(err.contains("from the bottom") && err.contains(&v.name()), "{err}");
+            assert!(v.with_bottom(false).is_ok());
+        }
+        assert!(pick(64, true, Form::Persistent).with_bottom(true).unwrap().bottoms());
+        assert!(pick(64, false, Form::Persistent).with_bottom(true).is_ok());
     }
 
     #[test]
