@@ -411,17 +411,19 @@ struct RowState {
 };
 
 // Masks the scores of key columns past seq_k or (causal) past a row's diagonal to -inf.
-// `row` is this thread's first row, `n0` the tile's first key.
+// `row` is this thread's first row, `n0` the tile's first key. Each row's last visible key is
+// found once, as an offset from this thread's first column, so that each score then takes one
+// compare against a constant and one select (not a column sum and two compares).
 __device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k, int shift) {
-    const int lane = threadIdx.x % 32;
+    const int first_col = n0 + 2 * (threadIdx.x % 4);
+    int last[2];  // per row, the last visible column's offset from first_col
+#pragma unroll
+    for (int r = 0; r < 2; ++r) last[r] = (CAUSAL ? min(seq_k - 1, row + 8 * r + shift) : seq_k - 1) - first_col;
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int col = n0 + 8 * c + 2 * (lane % 4) + (e & 1);
-            const int r = row + 8 * (e >> 1);
-            if (col >= seq_k || (CAUSAL && col > r + shift)) s[4 * c + e] = NEG_INF;
-        }
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) > last[e >> 1]) s[4 * c + e] = NEG_INF;
 }
 
 // The new running max of a tile's scores; returns, per row, the factor by which the old sums
@@ -517,12 +519,15 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
                 sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
         }
     }
-    if (!O_STAGED) {
+    // BOTTOM: a warpgroup whose rows start before row 0 stores them one by one, since a TMA
+    // store at a negative row is an illegal instruction on the H100 (loads there zero-fill).
+    // The test goes through a warp reduction, as trimmed_end's does, to stay uniform.
+    if (!O_STAGED || (BOTTOM && __reduce_min_sync(0xffffffffu, tile.m0 + 64 * wg) < 0)) {
         elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 8 * r;
-            if (row >= p.seq_q) continue;
+            if (row < 0 || row >= p.seq_q) continue;
 #pragma unroll
             for (int c = 0; c < D / 8; ++c) {
                 const int col = 8 * c + 2 * (lane % 4);
