@@ -46,12 +46,8 @@
 //   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
 //                   the block that S % BM leaves short is the first, whose rows see the fewest
 //                   keys, not the last, whose see the most (its rows before 0 are TMA's zero
-//                   fill on load and skipped on store by the threads, not TMA; opt-in); 0:
-//                   blocks start at row 0,
-//   ATTN_SUM_MMA    1 (overlapped forms): the row sums of P come from the tensor cores, a
-//                   64 x 8 product of P with a block of ones issued with each P V into 4 more
-//                   accumulators after O's (the same rows, columns all equal), in place of one
-//                   add per score in the softmax; 0: the softmax adds them up,
+//                   fill on load and skipped on store; opt-in, not yet run on a GPU); 0: blocks
+//                   start at row 0,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
@@ -87,13 +83,11 @@ constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
 constexpr bool BOTTOM = ATTN_BOTTOM;
-constexpr bool SUM_MMA = ATTN_SUM_MMA;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
-constexpr int NA = NO + (SUM_MMA ? 4 : 0);  // and with SUM_MMA the row sums' after them
 constexpr int D_BLOCKS = D / 64;
 #define NEG_INF __int_as_float(0xff800000)
 constexpr float RESCALE_SLACK = 8.f;
@@ -106,7 +100,6 @@ static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several cons
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
 static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
-static_assert(!SUM_MMA || OVERLAP, "row sums on the tensor cores: with the overlapped forms' P V");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
@@ -157,8 +150,7 @@ constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED && Q_SLOTS == 1 ? BM * D * 2 : 0;  // two slots: O goes out through Q's
 // The mbarriers, the piece slots (4 ints each) and the merge flags (4 ints).
 constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 16 * Q_SLOTS + 16;
-constexpr int ONES_BYTES = SUM_MMA ? 256 : 0;  // SUM_MMA: two 8 x 8 blocks of 16-bit ones
-constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + ONES_BYTES + BARRIER_BYTES;
+constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
 struct Smem {
@@ -166,7 +158,6 @@ struct Smem {
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED with one Q slot; with two, O uses its tile's)
-    elem_t* ones;  // SUM_MMA: the B operand of the row sums
     int* piece;  // [Q_SLOTS][4]: the piece whose Q a slot holds, written before the producer arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // [Q_SLOTS] Q landed
@@ -186,8 +177,7 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.k = reinterpret_cast<elem_t*>(p);
     s.v = reinterpret_cast<elem_t*>(p + STAGES * KV_BYTES);
     s.o = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES);
-    s.ones = reinterpret_cast<elem_t*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES + ONES_BYTES);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(p + 2 * STAGES * KV_BYTES + O_BYTES);
     s.q_full = bars;
     s.q_empty = bars + Q_SLOTS;
     s.k_full = bars + 2 * Q_SLOTS;
@@ -347,7 +337,7 @@ __device__ void produce(const Params& p, const Smem& s) {
 
 // Starts a batch of wgmma: what the registers the batch reads (O, P) were given must be done
 // before it (see sm90::fence_regs).
-__device__ __forceinline__ void begin_batch(float (&o)[NA], unsigned (&pa)[BN / 16][4]) {
+__device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 16][4]) {
     sm90::fence_regs(o);
     sm90::fence_regs(pa);
     sm90::wgmma_fence();
@@ -366,16 +356,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k)
 }
 
 // O += P V, P as BN / 16 A fragments; V's 64-column blocks are BN rows (BN * 128 bytes) apart.
-// SUM_MMA: and the row sums += P times ones (`ones`: the block's shared address), in the batch.
-__device__ __forceinline__ void issue_pv(float (&o)[NA], unsigned (&pa)[BN / 16][4], unsigned v, unsigned ones) {
+__device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v) {
     const unsigned long long vd = sm90::sw128_desc(v, BN * 128);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-        wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
-#if ATTN_SUM_MMA  // (wgmma_sum is generated only then)
-        wgmma_sum(o, pa[kk], sm90::plain_desc(ones, 128, 128));
-#endif
-    }
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
     sm90::wgmma_commit();
 }
 
@@ -423,8 +407,7 @@ static_assert(CHAINS == 4, "max_of and sum_of combine four chains");
 // The running softmax state of this thread's two rows.
 struct RowState {
     float max[2];  // log2 units, -inf before any visible key
-    float sum[2];  // this thread's part of the row sum (the quad's four parts add up at the end);
-                   // SUM_MMA: unused in the main loop, then the whole row's (consume)
+    float sum[2];  // this thread's part of the row sum (the quad's four parts add up at the end)
 };
 
 // Masks the scores of key columns past seq_k or (causal) past a row's diagonal to -inf.
@@ -476,14 +459,14 @@ __device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, f
         // A row with no visible key yet keeps -inf; exp2(-inf - 0) = 0, never NaN.
         alpha[r] = exp2_fast(st.max[r] - (new_max[r] == NEG_INF ? 0.f : new_max[r]));
         st.max[r] = new_max[r];
-        if (!SUM_MMA) st.sum[r] *= alpha[r];  // (SUM_MMA: rescaled with O)
+        st.sum[r] *= alpha[r];
     }
     return true;
 }
 
-__device__ __forceinline__ void rescale(float (&o)[NA], const float (&alpha)[2]) {
+__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
 #pragma unroll
-    for (int c = 0; c < NA / 4; ++c) {  // with SUM_MMA, the row sums too: laid out as O's chunks
+    for (int c = 0; c < D / 8; ++c) {
         o[4 * c] *= alpha[0];
         o[4 * c + 1] *= alpha[0];
         o[4 * c + 2] *= alpha[1];
@@ -500,11 +483,10 @@ __device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
-            if (!SUM_MMA) part[e >> 1][chain(c, e)] += s[4 * c + e];  // (SUM_MMA: added with P V)
+            part[e >> 1][chain(c, e)] += s[4 * c + e];
         }
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (!SUM_MMA) st.sum[r] += sum_of(part[r]);
+    for (int r = 0; r < 2; ++r) st.sum[r] += sum_of(part[r]);
 }
 
 // The probabilities as 16-bit A fragments: key chunks 2kk and 2kk + 1 make fragment kk.
@@ -524,12 +506,12 @@ __device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa
 // conflicts), then one thread hands them to TMA, which skips the rows past seq_q; the thread
 // waits for its previous store to have read the buffer before anyone writes it again.
 __device__ __forceinline__ void store_output(const Params& p, const Smem& s, elem_t* q_tile, const Tile& tile,
-                                             int wg, int row0, float (&o)[NA], const RowState& st) {
+                                             int wg, int row0, float (&o)[NO], const RowState& st) {
     const int t = threadIdx.x % 128, lane = threadIdx.x % 32;
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float sum = SUM_MMA ? st.sum[r] : quad_sum(st.sum[r]);
+        const float sum = quad_sum(st.sum[r]);
         inv[r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
         const int row = row0 + 8 * r;
         if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < p.seq_q) {
@@ -696,7 +678,7 @@ __device__ __forceinline__ float4* partial_slot(const Params& p, int g, int x0, 
 //   O = O_a 2^(m_a - m) + O_b 2^(m_b - m),  sum = sum_a 2^(m_a - m) + sum_b 2^(m_b - m).
 // The writes are released to the last piece by __threadfence, the counter and __threadfence
 // again, and read past L1 (ld.global.cg): another SM wrote them.
-__device__ bool merge_partials(const Ctx& c, const Piece& pc, float (&o)[NA], RowState& st) {
+__device__ bool merge_partials(const Ctx& c, const Piece& pc, float (&o)[NO], RowState& st) {
     const Params& p = c.p;
     const int thread = threadIdx.x % 128;
     const int nk = key_tiles(p), x0 = (pc.t - p.whole) * nk;
@@ -757,7 +739,7 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
 
 // The piece's key tiles one after the other: S, softmax, P V, each waiting for the last (the
 // cp.async and TMA forms). `it` counts K/V tiles across this CTA's pieces.
-__device__ void mainloop_sequential(const Ctx& c, float (&o)[NA], RowState& st, int& it) {
+__device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
     for (int j = c.j0; j < c.j1; ++j, ++it) {
         const int stg = Ctx::stage(it);
@@ -780,7 +762,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NA], RowState& st, 
         to_fragments(sc, pa);
         if (TMA) sm90::mbar_wait(c.s.v_full + stg, Ctx::phase(it));
         begin_batch(o, pa);
-        issue_pv(o, pa, c.v_smem(stg), sm90::smem_u32(c.s.ones));
+        issue_pv(o, pa, c.v_smem(stg));
         sm90::wgmma_wait<0>();
         sm90::fence_regs(o);
         c.release(c.s.v_empty + stg);
@@ -798,7 +780,7 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NA], RowState& st, 
 // P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
 // serializes all wgmma of a kernel where it cannot tell a group is complete).
-__device__ void mainloop_computed(const Ctx& c, float (&o)[NA], RowState& st, int& it) {
+__device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     unsigned pa[BN / 16][4];
     float sc[NS];
     float alpha[2];
@@ -822,7 +804,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NA], RowState& st, in
         issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
         sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev));
         begin_batch(o, pa);
-        issue_pv(o, pa, c.v_smem(Ctx::stage(prev)), sm90::smem_u32(c.s.ones));
+        issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
         pass_turn(c.wg);
         sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         sm90::fence_regs(sc);
@@ -838,7 +820,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NA], RowState& st, in
     sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
     await_turn(c.wg);
     begin_batch(o, pa);
-    issue_pv(o, pa, c.v_smem(Ctx::stage(it)), sm90::smem_u32(c.s.ones));
+    issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
     pass_turn(c.wg);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
@@ -848,7 +830,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NA], RowState& st, in
 
 // The piece for one consumer warpgroup: its key tiles computed (above), then, with TRIM, the
 // ones it does not see passed over.
-__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NA], RowState& st, int& it) {
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
     if (!TRIM) return mainloop_computed(c, o, st, it);  // j_end is j1
     if (c.j_end > c.j0) {
         mainloop_computed(c, o, st, it);
@@ -911,9 +893,9 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
                     tile.b,
                     TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
                     n > 0 ? (n - 1) % Q_SLOTS : -1};
-        float o[NA];
+        float o[NO];
 #pragma unroll
-        for (int i = 0; i < NA; ++i) o[i] = 0.f;
+        for (int i = 0; i < NO; ++i) o[i] = 0.f;
         RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
 
         if (!TMA) {
@@ -938,10 +920,6 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             mainloop_overlapped(c, o, st, it);
         } else {
             mainloop_sequential(c, o, st, it);
-        }
-        if (SUM_MMA) {  // the row sums, from the accumulators after O's (each column holds them)
-            st.sum[0] = o[NO];
-            st.sum[1] = o[NO + 2];
         }
         const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
         if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, q_tile, tile, wg, c.row0, o, st);
@@ -972,11 +950,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         }
         sm90::mbar_init_fence();
     }
-#if ATTN_SUM_MMA
-    // The row sums' B operand, read by wgmma (the async proxy).
-    if (threadIdx.x < ONES_BYTES / 4) reinterpret_cast<elem2_t*>(s.ones)[threadIdx.x] = pack2(1.f, 1.f);
-    sm90::fence_proxy_async();
-#endif
     __syncthreads();
     // Warpgroup CONSUMERS produces (its registers go to the consumers); the others consume.
     if (wg == CONSUMERS) {

@@ -137,15 +137,6 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
            | 1ull << 62;                                                     // 128-byte swizzle
 }
 
-// Descriptor of an operand without swizzling: 8 x 8 core matrices of 16-bit elements (8 rows
-// of 16 bytes), `leading` bytes apart along K and `stride` bytes apart along M or N. Used for the
-// row sums' block of ones, whose layout does not matter, only that it stays inside the block.
-__device__ __forceinline__ unsigned long long plain_desc(unsigned addr, unsigned leading, unsigned stride) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4)            // start address
-           | static_cast<unsigned long long>((leading >> 4) & 0x3FFF) << 16  // leading byte offset
-           | static_cast<unsigned long long>((stride >> 4) & 0x3FFF) << 32;  // stride byte offset
-}
-
 // The descriptor of the operand `bytes` further on (a multiple of 16): only the start address
 // field, the low 14 bits, moves, and shared memory lies below 256 KB, so it never carries into
 // the next field. Adding to the low word alone keeps a product's descriptors one integer add

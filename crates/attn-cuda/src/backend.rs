@@ -131,9 +131,6 @@ pub struct Cuda {
     /// Whether the Hopper kernel's causal query blocks are laid from the bottom or from row 0
     /// (default), or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
     sm90_bottom: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel takes its row sums on the tensor cores (default: no), or why
-    /// `ATTN_CUDA_SM90_SUMS` could not be read.
-    sm90_sums_mma: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -200,7 +197,6 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
     /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
-    /// `ATTN_CUDA_SM90_SUMS=mma|fadd` (see `hopper::Variant::sums_mma`),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -249,11 +245,6 @@ impl Cuda {
             "top" => Ok(false),
             _ => Err(format!("ATTN_CUDA_SM90_BLOCKS={b} is not bottom or top")),
         });
-        let sm90_sums_mma = var("ATTN_CUDA_SM90_SUMS").map(|b| match b.as_str() {
-            "mma" => Ok(true),
-            "fadd" => Ok(false),
-            _ => Err(format!("ATTN_CUDA_SM90_SUMS={b} is not mma or fadd")),
-        });
         let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
             "1" => Ok(1),
             "2" => Ok(2),
@@ -274,7 +265,6 @@ impl Cuda {
             sm90_trim,
             sm90_q_slots,
             sm90_bottom,
-            sm90_sums_mma,
             timing_lead,
             ..Self::default()
         }
@@ -340,8 +330,7 @@ impl Cuda {
             || self.sm90_turns.is_some()
             || self.sm90_trim.is_some()
             || self.sm90_q_slots.is_some()
-            || self.sm90_bottom.is_some()
-            || self.sm90_sums_mma.is_some();
+            || self.sm90_bottom.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -377,12 +366,6 @@ impl Cuda {
                 }
                 if let Some(bottom) = knob(&self.sm90_bottom)? {
                     variant = variant.with_bottom(bottom)?;
-                }
-                if let Some(mma) = knob(&self.sm90_sums_mma)? {
-                    // Shared memory grows by the block of ones: planned and checked again.
-                    variant = variant.with_sums_mma(mma)?;
-                    launch = variant.launch(problem, ctas, self.splits()?);
-                    launch.validate(&variant.name(), &info.limits)?;
                 }
                 Ok(Choice::Hopper(variant, launch))
             }

@@ -178,11 +178,6 @@ pub struct Variant {
     /// S=4096, 12% at 1024, 1.1% at 16384, none at 2048 or 8192 (there the last block's padding
     /// rows become every block's part-filled last key tile).
     pub bottom: bool,
-    /// From the overlap form on: each row's sum of P taken on the tensor cores, by a 64 x 8
-    /// product of P with a block of ones issued with each P V (`ATTN_SUM_MMA`, see
-    /// [`Variant::with_sums_mma`]), instead of one add per score in the softmax. The sum is then
-    /// of the 16-bit P that multiplies V. Off unless asked (`ATTN_CUDA_SM90_SUMS=mma`).
-    pub sums_mma: bool,
 }
 
 impl Variant {
@@ -214,21 +209,6 @@ impl Variant {
                 what: format!(
                     "causal query blocks from the bottom in {}: only in the persistent form with O staged \
                      through shared memory (TMA skips the rows before 0); ATTN_CUDA_SM90_BLOCKS=top",
-                    self.name()
-                ),
-            }),
-        }
-    }
-
-    /// This variant with its row sums on the tensor cores or not, or why they cannot be: they
-    /// ride on the overlapped forms' P V batches.
-    pub fn with_sums_mma(self, mma: bool) -> Result<Variant> {
-        match mma && self.form < Form::Overlap {
-            false => Ok(Variant { sums_mma: mma, ..self }),
-            true => Err(Error::Unsupported {
-                backend: "cuda (Hopper family)".into(),
-                what: format!(
-                    "row sums on the tensor cores in {}: only from the overlap form on; ATTN_CUDA_SM90_SUMS=fadd",
                     self.name()
                 ),
             }),
@@ -276,9 +256,7 @@ impl Variant {
         // The mbarriers, a piece slot (4 ints) per Q slot and the merge flags (4 ints).
         let barriers =
             8 * (2 * self.q_slots as usize + 4 * self.stages as usize) + 16 * self.q_slots as usize + 16;
-        // The row sums' block of ones (16 x 8, twice over).
-        let ones = if self.sums_mma { 256 } else { 0 };
-        q + kv + ones + barriers + 1024
+        q + kv + barriers + 1024
     }
 
     fn o_bytes(&self) -> usize {
@@ -318,7 +296,7 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -329,7 +307,6 @@ impl Variant {
             if self.trims() { "_trim" } else { "" },
             if self.q_slots == 2 { "_q2" } else { "" },
             if self.bottoms() { "_bottom" } else { "" },
-            if self.sums_mma { "_summma" } else { "" },
             if self.causal { "_causal" } else { "" }
         )
     }
@@ -358,7 +335,6 @@ impl Variant {
             ("ATTN_TRIM".into(), flag(self.trims())),
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
-            ("ATTN_SUM_MMA".into(), flag(self.sums_mma)),
         ]
     }
 
@@ -367,7 +343,7 @@ impl Variant {
     pub fn request(&self) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), super::SOURCE, Arch::Sm90a)
             .header("sm90.cuh", super::PRIMITIVES)
-            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim, self.sums_mma));
+            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
         for (k, v) in self.defines() {
             req = req.define(k, v);
         }
@@ -416,7 +392,6 @@ impl Variant {
                             trim: false,
                             q_slots: 1,
                             bottom: false,
-                            sums_mma: false,
                         }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -433,10 +408,6 @@ impl Variant {
                             let bottom = Variant { bottom: true, ..here[0] };
                             if bottom.bottoms() {
                                 here.push(bottom);
-                            }
-                            // Row sums on the tensor cores (opt-in), where they are measured.
-                            if head_dim <= 128 {
-                                here.push(Variant { sums_mma: true, ..here[0] });
                             }
                         }
                         v.extend(here);
@@ -719,7 +690,6 @@ pub fn choose(
         trim: false,
         q_slots: 1,
         bottom: false,
-        sums_mma: false,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
@@ -941,10 +911,9 @@ mod tests {
         // persistent form without a mask), D=64 with three; each causal one from the overlap
         // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
         // D=256, where a second Q tile does not fit (8 and 6); the causal persistent ones with
-        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2); the
-        // persistent ones at D=64 and 128 with their row sums on the tensor cores (4 and 4).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 60);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 34);
+        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 56);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 30);
     }
 
     #[test]

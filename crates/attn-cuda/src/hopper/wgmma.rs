@@ -10,16 +10,12 @@
 //!   shared memory by descriptor, both K-major (no transpose);
 //! - `wgmma_pv(o, a, b, accumulate)`: O (64 x D) = or += P (64 x 16, four 32-bit registers of 16-bit pairs, the
 //!   `mma.sync` A-fragment layout) · V (16 x D), V in shared memory MN-major (transposed: its
-//!   rows are keys);
-//! - with the row sums on the tensor cores, `wgmma_sum(o, a, b)`: the 64 x 8 block after O's
-//!   columns += P (the same fragment) · a 16 x 8 block of ones, so that every column of it holds
-//!   the row sums of P; O's array is then D / 2 + 4 registers long, the last 4 this block's.
+//!   rows are keys).
 
 use attn_core::DType;
 
-/// The header text for element type `dtype` (f16 or bf16), key tile `block_n`, head dim `d`,
-/// and whether the row sums are computed on the tensor cores (`wgmma_sum`).
-pub fn header(dtype: DType, block_n: usize, d: usize, sums: bool) -> String {
+/// The header text for element type `dtype` (f16 or bf16), key tile `block_n`, head dim `d`.
+pub fn header(dtype: DType, block_n: usize, d: usize) -> String {
     let ty = match dtype {
         DType::Bf16 => "bf16",
         _ => "f16",
@@ -38,13 +34,12 @@ pub fn header(dtype: DType, block_n: usize, d: usize, sums: bool) -> String {
         a = n,
         b = n + 1,
         acc = n + 2,
-        outs = accumulators(0, n),
+        outs = accumulators(n),
     );
     // O: d-registers, the A fragment, V's descriptor, the flag; V transposed.
     let n = d / 2;
-    let len = n + if sums { 4 } else { 0 };
     out += &format!(
-        "__device__ __forceinline__ void wgmma_pv(float (&d)[{len}], const unsigned (&a)[4], unsigned long long b, \
+        "__device__ __forceinline__ void wgmma_pv(float (&d)[{n}], const unsigned (&a)[4], unsigned long long b, \
          int accumulate) {{\n    asm volatile(\n        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n\"\n        \
          \"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ty}.{ty} \"\n        \"{regs}, {frag}, %{b}, p, 1, 1, 1;\\n}}\\n\"\n        \
          : {outs}\n        : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(accumulate));\n}}\n",
@@ -52,19 +47,8 @@ pub fn header(dtype: DType, block_n: usize, d: usize, sums: bool) -> String {
         frag = operand_list(n, 4),
         b = n + 4,
         acc = n + 5,
-        outs = accumulators(0, n),
+        outs = accumulators(n),
     );
-    if sums {
-        // The row sums: the 4 registers after O's, the same fragment, the ones' descriptor.
-        out += &format!(
-            "\n__device__ __forceinline__ void wgmma_sum(float (&d)[{len}], const unsigned (&a)[4], unsigned long long b) \
-             {{\n    asm volatile(\n        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %9, 0;\\n\"\n        \
-             \"wgmma.mma_async.sync.aligned.m64n8k16.f32.{ty}.{ty} \"\n        \
-             \"{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, %8, p, 1, 1, 0;\\n}}\\n\"\n        : {outs}\n        \
-             : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(1));\n}}\n",
-            outs = accumulators(n, 4),
-        );
-    }
     out
 }
 
@@ -74,9 +58,9 @@ fn operand_list(first: usize, count: usize) -> String {
     format!("{{{}}}", items.join(", "))
 }
 
-/// `"+f"(d[first]), ..., "+f"(d[first + count - 1])`, eight to a line.
-fn accumulators(first: usize, count: usize) -> String {
-    let items: Vec<String> = (first..first + count).map(|i| format!("\"+f\"(d[{i}])")).collect();
+/// `"+f"(d[0]), ..., "+f"(d[count - 1])`, eight to a line.
+fn accumulators(count: usize) -> String {
+    let items: Vec<String> = (0..count).map(|i| format!("\"+f\"(d[{i}])")).collect();
     items.chunks(8).map(|c| c.join(", ")).collect::<Vec<_>>().join(",\n          ")
 }
 
@@ -86,7 +70,7 @@ mod tests {
 
     #[test]
     fn operands_are_numbered_in_order() {
-        let h = header(DType::Bf16, 128, 64, false);
+        let h = header(DType::Bf16, 128, 64);
         // S: 64 accumulators %0..%63, descriptors %64, %65, the flag %66.
         assert!(h.contains("m64n128k16.f32.bf16.bf16"), "{h}");
         assert!(h.contains("%62, %63}, %64, %65, p, 1, 1, 0, 0"), "{h}");
@@ -96,20 +80,6 @@ mod tests {
         assert!(h.contains("m64n64k16.f32.bf16.bf16"), "{h}");
         assert!(h.contains("%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;"), "{h}");
         assert!(h.contains("setp.ne.b32 p, %37, 0"), "{h}");
-        assert!(header(DType::F16, 64, 256, false).contains("m64n256k16.f32.f16.f16"));
-        assert!(!h.contains("wgmma_sum"));
-    }
-
-    #[test]
-    fn the_row_sums_take_the_four_registers_after_o() {
-        let h = header(DType::Bf16, 96, 64, true);
-        // O's array grows by the sums' 4 registers; P V still writes the first 32.
-        assert!(h.contains("wgmma_pv(float (&d)[36]"), "{h}");
-        assert!(h.contains("%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;"), "{h}");
-        // The sums: m64n8k16, accumulators d[32..36], the fragment, the ones' descriptor.
-        assert!(h.contains("wgmma_sum(float (&d)[36]"), "{h}");
-        assert!(h.contains("m64n8k16.f32.bf16.bf16"), "{h}");
-        assert!(h.contains("\"+f\"(d[32]), \"+f\"(d[33]), \"+f\"(d[34]), \"+f\"(d[35])\n"), "{h}");
-        assert!(h.contains("{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;"), "{h}");
+        assert!(header(DType::F16, 64, 256).contains("m64n256k16.f32.f16.f16"));
     }
 }
