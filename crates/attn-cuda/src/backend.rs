@@ -128,8 +128,8 @@ pub struct Cuda {
     /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
     /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
     sm90_q_slots: Option<std::result::Result<u32, String>>,
-    /// Whether the Hopper kernel's causal query blocks are laid from the bottom or from row 0
-    /// (default), or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
+    /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default, where
+    /// the variant can) or from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
     sm90_bottom: Option<std::result::Result<bool, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.

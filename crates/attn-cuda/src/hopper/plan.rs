@@ -171,12 +171,14 @@ pub struct Variant {
     pub q_slots: u32,
     /// Causal, persistent form, O staged: a head's query blocks end at its last row, so that
     /// the block `seq_q % block_m` leaves short is the first (whose rows see the fewest keys), not
-    /// the last (whose rows see the most); `ATTN_BOTTOM`, see [`Variant::bottoms`]. Off unless
-    /// asked (`ATTN_CUDA_SM90_BLOCKS=bottom`): compiled in CI, not yet run on a GPU (the
-    /// session that wrote it had no device time left). Counted from the tile shapes (192 x 96 at
-    /// D=64, every block's key tiles times its rows, padding included): 4.2% fewer products at
-    /// S=4096, 12% at 1024, 1.1% at 16384, none at 2048 or 8192 (there the last block's padding
-    /// rows become every block's part-filled last key tile).
+    /// the last (whose rows see the most); `ATTN_BOTTOM`, see [`Variant::bottoms`]. The default
+    /// where it applies (`ATTN_CUDA_SM90_BLOCKS=top` for the old order). Counted from the tile
+    /// shapes (192 x 96 at D=64, every block's key tiles times its rows, padding included): 4.2%
+    /// fewer products at S=4096, 12% at 1024, 1.1% at 16384, none at 2048 or 8192 (there the
+    /// last block's padding rows become every block's part-filled last key tile). Measured on the
+    /// H100 at D=64, three interleaved rounds (bench/results/2026-11-26-h100-hopper-bottom-781ff61):
+    /// S=4096 420.4-420.5 TFLOP/s against 405.4-406.7 from the top, S=1024 283-292 against
+    /// 261-264, S=16384 +1.3%, S=2048 and 8192 even.
     pub bottom: bool,
 }
 
@@ -404,7 +406,8 @@ impl Variant {
                             let twins: Vec<Variant> =
                                 here.iter().filter_map(|x| x.with_q_slots(2).ok()).collect();
                             here.extend(twins);
-                            // Blocks from the bottom (opt-in, not yet run on a GPU), compiled.
+                            // Blocks from the bottom (the default where they apply), compiled
+                            // next to the top order that ATTN_CUDA_SM90_BLOCKS=top asks for.
                             let bottom = Variant { bottom: true, ..here[0] };
                             if bottom.bottoms() {
                                 here.push(bottom);
@@ -693,6 +696,8 @@ pub fn choose(
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
+    // Causal blocks from the bottom where the variant can lay them so (Variant::bottom).
+    let variant = Variant { bottom: Variant { bottom: true, ..variant }.bottoms(), ..variant };
     let launch = variant.launch(problem, sms, split);
     launch.validate(&variant.name(), limits)?;
     Ok((variant, launch))
@@ -1047,7 +1052,7 @@ mod tests {
     }
 
     #[test]
-    fn causal_blocks_are_laid_from_the_bottom_where_asked_and_o_is_staged() {
+    fn causal_blocks_are_laid_from_the_bottom_where_o_is_staged() {
         let h100 = DeviceLimits::h100();
         let pick = |d, causal: bool, form| {
             let p = if causal { problem(d).causal() } else { problem(d) };
@@ -1057,7 +1062,7 @@ mod tests {
             let v = pick(d, true, Form::Persistent);
             let (default, _) =
                 choose(&problem(d).causal(), &h100, 132, Form::Persistent, None, true).unwrap();
-            assert!(!default.bottoms(), "off unless asked");
+            assert_eq!(default, v, "the default");
             assert!(v.bottoms() && v.name().contains("_bottom"), "{}", v.name());
             assert!(v.defines().contains(&("ATTN_BOTTOM".into(), "1".into())));
             assert!(Variant::all().contains(&v), "{}", v.name());
