@@ -192,8 +192,10 @@ impl Variant {
     }
 
     /// Whether the kernel lays its query blocks from the bottom ([`Variant::bottom`] where it
-    /// applies: causal, the persistent form, O staged by TMA, which skips the rows before 0 as
-    /// its loads fill them with zeros).
+    /// applies: causal, the persistent form, O staged. The first block's rows before 0 are TMA's
+    /// zero fill on load; a warpgroup whose rows start there stores O from registers, skipping
+    /// them, as a TMA store at a negative row faults. D=256, whose O is not staged, keeps the top
+    /// order: the combination was never run).
     pub fn bottoms(&self) -> bool {
         self.bottom && self.causal && self.form == Form::Persistent && self.o_staged()
     }
@@ -210,7 +212,7 @@ impl Variant {
                 backend: "cuda (Hopper family)".into(),
                 what: format!(
                     "causal query blocks from the bottom in {}: only in the persistent form with O staged \
-                     through shared memory (TMA skips the rows before 0); ATTN_CUDA_SM90_BLOCKS=top",
+                     through shared memory; ATTN_CUDA_SM90_BLOCKS=top",
                     self.name()
                 ),
             }),
