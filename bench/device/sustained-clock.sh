@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the SM clock and power while one shape runs for seconds on end, to
 # tell a kernel that loses cycles from one that runs at a lower clock. The Hopper persistent
-# form, bf16 D=128 without a mask, at each of SUSTAIN_SEQS (default 4096 16384), each for about
+# form, bf16 D=SUSTAIN_DIM (default 128) with mask SUSTAIN_MASK (default none), at each of
+# SUSTAIN_SEQS (default 4096 16384), each for about
 # 3 s of back-to-back calls (attn bench, the default lead: each timed call behind an untimed
 # one), with nvidia-smi sampling clocks and power every 50 ms. Expects `cargo xtask bundle`
 # output in .device/ (carry it). Writes $OUT/sustained/ (clocks-S.csv, attn-S.jsonl, summary.txt).
@@ -18,7 +19,7 @@ for seq in ${SUSTAIN_SEQS:-4096 16384}; do
     > "$out/clocks-$seq.csv" 2>&1 &
   smi=$!
   timeout 120 $attn bench --backend cuda --warmup 5 --min-warmup-ms 500 --iters $iters --check-rows 8 --dtypes bf16 \
-    --dims 128 --seqs $seq --masks none --tokens 16384 --model-dim 2048 > "$out/attn-$seq.jsonl" 2> "$out/attn-$seq.log"
+    --dims ${SUSTAIN_DIM:-128} --seqs $seq --masks ${SUSTAIN_MASK:-none} --tokens 16384 --model-dim 2048 > "$out/attn-$seq.jsonl" 2> "$out/attn-$seq.log"
   kill $smi
 done
 python3 - "$out" ${SUSTAIN_SEQS:-4096 16384} <<'PY' | tee "$out/summary.txt"
