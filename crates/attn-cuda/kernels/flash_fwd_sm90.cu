@@ -46,8 +46,9 @@
 //   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
 //                   the block that S % BM leaves short is the first, whose rows see the fewest
 //                   keys, not the last, whose see the most (its rows before 0 are TMA's zero
-//                   fill on load and skipped on store, by the threads rather than TMA); 0:
-//                   blocks start at row 0,
+//                   fill on load; a warpgroup whose rows start there stores O from registers,
+//                   skipping them, as a TMA store at a negative row faults); 0: blocks start
+//                   at row 0,
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).

@@ -373,8 +373,9 @@ impl Variant {
 
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
     /// tiles in every form, both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
-    /// whose loop ptxas once took for divergent code), and the persistent ones with two Q slots
-    /// ([`Variant::q_slots`]) where they fit. Tiles forced by
+    /// whose loop ptxas once took for divergent code), the persistent ones with two Q slots
+    /// ([`Variant::q_slots`]) where they fit, and the causal persistent ones in both block orders
+    /// ([`Variant::bottom`]) where they have two. Tiles forced by
     /// `ATTN_CUDA_SM90_TILES` and the forms without turns are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
