@@ -52,6 +52,9 @@
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
+//   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
+//                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
+//                   `trace` (see Trace below), for a timeline of where a CTA's cycles go.
 // The barriers, stages and turns are modelled in kernels/sm90_protocol.py (random interleavings,
 // checked for deadlocks and stale reads): run it after changing how any of them is used.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
@@ -102,14 +105,15 @@ static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles a
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
 static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
+static_assert(!ATTN_TRACE || (TMA && CONSUMERS < 5), "the trace: a producer and up to four consumer warpgroups");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
 
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
 // `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
-// schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704;
-// 768 bytes in all.
+// schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704,
+// trace 712; 768 bytes in all.
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -141,7 +145,56 @@ struct Params {
     // Two slots per tail unit, for the partial results of its first and last pieces:
     // [slot][consumer warpgroup][NO / 4 + 1][128 threads] float4s (see merge_partials).
     float* partials;
+    long long* trace;  // ATTN_TRACE: [CTA][TRACE_PIECES + 1][TRACE_ROLES][TRACE_EVENTS] stamps
 };
+
+// ---- ATTN_TRACE: a CTA's timeline, for finding where its cycles go (a diagnostic build).
+// Row (piece n, role) holds the events below: role w < CONSUMERS is consumer warpgroup w's
+// thread 0, role TRACE_ROLES - 1 the producer's; stamps are clock64, this SM's cycles, and waits
+// are summed over the piece. Row TRACE_PIECES holds the CTA's own. The host names the events in
+// the same order (bench/device/trace.py).
+#ifndef ATTN_TRACE
+#define ATTN_TRACE 0
+#endif
+constexpr bool TRACE = ATTN_TRACE;
+constexpr int TRACE_PIECES = 64, TRACE_ROLES = 5, TRACE_EVENTS = 8;
+enum ConsumerEvent { C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT };
+enum ProducerEvent { P_DRAWN, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
+enum CtaEvent { CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END };
+// The sums of the waits, and the first S's stamp, of the piece each role is on.
+enum Sum { SUM_K, SUM_V, SUM_TURN, SUM_FIRST_S };
+
+__device__ __forceinline__ bool tracer() { return TRACE && threadIdx.x % 128 == 0; }
+__device__ __forceinline__ long long global_ns() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ long long stamp() { return TRACE ? clock64() : 0; }
+constexpr int PRODUCER_ROLE = TRACE_ROLES - 1;
+// Event e of piece n (row TRACE_PIECES: the CTA's) for `role`, from its tracing thread.
+__device__ __forceinline__ void trace_put(const Params& p, int n, int role, int e, long long v) {
+    if (tracer() && n <= TRACE_PIECES)
+        p.trace[((blockIdx.x * (TRACE_PIECES + 1) + n) * TRACE_ROLES + role) * TRACE_EVENTS + e] = v;
+}
+#if ATTN_TRACE
+__shared__ long long trace_sums[TRACE_ROLES][4];
+__device__ __forceinline__ long long sum_get(int role, int k) { return trace_sums[role][k]; }
+__device__ __forceinline__ void sum_set(int role, int k, long long v) {
+    if (tracer()) trace_sums[role][k] = v;
+}
+// Runs the call (a wait), adding the cycles it took to the role's sum k.
+#define TIMED(role, k, ...)                                                          \
+    do {                                                                             \
+        const long long t0_ = clock64();                                             \
+        __VA_ARGS__;                                                                 \
+        if (tracer()) trace_sums[role][k] += clock64() - t0_;                        \
+    } while (0)
+#else
+__device__ __forceinline__ long long sum_get(int, int) { return 0; }
+__device__ __forceinline__ void sum_set(int, int, long long) {}
+#define TIMED(role, k, ...) __VA_ARGS__
+#endif
 
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
 // and the descriptors assume tiles start on that boundary). The host adds 1024 bytes of slack
@@ -292,13 +345,20 @@ __device__ void produce(const Params& p, const Smem& s) {
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int n = 0;   // pieces handed out so far
     for (int u = blockIdx.x;; u = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles) {
+        const long long drawn = stamp();
         Piece pc = first_piece(p, u);
         if (pc.t >= p.tiles) {
             sm90::mbar_arrive(s.q_full + announce(s, pc, n));  // no Q: the consumers read the slot and stop
             break;
         }
         do {
+            const int traced = n;  // this piece's row of the trace
+            trace_put(p, traced, PRODUCER_ROLE, P_DRAWN, pc.j0 == 0 || pc.unit < 0 ? drawn : 0);
+            trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCE, stamp());
+            sum_set(PRODUCER_ROLE, SUM_K, 0);
+            sum_set(PRODUCER_ROLE, SUM_V, 0);
             const int q = announce(s, pc, n);
+            trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCED, stamp());
             const Tile tile = tile_at(p, pc.t);
             const int g = tile.h / (p.heads_q / p.heads_kv);
             sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
@@ -311,17 +371,22 @@ __device__ void produce(const Params& p, const Smem& s) {
                 const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
                 elem_t* k = s.k + st * (KV_BYTES / 2);
                 elem_t* v = s.v + st * (KV_BYTES / 2);
-                sm90::mbar_wait(s.k_empty + st, free_parity);
+                TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
                 sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < D_BLOCKS; ++c)
                     sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
-                sm90::mbar_wait(s.v_empty + st, free_parity);
+                TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
                 sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < D_BLOCKS; ++c)
                     sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
             }
+            trace_put(p, traced, PRODUCER_ROLE, P_ISSUED, stamp());
+            trace_put(p, traced, PRODUCER_ROLE, P_K_WAIT, sum_get(PRODUCER_ROLE, SUM_K));
+            trace_put(p, traced, PRODUCER_ROLE, P_V_WAIT, sum_get(PRODUCER_ROLE, SUM_V));
+            trace_put(p, traced, PRODUCER_ROLE, P_PIECE,
+                      ((long long)pc.t << 32) | ((long long)pc.j0 << 16) | (long long)pc.j1);
         } while (next_piece(p, pc));
     }
     if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
@@ -785,25 +850,26 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     unsigned pa[BN / 16][4];
     float sc[NS];
     float alpha[2];
-    sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
-    await_turn(c.wg);
+    TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
     issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
     pass_turn(c.wg);
     c.free_prev_q();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
+    sum_set(c.wg, SUM_FIRST_S, stamp());
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.j_end - c.j0 == 1) c.release_q();
     softmax_step(c, sc, st, c.j0, alpha);  // O is still 0: nothing to rescale
     to_fragments(sc, pa);
     for (int j = c.j0 + 1; j < c.j_end; ++j) {
         const int prev = it++;
-        sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
-        await_turn(c.wg);
+        TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+        TIMED(c.wg, SUM_TURN, await_turn(c.wg));
         begin_batch(o, pa);
         issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
-        sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev));
+        TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
         begin_batch(o, pa);
         issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
         pass_turn(c.wg);
@@ -818,8 +884,8 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
         if (moved) rescale(o, alpha);
         to_fragments(sc, pa);
     }
-    sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
-    await_turn(c.wg);
+    TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
     issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
     pass_turn(c.wg);
@@ -867,6 +933,7 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
+        const long long started = stamp();
         Piece pc;
         const int q = n % Q_SLOTS;
         elem_t* const q_tile = s.q + q * (Q_BYTES / 2);
@@ -878,6 +945,12 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             pc = first_piece(p, blockIdx.x + n * gridDim.x);
         }
         if (pc.t >= p.tiles) break;
+        trace_put(p, n, wg, C_START, started);
+        trace_put(p, n, wg, C_Q_READY, stamp());
+        sum_set(wg, SUM_K, 0);
+        sum_set(wg, SUM_V, 0);
+        sum_set(wg, SUM_TURN, 0);
+        sum_set(wg, SUM_FIRST_S, 0);
         const Tile tile = tile_at(p, pc.t);
         const Ctx c{p,
                     s,
@@ -922,12 +995,22 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         } else {
             mainloop_sequential(c, o, st, it);
         }
+        trace_put(p, n, wg, C_LOOP_END, stamp());
         const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
         if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, q_tile, tile, wg, c.row0, o, st);
+        trace_put(p, n, wg, C_STORED, stamp());
+        trace_put(p, n, wg, C_FIRST_S, sum_get(wg, SUM_FIRST_S));
+        trace_put(p, n, wg, C_K_WAIT, sum_get(wg, SUM_K));
+        trace_put(p, n, wg, C_V_WAIT, sum_get(wg, SUM_V));
+        trace_put(p, n, wg, C_TURN_WAIT, sum_get(wg, SUM_TURN));
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
+    if (wg == 0) {
+        trace_put(p, TRACE_PIECES, 0, CTA_END, stamp());
+        trace_put(p, TRACE_PIECES, 0, CTA_GLOBAL_END, TRACE ? global_ns() : 0);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
@@ -937,6 +1020,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
     if (!TMA) {
         consume(p, s, 0);
         return;
+    }
+    if (TRACE && threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        trace_put(p, TRACE_PIECES, 0, CTA_START, stamp());
+        trace_put(p, TRACE_PIECES, 0, CTA_SM, sm);
+        trace_put(p, TRACE_PIECES, 0, CTA_GLOBAL_START, global_ns());
     }
     if (threadIdx.x == 0) {
         for (int i = 0; i < Q_SLOTS; ++i) {

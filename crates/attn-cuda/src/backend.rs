@@ -131,6 +131,9 @@ pub struct Cuda {
     /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default, where
     /// the variant can) or from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
     sm90_bottom: Option<std::result::Result<bool, String>>,
+    /// Where a traced build of the Hopper kernel writes its timelines (`ATTN_CUDA_SM90_TRACE`, a
+    /// folder; see `hopper::Variant::trace`): a diagnostic, never timed as the kernel.
+    sm90_trace: Option<std::path::PathBuf>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -197,6 +200,8 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
     /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
+    /// `ATTN_CUDA_SM90_TRACE=<folder>` (a traced build, see `hopper::Variant::trace`: each prepared
+    /// problem writes its last launch's timeline there as CSV when dropped),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
     /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
     /// (the lead: every prepared run) fail with the reason.
@@ -265,6 +270,7 @@ impl Cuda {
             sm90_trim,
             sm90_q_slots,
             sm90_bottom,
+            sm90_trace: var("ATTN_CUDA_SM90_TRACE").map(Into::into),
             timing_lead,
             ..Self::default()
         }
@@ -315,7 +321,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -330,7 +336,8 @@ impl Cuda {
             || self.sm90_turns.is_some()
             || self.sm90_trim.is_some()
             || self.sm90_q_slots.is_some()
-            || self.sm90_bottom.is_some();
+            || self.sm90_bottom.is_some()
+            || self.sm90_trace.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -367,6 +374,7 @@ impl Cuda {
                 if let Some(bottom) = knob(&self.sm90_bottom)? {
                     variant = variant.with_bottom(bottom)?;
                 }
+                variant.trace = self.sm90_trace.is_some();
                 Ok(Choice::Hopper(variant, launch))
             }
             Err(e) if wanted => Err(e),
@@ -535,6 +543,7 @@ impl Attention for Cuda {
             return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
         };
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
+        let mut trace = None;
         let params = match which {
             Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
             Kernel::Hopper(v) => {
@@ -558,7 +567,7 @@ impl Attention for Cuda {
                     ),
                     false => None,
                 };
-                let params = Sm90Params::new(
+                let mut params = Sm90Params::new(
                     &tensors,
                     counters.as_ref(),
                     partials.as_ref(),
@@ -567,6 +576,15 @@ impl Attention for Cuda {
                     problem,
                     &v,
                 )?;
+                if let (true, Some(folder)) = (v.trace, &self.sm90_trace) {
+                    let words = launch.grid[0] as usize * hopper::launch::TRACE_LEN_PER_CTA;
+                    let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
+                    params = params.with_trace(&buffer, stream);
+                    let s = problem.shape;
+                    let file =
+                        format!("trace-{}-b{}h{}-s{}x{}.csv", v.name(), s.batch, s.heads_q, s.seq_q, s.seq_k);
+                    trace = Some(Trace { buffer, path: folder.join(file) });
+                }
                 Params::Hopper { params: Box::new(params), _buffers: (counters, partials) }
             }
         };
@@ -587,6 +605,7 @@ impl Attention for Cuda {
             cfg,
             device_bytes,
             lead,
+            trace,
         }))
     }
 }
@@ -608,6 +627,53 @@ struct CudaPrepared {
     device_bytes: u64,
     /// What [`Gpu::time`] queues ahead of each launch a benchmark times (`run_timed`).
     lead: Lead,
+    /// A traced build's buffer, written out when this is dropped.
+    trace: Option<Trace>,
+}
+
+/// The timeline a traced build of the Hopper kernel stamps (`hopper::Variant::trace`), and the
+/// file it goes to.
+struct Trace {
+    buffer: CudaSlice<i64>,
+    path: std::path::PathBuf,
+}
+
+impl Trace {
+    /// The last launch's stamps as CSV: a row per (CTA, piece, role) that holds any, the piece
+    /// `TRACE_PIECES` being the CTA's own row (see `kernels/flash_fwd_sm90.cu`, `trace_put`).
+    fn write(&self, stream: &Arc<cudarc::driver::CudaStream>) -> std::result::Result<(), String> {
+        use hopper::launch::{TRACE_EVENTS, TRACE_PIECES, TRACE_ROLES};
+        let words = stream.clone_dtoh(&self.buffer).map_err(|e| format!("copy the trace back: {e}"))?;
+        let mut csv = String::from("cta,piece,role,e0,e1,e2,e3,e4,e5,e6,e7\n");
+        for (row, events) in words.chunks(TRACE_EVENTS).enumerate() {
+            if events.iter().all(|&e| e == 0) {
+                continue;
+            }
+            let (role, piece, cta) = (
+                row % TRACE_ROLES,
+                row / TRACE_ROLES % (TRACE_PIECES + 1),
+                row / TRACE_ROLES / (TRACE_PIECES + 1),
+            );
+            let stamps: Vec<String> = events.iter().map(i64::to_string).collect();
+            csv.push_str(&format!("{cta},{piece},{role},{}\n", stamps.join(",")));
+        }
+        std::fs::create_dir_all(self.path.parent().unwrap_or(std::path::Path::new(".")))
+            .and_then(|()| std::fs::write(&self.path, csv))
+            .map_err(|e| format!("write {}: {e}", self.path.display()))
+    }
+}
+
+impl Drop for CudaPrepared {
+    /// A traced build writes its timeline; a failure is reported on stderr (a diagnostic, which
+    /// must not turn a finished run into an error).
+    fn drop(&mut self) {
+        if let Some(trace) = &self.trace {
+            match trace.write(self.dev.gpu.stream()) {
+                Ok(()) => eprintln!("trace: {}", trace.path.display()),
+                Err(e) => eprintln!("trace not written: {e}"),
+            }
+        }
+    }
 }
 
 impl CudaPrepared {

@@ -43,7 +43,19 @@ pub struct Sm90Params {
     tail_units: i32,
     tail_iters: i32,
     partials: u64,
+    trace: u64,
 }
+
+/// The trace of a [`super::Variant::trace`] build, per CTA: `TRACE_PIECES + 1` rows (a piece each,
+/// the last the CTA's own) of `TRACE_ROLES` roles (consumer warpgroups, then the producer) of
+/// `TRACE_EVENTS` 64-bit stamps, as `kernels/flash_fwd_sm90.cu` lays it out (`trace_put`).
+pub const TRACE_PIECES: usize = 64;
+/// See [`TRACE_PIECES`].
+pub const TRACE_ROLES: usize = 5;
+/// See [`TRACE_PIECES`].
+pub const TRACE_EVENTS: usize = 8;
+/// The trace's 64-bit words per CTA.
+pub const TRACE_LEN_PER_CTA: usize = (TRACE_PIECES + 1) * TRACE_ROLES * TRACE_EVENTS;
 
 /// L2 the causal tile order may fill with K/V (see [`head_group`]): about two thirds of the
 /// H100's 50 MB (the H200 has 60), leaving room for Q, O and the copies in flight.
@@ -171,7 +183,13 @@ impl Sm90Params {
             tail_units: split.units as i32,
             tail_iters: split.tail_iters() as i32,
             partials: partials.map_or(0, |c| c.device_ptr(stream).0),
+            trace: 0,
         })
+    }
+
+    /// Points a trace build at `buffer` ([`TRACE_LEN_PER_CTA`] words per CTA of the grid).
+    pub fn with_trace(self, buffer: &CudaSlice<i64>, stream: &CudaStream) -> Self {
+        Sm90Params { trace: buffer.device_ptr(stream).0, ..self }
     }
 }
 
@@ -197,7 +215,7 @@ mod tests {
     #[test]
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
-        // + 12 ints and floats + 4 bytes of padding + 1 pointer = 712 bytes, padded to the
+        // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, padded to the
         // 128-byte alignment: 768.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
@@ -212,7 +230,8 @@ mod tests {
             offset_of!(super::Sm90Params, head_group),
             offset_of!(super::Sm90Params, whole),
             offset_of!(super::Sm90Params, partials),
+            offset_of!(super::Sm90Params, trace),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712]);
     }
 }

@@ -180,6 +180,10 @@ pub struct Variant {
     /// S=4096 420.4-420.5 TFLOP/s against 405.4-406.7 from the top, S=1024 283-292 against
     /// 261-264, S=16384 +1.3%, S=2048 and 8192 even.
     pub bottom: bool,
+    /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
+    /// each piece's steps in SM cycles into a buffer the host writes out (see
+    /// [`crate::hopper::launch::TRACE_LEN_PER_CTA`]). Never planned unless asked for.
+    pub trace: bool,
 }
 
 impl Variant {
@@ -300,7 +304,7 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -311,7 +315,8 @@ impl Variant {
             if self.trims() { "_trim" } else { "" },
             if self.q_slots == 2 { "_q2" } else { "" },
             if self.bottoms() { "_bottom" } else { "" },
-            if self.causal { "_causal" } else { "" }
+            if self.causal { "_causal" } else { "" },
+            if self.trace { "_trace" } else { "" }
         )
     }
 
@@ -339,6 +344,7 @@ impl Variant {
             ("ATTN_TRIM".into(), flag(self.trims())),
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
+            ("ATTN_TRACE".into(), flag(self.trace)),
         ]
     }
 
@@ -397,6 +403,7 @@ impl Variant {
                             trim: false,
                             q_slots: 1,
                             bottom: false,
+                            trace: false,
                         }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -696,6 +703,7 @@ pub fn choose(
         trim: false,
         q_slots: 1,
         bottom: false,
+        trace: false,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);

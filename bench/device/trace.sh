@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: per-piece timelines of the Hopper kernel (a traced build,
+# ATTN_CUDA_SM90_TRACE), next to the same shapes untraced, to see where a CTA's cycles go.
+# TRACE_SHAPES "d:seqs:masks ..." (default 64:2048,8192:none 64:2048:causal), bf16, the
+# standard grid's batch and heads (16384 tokens, model dim 2048). Expects `cargo xtask bundle`
+# output in .device/ (carry it). Writes $OUT/trace/ (the CSVs, the runs' JSON lines and logs,
+# summary.txt from bench/device/trace.py).
+set -uo pipefail
+out=${OUT:-/tmp/out}/trace; mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ATTN_CUDA_FAMILY=hopper
+attn=.device/bin/attn
+for shape in ${TRACE_SHAPES:-64:2048,8192:none 64:2048:causal}; do
+  IFS=: read -r d seqs masks <<< "$shape"
+  for seq in ${seqs//,/ }; do
+    for mask in ${masks//,/ }; do
+      tag=d$d-s$seq-$mask
+      run() {  # $1: label; the rest: environment for the run
+        local label=$1; shift
+        env "$@" timeout 120 $attn bench --backend cuda --warmup 5 --iters 30 --check-rows 8 --dtypes bf16 \
+          --dims $d --seqs $seq --masks $mask --tokens 16384 --model-dim 2048 \
+          > "$out/$label-$tag.jsonl" 2> "$out/$label-$tag.log"
+        echo "$label $tag: rc $? $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(round(r['gflops']/1e3,1), 'TFLOP/s')" "$out/$label-$tag.jsonl" 2>&1)"
+      }
+      run plain
+      run traced ATTN_CUDA_SM90_TRACE="$out/$tag"
+    done
+  done
+done | tee "$out/runs.txt"
+for f in "$out"/*/trace-*.csv; do python3 bench/device/trace.py "$f"; done | tee "$out/summary.txt"
