@@ -9,7 +9,8 @@ import sys
 
 PIECES = 64  # TRACE_PIECES: the row of a CTA's own stamps
 PRODUCER = 4  # TRACE_ROLES - 1
-C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT = range(8)
+(C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
+ C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED) = range(14)
 P_DRAWN, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE = range(7)
 CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END = range(5)
 
@@ -51,6 +52,10 @@ def report(path):
     print(f"== {path}: {len(ctas)} CTAs, {consumers} consumer warpgroups")
     spans, mhz, tiles_total = [], [], []
     steps = {k: [] for k in ("q_wait", "first_s", "loop", "store", "gap", "period")}
+    # The first S and the store in their parts, where the build stamps them (0: not stamped).
+    parts = {k: [] for k in ("first: wait K and turn, issue", "first: S done", "store: sum, sync",
+                             "store: sums", "store: wait for the last store's read", "store: sync",
+                             "store: shared writes", "store: fence, sync", "store: TMA issue")}
     waits = {k: [] for k in ("k", "v", "turn")}
     per_tile, points, q_latency, draw, announce_wait, lead = [], [], [], [], [], []
     for cta, rows in ctas.items():
@@ -61,7 +66,13 @@ def report(path):
         spans.append(span)
         if own[CTA_GLOBAL_END] > own[CTA_GLOBAL_START]:
             mhz.append(span / (own[CTA_GLOBAL_END] - own[CTA_GLOBAL_START]) * 1e3)
-        n_pieces = max(p for (p, r) in rows if p < PIECES and r == PRODUCER) + 1
+        # The buffer keeps what earlier launches wrote past this launch's last piece: a row
+        # counts only if stamped inside this CTA's span.
+        def fresh(ev, e):
+            return own[CTA_START] <= ev[e] <= own[CTA_END]
+        n_pieces = 0
+        while (n_pieces, PRODUCER) in rows and fresh(rows[(n_pieces, PRODUCER)], P_ANNOUNCE):
+            n_pieces += 1
         total = 0
         for n in range(n_pieces):
             prod = rows.get((n, PRODUCER))
@@ -75,8 +86,16 @@ def report(path):
                 draw.append(prod[P_DRAWN] - prev[P_ISSUED])
             for w in range(consumers):
                 c = rows.get((n, w))
-                if c is None:
+                if c is None or not fresh(c, C_START):
                     continue
+                if len(c) > C_STORE_WAITED and all(c[e] for e in (C_STORE_SUMMED, C_STORE_SYNCED, C_STORE_FENCED)):
+                    for k, (a, b) in zip(parts, ((C_Q_READY, C_FIRST_ISSUED), (C_FIRST_ISSUED, C_FIRST_S),
+                                                 (C_LOOP_END, C_STORE_SYNCED), (C_LOOP_END, C_STORE_SUMMED),
+                                                 (C_STORE_SUMMED, C_STORE_WAITED), (C_STORE_WAITED, C_STORE_SYNCED),
+                                                 (C_STORE_SYNCED, C_STORE_WRITTEN),
+                                                 (C_STORE_WRITTEN, C_STORE_FENCED), (C_STORE_FENCED, C_STORED))):
+                        if c[a] and c[b]:
+                            parts[k].append(c[b] - c[a])
                 steps["q_wait"].append(c[C_Q_READY] - c[C_START])
                 q_latency.append(c[C_Q_READY] - prod[P_ANNOUNCED])
                 if c[C_FIRST_S]:
@@ -89,8 +108,8 @@ def report(path):
                 waits["v"].append(c[C_V_WAIT])
                 waits["turn"].append(c[C_TURN_WAIT])
                 lead.append(c[C_START] - prod[P_ANNOUNCED])
-                nxt = rows.get((n + 1, w))
-                if nxt is not None:
+                nxt = rows.get((n + 1, w)) if n + 1 < n_pieces else None
+                if nxt is not None and fresh(nxt, C_START):
                     steps["gap"].append(nxt[C_START] - c[C_STORED])
                     steps["period"].append(nxt[C_START] - c[C_START])
                     if w == 0:
@@ -101,6 +120,9 @@ def report(path):
           f"{all_tiles} key tiles over {len(spans)} CTAs: {sum(spans) / max(all_tiles, 1):.0f} CTA cycles per key tile")
     for k, v in steps.items():
         print(f"  consumer {k:8s} {stats(v)}")
+    for k, v in parts.items():
+        if v:
+            print(f"    {k:32s} {stats(v)}")
     for k, v in waits.items():
         print(f"  consumer wait {k:5s} per piece {stats(v)}")
     print(f"  loop cycles per key tile after the first: {stats(per_tile)}")

@@ -42,6 +42,11 @@
 //                   two slots, so that the producer loads the next piece's Q while this one's
 //                   key tiles still run, and O is staged in its own tile's Q slot (freed under
 //                   the next piece's first S, once the TMA store has read it),
+//   ATTN_STREAM     1 (two Q slots, overlapped, ping-pong, persistent, no trim): a consumer
+//                   warpgroup's pieces run as one stream of key tiles: the next piece's first S
+//                   is issued with this piece's last P V, in one turn, and its softmax runs
+//                   under that P V (consume_streamed); O is staged in a tile of its own, and a
+//                   Q slot is freed at its piece's last S, as the one slot is,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
 //   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
 //                   the block that S % BM leaves short is the first, whose rows see the fewest
@@ -88,6 +93,12 @@ constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
 constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
+#ifndef ATTN_STREAM
+#define ATTN_STREAM 0
+#endif
+constexpr bool STREAM = ATTN_STREAM;
+// Two Q slots without the stream stage O in the Q slot of its own piece (free_prev_q).
+constexpr bool O_IN_Q = Q_SLOTS == 2 && !STREAM;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -104,7 +115,8 @@ static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several cons
 static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
 static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
-static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged in them");
+static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged");
+static_assert(!STREAM || (Q_SLOTS == 2 && PINGPONG && PERSISTENT && !TRIM), "a stream of pieces: the next Q loaded ahead");
 static_assert(!ATTN_TRACE || (TMA && CONSUMERS < 5), "the trace: a producer and up to four consumer warpgroups");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
@@ -157,12 +169,18 @@ struct Params {
 #define ATTN_TRACE 0
 #endif
 constexpr bool TRACE = ATTN_TRACE;
-constexpr int TRACE_PIECES = 64, TRACE_ROLES = 5, TRACE_EVENTS = 8;
-enum ConsumerEvent { C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT };
+constexpr int TRACE_PIECES = 64, TRACE_ROLES = 5, TRACE_EVENTS = 16;
+enum ConsumerEvent {
+    C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
+    C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED
+};
 enum ProducerEvent { P_DRAWN, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
 enum CtaEvent { CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END };
 // The sums of the waits, and the first S's stamp, of the piece each role is on.
-enum Sum { SUM_K, SUM_V, SUM_TURN, SUM_FIRST_S };
+enum Sum {
+    SUM_K, SUM_V, SUM_TURN, SUM_FIRST_S, SUM_FIRST_ISSUED, SUM_STORE_SYNCED, SUM_STORE_WRITTEN, SUM_STORE_FENCED,
+    SUM_STORE_SUMMED, SUM_STORE_WAITED
+};
 
 __device__ __forceinline__ bool tracer() { return TRACE && threadIdx.x % 128 == 0; }
 __device__ __forceinline__ long long global_ns() {
@@ -178,7 +196,7 @@ __device__ __forceinline__ void trace_put(const Params& p, int n, int role, int 
         p.trace[((blockIdx.x * (TRACE_PIECES + 1) + n) * TRACE_ROLES + role) * TRACE_EVENTS + e] = v;
 }
 #if ATTN_TRACE
-__shared__ long long trace_sums[TRACE_ROLES][4];
+__shared__ long long trace_sums[TRACE_ROLES][10];
 __device__ __forceinline__ long long sum_get(int role, int k) { return trace_sums[role][k]; }
 __device__ __forceinline__ void sum_set(int role, int k, long long v) {
     if (tracer()) trace_sums[role][k] = v;
@@ -201,7 +219,7 @@ __device__ __forceinline__ void sum_set(int, int, long long) {}
 // for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
-constexpr int O_BYTES = O_STAGED && Q_SLOTS == 1 ? BM * D * 2 : 0;  // two slots: O goes out through Q's
+constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;  // O_IN_Q: O goes out through Q's
 // The mbarriers, the piece slots (4 ints each) and the merge flags (4 ints).
 constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 16 * Q_SLOTS + 16;
 constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
@@ -211,7 +229,7 @@ struct Smem {
     elem_t* q;  // Q_SLOTS slots of Q_BYTES; piece n's Q is in slot n % Q_SLOTS
     elem_t* k;  // STAGES stages
     elem_t* v;
-    elem_t* o;  // O on its way out (O_STAGED with one Q slot; with two, O uses its tile's)
+    elem_t* o;  // O on its way out (O_STAGED; with O_IN_Q, O uses its piece's Q slot instead)
     int* piece;  // [Q_SLOTS][4]: the piece whose Q a slot holds, written before the producer arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // [Q_SLOTS] Q landed
@@ -604,12 +622,15 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
         return;
     }
     // This warpgroup's rows of each 64-column block: of the O tile, whose last store must have
-    // read them; or, with two Q slots, of this piece's Q tile, which the warpgroup is done with
+    // read them; or, with O_IN_Q, of this piece's Q tile, which the warpgroup is done with
     // (its last S has completed) and which the store must read before the slot is freed
     // (Ctx::free_prev_q).
-    elem_t* mine = (Q_SLOTS == 2 ? q_tile : s.o) + wg * 64 * 64;
-    if (Q_SLOTS == 1 && t == 0) sm90::bulk_wait_read();
+    elem_t* mine = (O_IN_Q ? q_tile : s.o) + wg * 64 * 64;
+    sum_set(wg, SUM_STORE_SUMMED, stamp());
+    if (!O_IN_Q && t == 0) sm90::bulk_wait_read();
+    sum_set(wg, SUM_STORE_WAITED, stamp());
     sm90::named_sync(1 + wg, 128);
+    sum_set(wg, SUM_STORE_SYNCED, stamp());
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's first row of the warpgroup's 64
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -622,8 +643,10 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(as_u32(v)));
         }
     }
+    sum_set(wg, SUM_STORE_WRITTEN, stamp());
     sm90::fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
     sm90::named_sync(1 + wg, 128);
+    sum_set(wg, SUM_STORE_FENCED, stamp());
     if (t == 0) {
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
@@ -690,7 +713,8 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
-    int q_prev;        // the Q slot of the last piece, to free (Q_SLOTS == 2), or -1
+    int q_slot;        // this piece's Q slot
+    int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -709,17 +733,17 @@ struct Ctx {
     // One arrival per thread on Q's "empty" barrier: this thread is done with Q and with the
     // piece slot it read, and its own arrival (a release) orders that read before the producer's
     // next write of the slot (racecheck found the per-warp arrival's ordering through
-    // __syncwarp wanting). Once per piece: with one Q slot, at the piece's last S (so that the
-    // next piece's Q loads under the last P V); with two, see free_prev_q().
+    // __syncwarp wanting). Once per piece, at the piece's last S (so that a Q loads under the
+    // last P V); with O_IN_Q, see free_prev_q().
     __device__ void release_q() const {
-        if (TMA && Q_SLOTS == 1) sm90::mbar_arrive(s.q_empty);
+        if (TMA && !O_IN_Q) sm90::mbar_arrive(s.q_empty + q_slot);
     }
-    // Two Q slots: frees the last piece's, where its O was staged, under this piece's first S.
+    // O_IN_Q: frees the last piece's Q slot, where its O was staged, under this piece's first S.
     // Thread 0 issued that O's TMA store and waits until the store has read the slot (done long
     // before now; waiting for it at the end of the last piece instead cost D=64 2-3.5%, 24ae121),
     // then the warpgroup's threads arrive, as release_q's do.
     __device__ void free_prev_q() const {
-        if (Q_SLOTS == 1 || q_prev < 0) return;
+        if (!O_IN_Q || q_prev < 0) return;
         if (threadIdx.x % 128 == 0) sm90::bulk_wait_read();
         sm90::named_sync(1 + wg, 128);
         sm90::mbar_arrive(s.q_empty + q_prev);
@@ -840,50 +864,58 @@ __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, 
     }
 }
 
-// This warpgroup's key tiles of the piece, [j0, j_end), software-pipelined inside the
-// warpgroup (the overlap and later forms): S_j is issued together with P_{j-1} V_{j-1}, and
-// S_j's softmax runs while that P V is still on the tensor cores; only then is O rescaled and
-// P_j packed. The first S and the last P V
-// stand outside the loop, so that every path through it waits for the same groups (ptxas
-// serializes all wgmma of a kernel where it cannot tell a group is complete).
-__device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
-    unsigned pa[BN / 16][4];
-    float sc[NS];
+// The piece's first S, alone in its turn, and its softmax (O is still 0: nothing to rescale);
+// P goes to `pa`. `it` is the piece's first K/V tile.
+__device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
+                                           float (&sc)[NS], RowState& st, int it) {
     float alpha[2];
     TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
     TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
     issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
     pass_turn(c.wg);
+    sum_set(c.wg, SUM_FIRST_ISSUED, stamp());
     c.free_prev_q();
     sm90::wgmma_wait<0>();
     sm90::fence_regs(sc);
     sum_set(c.wg, SUM_FIRST_S, stamp());
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.j_end - c.j0 == 1) c.release_q();
-    softmax_step(c, sc, st, c.j0, alpha);  // O is still 0: nothing to rescale
+    softmax_step(c, sc, st, c.j0, alpha);
     to_fragments(sc, pa);
-    for (int j = c.j0 + 1; j < c.j_end; ++j) {
-        const int prev = it++;
-        TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
-        TIMED(c.wg, SUM_TURN, await_turn(c.wg));
-        begin_batch(o, pa);
-        issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
-        TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
-        begin_batch(o, pa);
-        issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
-        pass_turn(c.wg);
-        sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
-        sm90::fence_regs(sc);
-        c.release(c.s.k_empty + Ctx::stage(it));
-        if (j + 1 == c.j_end) c.release_q();
-        const bool moved = softmax_step(c, sc, st, j, alpha);
-        sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
-        sm90::fence_regs(o);
-        c.release(c.s.v_empty + Ctx::stage(prev));
-        if (moved) rescale(o, alpha);
-        to_fragments(sc, pa);
-    }
+}
+
+// Key tile j of `cs`'s piece: S_j issued with the P V of the tile before (`it`, of `cv`'s piece),
+// S_j's softmax under that P V, then P_j packed; `it` moves on to tile j. Within a piece cs and cv
+// are the same; at a BOUNDARY of the stream (consume_streamed) S_j is the next piece's first, its
+// softmax starts `st` afresh, and O, the last piece's, is left as the P V made it.
+template <bool BOUNDARY>
+__device__ __forceinline__ void next_tile(const Ctx& cs, const Ctx& cv, float (&o)[NO], unsigned (&pa)[BN / 16][4],
+                                          float (&sc)[NS], RowState& st, int& it, int j) {
+    float alpha[2];
+    const int prev = it++;
+    TIMED(cs.wg, SUM_K, sm90::mbar_wait(cs.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(cs.wg, SUM_TURN, await_turn(cs.wg));
+    begin_batch(o, pa);
+    issue_qk(sc, cs.q_smem, cs.k_smem(Ctx::stage(it)));
+    TIMED(cs.wg, SUM_V, sm90::mbar_wait(cs.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
+    begin_batch(o, pa);
+    issue_pv(o, pa, cv.v_smem(Ctx::stage(prev)));
+    pass_turn(cs.wg);
+    sm90::wgmma_wait<1>();  // S_j is done; the P V may still run
+    sm90::fence_regs(sc);
+    cs.release(cs.s.k_empty + Ctx::stage(it));
+    if (j + 1 == cs.j_end) cs.release_q();
+    const bool moved = softmax_step(cs, sc, st, j, alpha);
+    sm90::wgmma_wait<0>();  // the P V is done: O and P's registers are free
+    sm90::fence_regs(o);
+    cv.release(cv.s.v_empty + Ctx::stage(prev));
+    if (!BOUNDARY && moved) rescale(o, alpha);
+    to_fragments(sc, pa);
+}
+
+// The piece's last P V, alone in its turn; `it` moves past it.
+__device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], int& it) {
     TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
     TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
@@ -893,6 +925,20 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     sm90::fence_regs(o);
     c.release(c.s.v_empty + Ctx::stage(it));
     ++it;
+}
+
+// This warpgroup's key tiles of the piece, [j0, j_end), software-pipelined inside the
+// warpgroup (the overlap and later forms): S_j is issued together with P_{j-1} V_{j-1}, and
+// S_j's softmax runs while that P V is still on the tensor cores; only then is O rescaled and
+// P_j packed. The first S and the last P V
+// stand outside the loop, so that every path through it waits for the same groups (ptxas
+// serializes all wgmma of a kernel where it cannot tell a group is complete).
+__device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    float sc[NS];
+    first_tile(c, o, pa, sc, st, it);
+    for (int j = c.j0 + 1; j < c.j_end; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
+    last_pv(c, o, pa, it);
 }
 
 // The piece for one consumer warpgroup: its key tiles computed (above), then, with TRIM, the
@@ -928,45 +974,93 @@ __device__ __forceinline__ int trimmed_end(const Params& p, const Tile& tile, co
     return __reduce_min_sync(0xffffffffu, min(pc.j1, visible_key_tiles(p, tile.m0 + 64 * (wg + 1))));
 }
 
-__device__ void consume(const Params& p, const Smem& s, int wg) {
+// Piece n of this CTA: its Q has landed in slot n % Q_SLOTS, and the slot names it (the TMA
+// forms; the cp.async form deals the tiles out by blockIdx).
+__device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n) {
+    if (!TMA) return first_piece(p, blockIdx.x + n * gridDim.x);
+    const int q = n % Q_SLOTS;
+    sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
+    const volatile int* slot = s.piece + 4 * q;
+    return Piece{slot[0], slot[1], slot[2], slot[3]};
+}
+
+__device__ __forceinline__ elem_t* q_tile_of(const Smem& s, int n) { return s.q + (n % Q_SLOTS) * (Q_BYTES / 2); }
+
+// What consumer warpgroup wg's thread knows of piece n (pc, of tile `tile`).
+__device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, const Piece& pc, const Tile& tile, int n) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    return Ctx{p,
+               s,
+               wg,
+               lane,
+               fmaxf(fabsf(p.scale_log2), 1e-30f),
+               p.seq_k - p.seq_q,
+               tile.m0 + 64 * wg + 16 * warp + lane / 4,
+               tile.m0 + 64 * wg + 16 * warp,
+               sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
+               pc.j0,
+               pc.j1,
+               tile.h / (p.heads_q / p.heads_kv),
+               tile.b,
+               TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
+               n % Q_SLOTS,
+               n > 0 ? (n - 1) % Q_SLOTS : -1};
+}
+
+// The trace's per-piece sums, zeroed as a piece starts.
+__device__ __forceinline__ void trace_new_piece(int wg) {
+    for (int k = SUM_K; k <= SUM_STORE_WAITED; ++k) sum_set(wg, k, 0);
+}
+
+// The trace's row of consumer warpgroup wg for piece n, once its O is out.
+__device__ __forceinline__ void trace_piece(const Params& p, int n, int wg, long long started, long long q_ready,
+                                            long long loop_end) {
+    trace_put(p, n, wg, C_START, started);
+    trace_put(p, n, wg, C_Q_READY, q_ready);
+    trace_put(p, n, wg, C_LOOP_END, loop_end);
+    trace_put(p, n, wg, C_STORED, stamp());
+    trace_put(p, n, wg, C_FIRST_S, sum_get(wg, SUM_FIRST_S));
+    trace_put(p, n, wg, C_K_WAIT, sum_get(wg, SUM_K));
+    trace_put(p, n, wg, C_V_WAIT, sum_get(wg, SUM_V));
+    trace_put(p, n, wg, C_TURN_WAIT, sum_get(wg, SUM_TURN));
+    trace_put(p, n, wg, C_FIRST_ISSUED, sum_get(wg, SUM_FIRST_ISSUED));
+    trace_put(p, n, wg, C_STORE_SYNCED, sum_get(wg, SUM_STORE_SYNCED));
+    trace_put(p, n, wg, C_STORE_WRITTEN, sum_get(wg, SUM_STORE_WRITTEN));
+    trace_put(p, n, wg, C_STORE_FENCED, sum_get(wg, SUM_STORE_FENCED));
+    trace_put(p, n, wg, C_STORE_SUMMED, sum_get(wg, SUM_STORE_SUMMED));
+    trace_put(p, n, wg, C_STORE_WAITED, sum_get(wg, SUM_STORE_WAITED));
+}
+
+// Piece pc's O (this warpgroup's rows) out: stored, or, for a part of a split tile, merged with
+// the others' parts by whichever arrives last, which stores the tile.
+__device__ __forceinline__ void finish_piece(const Ctx& c, const Piece& pc, const Tile& tile, elem_t* q_tile,
+                                             float (&o)[NO], RowState& st) {
+    const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
+    if (!partial || merge_partials(c, pc, o, st)) store_output(c.p, c.s, q_tile, tile, c.wg, c.row0, o, st);
+}
+
+// A consumer warpgroup's end: its last store has left the CTA, the turns are all taken.
+__device__ __forceinline__ void consumed(const Params& p, int wg) {
+    if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
+    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
+    if (wg == 0) {
+        trace_put(p, TRACE_PIECES, 0, CTA_END, stamp());
+        trace_put(p, TRACE_PIECES, 0, CTA_GLOBAL_END, TRACE ? global_ns() : 0);
+    }
+}
+
+__device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
         const long long started = stamp();
-        Piece pc;
-        const int q = n % Q_SLOTS;
-        elem_t* const q_tile = s.q + q * (Q_BYTES / 2);
-        if (TMA) {
-            sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);  // Q has landed, and the slot names its piece
-            const volatile int* slot = s.piece + 4 * q;
-            pc = Piece{slot[0], slot[1], slot[2], slot[3]};
-        } else {
-            pc = first_piece(p, blockIdx.x + n * gridDim.x);
-        }
+        const Piece pc = take_piece(p, s, n);
         if (pc.t >= p.tiles) break;
-        trace_put(p, n, wg, C_START, started);
-        trace_put(p, n, wg, C_Q_READY, stamp());
-        sum_set(wg, SUM_K, 0);
-        sum_set(wg, SUM_V, 0);
-        sum_set(wg, SUM_TURN, 0);
-        sum_set(wg, SUM_FIRST_S, 0);
+        const long long q_ready = stamp();
+        trace_new_piece(wg);
+        elem_t* const q_tile = q_tile_of(s, n);
         const Tile tile = tile_at(p, pc.t);
-        const Ctx c{p,
-                    s,
-                    wg,
-                    lane,
-                    fmaxf(fabsf(p.scale_log2), 1e-30f),
-                    p.seq_k - p.seq_q,
-                    tile.m0 + 64 * wg + 16 * warp + lane / 4,
-                    tile.m0 + 64 * wg + 16 * warp,
-                    sm90::smem_u32(q_tile) + wg * 64 * 128,
-                    pc.j0,
-                    pc.j1,
-                    tile.h / (p.heads_q / p.heads_kv),
-                    tile.b,
-                    TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
-                    n > 0 ? (n - 1) % Q_SLOTS : -1};
+        const Ctx c = context(p, s, wg, pc, tile, n);
         float o[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
@@ -995,22 +1089,73 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         } else {
             mainloop_sequential(c, o, st, it);
         }
-        trace_put(p, n, wg, C_LOOP_END, stamp());
-        const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
-        if (!partial || merge_partials(c, pc, o, st)) store_output(p, s, q_tile, tile, wg, c.row0, o, st);
-        trace_put(p, n, wg, C_STORED, stamp());
-        trace_put(p, n, wg, C_FIRST_S, sum_get(wg, SUM_FIRST_S));
-        trace_put(p, n, wg, C_K_WAIT, sum_get(wg, SUM_K));
-        trace_put(p, n, wg, C_V_WAIT, sum_get(wg, SUM_V));
-        trace_put(p, n, wg, C_TURN_WAIT, sum_get(wg, SUM_TURN));
+        const long long loop_end = stamp();
+        finish_piece(c, pc, tile, q_tile, o, st);
+        trace_piece(p, n, wg, started, q_ready, loop_end);
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
-    if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
-    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
-    if (wg == 0) {
-        trace_put(p, TRACE_PIECES, 0, CTA_END, stamp());
-        trace_put(p, TRACE_PIECES, 0, CTA_GLOBAL_END, TRACE ? global_ns() : 0);
+    consumed(p, wg);
+}
+
+// STREAM: this warpgroup's pieces as one stream of key tiles. In consume(), every consumer
+// warpgroup of the CTA reaches a piece's end at about the same time and the tensor cores idle
+// while each waits for its last P V, stores O, waits for the next Q and K, and runs the first
+// S and its softmax alone (1.5 key tiles' time per piece at D=64, by the trace). Here the next
+// piece's first S goes out with this piece's last P V in one turn (next_tile<true>), its
+// softmax runs under that P V, and only then is this piece's O stored; the next Q is in the
+// other slot by then (the producer loaded it once its slot's last S was done).
+__device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
+    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
+    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
+    Piece pc = take_piece(p, s, 0);
+    float o[NO];
+    unsigned pa[BN / 16][4];
+    float sc[NS];
+    RowState st;
+    bool begun = false;  // this piece's first S was issued, and its softmax run, with the last piece's last P V
+    long long started = stamp();
+    for (int n = 0; pc.t < p.tiles; ++n) {
+        const long long q_ready = stamp();
+        const Tile tile = tile_at(p, pc.t);
+        const Ctx c = context(p, s, wg, pc, tile, n);
+        if (!begun) {
+            trace_new_piece(wg);
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o[i] = 0.f;
+            st = RowState{{NEG_INF, NEG_INF}, {0.f, 0.f}};
+            if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n), wg);
+            if (c.j1 > c.j0) {
+                first_tile(c, o, pa, sc, st, it);
+            } else {
+                c.release_q();  // no key tile: O stays 0
+            }
+        }
+        for (int j = c.j0 + 1; j < c.j1; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
+        // The piece's last P V; the next piece's first S with it where both have key tiles.
+        const Piece next = take_piece(p, s, n + 1);  // outside any turn: its Q has landed
+        const bool streams = c.j1 > c.j0 && next.t < p.tiles && next.j1 > next.j0;
+        RowState next_st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
+        if (streams) {
+            const Ctx nc = context(p, s, wg, next, tile_at(p, next.t), n + 1);
+            if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n + 1), wg);
+            next_tile<true>(nc, c, o, pa, sc, next_st, it, nc.j0);
+        } else if (c.j1 > c.j0) {
+            last_pv(c, o, pa, it);
+        }
+        const long long loop_end = stamp();
+        finish_piece(c, pc, tile, q_tile_of(s, n), o, st);
+        trace_piece(p, n, wg, started, q_ready, loop_end);
+        started = stamp();
+        if (streams) {
+            trace_new_piece(wg);
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o[i] = 0.f;
+            st = next_st;
+        }
+        begun = streams;
+        pc = next;
     }
+    consumed(p, wg);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
@@ -1048,6 +1193,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         if (threadIdx.x % 128 == 0) produce(p, s);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
-        consume(p, s, wg);
+        if (STREAM) {
+            consume_streamed(p, s, wg);
+        } else {
+            consume(p, s, wg);
+        }
     }
 }

@@ -53,7 +53,7 @@ pub const TRACE_PIECES: usize = 64;
 /// See [`TRACE_PIECES`].
 pub const TRACE_ROLES: usize = 5;
 /// See [`TRACE_PIECES`].
-pub const TRACE_EVENTS: usize = 8;
+pub const TRACE_EVENTS: usize = 16;
 /// The trace's 64-bit words per CTA.
 pub const TRACE_LEN_PER_CTA: usize = (TRACE_PIECES + 1) * TRACE_ROLES * TRACE_EVENTS;
 
