@@ -3,22 +3,24 @@
 # ATTN_CUDA_SM90_TRACE), next to the same shapes untraced, to see where a CTA's cycles go.
 # TRACE_SHAPES "d:seqs:masks ..." (default 64:2048,8192:none 64:2048:causal), bf16, the
 # standard grid's batch and heads (16384 tokens, model dim 2048). TRACE_CONFIGS "label=VAR=value,VAR=value
-# ..." (default: base, the defaults) runs each shape under each; with TRACE_VERIFY=1 each
-# configuration but base is first verified (`attn verify`, full grid, and on 3 CTAs). Expects
+# ..." (default: base, the defaults; BIN=<path> runs another binary) runs each shape under each;
+# the configurations named in TRACE_VERIFY are first verified (`attn verify`, full grid, and on 3 CTAs). Expects
 # `cargo xtask bundle` output in .device/ (carry it). Writes $OUT/trace/ (the CSVs, the runs'
 # JSON lines and logs, runs.txt, summary.txt from bench/device/trace.py).
 set -uo pipefail
 out=${OUT:-/tmp/out}/trace; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper
-attn=.device/bin/attn
-settings() { [[ $1 == *=* ]] && echo "${1#*=}" | tr ',' ' '; }
+# A configuration's settings; BIN=<path> among them runs that binary (an earlier build copied into
+# .device/bin) instead of .device/bin/attn.
+settings() { [[ $1 == *=* ]] && echo "${1#*=}" | tr ',' '\n' | grep -v '^BIN=' | tr '\n' ' '; }
+binary() { local b; b=$(echo "${1#*=}" | tr ',' '\n' | grep '^BIN=' | cut -d= -f2); echo "${b:-.device/bin/attn}"; }
 for config in ${TRACE_CONFIGS:-base}; do
   label=${config%%=*}
-  if [[ ${TRACE_VERIFY:-0} == 1 && $label != base ]]; then
-    env $(settings "$config") timeout 200 $attn verify --backend cuda --json > "$out/verify-$label.json" 2> "$out/verify-$label.log"
+  if [[ " ${TRACE_VERIFY:-} " == *" $label "* ]]; then
+    env $(settings "$config") timeout 200 $(binary "$config") verify --backend cuda --json > "$out/verify-$label.json" 2> "$out/verify-$label.log"
     echo "verify $label (full grid): exit $? $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" "$out/verify-$label.json" 2>&1 | tail -1)"
-    env $(settings "$config") ATTN_CUDA_SM90_GRID=3 timeout 200 $attn verify --backend cuda --json > "$out/verify-$label-grid3.json" 2> "$out/verify-$label-grid3.log"
+    env $(settings "$config") ATTN_CUDA_SM90_GRID=3 timeout 200 $(binary "$config") verify --backend cuda --json > "$out/verify-$label-grid3.json" 2> "$out/verify-$label-grid3.log"
     echo "verify $label (full grid, 3 CTAs): exit $? $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" "$out/verify-$label-grid3.json" 2>&1 | tail -1)"
   fi
   for shape in ${TRACE_SHAPES:-64:2048,8192:none 64:2048:causal}; do
@@ -28,7 +30,7 @@ for config in ${TRACE_CONFIGS:-base}; do
         tag=$label-d$d-s$seq-$mask
         run() {  # $1: what; the rest: more environment for the run
           local what=$1; shift
-          env $(settings "$config") "$@" timeout 120 $attn bench --backend cuda --warmup 5 --iters 30 --check-rows 8 \
+          env $(settings "$config") "$@" timeout 120 $(binary "$config") bench --backend cuda --warmup 5 --iters 30 --check-rows 8 \
             --dtypes bf16 --dims $d --seqs $seq --masks $mask --tokens 16384 --model-dim 2048 \
             > "$out/$what-$tag.jsonl" 2> "$out/$what-$tag.log"
           echo "$what $tag: rc $? $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(round(r['gflops']/1e3,1), 'TFLOP/s')" "$out/$what-$tag.jsonl" 2>&1 | tail -1)"

@@ -172,14 +172,14 @@ constexpr bool TRACE = ATTN_TRACE;
 constexpr int TRACE_PIECES = 64, TRACE_ROLES = 5, TRACE_EVENTS = 16;
 enum ConsumerEvent {
     C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
-    C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED
+    C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED, C_Q_WAIT
 };
-enum ProducerEvent { P_DRAWN, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
+enum ProducerEvent { P_UNUSED, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
 enum CtaEvent { CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END };
 // The sums of the waits, and the first S's stamp, of the piece each role is on.
 enum Sum {
     SUM_K, SUM_V, SUM_TURN, SUM_FIRST_S, SUM_FIRST_ISSUED, SUM_STORE_SYNCED, SUM_STORE_WRITTEN, SUM_STORE_FENCED,
-    SUM_STORE_SUMMED, SUM_STORE_WAITED
+    SUM_STORE_SUMMED, SUM_STORE_WAITED, SUM_Q
 };
 
 __device__ __forceinline__ bool tracer() { return TRACE && threadIdx.x % 128 == 0; }
@@ -196,7 +196,7 @@ __device__ __forceinline__ void trace_put(const Params& p, int n, int role, int 
         p.trace[((blockIdx.x * (TRACE_PIECES + 1) + n) * TRACE_ROLES + role) * TRACE_EVENTS + e] = v;
 }
 #if ATTN_TRACE
-__shared__ long long trace_sums[TRACE_ROLES][10];
+__shared__ long long trace_sums[TRACE_ROLES][11];
 __device__ __forceinline__ long long sum_get(int role, int k) { return trace_sums[role][k]; }
 __device__ __forceinline__ void sum_set(int role, int k, long long v) {
     if (tracer()) trace_sums[role][k] = v;
@@ -220,8 +220,9 @@ __device__ __forceinline__ void sum_set(int, int, long long) {}
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;  // O_IN_Q: O goes out through Q's
-// The mbarriers, the piece slots (4 ints each) and the merge flags (4 ints).
-constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 16 * Q_SLOTS + 16;
+// The mbarriers, the piece slots (SLOT_INTS ints each) and the merge flags (4 ints).
+constexpr int SLOT_INTS = 8;  // a Piece and its Tile
+constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 4 * SLOT_INTS * Q_SLOTS + 16;
 constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
@@ -230,7 +231,7 @@ struct Smem {
     elem_t* k;  // STAGES stages
     elem_t* v;
     elem_t* o;  // O on its way out (O_STAGED; with O_IN_Q, O uses its piece's Q slot instead)
-    int* piece;  // [Q_SLOTS][4]: the piece whose Q a slot holds, written before the producer arms q_full
+    int* piece;  // [Q_SLOTS][SLOT_INTS]: the piece whose Q a slot holds and its tile, written before the producer arms q_full
     int* merge;  // per consumer warpgroup: whether its piece arrived last (merge_partials)
     unsigned long long* q_full;  // [Q_SLOTS] Q landed
     unsigned long long* q_empty; // [Q_SLOTS] every consumer thread is done with the Q slot and its piece
@@ -257,7 +258,7 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.v_full = s.k_full + 2 * STAGES;
     s.v_empty = s.k_full + 3 * STAGES;
     s.piece = reinterpret_cast<int*>(s.k_full + 4 * STAGES);
-    s.merge = s.piece + 4 * Q_SLOTS;
+    s.merge = s.piece + SLOT_INTS * Q_SLOTS;
     return s;
 }
 
@@ -342,70 +343,111 @@ __device__ __forceinline__ bool next_piece(const Params& p, Piece& pc) {
 // ---- The producer: one thread of the producer warpgroup issues every copy.
 
 // Waits until the consumers are done with the Q slot of piece n (they last used it for piece
-// n - Q_SLOTS), then names piece n in the slot and returns the slot. The q_full arrival that
-// follows releases the slot's stores to the consumers that wait on it. `n` counts the pieces
-// handed out.
-__device__ __forceinline__ int announce(const Smem& s, const Piece& pc, int& n) {
+// n - Q_SLOTS), then names piece n and its tile in the slot (so that no consumer divides to
+// find the tile: its integer divisions would queue behind the exponentials on the MUFU pipe at
+// the piece's start) and returns the slot. The q_full arrival that follows releases the slot's
+// stores to the consumers that wait on it. `n` counts the pieces handed out.
+__device__ __forceinline__ int announce(const Smem& s, const Piece& pc, const Tile& tile, int& n) {
     const int q = n % Q_SLOTS;
     sm90::mbar_wait(s.q_empty + q, ((n++ / Q_SLOTS) & 1) ^ 1);
-    volatile int* slot = s.piece + 4 * q;
+    volatile int* slot = s.piece + SLOT_INTS * q;
     slot[0] = pc.t;
     slot[1] = pc.j0;
     slot[2] = pc.j1;
     slot[3] = pc.unit;
+    slot[4] = tile.b;
+    slot[5] = tile.h;
+    slot[6] = tile.m0;
+    slot[7] = tile.n_kv;
     return q;
 }
 
+// Whether the Q slot of piece n is free (announce would not wait).
+__device__ __forceinline__ bool slot_free(const Smem& s, int n) {
+    return sm90::mbar_test(s.q_empty + n % Q_SLOTS, ((n / Q_SLOTS) & 1) ^ 1);
+}
+
+// Hands piece pc (of tile `tile`) out: names it in its Q slot and loads its Q there; a piece
+// past the last tile is the end, named without a Q.
+__device__ __forceinline__ void hand_out(const Params& p, const Smem& s, const Piece& pc, const Tile& tile, int& n) {
+    const int traced = n;  // this piece's row of the trace
+    trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCE, stamp());
+    const int q = announce(s, pc, tile, n);
+    trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCED, stamp());
+    if (pc.t >= p.tiles) {
+        sm90::mbar_arrive(s.q_full + q);  // no Q: the consumers read the slot and stop
+        return;
+    }
+    sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+        sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c, tile.m0, tile.h,
+                          tile.b);
+}
+
+__device__ __forceinline__ Tile tile_or_none(const Params& p, const Piece& pc) {
+    return pc.t < p.tiles ? tile_at(p, pc.t) : Tile{0, 0, 0, 0};
+}
+
+// Hands out each piece, then loads its K/V tiles into the stages. With one Q slot the next
+// piece goes out after this piece's last K/V tile (its slot is free once this piece's last S
+// is done); with two, as soon as its slot is free while this piece's tiles go out (the slot
+// frees under this piece's first key tiles), so that its Q lands long before this piece ends
+// (after the last tile, the next Q landed 1.5 key tiles late at D=64 in the stream of pieces,
+// by the trace). The next unit is drawn from the counter as this piece starts; the draw is
+// waited for only when the next piece goes out.
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
     sm90::tma_prefetch(&p.k_map);
     sm90::tma_prefetch(&p.v_map);
     int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
     int n = 0;   // pieces handed out so far
-    for (int u = blockIdx.x;; u = PERSISTENT ? gridDim.x + atomicAdd(p.schedule, 1u) : p.tiles) {
-        const long long drawn = stamp();
-        Piece pc = first_piece(p, u);
-        if (pc.t >= p.tiles) {
-            sm90::mbar_arrive(s.q_full + announce(s, pc, n));  // no Q: the consumers read the slot and stop
-            break;
-        }
-        do {
-            const int traced = n;  // this piece's row of the trace
-            trace_put(p, traced, PRODUCER_ROLE, P_DRAWN, pc.j0 == 0 || pc.unit < 0 ? drawn : 0);
-            trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCE, stamp());
-            sum_set(PRODUCER_ROLE, SUM_K, 0);
-            sum_set(PRODUCER_ROLE, SUM_V, 0);
-            const int q = announce(s, pc, n);
-            trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCED, stamp());
-            const Tile tile = tile_at(p, pc.t);
-            const int g = tile.h / (p.heads_q / p.heads_kv);
-            sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
+    Piece pc = first_piece(p, blockIdx.x);
+    Tile tile = tile_or_none(p, pc);
+    hand_out(p, s, pc, tile, n);
+    while (pc.t < p.tiles) {
+        const int traced = n - 1;  // this piece's row of the trace
+        Piece next = pc;
+        const bool same_unit = next_piece(p, next);
+        const unsigned drawn = same_unit || !PERSISTENT ? 0u : atomicAdd(p.schedule, 1u);
+        sum_set(PRODUCER_ROLE, SUM_K, 0);
+        sum_set(PRODUCER_ROLE, SUM_V, 0);
+        bool handed = false;  // the next piece
+        Tile upcoming;
+        const int g = tile.h / (p.heads_q / p.heads_kv);
+        for (int j = pc.j0; j < pc.j1; ++j, ++it) {
+            const int st = it % STAGES;
+            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+            elem_t* k = s.k + st * (KV_BYTES / 2);
+            elem_t* v = s.v + st * (KV_BYTES / 2);
+            TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
+            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c, tile.m0,
-                                  tile.h, tile.b);
-            for (int j = pc.j0; j < pc.j1; ++j, ++it) {
-                const int st = it % STAGES;
-                const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
-                elem_t* k = s.k + st * (KV_BYTES / 2);
-                elem_t* v = s.v + st * (KV_BYTES / 2);
-                TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
-                sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+            TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
+            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
 #pragma unroll
-                for (int c = 0; c < D_BLOCKS; ++c)
-                    sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
-                TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
-                sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
-#pragma unroll
-                for (int c = 0; c < D_BLOCKS; ++c)
-                    sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+            if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
+                if (!same_unit) next = first_piece(p, PERSISTENT ? gridDim.x + drawn : p.tiles);
+                upcoming = tile_or_none(p, next);
+                hand_out(p, s, next, upcoming, n);
+                handed = true;
             }
-            trace_put(p, traced, PRODUCER_ROLE, P_ISSUED, stamp());
-            trace_put(p, traced, PRODUCER_ROLE, P_K_WAIT, sum_get(PRODUCER_ROLE, SUM_K));
-            trace_put(p, traced, PRODUCER_ROLE, P_V_WAIT, sum_get(PRODUCER_ROLE, SUM_V));
-            trace_put(p, traced, PRODUCER_ROLE, P_PIECE,
-                      ((long long)pc.t << 32) | ((long long)pc.j0 << 16) | (long long)pc.j1);
-        } while (next_piece(p, pc));
+        }
+        trace_put(p, traced, PRODUCER_ROLE, P_ISSUED, stamp());
+        trace_put(p, traced, PRODUCER_ROLE, P_K_WAIT, sum_get(PRODUCER_ROLE, SUM_K));
+        trace_put(p, traced, PRODUCER_ROLE, P_V_WAIT, sum_get(PRODUCER_ROLE, SUM_V));
+        trace_put(p, traced, PRODUCER_ROLE, P_PIECE, ((long long)pc.t << 32) | ((long long)pc.j0 << 16) | (long long)pc.j1);
+        if (!handed) {
+            if (!same_unit) next = first_piece(p, PERSISTENT ? gridDim.x + drawn : p.tiles);
+            upcoming = tile_or_none(p, next);
+            hand_out(p, s, next, upcoming, n);
+        }
+        pc = next;
+        tile = upcoming;
     }
     if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
     if (PERSISTENT && atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
@@ -472,6 +514,16 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ float exp2_fast(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1 / x for a positive normal x on the FMA pipe, not MUFU's (which the other warpgroups'
+// exponentials keep busy while a warpgroup stores its O): an estimate from the bits and three
+// Newton steps, each of which squares the relative error (under 6% first; about 1 ulp after).
+__device__ __forceinline__ float reciprocal(float x) {
+    float y = __int_as_float(0x7ef311c3 - __float_as_int(x));
+#pragma unroll
+    for (int i = 0; i < 3; ++i) y = y * fmaf(-x, y, 2.f);
     return y;
 }
 
@@ -596,7 +648,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float sum = quad_sum(st.sum[r]);
-        inv[r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
+        inv[r] = sum > 0.f ? reciprocal(sum) : 0.f;  // a row that sees no key: o = 0
         const int row = row0 + 8 * r;
         if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < p.seq_q) {
             p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
@@ -974,13 +1026,18 @@ __device__ __forceinline__ int trimmed_end(const Params& p, const Tile& tile, co
     return __reduce_min_sync(0xffffffffu, min(pc.j1, visible_key_tiles(p, tile.m0 + 64 * (wg + 1))));
 }
 
-// Piece n of this CTA: its Q has landed in slot n % Q_SLOTS, and the slot names it (the TMA
-// forms; the cp.async form deals the tiles out by blockIdx).
-__device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n) {
-    if (!TMA) return first_piece(p, blockIdx.x + n * gridDim.x);
+// Piece n of this CTA and its tile: its Q has landed in slot n % Q_SLOTS, and the slot names
+// them (the TMA forms; the cp.async form deals the tiles out by blockIdx).
+__device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n, Tile& tile) {
+    if (!TMA) {
+        const Piece pc = first_piece(p, blockIdx.x + n * gridDim.x);
+        tile = tile_or_none(p, pc);
+        return pc;
+    }
     const int q = n % Q_SLOTS;
     sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
-    const volatile int* slot = s.piece + 4 * q;
+    const volatile int* slot = s.piece + SLOT_INTS * q;
+    tile = Tile{slot[4], slot[5], slot[6], slot[7]};
     return Piece{slot[0], slot[1], slot[2], slot[3]};
 }
 
@@ -1009,7 +1066,7 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
 
 // The trace's per-piece sums, zeroed as a piece starts.
 __device__ __forceinline__ void trace_new_piece(int wg) {
-    for (int k = SUM_K; k <= SUM_STORE_WAITED; ++k) sum_set(wg, k, 0);
+    for (int k = SUM_K; k <= SUM_Q; ++k) sum_set(wg, k, 0);
 }
 
 // The trace's row of consumer warpgroup wg for piece n, once its O is out.
@@ -1029,6 +1086,7 @@ __device__ __forceinline__ void trace_piece(const Params& p, int n, int wg, long
     trace_put(p, n, wg, C_STORE_FENCED, sum_get(wg, SUM_STORE_FENCED));
     trace_put(p, n, wg, C_STORE_SUMMED, sum_get(wg, SUM_STORE_SUMMED));
     trace_put(p, n, wg, C_STORE_WAITED, sum_get(wg, SUM_STORE_WAITED));
+    trace_put(p, n, wg, C_Q_WAIT, sum_get(wg, SUM_Q));
 }
 
 // Piece pc's O (this warpgroup's rows) out: stored, or, for a part of a split tile, merged with
@@ -1054,12 +1112,12 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
         const long long started = stamp();
-        const Piece pc = take_piece(p, s, n);
+        Tile tile;
+        const Piece pc = take_piece(p, s, n, tile);
         if (pc.t >= p.tiles) break;
         const long long q_ready = stamp();
         trace_new_piece(wg);
         elem_t* const q_tile = q_tile_of(s, n);
-        const Tile tile = tile_at(p, pc.t);
         const Ctx c = context(p, s, wg, pc, tile, n);
         float o[NO];
 #pragma unroll
@@ -1107,7 +1165,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
 __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
-    Piece pc = take_piece(p, s, 0);
+    Tile tile;
+    Piece pc = take_piece(p, s, 0, tile);
     float o[NO];
     unsigned pa[BN / 16][4];
     float sc[NS];
@@ -1116,7 +1175,6 @@ __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
     long long started = stamp();
     for (int n = 0; pc.t < p.tiles; ++n) {
         const long long q_ready = stamp();
-        const Tile tile = tile_at(p, pc.t);
         const Ctx c = context(p, s, wg, pc, tile, n);
         if (!begun) {
             trace_new_piece(wg);
@@ -1132,11 +1190,14 @@ __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
         }
         for (int j = c.j0 + 1; j < c.j1; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
         // The piece's last P V; the next piece's first S with it where both have key tiles.
-        const Piece next = take_piece(p, s, n + 1);  // outside any turn: its Q has landed
+        Tile upcoming;
+        const long long q_wait = stamp();
+        const Piece next = take_piece(p, s, n + 1, upcoming);  // outside any turn: its Q has landed
+        sum_set(wg, SUM_Q, stamp() - q_wait);
         const bool streams = c.j1 > c.j0 && next.t < p.tiles && next.j1 > next.j0;
         RowState next_st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
         if (streams) {
-            const Ctx nc = context(p, s, wg, next, tile_at(p, next.t), n + 1);
+            const Ctx nc = context(p, s, wg, next, upcoming, n + 1);
             if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n + 1), wg);
             next_tile<true>(nc, c, o, pa, sc, next_st, it, nc.j0);
         } else if (c.j1 > c.j0) {
@@ -1154,6 +1215,7 @@ __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
         }
         begun = streams;
         pc = next;
+        tile = upcoming;
     }
     consumed(p, wg);
 }

@@ -49,6 +49,21 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
         : "memory");
 }
 
+// Whether the phase of parity `parity` has completed, without waiting.
+__device__ __forceinline__ bool mbar_test(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
 // ---- Bulk tensor copy (TMA, PTX ISA 9.7.9.25): one thread asks the copy engine for a box of a
 // tensor described by a tensor map (built on the host by cuTensorMapEncodeTiled and passed as a
 // __grid_constant__ parameter); the bytes land in shared memory and complete on `bar`.
