@@ -47,6 +47,11 @@
 //                   is issued with this piece's last P V, in one turn, and its softmax runs
 //                   under that P V (consume_streamed); O is staged in a tile of its own, and a
 //                   Q slot is freed at its piece's last S, as the one slot is,
+//   (derived) STORER: O staged in a tile of its own (not O_IN_Q), up to three consumers: a
+//                   consumer warpgroup writes its O to shared memory and arrives on o_full;
+//                   a storer thread of the producer warpgroup (warp 1 + wg, lane 0) issues the
+//                   TMA store and frees the tile (o_empty), so that no consumer waits for a
+//                   barrier of its warpgroup or issues the store between its piece and the next,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
 //   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
 //                   the block that S % BM leaves short is the first, whose rows see the fewest
@@ -99,6 +104,7 @@ constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 constexpr bool STREAM = ATTN_STREAM;
 // Two Q slots without the stream stage O in the Q slot of its own piece (free_prev_q).
 constexpr bool O_IN_Q = Q_SLOTS == 2 && !STREAM;
+constexpr bool STORER = TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -220,9 +226,10 @@ __device__ __forceinline__ void sum_set(int, int, long long) {}
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;  // O_IN_Q: O goes out through Q's
-// The mbarriers, the piece slots (SLOT_INTS ints each) and the merge flags (4 ints).
+// The mbarriers (Q's, the stages', O's for the storer), the piece slots (SLOT_INTS ints each),
+// the merge flags (4 ints) and where each warpgroup's O goes (4 ints each, for the storer).
 constexpr int SLOT_INTS = 8;  // a Piece and its Tile
-constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES) + 4 * SLOT_INTS * Q_SLOTS + 16;
+constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES + 2 * 4) + 4 * SLOT_INTS * Q_SLOTS + 16 + 4 * 4 * 4;
 constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");
 
@@ -239,6 +246,9 @@ struct Smem {
     unsigned long long* k_empty;
     unsigned long long* v_full;
     unsigned long long* v_empty;
+    unsigned long long* o_full;   // [4] STORER: the warpgroup's O is in its part of the O tile
+    unsigned long long* o_empty;  // [4] STORER: its TMA store has read it
+    int* o_at;                    // [4][4] STORER: where the warpgroup's O goes (row, head, batch), head -1 at the end
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -257,8 +267,11 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.k_empty = s.k_full + STAGES;
     s.v_full = s.k_full + 2 * STAGES;
     s.v_empty = s.k_full + 3 * STAGES;
-    s.piece = reinterpret_cast<int*>(s.k_full + 4 * STAGES);
+    s.o_full = s.k_full + 4 * STAGES;
+    s.o_empty = s.o_full + 4;
+    s.piece = reinterpret_cast<int*>(s.o_empty + 4);
     s.merge = s.piece + SLOT_INTS * Q_SLOTS;
+    s.o_at = s.merge + 4;
     return s;
 }
 
@@ -542,9 +555,24 @@ static_assert(CHAINS == 4, "max_of and sum_of combine four chains");
 
 // The running softmax state of this thread's two rows.
 struct RowState {
-    float max[2];  // log2 units, -inf before any visible key
-    float sum[2];  // this thread's part of the row sum (the quad's four parts add up at the end)
+    float max[2];    // log2 units, -inf before any visible key
+    float sum[2];    // this thread's part of the row sum (the quad's four parts add up at the end)
+    float total[2];  // once final: the quad's sums
+    float inv[2];    // and their inverses (0 where a row saw no key)
+    bool final;      // total and inv hold the sums as they are now
 };
+
+// The rows' sums added over the quad and inverted, once no tile is left to add to them: ahead of
+// the store, under the last P V (a chain of shuffles that costs a few hundred cycles when it
+// waits instead).
+__device__ __forceinline__ void finalize(RowState& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st.total[r] = quad_sum(st.sum[r]);
+        st.inv[r] = st.total[r] > 0.f ? reciprocal(st.total[r]) : 0.f;  // a row that sees no key: o = 0
+    }
+    st.final = true;
+}
 
 // Masks the scores of key columns past seq_k or (causal) past a row's diagonal to -inf.
 // `row` is this thread's first row, `n0` the tile's first key. Each row's last visible key is
@@ -642,13 +670,15 @@ __device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa
 // conflicts), then one thread hands them to TMA, which skips the rows past seq_q; the thread
 // waits for its previous store to have read the buffer before anyone writes it again.
 __device__ __forceinline__ void store_output(const Params& p, const Smem& s, elem_t* q_tile, const Tile& tile,
-                                             int wg, int row0, float (&o)[NO], const RowState& st) {
+                                             int wg, int row0, float (&o)[NO], RowState& st, int& stores) {
     const int t = threadIdx.x % 128, lane = threadIdx.x % 32;
-    float inv[2];
+    // Through a vote, which ptxas knows is the same in every lane: a branch on the flag itself
+    // would make it take the key-tile loop for divergent code (28 R2UR in it at D=64, not 8).
+    if (__any_sync(0xffffffffu, !st.final)) finalize(st);
+    const float* inv = st.inv;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float sum = quad_sum(st.sum[r]);
-        inv[r] = sum > 0.f ? reciprocal(sum) : 0.f;  // a row that sees no key: o = 0
+        const float sum = st.total[r];
         const int row = row0 + 8 * r;
         if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < p.seq_q) {
             p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
@@ -679,9 +709,14 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     // (Ctx::free_prev_q).
     elem_t* mine = (O_IN_Q ? q_tile : s.o) + wg * 64 * 64;
     sum_set(wg, SUM_STORE_SUMMED, stamp());
-    if (!O_IN_Q && t == 0) sm90::bulk_wait_read();
-    sum_set(wg, SUM_STORE_WAITED, stamp());
-    sm90::named_sync(1 + wg, 128);
+    if (STORER) {
+        sm90::mbar_wait(s.o_empty + wg, (stores++ & 1) ^ 1);  // the last store has read the tile
+        sum_set(wg, SUM_STORE_WAITED, stamp());
+    } else {
+        if (!O_IN_Q && t == 0) sm90::bulk_wait_read();
+        sum_set(wg, SUM_STORE_WAITED, stamp());
+        sm90::named_sync(1 + wg, 128);
+    }
     sum_set(wg, SUM_STORE_SYNCED, stamp());
     const int r0 = (t / 32) * 16 + lane / 4;  // this thread's first row of the warpgroup's 64
 #pragma unroll
@@ -697,6 +732,21 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     }
     sum_set(wg, SUM_STORE_WRITTEN, stamp());
     sm90::fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
+    if (STORER) {
+        if (t == 0) {
+            volatile int* at = s.o_at + 4 * wg;
+            at[0] = tile.m0 + 64 * wg;
+            at[1] = tile.h;
+            at[2] = tile.b;
+        }
+        sm90::mbar_arrive(s.o_full + wg);  // releases this thread's writes to the storer
+        sum_set(wg, SUM_STORE_FENCED, stamp());
+        // Reconverges the warp after thread 0's writes: without it ptxas takes the next piece's
+        // key-tile loop for divergent code and builds every wgmma descriptor in vector
+        // registers (28 R2UR in the D=64 loop against 8).
+        __syncwarp();
+        return;
+    }
     sm90::named_sync(1 + wg, 128);
     sum_set(wg, SUM_STORE_FENCED, stamp());
     if (t == 0) {
@@ -705,6 +755,32 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
             sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, tile.m0 + 64 * wg, tile.h, tile.b);
         sm90::bulk_commit();
     }
+}
+
+// STORER: consumer warpgroup wg's O stores, by one thread of the producer warpgroup, until the
+// warpgroup says it is done (head -1); then waits until the last has left shared memory.
+__device__ void store_for(const Params& p, const Smem& s, int wg) {
+    for (int k = 0;; ++k) {
+        sm90::mbar_wait(s.o_full + wg, k & 1);
+        const volatile int* at = s.o_at + 4 * wg;
+        const int row = at[0], h = at[1], b = at[2];
+        if (h < 0) break;
+        elem_t* mine = s.o + wg * 64 * 64;
+#pragma unroll
+        for (int c = 0; c < D_BLOCKS; ++c) sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, row, h, b);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read();
+        sm90::mbar_arrive(s.o_empty + wg);
+    }
+    sm90::bulk_wait();
+}
+
+// STORER: tells warpgroup wg's storer that no O is left to store.
+__device__ __forceinline__ void end_stores(const Smem& s, int wg, int& stores) {
+    if (!STORER) return;
+    sm90::mbar_wait(s.o_empty + wg, (stores++ & 1) ^ 1);
+    if (threadIdx.x % 128 == 0) s.o_at[4 * wg + 1] = -1;
+    sm90::mbar_arrive(s.o_full + wg);
 }
 
 // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs sl2 > 0
@@ -858,6 +934,7 @@ __device__ bool merge_partials(const Ctx& c, const Piece& pc, float (&o)[NO], Ro
             st.sum[r] = st.sum[r] * mine_by[r] + sum[r] * theirs_by[r];
             st.max[r] = m;
         }
+        st.final = false;
 #pragma unroll
         for (int i = 0; i < NO / 4; ++i) {
             const float4 x = __ldcg(theirs + i * 128);
@@ -967,12 +1044,14 @@ __device__ __forceinline__ void next_tile(const Ctx& cs, const Ctx& cv, float (&
 }
 
 // The piece's last P V, alone in its turn; `it` moves past it.
-__device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], int& it) {
+__device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], RowState& st,
+                                       int& it) {
     TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
     TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
     issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
     pass_turn(c.wg);
+    finalize(st);  // while the P V runs
     sm90::wgmma_wait<0>();
     sm90::fence_regs(o);
     c.release(c.s.v_empty + Ctx::stage(it));
@@ -990,7 +1069,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     float sc[NS];
     first_tile(c, o, pa, sc, st, it);
     for (int j = c.j0 + 1; j < c.j_end; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
-    last_pv(c, o, pa, it);
+    last_pv(c, o, pa, st, it);
 }
 
 // The piece for one consumer warpgroup: its key tiles computed (above), then, with TRIM, the
@@ -1092,14 +1171,15 @@ __device__ __forceinline__ void trace_piece(const Params& p, int n, int wg, long
 // Piece pc's O (this warpgroup's rows) out: stored, or, for a part of a split tile, merged with
 // the others' parts by whichever arrives last, which stores the tile.
 __device__ __forceinline__ void finish_piece(const Ctx& c, const Piece& pc, const Tile& tile, elem_t* q_tile,
-                                             float (&o)[NO], RowState& st) {
+                                             float (&o)[NO], RowState& st, int& stores) {
     const bool partial = SPLIT_TAIL && (pc.j0 > 0 || pc.j1 < tile.n_kv);
-    if (!partial || merge_partials(c, pc, o, st)) store_output(c.p, c.s, q_tile, tile, c.wg, c.row0, o, st);
+    if (!partial || merge_partials(c, pc, o, st)) store_output(c.p, c.s, q_tile, tile, c.wg, c.row0, o, st, stores);
 }
 
 // A consumer warpgroup's end: its last store has left the CTA, the turns are all taken.
-__device__ __forceinline__ void consumed(const Params& p, int wg) {
-    if (O_STAGED && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
+__device__ __forceinline__ void consumed(const Params& p, const Smem& s, int wg, int& stores) {
+    end_stores(s, wg, stores);
+    if (O_STAGED && !STORER && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
     if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
     if (wg == 0) {
         trace_put(p, TRACE_PIECES, 0, CTA_END, stamp());
@@ -1109,7 +1189,8 @@ __device__ __forceinline__ void consumed(const Params& p, int wg) {
 
 __device__ void consume(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
-    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
+    int it = 0;      // K/V tiles consumed so far (the producer's count, in the same order)
+    int stores = 0;  // STORER: O tiles handed to the storer so far
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
         const long long started = stamp();
         Tile tile;
@@ -1148,11 +1229,11 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
             mainloop_sequential(c, o, st, it);
         }
         const long long loop_end = stamp();
-        finish_piece(c, pc, tile, q_tile, o, st);
+        finish_piece(c, pc, tile, q_tile, o, st, stores);
         trace_piece(p, n, wg, started, q_ready, loop_end);
         if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
-    consumed(p, wg);
+    consumed(p, s, wg, stores);
 }
 
 // STREAM: this warpgroup's pieces as one stream of key tiles. In consume(), every consumer
@@ -1164,7 +1245,8 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
 // other slot by then (the producer loaded it once its slot's last S was done).
 __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
     if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
-    int it = 0;  // K/V tiles consumed so far (the producer's count, in the same order)
+    int it = 0;      // K/V tiles consumed so far (the producer's count, in the same order)
+    int stores = 0;  // STORER: O tiles handed to the storer so far
     Tile tile;
     Piece pc = take_piece(p, s, 0, tile);
     float o[NO];
@@ -1197,14 +1279,15 @@ __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
         const bool streams = c.j1 > c.j0 && next.t < p.tiles && next.j1 > next.j0;
         RowState next_st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
         if (streams) {
+            finalize(st);  // this piece's softmax is done: its sums, under the boundary's products
             const Ctx nc = context(p, s, wg, next, upcoming, n + 1);
             if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n + 1), wg);
             next_tile<true>(nc, c, o, pa, sc, next_st, it, nc.j0);
         } else if (c.j1 > c.j0) {
-            last_pv(c, o, pa, it);
+            last_pv(c, o, pa, st, it);
         }
         const long long loop_end = stamp();
-        finish_piece(c, pc, tile, q_tile_of(s, n), o, st);
+        finish_piece(c, pc, tile, q_tile_of(s, n), o, st, stores);
         trace_piece(p, n, wg, started, q_ready, loop_end);
         started = stamp();
         if (streams) {
@@ -1217,7 +1300,7 @@ __device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
         pc = next;
         tile = upcoming;
     }
-    consumed(p, wg);
+    consumed(p, s, wg, stores);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
@@ -1240,6 +1323,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
             sm90::mbar_init(s.q_full + i, 1);
             sm90::mbar_init(s.q_empty + i, 128 * CONSUMERS);
         }
+        for (int i = 0; i < 4; ++i) {
+            sm90::mbar_init(s.o_full + i, 128);
+            sm90::mbar_init(s.o_empty + i, 1);
+        }
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.k_full + i, 1);
             sm90::mbar_init(s.k_empty + i, 4 * CONSUMERS);
@@ -1252,7 +1339,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
     // Warpgroup CONSUMERS produces (its registers go to the consumers); the others consume.
     if (wg == CONSUMERS) {
         sm90::regs_release<ATTN_PRODUCER_REGS>();
-        if (threadIdx.x % 128 == 0) produce(p, s);
+        const int warp = threadIdx.x % 128 / 32;
+        if (threadIdx.x % 128 == 0) {
+            produce(p, s);
+        } else if (STORER && threadIdx.x % 32 == 0 && warp <= CONSUMERS) {
+            store_for(p, s, warp - 1);
+        }
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
         if (STREAM) {

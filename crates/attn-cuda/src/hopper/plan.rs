@@ -270,10 +270,13 @@ impl Variant {
     fn unstaged_bytes(&self) -> usize {
         let q = self.q_slots as usize * self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        // The mbarriers, a piece slot (8 ints: the piece and its tile) per Q slot and the merge
-        // flags (4 ints).
-        let barriers =
-            8 * (2 * self.q_slots as usize + 4 * self.stages as usize) + 32 * self.q_slots as usize + 16;
+        // The mbarriers (Q's, the stages', and O's full/empty for each of up to four consumer
+        // warpgroups), a piece slot (8 ints: the piece and its tile) per Q slot, the merge flags
+        // (4 ints) and where each warpgroup's O goes (4 ints each).
+        let barriers = 8 * (2 * self.q_slots as usize + 4 * self.stages as usize + 8)
+            + 32 * self.q_slots as usize
+            + 16
+            + 64;
         q + kv + barriers + 1024
     }
 
@@ -907,30 +910,31 @@ mod tests {
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
         // D=128, causal: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O
-        // staged (32 KB), the barriers (8 B each: Q full/empty, 4 per stage), the piece slot (32 B)
-        // and merge flags (16 B) and 1 KB of alignment slack.
+        // staged (32 KB), the barriers (8 B each: Q full/empty, 4 per stage, O full/empty for four
+        // warpgroups), the piece slot (32 B), merge flags (16 B) and O's destinations (64 B), and
+        // 1 KB of alignment slack.
         let (v, _) =
             choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert_eq!(v.shared_bytes(), 163840 + 32768 + 128 + 1024);
+        assert_eq!(v.shared_bytes(), 163840 + 32768 + 256 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert_eq!(v.shared_bytes(), 196608 + 128 + 1024);
+        assert_eq!(v.shared_bytes(), 196608 + 256 + 1024);
         assert!(!v.o_staged());
         // Two Q slots (D=128 without a mask, by default): a second Q tile where O's staging was, O
         // going out through them; the barriers 16 B more (the second slot's full/empty) and its
         // piece slot 32 B.
         let (q2, _) =
             choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert_eq!(q2.shared_bytes(), 163840 + 32768 + 128 + 48 + 1024);
+        assert_eq!(q2.shared_bytes(), 163840 + 32768 + 256 + 48 + 1024);
         // Streamed (ATTN_CUDA_SM90_STREAM=on): O in a tile of its own beside the two Q slots,
         // 225 KB of the 227 at D=128 with 128-key tiles; none at D=256 (two Q tiles alone are
         // 128 KB) or with 144-key tiles, nor trimmed.
         let (v, _) =
             choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         let streamed = v.with_stream(true).unwrap();
-        assert_eq!(streamed.shared_bytes(), 163840 + 32768 + 32768 + 128 + 48 + 1024);
+        assert_eq!(streamed.shared_bytes(), 163840 + 32768 + 32768 + 256 + 48 + 1024);
         assert!(streamed.o_staged() && !streamed.o_in_q() && streamed.name().contains("_q2_stream"));
         assert_eq!(streamed.with_stream(false).unwrap(), Variant { stream: false, ..streamed });
         let (d256, _) =
@@ -953,7 +957,7 @@ mod tests {
         // Not at D=256 (Q 64 KB more would make 256 KB), nor without TMA, nor three slots.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         let err = v.with_q_slots(2).unwrap_err().to_string();
-        assert!(err.contains("2 Q slots") && err.contains("263344 needed"), "{err}");
+        assert!(err.contains("2 Q slots") && err.contains("263472 needed"), "{err}");
         let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
         assert!(v.with_q_slots(2).is_err() && v.with_q_slots(3).is_err());
         // The cp.async form is one warpgroup of 64 rows, no producer.
