@@ -10,7 +10,7 @@ import sys
 PIECES = 64  # TRACE_PIECES: the row of a CTA's own stamps
 PRODUCER = 4  # TRACE_ROLES - 1
 (C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
- C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED, C_Q_WAIT) = range(15)
+ C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED) = range(14)
 P_UNUSED, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE = range(7)
 CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END = range(5)
 
@@ -57,7 +57,7 @@ def report(path):
                              "store: sums", "store: wait for the last store's read", "store: sync",
                              "store: shared writes", "store: fence, sync", "store: TMA issue")}
     waits = {k: [] for k in ("k", "v", "turn")}
-    per_tile, points, q_latency, announce_wait, lead, q_waits = [], [], [], [], [], []
+    per_tile, points, q_latency, announce_wait, lead = [], [], [], [], []
     for cta, rows in ctas.items():
         own = rows.get((PIECES, 0))
         if own is None:
@@ -94,8 +94,6 @@ def report(path):
                         if c[a] and c[b]:
                             parts[k].append(c[b] - c[a])
                 steps["q_wait"].append(c[C_Q_READY] - c[C_START])
-                if len(c) > C_Q_WAIT and c[C_Q_WAIT]:
-                    q_waits.append(c[C_Q_WAIT])
                 q_latency.append(c[C_Q_READY] - prod[P_ANNOUNCED])
                 if c[C_FIRST_S]:
                     steps["first_s"].append(c[C_FIRST_S] - c[C_Q_READY])
@@ -129,8 +127,6 @@ def report(path):
     print(f"  fit, warpgroup 0: piece period = {a:.0f} + {b:.0f} x key tiles ({len(points)} pieces; "
           f"intercept = {a / b if b == b and b else float('nan'):.2f} key tiles)")
     print(f"  producer: announce wait {stats(announce_wait)}")
-    if q_waits:
-        print(f"  stream: wait for the next piece's Q at the boundary {stats(q_waits)}")
     print(f"  Q ready after the producer announced it: {stats(q_latency)}; "
           f"consumer start after the announcement: {stats(lead)}")
     total_cycles = sum(spans) * consumers

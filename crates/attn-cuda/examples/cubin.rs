@@ -59,7 +59,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [stream] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -86,13 +86,11 @@ fn hopper_cubin(args: &[String]) {
         q_slots: 1,
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),
-        stream: false,
     };
     let variant = match args.iter().any(|a| a == "q2") {
         true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),
         false => variant,
     };
-    let variant = variant.with_stream(args.iter().any(|a| a == "stream")).unwrap_or_else(|e| panic!("{e}"));
     match compile(&variant.request()) {
         Ok(c) => {
             let path = format!("{}.cubin", variant.name());

@@ -42,11 +42,6 @@
 //                   two slots, so that the producer loads the next piece's Q while this one's
 //                   key tiles still run, and O is staged in its own tile's Q slot (freed under
 //                   the next piece's first S, once the TMA store has read it),
-//   ATTN_STREAM     1 (two Q slots, overlapped, ping-pong, persistent, no trim): a consumer
-//                   warpgroup's pieces run as one stream of key tiles: the next piece's first S
-//                   is issued with this piece's last P V, in one turn, and its softmax runs
-//                   under that P V (consume_streamed); O is staged in a tile of its own, and a
-//                   Q slot is freed at its piece's last S, as the one slot is,
 //   (derived) STORER: O staged in a tile of its own (not O_IN_Q), up to three consumers: a
 //                   consumer warpgroup writes its O to shared memory and arrives on o_full;
 //                   a storer thread of the producer warpgroup (warp 1 + wg, lane 0) issues the
@@ -98,12 +93,8 @@ constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool TRIM = ATTN_TRIM;
 constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
-#ifndef ATTN_STREAM
-#define ATTN_STREAM 0
-#endif
-constexpr bool STREAM = ATTN_STREAM;
-// Two Q slots without the stream stage O in the Q slot of its own piece (free_prev_q).
-constexpr bool O_IN_Q = Q_SLOTS == 2 && !STREAM;
+// Two Q slots stage O in the Q slot of its own piece (free_prev_q).
+constexpr bool O_IN_Q = Q_SLOTS == 2;
 constexpr bool STORER = TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
@@ -122,7 +113,6 @@ static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles a
 static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
 static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged");
-static_assert(!STREAM || (Q_SLOTS == 2 && PINGPONG && PERSISTENT && !TRIM), "a stream of pieces: the next Q loaded ahead");
 static_assert(!ATTN_TRACE || (TMA && CONSUMERS < 5), "the trace: a producer and up to four consumer warpgroups");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
@@ -178,14 +168,14 @@ constexpr bool TRACE = ATTN_TRACE;
 constexpr int TRACE_PIECES = 64, TRACE_ROLES = 5, TRACE_EVENTS = 16;
 enum ConsumerEvent {
     C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
-    C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED, C_Q_WAIT
+    C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED
 };
 enum ProducerEvent { P_UNUSED, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
 enum CtaEvent { CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END };
 // The sums of the waits, and the first S's stamp, of the piece each role is on.
 enum Sum {
     SUM_K, SUM_V, SUM_TURN, SUM_FIRST_S, SUM_FIRST_ISSUED, SUM_STORE_SYNCED, SUM_STORE_WRITTEN, SUM_STORE_FENCED,
-    SUM_STORE_SUMMED, SUM_STORE_WAITED, SUM_Q
+    SUM_STORE_SUMMED, SUM_STORE_WAITED
 };
 
 __device__ __forceinline__ bool tracer() { return TRACE && threadIdx.x % 128 == 0; }
@@ -202,7 +192,7 @@ __device__ __forceinline__ void trace_put(const Params& p, int n, int role, int 
         p.trace[((blockIdx.x * (TRACE_PIECES + 1) + n) * TRACE_ROLES + role) * TRACE_EVENTS + e] = v;
 }
 #if ATTN_TRACE
-__shared__ long long trace_sums[TRACE_ROLES][11];
+__shared__ long long trace_sums[TRACE_ROLES][10];
 __device__ __forceinline__ long long sum_get(int role, int k) { return trace_sums[role][k]; }
 __device__ __forceinline__ void sum_set(int role, int k, long long v) {
     if (tracer()) trace_sums[role][k] = v;
@@ -406,8 +396,8 @@ __device__ __forceinline__ Tile tile_or_none(const Params& p, const Piece& pc) {
 // piece goes out after this piece's last K/V tile (its slot is free once this piece's last S
 // is done); with two, as soon as its slot is free while this piece's tiles go out (the slot
 // frees under this piece's first key tiles), so that its Q lands long before this piece ends
-// (after the last tile, the next Q landed 1.5 key tiles late at D=64 in the stream of pieces,
-// by the trace). The next unit is drawn from the counter as this piece starts; the draw is
+// (after the last tile, the next Q would land 1.5 key tiles late at D=64 where a consumer needs
+// it under this piece's last P V, by the trace). The next unit is drawn from the counter as this piece starts; the draw is
 // waited for only when the next piece goes out.
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
@@ -1014,32 +1004,29 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     to_fragments(sc, pa);
 }
 
-// Key tile j of `cs`'s piece: S_j issued with the P V of the tile before (`it`, of `cv`'s piece),
-// S_j's softmax under that P V, then P_j packed; `it` moves on to tile j. Within a piece cs and cv
-// are the same; at a BOUNDARY of the stream (consume_streamed) S_j is the next piece's first, its
-// softmax starts `st` afresh, and O, the last piece's, is left as the P V made it.
-template <bool BOUNDARY>
-__device__ __forceinline__ void next_tile(const Ctx& cs, const Ctx& cv, float (&o)[NO], unsigned (&pa)[BN / 16][4],
-                                          float (&sc)[NS], RowState& st, int& it, int j) {
+// Key tile j: S_j issued with P_{j-1} V_{j-1} (tile `it`), S_j's softmax under that P V, then
+// O rescaled where the max moved and P_j packed; `it` moves on to tile j.
+__device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], float (&sc)[NS],
+                                          RowState& st, int& it, int j) {
     float alpha[2];
     const int prev = it++;
-    TIMED(cs.wg, SUM_K, sm90::mbar_wait(cs.s.k_full + Ctx::stage(it), Ctx::phase(it)));
-    TIMED(cs.wg, SUM_TURN, await_turn(cs.wg));
+    TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
-    issue_qk(sc, cs.q_smem, cs.k_smem(Ctx::stage(it)));
-    TIMED(cs.wg, SUM_V, sm90::mbar_wait(cs.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
+    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+    TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
     begin_batch(o, pa);
-    issue_pv(o, pa, cv.v_smem(Ctx::stage(prev)));
-    pass_turn(cs.wg);
-    sm90::wgmma_wait<1>();  // S_j is done; the P V may still run
+    issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
+    pass_turn(c.wg);
+    sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
     sm90::fence_regs(sc);
-    cs.release(cs.s.k_empty + Ctx::stage(it));
-    if (j + 1 == cs.j_end) cs.release_q();
-    const bool moved = softmax_step(cs, sc, st, j, alpha);
-    sm90::wgmma_wait<0>();  // the P V is done: O and P's registers are free
+    c.release(c.s.k_empty + Ctx::stage(it));
+    if (j + 1 == c.j_end) c.release_q();
+    const bool moved = softmax_step(c, sc, st, j, alpha);
+    sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
     sm90::fence_regs(o);
-    cv.release(cv.s.v_empty + Ctx::stage(prev));
-    if (!BOUNDARY && moved) rescale(o, alpha);
+    c.release(c.s.v_empty + Ctx::stage(prev));
+    if (moved) rescale(o, alpha);
     to_fragments(sc, pa);
 }
 
@@ -1068,7 +1055,7 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     unsigned pa[BN / 16][4];
     float sc[NS];
     first_tile(c, o, pa, sc, st, it);
-    for (int j = c.j0 + 1; j < c.j_end; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
+    for (int j = c.j0 + 1; j < c.j_end; ++j) next_tile(c, o, pa, sc, st, it, j);
     last_pv(c, o, pa, st, it);
 }
 
@@ -1145,7 +1132,7 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
 
 // The trace's per-piece sums, zeroed as a piece starts.
 __device__ __forceinline__ void trace_new_piece(int wg) {
-    for (int k = SUM_K; k <= SUM_Q; ++k) sum_set(wg, k, 0);
+    for (int k = SUM_K; k <= SUM_STORE_WAITED; ++k) sum_set(wg, k, 0);
 }
 
 // The trace's row of consumer warpgroup wg for piece n, once its O is out.
@@ -1165,7 +1152,6 @@ __device__ __forceinline__ void trace_piece(const Params& p, int n, int wg, long
     trace_put(p, n, wg, C_STORE_FENCED, sum_get(wg, SUM_STORE_FENCED));
     trace_put(p, n, wg, C_STORE_SUMMED, sum_get(wg, SUM_STORE_SUMMED));
     trace_put(p, n, wg, C_STORE_WAITED, sum_get(wg, SUM_STORE_WAITED));
-    trace_put(p, n, wg, C_Q_WAIT, sum_get(wg, SUM_Q));
 }
 
 // Piece pc's O (this warpgroup's rows) out: stored, or, for a part of a split tile, merged with
@@ -1236,73 +1222,6 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
     consumed(p, s, wg, stores);
 }
 
-// STREAM: this warpgroup's pieces as one stream of key tiles. In consume(), every consumer
-// warpgroup of the CTA reaches a piece's end at about the same time and the tensor cores idle
-// while each waits for its last P V, stores O, waits for the next Q and K, and runs the first
-// S and its softmax alone (1.5 key tiles' time per piece at D=64, by the trace). Here the next
-// piece's first S goes out with this piece's last P V in one turn (next_tile<true>), its
-// softmax runs under that P V, and only then is this piece's O stored; the next Q is in the
-// other slot by then (the producer loaded it once its slot's last S was done).
-__device__ void consume_streamed(const Params& p, const Smem& s, int wg) {
-    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
-    int it = 0;      // K/V tiles consumed so far (the producer's count, in the same order)
-    int stores = 0;  // STORER: O tiles handed to the storer so far
-    Tile tile;
-    Piece pc = take_piece(p, s, 0, tile);
-    float o[NO];
-    unsigned pa[BN / 16][4];
-    float sc[NS];
-    RowState st;
-    bool begun = false;  // this piece's first S was issued, and its softmax run, with the last piece's last P V
-    long long started = stamp();
-    for (int n = 0; pc.t < p.tiles; ++n) {
-        const long long q_ready = stamp();
-        const Ctx c = context(p, s, wg, pc, tile, n);
-        if (!begun) {
-            trace_new_piece(wg);
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-            st = RowState{{NEG_INF, NEG_INF}, {0.f, 0.f}};
-            if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n), wg);
-            if (c.j1 > c.j0) {
-                first_tile(c, o, pa, sc, st, it);
-            } else {
-                c.release_q();  // no key tile: O stays 0
-            }
-        }
-        for (int j = c.j0 + 1; j < c.j1; ++j) next_tile<false>(c, c, o, pa, sc, st, it, j);
-        // The piece's last P V; the next piece's first S with it where both have key tiles.
-        Tile upcoming;
-        const long long q_wait = stamp();
-        const Piece next = take_piece(p, s, n + 1, upcoming);  // outside any turn: its Q has landed
-        sum_set(wg, SUM_Q, stamp() - q_wait);
-        const bool streams = c.j1 > c.j0 && next.t < p.tiles && next.j1 > next.j0;
-        RowState next_st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
-        if (streams) {
-            finalize(st);  // this piece's softmax is done: its sums, under the boundary's products
-            const Ctx nc = context(p, s, wg, next, upcoming, n + 1);
-            if (p.scale_log2 < 0.f) negate_q_rows(q_tile_of(s, n + 1), wg);
-            next_tile<true>(nc, c, o, pa, sc, next_st, it, nc.j0);
-        } else if (c.j1 > c.j0) {
-            last_pv(c, o, pa, st, it);
-        }
-        const long long loop_end = stamp();
-        finish_piece(c, pc, tile, q_tile_of(s, n), o, st, stores);
-        trace_piece(p, n, wg, started, q_ready, loop_end);
-        started = stamp();
-        if (streams) {
-            trace_new_piece(wg);
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[i] = 0.f;
-            st = next_st;
-        }
-        begun = streams;
-        pc = next;
-        tile = upcoming;
-    }
-    consumed(p, s, wg, stores);
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
@@ -1347,10 +1266,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
         }
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
-        if (STREAM) {
-            consume_streamed(p, s, wg);
-        } else {
-            consume(p, s, wg);
-        }
+        consume(p, s, wg);
     }
 }

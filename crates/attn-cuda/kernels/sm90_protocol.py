@@ -2,9 +2,9 @@
 to it before a GPU runs it: the producer (`produce`: the piece and Q slots (one or two, with
 their barriers; with two, O is staged in its piece's Q slot), the K/V
 stages' full and empty mbarriers with their phase parities) and the consumer warpgroups
-(`consume` and `mainloop_overlapped`, with TRIM's skipped key tiles; `consume_streamed`, whose
-next piece's first S goes with this piece's last P V; and the ping-pong ring of
-named barriers, `await_turn` / `pass_turn`), one coroutine each, run in random interleavings
+(`consume` and `mainloop_overlapped`, with TRIM's skipped key tiles, and the ping-pong ring of
+named barriers, `await_turn` / `pass_turn`) and, with one Q slot, the storer threads that take
+O's TMA stores off the consumers (`store_for`, o_full / o_empty), one coroutine each, run in random interleavings
 over random pieces and per-warpgroup key-tile ends. It fails on a deadlock, on a read of a stage
 or Q slot that holds another key tile or piece (O's staging in the slot counts as a read), and
 on a turn passed twice before it was taken (the named barrier
@@ -21,7 +21,9 @@ first S where O is staged in them, at the last S where O has its own tile, and s
 slots freed at the last S (as one slot is), before O has left the slot, fail, as does a stream
 that takes the next piece's slot without waiting for its Q. Later the same day: the producer
 hands the next piece out as soon as its slot tests free between this piece's K/V tiles (two
-slots), else after the last tile; 3000 cases pass, the five mutants are still caught.
+slots), else after the last tile; the stream of pieces (measured slower again) taken out of
+the kernel and the model; the storer threads and their O barriers in; 3000 cases pass; five
+mutants, O written before the storer's store read it among them, each caught.
 """
 import random
 import sys
@@ -63,7 +65,7 @@ def wait(cond):
         yield
 
 
-def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True, stream=False):
+def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
     """One random interleaving; `pieces[t]` = (j0, j1), `ends[t][w]` = warpgroup w's key-tile end."""
     rnd = random.Random(seed)
     k_full, v_full = [Mbarrier(1) for _ in range(stages)], [Mbarrier(1) for _ in range(stages)]
@@ -72,6 +74,11 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True
     k_holds, v_holds = [None] * stages, [None] * stages  # which (piece, key tile) a stage holds
     q_holds = [None] * q_slots  # which piece's Q (or O, staged) a Q slot holds
     turns = [NamedBarrier() for _ in range(consumers)]
+    # STORER (one Q slot, O in its own tile): each warpgroup's part of the O tile, handed to a
+    # storer thread (o_full) and given back once its TMA store has read it (o_empty).
+    o_full, o_empty = [Mbarrier(1) for _ in range(consumers)], [Mbarrier(1) for _ in range(consumers)]
+    o_holds = [None] * consumers  # the piece whose O a warpgroup's part of the O tile holds
+    o_at = [None] * consumers  # where the storer is to store it (None: the warpgroup is done)
     slot = [None] * q_slots
     stage = lambda it: it % stages
     phase = lambda it: (it // stages) & 1
@@ -115,8 +122,7 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True
                 v_holds[st] = (t, j)
                 v_full[st].arrive()
                 it += 1
-                early = q_slots == 2 and mutant != "next-q-after-the-last-tile"
-                if early and not handed and q_empty[n % q_slots].done(((n // q_slots) & 1) ^ 1):
+                if q_slots == 2 and not handed and q_empty[n % q_slots].done(((n // q_slots) & 1) ^ 1):
                     yield from hand_out(t + 1)
                     handed = True
             if not handed:
@@ -125,7 +131,7 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True
     def consumer(w):
         if w == consumers - 1:
             yield from pass_turn(w)  # warpgroup 0 issues first
-        it = 0
+        it, stores = 0, 0
         for n in range(len(pieces) + 1):
             q = n % q_slots
             yield from wait(lambda: q_full[q].done((n // q_slots) & 1))
@@ -137,7 +143,7 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True
             # Q is released at the piece's last S with one slot (release_q); with two, the last
             # piece's slot under this piece's first S (free_prev_q), unless the mutant frees two
             # slots as one.
-            early = q_slots == 1 or not o_in_q or mutant == "two-slots-freed-at-the-last-s"
+            early = q_slots == 1 or mutant == "two-slots-freed-at-the-last-s"
 
             def release_q():
                 if early:
@@ -200,89 +206,40 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None, o_in_q=True
                     yield from wait(lambda: v_full[stage(it)].done(phase(it)))
                 v_empty[stage(it)].arrive()
                 it += 1
-            if q_slots == 2 and o_in_q:  # store_output stages O in the slot, the TMA store reads it
+            if q_slots == 2:  # store_output stages O in the slot, the TMA store reads it
                 read_q()
                 yield
                 read_q()
+            else:  # store_output hands O to the storer
+                stores = yield from hand_o(w, t, stores)
+        if q_slots == 1:  # end_stores
+            stores = yield from hand_o(w, None, stores)
         if w == 0:
             yield from await_turn(w)  # the last warpgroup's last arrival
 
-    def take(n, waits=True):  # take_piece: wait for piece n's Q and read its slot
-        q = n % q_slots
-        if waits:
-            yield from wait(lambda: q_full[q].done((n // q_slots) & 1))
-        return slot[q]
+    def hand_o(w, t, stores):
+        if mutant != "o-written-before-read":
+            yield from wait(lambda: o_empty[w].done((stores & 1) ^ 1))
+        o_holds[w], o_at[w] = t, t
+        o_full[w].arrive()
+        return stores + 1
 
-    def consumer_streamed(w):
-        # consume_streamed: two Q slots, O in its own tile (a slot is freed at its piece's last
-        # S), no trim; the next piece's first S issued with this piece's last P V, in one turn.
-        if w == consumers - 1:
-            yield from pass_turn(w)
-        it, n = 0, 0
-        piece = yield from take(0)
-        begun = False
+    def storer(w):  # store_for
+        k = 0
+        while True:
+            yield from wait(lambda: o_full[w].done(k & 1))
+            t = o_at[w]
+            if t is None:
+                return
+            assert o_holds[w] == t, f"the storer of warpgroup {w} reads O {o_holds[w]} for piece {t}"
+            yield  # the TMA store reads the tile
+            assert o_holds[w] == t, f"O {t} of warpgroup {w} overwritten under its store"
+            o_empty[w].arrive()
+            k += 1
 
-        def s_of(t, j, q):  # issuing S_j of piece t: K and Q must hold it
-            assert k_holds[stage(it)] == (t, j), f"warpgroup {w} reads K {t, j}: {k_holds}"
-            assert q_holds[q] == t, f"warpgroup {w} reads Q {t} in slot {q}, which holds {q_holds[q]}"
-
-        while piece is not None:
-            t, j0, j1 = piece
-            q = n % q_slots
-            if not begun and j1 > j0:
-                yield from wait(lambda: k_full[stage(it)].done(phase(it)))
-                yield from await_turn(w)
-                s_of(t, j0, q)
-                yield from pass_turn(w)
-                k_empty[stage(it)].arrive()
-                if j1 - j0 == 1:
-                    q_empty[q].arrive()
-            elif not begun:
-                q_empty[q].arrive()
-            for j in range(j0 + 1, j1):
-                prev = it
-                it += 1
-                yield from wait(lambda: k_full[stage(it)].done(phase(it)))
-                yield from await_turn(w)
-                s_of(t, j, q)
-                yield from wait(lambda: v_full[stage(prev)].done(phase(prev)))
-                assert v_holds[stage(prev)] == (t, j - 1), f"warpgroup {w} reads V {t, j - 1}: {v_holds}"
-                yield from pass_turn(w)
-                k_empty[stage(it)].arrive()
-                if j + 1 == j1:
-                    q_empty[q].arrive()
-                yield
-                v_empty[stage(prev)].arrive()
-            nxt = yield from take(n + 1, waits=mutant != "stream-next-q-not-awaited")
-            streams = j1 > j0 and nxt is not None and nxt[2] > nxt[1]
-            if streams:
-                prev = it
-                it += 1
-                yield from wait(lambda: k_full[stage(it)].done(phase(it)))
-                yield from await_turn(w)
-                s_of(nxt[0], nxt[1], (n + 1) % q_slots)
-                yield from wait(lambda: v_full[stage(prev)].done(phase(prev)))
-                assert v_holds[stage(prev)] == (t, j1 - 1), f"warpgroup {w} reads V {t, j1 - 1}: {v_holds}"
-                yield from pass_turn(w)
-                k_empty[stage(it)].arrive()
-                if nxt[2] - nxt[1] == 1:
-                    q_empty[(n + 1) % q_slots].arrive()
-                yield
-                v_empty[stage(prev)].arrive()
-            elif j1 > j0:
-                yield from wait(lambda: v_full[stage(it)].done(phase(it)))
-                yield from await_turn(w)
-                assert v_holds[stage(it)] == (t, j1 - 1), f"warpgroup {w} reads V {t, j1 - 1}: {v_holds}"
-                yield from pass_turn(w)
-                yield
-                v_empty[stage(it)].arrive()
-                it += 1
-            begun, piece, n = streams, nxt, n + 1
-            yield  # (an empty piece takes no turn: without this, a stale slot could spin unscheduled)
-        if w == 0:
-            yield from await_turn(w)
-
-    procs = [producer()] + [(consumer_streamed if stream else consumer)(w) for w in range(consumers)]
+    procs = [producer()] + [consumer(w) for w in range(consumers)]
+    if q_slots == 1:
+        procs += [storer(w) for w in range(consumers)]
     alive, steps = list(range(len(procs))), 0
     while alive:
         i = rnd.choice(alive)
@@ -299,25 +256,18 @@ def failures(mutant=None, cases=3000):
     for seed in range(cases):
         r = random.Random(seed)
         consumers, stages, q_slots = r.choice([2, 3, 4]), r.choice([2, 3]), r.choice([1, 2])
-        # Two slots: O staged in them (D=128's long tiles) or in its own tile, then maybe streamed.
-        o_in_q = q_slots == 2 and r.random() < 0.5
-        stream = q_slots == 2 and not o_in_q and r.random() < 0.6
-        if mutant and mutant.startswith("stream"):
-            q_slots, o_in_q, stream = 2, False, True
         pieces, ends = [], []
         for _ in range(r.randint(1, 5)):
-            # Streamed pieces are never trimmed, and may be empty (rows that see no key).
-            j1 = r.randint(0 if stream else 1, 6)
+            j1 = r.randint(1, 6)
             pieces.append((0, j1))
             # Rows further down see more keys; some pieces untrimmed.
-            trimmed = not stream and r.random() >= 0.3
+            trimmed = r.random() >= 0.3
             ends.append(sorted(r.randint(0, j1) for _ in range(consumers)) if trimmed else [j1] * consumers)
         try:
-            run(seed, consumers, stages, q_slots, pieces, ends, mutant, o_in_q, stream)
+            run(seed, consumers, stages, q_slots, pieces, ends, mutant)
         except AssertionError as e:
             failed.append(
-                f"seed {seed}: {consumers} consumers, {stages} stages, {q_slots} Q slots (O in them: {o_in_q}, "
-                f"streamed: {stream}), pieces {pieces}, ends {ends}: {e}"
+                f"seed {seed}: {consumers} consumers, {stages} stages, {q_slots} Q slots, pieces {pieces}, ends {ends}: {e}"
             )
     return failed
 
@@ -330,7 +280,7 @@ if __name__ == "__main__":
     ok = not failed
     if "--mutants" in sys.argv:
         for mutant in ["freed-before-loaded", "no-turn-for-an-empty-piece", "q-released-late", "two-slots-freed-at-the-last-s",
-                       "stream-next-q-not-awaited"]:
+                       "o-written-before-read"]:
             caught = failures(mutant)
             print(f"mutant {mutant}: {len(caught)} of 3000 cases fail" + (f" (first: {caught[0]})" if caught else ""))
             ok &= bool(caught)

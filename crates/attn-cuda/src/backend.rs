@@ -131,9 +131,6 @@ pub struct Cuda {
     /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default, where
     /// the variant can) or from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
     sm90_bottom: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel streams its pieces (default: no), or why `ATTN_CUDA_SM90_STREAM`
-    /// could not be read.
-    sm90_stream: Option<std::result::Result<bool, String>>,
     /// Where a traced build of the Hopper kernel writes its timelines (`ATTN_CUDA_SM90_TRACE`, a
     /// folder; see `hopper::Variant::trace`): a diagnostic, never timed as the kernel.
     sm90_trace: Option<std::path::PathBuf>,
@@ -203,7 +200,6 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
     /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
-    /// `ATTN_CUDA_SM90_STREAM=on|off` (see `hopper::Variant::stream`),
     /// `ATTN_CUDA_SM90_TRACE=<folder>` (a traced build, see `hopper::Variant::trace`: each prepared
     /// problem writes its last launch's timeline there as CSV when dropped),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
@@ -274,7 +270,6 @@ impl Cuda {
             sm90_trim,
             sm90_q_slots,
             sm90_bottom,
-            sm90_stream: on_off("ATTN_CUDA_SM90_STREAM"),
             sm90_trace: var("ATTN_CUDA_SM90_TRACE").map(Into::into),
             timing_lead,
             ..Self::default()
@@ -326,7 +321,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_STREAM`, `_SM90_TRACE`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -342,7 +337,6 @@ impl Cuda {
             || self.sm90_trim.is_some()
             || self.sm90_q_slots.is_some()
             || self.sm90_bottom.is_some()
-            || self.sm90_stream.is_some()
             || self.sm90_trace.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
@@ -379,12 +373,6 @@ impl Cuda {
                 }
                 if let Some(bottom) = knob(&self.sm90_bottom)? {
                     variant = variant.with_bottom(bottom)?;
-                }
-                if let Some(stream) = knob(&self.sm90_stream)? {
-                    // Shared memory changes with the stream (two Q slots, O's own tile).
-                    variant = variant.with_stream(stream)?;
-                    launch = variant.launch(problem, ctas, self.splits()?);
-                    launch.validate(&variant.name(), &info.limits)?;
                 }
                 variant.trace = self.sm90_trace.is_some();
                 Ok(Choice::Hopper(variant, launch))

@@ -184,10 +184,6 @@ pub struct Variant {
     /// each piece's steps in SM cycles into a buffer the host writes out (see
     /// [`crate::hopper::launch::TRACE_LEN_PER_CTA`]). Never planned unless asked for.
     pub trace: bool,
-    /// A consumer warpgroup's pieces as one stream of key tiles (`ATTN_STREAM`, asked for by
-    /// `ATTN_CUDA_SM90_STREAM=on`; see [`Variant::with_stream`]): the next piece's first S issued
-    /// with this one's last P V, and O staged in a tile of its own next to two Q slots.
-    pub stream: bool,
 }
 
 impl Variant {
@@ -262,9 +258,9 @@ impl Variant {
         (self.unstaged_bytes() + if self.o_staged() && !self.o_in_q() { self.o_bytes() } else { 0 }) as u32
     }
 
-    /// Whether O is staged in its piece's Q slot (two Q slots without the stream).
+    /// Whether O is staged in its piece's Q slot (with two Q slots).
     pub fn o_in_q(&self) -> bool {
-        self.q_slots == 2 && !self.stream
+        self.q_slots == 2
     }
 
     fn unstaged_bytes(&self) -> usize {
@@ -287,32 +283,9 @@ impl Variant {
     /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
     /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
     /// next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
-    /// in its tile's Q slot or (the stream) a tile of its own.
+    /// in its tile's Q slot.
     pub fn o_staged(&self) -> bool {
         self.form >= Form::Tma && (self.o_in_q() || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
-    }
-
-    /// This variant streaming its pieces or not ([`Variant::stream`]), or why it cannot: the
-    /// stream takes two Q slots and O's own tile beside them, the ping-pong of the persistent
-    /// form, and no trim.
-    pub fn with_stream(self, stream: bool) -> Result<Variant> {
-        if !stream {
-            return Ok(Variant { stream, ..self });
-        }
-        let v = Variant { stream, q_slots: 2, ..self };
-        let bytes = v.unstaged_bytes() + v.o_bytes();
-        match self.form == Form::Persistent && self.pingpong && !self.trims() && bytes <= SHARED_LIMIT {
-            true => Ok(v),
-            false => Err(Error::Unsupported {
-                backend: "cuda (Hopper family)".into(),
-                what: format!(
-                    "a stream of pieces in {}: it needs the persistent form with turns, no trim, and two Q \
-                     tiles, O's tile and the K/V stages within {SHARED_LIMIT} bytes of shared memory ({bytes} \
-                     needed); ATTN_CUDA_SM90_STREAM=off",
-                    self.name()
-                ),
-            }),
-        }
     }
 
     /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped
@@ -339,7 +312,7 @@ impl Variant {
     /// The name of the specialisation: dtype, head dim, tiles, form, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -349,7 +322,6 @@ impl Variant {
             if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
             if self.trims() { "_trim" } else { "" },
             if self.q_slots == 2 { "_q2" } else { "" },
-            if self.stream { "_stream" } else { "" },
             if self.bottoms() { "_bottom" } else { "" },
             if self.causal { "_causal" } else { "" },
             if self.trace { "_trace" } else { "" }
@@ -381,7 +353,6 @@ impl Variant {
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
             ("ATTN_TRACE".into(), flag(self.trace)),
-            ("ATTN_STREAM".into(), flag(self.stream)),
         ]
     }
 
@@ -441,7 +412,6 @@ impl Variant {
                             q_slots: 1,
                             bottom: false,
                             trace: false,
-                            stream: false,
                         }];
                         if let Some(long) = long_tiles(head_dim, form, causal) {
                             here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -457,16 +427,8 @@ impl Variant {
                             // Blocks from the bottom (the default where they apply), compiled
                             // next to the top order that ATTN_CUDA_SM90_BLOCKS=top asks for.
                             let bottom = Variant { bottom: true, ..here[0] };
-                            let default = match bottom.bottoms() {
-                                true => bottom,
-                                false => here[0],
-                            };
                             if bottom.bottoms() {
                                 here.push(bottom);
-                            }
-                            // Streaming its pieces (ATTN_CUDA_SM90_STREAM=on), where it fits.
-                            if let Ok(streamed) = default.with_stream(true) {
-                                here.push(streamed);
                             }
                         }
                         v.extend(here);
@@ -750,7 +712,6 @@ pub fn choose(
         q_slots: 1,
         bottom: false,
         trace: false,
-        stream: false,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
     let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
@@ -928,20 +889,6 @@ mod tests {
         let (q2, _) =
             choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(q2.shared_bytes(), 163840 + 32768 + 256 + 48 + 1024);
-        // Streamed (ATTN_CUDA_SM90_STREAM=on): O in a tile of its own beside the two Q slots,
-        // 225 KB of the 227 at D=128 with 128-key tiles; none at D=256 (two Q tiles alone are
-        // 128 KB) or with 144-key tiles, nor trimmed.
-        let (v, _) =
-            choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        let streamed = v.with_stream(true).unwrap();
-        assert_eq!(streamed.shared_bytes(), 163840 + 32768 + 32768 + 256 + 48 + 1024);
-        assert!(streamed.o_staged() && !streamed.o_in_q() && streamed.name().contains("_q2_stream"));
-        assert_eq!(streamed.with_stream(false).unwrap(), Variant { stream: false, ..streamed });
-        let (d256, _) =
-            choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
-        assert!(d256.with_stream(true).is_err());
-        assert!(Variant { block_n: 144, ..v }.with_stream(true).is_err());
-        assert!(Variant { trim: true, ..v }.with_stream(true).is_err());
         assert!(q2.o_staged() && q2.name().contains("_q2") && !v.name().contains("_q2"));
         assert!(q2.defines().contains(&("ATTN_Q_SLOTS".into(), "2".into())));
         assert_eq!(q2.with_q_slots(1).unwrap(), Variant { q_slots: 1, ..q2 });
@@ -989,11 +936,9 @@ mod tests {
         // persistent form without a mask), D=64 with three; each causal one from the overlap
         // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
         // D=256, where a second Q tile does not fit (8 and 6); the causal persistent ones with
-        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2); and the
-        // persistent ones streamed, except at D=256, where two Q tiles and O's do not fit (4 and 4).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 60);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 34);
-        assert_eq!(Variant::all().iter().filter(|v| v.stream).count(), 8);
+        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 56);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 30);
     }
 
     #[test]
