@@ -103,6 +103,9 @@ constexpr int NO = D / 2;   // O accumulators per thread
 constexpr int D_BLOCKS = D / 64;
 #define NEG_INF __int_as_float(0xff800000)
 constexpr float RESCALE_SLACK = 8.f;
+// Key tiles past a piece's first exponentiate against the running max without finding their own
+// (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
+constexpr bool SPECULATE = D <= 128;
 
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
@@ -504,6 +507,23 @@ __device__ __forceinline__ void pass_turn(int wg) {
     if (PINGPONG) sm90::named_arrive(TURN + (wg + 1) % CONSUMERS, 256);
 }
 
+// Whether `x` holds in any thread of warpgroup wg (a reduction on its own named barrier, 1 + wg),
+// read through a vote so that ptxas knows every lane has the same answer.
+__device__ __forceinline__ bool warpgroup_any(int wg, bool x) {
+    unsigned any;
+    asm volatile(
+        "{\n"
+        ".reg .pred p, q;\n"
+        "setp.ne.u32 q, %1, 0;\n"
+        "bar.red.or.pred p, %2, 128, q;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(any)
+        : "r"(static_cast<unsigned>(x)), "r"(1 + wg)
+        : "memory");
+    return __any_sync(0xffffffffu, any != 0);
+}
+
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -629,7 +649,8 @@ __device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2])
 }
 
 // p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
-__device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
+// (The same, with this thread's part of the tile's row sums returned in `sums`, not added.)
+__device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState& st, float sl2, float (&sums)[2]) {
     const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
     float part[2][CHAINS] = {};  // the tile's sums, in independent chains as the max
 #pragma unroll
@@ -640,7 +661,14 @@ __device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float
             part[e >> 1][chain(c, e)] += s[4 * c + e];
         }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) st.sum[r] += sum_of(part[r]);
+    for (int r = 0; r < 2; ++r) sums[r] = sum_of(part[r]);
+}
+
+__device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
+    float sums[2];
+    exponentiate_rows(s, st, sl2, sums);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.sum[r] += sums[r];
 }
 
 // The probabilities as 16-bit A fragments: key chunks 2kk and 2kk + 1 make fragment kk.
@@ -946,6 +974,39 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
     return moved;
 }
 
+// Key tile j's softmax against the running max as it stands, without finding the tile's own max
+// first: at D=64 that search (60 FMNMX and two shuffles a tile) is what the consumers wait on most,
+// and the kernel without it ran 4-12% faster (bench/results/2026-11-26-h100-hopper-speculate-*).
+// The running max moves only when a row outgrows it by RESCALE_SLACK anyway; as long as no row
+// did, every p is below 2^RESCALE_SLACK and so is each thread's part of a row's sum. Where a part
+// is above that (or is not a number), or a row has seen no key yet, the warpgroup issues S_j again
+// (K and Q are still in place: see next_tile) and takes the usual way, max first. Returns whether
+// O must be rescaled, as softmax_step does.
+__device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
+                                                    float (&sc)[NS], RowState& st, int j, unsigned k_smem,
+                                                    float (&alpha)[2]) {
+    const int n0 = j * BN;
+    const bool masked = n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift);
+    if (masked) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
+    float sums[2] = {0.f, 0.f};
+    if (!fresh) exponentiate_rows(sc, st, c.sl2, sums);
+    const float limit = exp2f(RESCALE_SLACK);
+    const bool outgrown = fresh || !(sums[0] <= limit) || !(sums[1] <= limit);
+    if (!warpgroup_any(c.wg, outgrown)) {
+        st.sum[0] += sums[0];
+        st.sum[1] += sums[1];
+        alpha[0] = alpha[1] = 1.f;
+        return false;
+    }
+    begin_batch(o, pa);
+    issue_qk(sc, c.q_smem, k_smem);
+    sm90::wgmma_wait<0>();  // S_j again, and the P V before it
+    sm90::fence_regs(sc);
+    sm90::fence_regs(o);
+    return softmax_step(c, sc, st, j, alpha);
+}
+
 // The piece's key tiles one after the other: S, softmax, P V, each waiting for the last (the
 // cp.async and TMA forms). `it` counts K/V tiles across this CTA's pieces.
 __device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
@@ -1005,7 +1066,12 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
 }
 
 // Key tile j: S_j issued with P_{j-1} V_{j-1} (tile `it`), S_j's softmax under that P V, then
-// O rescaled where the max moved and P_j packed; `it` moves on to tile j.
+// O rescaled where the max moved and P_j packed; `it` moves on to tile j. SPECULATE: the softmax
+// against the running max (softmax_speculative), which may issue S_j again: not for the piece's
+// last tile, whose S frees Q for the next piece. K's stage is freed before it all the same: the
+// producer loads the stage's next K only after the V before that, into the stage that P_{j-1} V_{j-1}
+// frees once done, after this softmax (kernels/sm90_protocol.py checks the re-read).
+template <bool SPECULATE>
 __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], float (&sc)[NS],
                                           RowState& st, int& it, int j) {
     float alpha[2];
@@ -1022,7 +1088,8 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (j + 1 == c.j_end) c.release_q();
-    const bool moved = softmax_step(c, sc, st, j, alpha);
+    const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, j, c.k_smem(Ctx::stage(it)), alpha)
+                                 : softmax_step(c, sc, st, j, alpha);
     sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
     sm90::fence_regs(o);
     c.release(c.s.v_empty + Ctx::stage(prev));
@@ -1055,7 +1122,10 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     unsigned pa[BN / 16][4];
     float sc[NS];
     first_tile(c, o, pa, sc, st, it);
-    for (int j = c.j0 + 1; j < c.j_end; ++j) next_tile(c, o, pa, sc, st, it, j);
+    // The piece's last tile frees Q (release_q) with its S, so only the tiles before it speculate.
+    int j = c.j0 + 1;
+    for (; j + 1 < c.j_end; ++j) next_tile<SPECULATE>(c, o, pa, sc, st, it, j);
+    if (j < c.j_end) next_tile<false>(c, o, pa, sc, st, it, j);
     last_pv(c, o, pa, st, it);
 }
 

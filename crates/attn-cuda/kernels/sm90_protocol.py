@@ -23,7 +23,10 @@ that takes the next piece's slot without waiting for its Q. Later the same day: 
 hands the next piece out as soon as its slot tests free between this piece's K/V tiles (two
 slots), else after the last tile; the stream of pieces (measured slower again) taken out of
 the kernel and the model; the storer threads and their O barriers in; 3000 cases pass; five
-mutants, O written before the storer's store read it among them, each caught.
+mutants, O written before the storer's store read it among them, each caught. Then the
+speculative softmax: a key tile before a piece's last may issue its S again after freeing its
+K stage: K and Q still hold it then (the producer loads a stage's next K only after the V before
+it, which waits for the P V that comes after the softmax); 3000 cases pass.
 """
 import random
 import sys
@@ -180,6 +183,9 @@ def run(seed, consumers, stages, q_slots, pieces, ends, mutant=None):
                     if j + 1 == q_until:
                         release_q()
                     yield
+                    if j + 1 < j_end:  # softmax_speculative may issue S_j again: K and Q still hold it
+                        assert k_holds[stage(it)] == (t, j), f"warpgroup {w} reads K {t, j} again: {k_holds}"
+                        read_q()
                     assert v_holds[stage(prev)] == (t, j - 1), f"V {t, j - 1} overwritten under warpgroup {w}"
                     v_empty[stage(prev)].arrive()
                 yield from wait(lambda: v_full[stage(it)].done(phase(it)))
