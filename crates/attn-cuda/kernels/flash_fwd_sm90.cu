@@ -9,7 +9,9 @@
 // keys, each consumer warpgroup computes
 //   S = Q K^T        wgmma m64nBNk16, Q and K from shared memory (both K-major, 128-byte swizzle)
 //   online softmax   in registers, base 2: p = exp2(s * scale * log2(e) - max); the running max
-//                    moves (and O is rescaled) only when a row outgrows it by RESCALE_SLACK
+//                    moves (and O is rescaled) only when a row outgrows it by RESCALE_SLACK,
+//                    and past a piece's first key tile a tile's own max is looked for only
+//                    when a row's p says it outgrew the running one (softmax_speculative)
 //   O += P V         wgmma m64nDk16, P from registers (the S accumulators of two 8-key column
 //                    chunks are exactly one 16-key A fragment once rounded to 16 bits), V from
 //                    shared memory (MN-major: its rows are keys)
@@ -40,8 +42,9 @@
 //   ATTN_Q_SLOTS    1: one Q tile in shared memory, loaded for the next piece once every
 //                   consumer has issued its last S of this one; 2 (overlapped forms, O staged):
 //                   two slots, so that the producer loads the next piece's Q while this one's
-//                   key tiles still run, and O is staged in its own tile's Q slot (freed under
-//                   the next piece's first S, once the TMA store has read it),
+//                   key tiles still run (as soon as its slot is free), and O is staged in its
+//                   own tile's Q slot (freed under the next piece's first S, once the TMA store
+//                   has read it),
 //   (derived) STORER: O staged in a tile of its own (not O_IN_Q), up to three consumers: a
 //                   consumer warpgroup writes its O to shared memory and arrives on o_full;
 //                   a storer thread of the producer warpgroup (warp 1 + wg, lane 0) issues the
@@ -59,7 +62,8 @@
 //                   takes its turns and frees the stages (see mainloop_overlapped).
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
-//                   `trace` (see Trace below), for a timeline of where a CTA's cycles go.
+//                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
+//                   (ATTN_CUDA_SM90_TRACE, bench/device/trace.sh).
 // The barriers, stages and turns are modelled in kernels/sm90_protocol.py (random interleavings,
 // checked for deadlocks and stale reads): run it after changing how any of them is used.
 // Tiles are numbered so that neighbours share K/V in L2 and, under a causal mask, the longest
@@ -173,7 +177,7 @@ enum ConsumerEvent {
     C_START, C_Q_READY, C_FIRST_S, C_LOOP_END, C_STORED, C_K_WAIT, C_V_WAIT, C_TURN_WAIT,
     C_FIRST_ISSUED, C_STORE_SYNCED, C_STORE_WRITTEN, C_STORE_FENCED, C_STORE_SUMMED, C_STORE_WAITED
 };
-enum ProducerEvent { P_UNUSED, P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
+enum ProducerEvent { P_ANNOUNCE, P_ANNOUNCED, P_ISSUED, P_K_WAIT, P_V_WAIT, P_PIECE };
 enum CtaEvent { CTA_START, CTA_END, CTA_SM, CTA_GLOBAL_START, CTA_GLOBAL_END };
 // The sums of the waits, and the first S's stamp, of the piece each role is on.
 enum Sum {
@@ -399,9 +403,9 @@ __device__ __forceinline__ Tile tile_or_none(const Params& p, const Piece& pc) {
 // piece goes out after this piece's last K/V tile (its slot is free once this piece's last S
 // is done); with two, as soon as its slot is free while this piece's tiles go out (the slot
 // frees under this piece's first key tiles), so that its Q lands long before this piece ends
-// (after the last tile, the next Q would land 1.5 key tiles late at D=64 where a consumer needs
-// it under this piece's last P V, by the trace). The next unit is drawn from the counter as this piece starts; the draw is
-// waited for only when the next piece goes out.
+// (handed out after the last tile, the next Q landed 1.5 key tiles after a consumer that wanted
+// it under this piece's last P V needed it, by the trace). The next unit is drawn from the
+// counter as this piece starts; the draw is waited for only when the next piece goes out.
 __device__ void produce(const Params& p, const Smem& s) {
     sm90::tma_prefetch(&p.q_map);
     sm90::tma_prefetch(&p.k_map);

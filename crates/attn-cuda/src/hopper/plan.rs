@@ -255,12 +255,7 @@ impl Variant {
     /// to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
     /// `kernels/flash_fwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        (self.unstaged_bytes() + if self.o_staged() && !self.o_in_q() { self.o_bytes() } else { 0 }) as u32
-    }
-
-    /// Whether O is staged in its piece's Q slot (with two Q slots).
-    pub fn o_in_q(&self) -> bool {
-        self.q_slots == 2
+        (self.unstaged_bytes() + if self.o_staged() && self.q_slots == 1 { self.o_bytes() } else { 0 }) as u32
     }
 
     fn unstaged_bytes(&self) -> usize {
@@ -285,7 +280,8 @@ impl Variant {
     /// next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
     /// in its tile's Q slot.
     pub fn o_staged(&self) -> bool {
-        self.form >= Form::Tma && (self.o_in_q() || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
+        self.form >= Form::Tma
+            && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
     }
 
     /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped
