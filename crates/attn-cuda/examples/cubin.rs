@@ -59,7 +59,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>] [ATTN_X_<NAME>=<integer>[+...]]";
     let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -91,11 +91,19 @@ fn hopper_cubin(args: &[String]) {
         true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),
         false => variant,
     };
-    match compile(&variant.request()) {
+    // Experiment overrides, as ATTN_CUDA_SM90_DEFINES gives them (ATTN_X_<NAME>=<integer>[+...]).
+    let mut req = variant.request();
+    if let Some(x) = args.iter().find(|a| a.starts_with("ATTN_X_")) {
+        for (name, value) in attn_cuda::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")) {
+            req.name = format!("{}_{}{}", req.name, name.to_lowercase(), value);
+            req = req.define(name, value);
+        }
+    }
+    match compile(&req) {
         Ok(c) => {
-            let path = format!("{}.cubin", variant.name());
+            let path = format!("{}.cubin", req.name);
             std::fs::write(&path, &c.cubin).expect("write the cubin");
-            std::fs::write(format!("{}.ptx", variant.name()), &c.ptx).expect("write the ptx");
+            std::fs::write(format!("{}.ptx", req.name), &c.ptx).expect("write the ptx");
             println!("{path}\n{}", c.log.trim_end());
         }
         Err(e) => {

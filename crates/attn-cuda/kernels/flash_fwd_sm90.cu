@@ -60,6 +60,9 @@
 //   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
+//   ATTN_X_*        experiment overrides of compile-time choices (ATTN_X_SPECULATE,
+//                   ATTN_X_STORER), set only through ATTN_CUDA_SM90_DEFINES, to time a choice
+//                   against the default in one binary,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -99,7 +102,11 @@ constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 // Two Q slots stage O in the Q slot of its own piece (free_prev_q).
 constexpr bool O_IN_Q = Q_SLOTS == 2;
+#ifdef ATTN_X_STORER  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns the storer off
+constexpr bool STORER = ATTN_X_STORER && TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
+#else
 constexpr bool STORER = TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
+#endif
 constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
@@ -109,7 +116,11 @@ constexpr int D_BLOCKS = D / 64;
 constexpr float RESCALE_SLACK = 8.f;
 // Key tiles past a piece's first exponentiate against the running max without finding their own
 // (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
+#ifdef ATTN_X_SPECULATE  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns it off
+constexpr bool SPECULATE = ATTN_X_SPECULATE && D <= 128;
+#else
 constexpr bool SPECULATE = D <= 128;
+#endif
 
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");

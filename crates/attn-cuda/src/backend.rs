@@ -63,6 +63,24 @@ impl Kernel {
 }
 
 /// A knob's value, or the reason it could not be read as an error of the backend.
+/// The Hopper kernel's experiment overrides from `ATTN_CUDA_SM90_DEFINES`: `NAME=VALUE` pairs
+/// joined by `+`, each NAME an `ATTN_X_` macro of `kernels/flash_fwd_sm90.cu` (so that a
+/// setting can switch a compile-time choice, the speculative softmax or the storer thread,
+/// without a build of its own) and VALUE an integer; anything else is refused with the reason.
+pub fn experiment_defines(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    text.split('+')
+        .map(|pair| match pair.trim().split_once('=') {
+            Some((name, value)) if name.starts_with("ATTN_X_") && value.parse::<i64>().is_ok() => {
+                Ok((name.to_string(), value.to_string()))
+            }
+            _ => Err(format!(
+                "ATTN_CUDA_SM90_DEFINES: `{pair}` is not ATTN_X_<NAME>=<integer> (pairs joined by +, e.g. \
+                 ATTN_X_SPECULATE=0+ATTN_X_STORER=0)"
+            )),
+        })
+        .collect()
+}
+
 fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
     k.clone().transpose().map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
 }
@@ -134,6 +152,9 @@ pub struct Cuda {
     /// Where a traced build of the Hopper kernel writes its timelines (`ATTN_CUDA_SM90_TRACE`, a
     /// folder; see `hopper::Variant::trace`): a diagnostic, never timed as the kernel.
     sm90_trace: Option<std::path::PathBuf>,
+    /// Experiment overrides compiled into every Hopper kernel (`ATTN_CUDA_SM90_DEFINES`, see
+    /// [`experiment_defines`]), or why they could not be read.
+    sm90_defines: Option<std::result::Result<Vec<(String, String)>, String>>,
     /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
     /// `ATTN_CUDA_TIMING_LEAD` could not be read.
     timing_lead: Option<std::result::Result<Lead, String>>,
@@ -200,6 +221,8 @@ impl Cuda {
     /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
     /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
     /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
+    /// `ATTN_CUDA_SM90_DEFINES=ATTN_X_<NAME>=<value>[+...]` (the kernel's experiment overrides,
+    /// see [`experiment_defines`]),
     /// `ATTN_CUDA_SM90_TRACE=<folder>` (a traced build, see `hopper::Variant::trace`: each prepared
     /// problem writes its last launch's timeline there as CSV when dropped),
     /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
@@ -271,6 +294,7 @@ impl Cuda {
             sm90_q_slots,
             sm90_bottom,
             sm90_trace: var("ATTN_CUDA_SM90_TRACE").map(Into::into),
+            sm90_defines: var("ATTN_CUDA_SM90_DEFINES").map(|d| experiment_defines(&d)),
             timing_lead,
             ..Self::default()
         }
@@ -304,7 +328,15 @@ impl Cuda {
         })?;
         let kernel = match which {
             Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
-            Kernel::Hopper(v) => dev.gpu.kernel(&v.request(), "attn_fwd_sm90")?,
+            Kernel::Hopper(v) => {
+                let mut req = v.request();
+                // Experiment overrides: compiled under a name of their own.
+                for (name, value) in knob(&self.sm90_defines)?.unwrap_or_default() {
+                    req.name = format!("{}_{}{}", req.name, name.to_lowercase(), value);
+                    req = req.define(name, value);
+                }
+                dev.gpu.kernel(&req, "attn_fwd_sm90")?
+            }
         };
         dev.gpu.set_max_dynamic_shared(&kernel.function, which.shared_bytes())?;
         let attrs = dev.gpu.attributes(&kernel.function)?;
@@ -321,7 +353,7 @@ impl Cuda {
     /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
     /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
     /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
+    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`, `_SM90_DEFINES`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
@@ -337,7 +369,8 @@ impl Cuda {
             || self.sm90_trim.is_some()
             || self.sm90_q_slots.is_some()
             || self.sm90_bottom.is_some()
-            || self.sm90_trace.is_some();
+            || self.sm90_trace.is_some()
+            || self.sm90_defines.is_some();
         let wanted = asked == Some(Family::Hopper) || knobs;
         if info.compute_capability != (9, 0) {
             return match wanted {
@@ -728,5 +761,28 @@ impl Prepared for CudaPrepared {
             dst.copy_from_slice(&lse);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::experiment_defines;
+
+    #[test]
+    fn experiment_defines_take_only_the_kernels_overrides() {
+        assert_eq!(
+            experiment_defines("ATTN_X_SPECULATE=0+ATTN_X_STORER=0").unwrap(),
+            [
+                ("ATTN_X_SPECULATE".to_string(), "0".to_string()),
+                ("ATTN_X_STORER".to_string(), "0".to_string())
+            ]
+        );
+        // A variant's own define, a value that is not an integer, a missing value: refused.
+        for bad in
+            ["ATTN_D=64", "ATTN_X_SPECULATE=on", "ATTN_X_SPECULATE", "ATTN_X_STORER=0,ATTN_X_SPECULATE=0"]
+        {
+            let err = experiment_defines(bad).unwrap_err();
+            assert!(err.contains("ATTN_X_<NAME>=<integer>"), "{bad}: {err}");
+        }
     }
 }
