@@ -20,12 +20,9 @@ set -uo pipefail
 final=${OUT:-/tmp/out}; out=$final/knobs; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper
-attn=.device/bin/attn
 cat .device/COMMIT > "$out/gpu.txt"; nvidia-smi --query-gpu=name,driver_version --format=csv >> "$out/gpu.txt"
 configs=${CONFIGS:-base}
-settings() { local c=$1; [[ $c == *=* ]] && echo "${c#*=}" | tr ',' ' '; }
-label() { echo "${1%%=*}"; }
-binary() { local b; b=$(settings "$1" | tr ' ' '\n' | sed -n 's/^BIN=//p'); echo "${b:-$attn}"; }
+source bench/device/configs.sh  # label, settings, binary
 for c in $configs; do
   l=$(label "$c"); grid=(--quick); [[ " ${VERIFY_FULL:-} " == *" $l "* ]] && grid=()
   [[ $c != *=* && ${#grid[@]} -gt 0 ]] && continue  # the defaults: verified only when named

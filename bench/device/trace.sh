@@ -11,12 +11,9 @@ set -uo pipefail
 out=${OUT:-/tmp/out}/trace; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper
-# A configuration's settings; BIN=<path> among them runs that binary (an earlier build copied into
-# .device/bin) instead of .device/bin/attn.
-settings() { [[ $1 == *=* ]] && echo "${1#*=}" | tr ',' '\n' | grep -v '^BIN=' | tr '\n' ' '; }
-binary() { local b; b=$(echo "${1#*=}" | tr ',' '\n' | grep '^BIN=' | cut -d= -f2); echo "${b:-.device/bin/attn}"; }
+source bench/device/configs.sh  # label, settings, binary
 for config in ${TRACE_CONFIGS:-base}; do
-  label=${config%%=*}
+  label=$(label "$config")
   if [[ " ${TRACE_VERIFY:-} " == *" $label "* ]]; then
     env $(settings "$config") timeout 200 $(binary "$config") verify --backend cuda --json > "$out/verify-$label.json" 2> "$out/verify-$label.log"
     echo "verify $label (full grid): exit $? $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" "$out/verify-$label.json" 2>&1 | tail -1)"

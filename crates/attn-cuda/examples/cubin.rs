@@ -92,13 +92,11 @@ fn hopper_cubin(args: &[String]) {
         false => variant,
     };
     // Experiment overrides, as ATTN_CUDA_SM90_DEFINES gives them (ATTN_X_<NAME>=<integer>[+...]).
-    let mut req = variant.request();
-    if let Some(x) = args.iter().find(|a| a.starts_with("ATTN_X_")) {
-        for (name, value) in attn_cuda::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")) {
-            req.name = format!("{}_{}{}", req.name, name.to_lowercase(), value);
-            req = req.define(name, value);
-        }
-    }
+    let experiments = match args.iter().find(|a| a.starts_with("ATTN_X_")) {
+        Some(x) => attn_cuda::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")),
+        None => vec![],
+    };
+    let req = attn_cuda::with_experiments(variant.request(), &experiments);
     match compile(&req) {
         Ok(c) => {
             let path = format!("{}.cubin", req.name);

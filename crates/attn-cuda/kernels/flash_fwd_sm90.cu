@@ -114,6 +114,7 @@ constexpr int NO = D / 2;   // O accumulators per thread
 constexpr int D_BLOCKS = D / 64;
 #define NEG_INF __int_as_float(0xff800000)
 constexpr float RESCALE_SLACK = 8.f;
+constexpr float RESCALE_LIMIT = 256.f;  // 2^RESCALE_SLACK: the largest p the slack lets through
 // Key tiles past a piece's first exponentiate against the running max without finding their own
 // (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
 #ifdef ATTN_X_SPECULATE  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns it off
@@ -874,7 +875,6 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
-    int q_slot;        // this piece's Q slot
     int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
@@ -897,7 +897,7 @@ struct Ctx {
     // __syncwarp wanting). Once per piece, at the piece's last S (so that a Q loads under the
     // last P V); with O_IN_Q, see free_prev_q().
     __device__ void release_q() const {
-        if (TMA && !O_IN_Q) sm90::mbar_arrive(s.q_empty + q_slot);
+        if (TMA && !O_IN_Q) sm90::mbar_arrive(s.q_empty);  // the one slot
     }
     // O_IN_Q: frees the last piece's Q slot, where its O was staged, under this piece's first S.
     // Thread 0 issued that O's TMA store and waits until the store has read the slot (done long
@@ -1006,8 +1006,7 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
     float sums[2] = {0.f, 0.f};
     if (!fresh) exponentiate_rows(sc, st, c.sl2, sums);
-    const float limit = exp2f(RESCALE_SLACK);
-    const bool outgrown = fresh || !(sums[0] <= limit) || !(sums[1] <= limit);
+    const bool outgrown = fresh || !(sums[0] <= RESCALE_LIMIT) || !(sums[1] <= RESCALE_LIMIT);
     if (!warpgroup_any(c.wg, outgrown)) {
         st.sum[0] += sums[0];
         st.sum[1] += sums[1];
@@ -1211,7 +1210,6 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
                tile.h / (p.heads_q / p.heads_kv),
                tile.b,
                TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
-               n % Q_SLOTS,
                n > 0 ? (n - 1) % Q_SLOTS : -1};
 }
 

@@ -4,7 +4,7 @@
 use crate::hopper::{self, Form, launch::Sm90Params};
 use crate::launch::{DeviceTensors, KernelParams, from_bits};
 use crate::plan::{self, Variant};
-use crate::{Gpu, Lead, driver};
+use crate::{CompileRequest, Gpu, Lead, driver};
 use attn_core::{
     Attention, Availability, DeviceKind, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared,
     Problem, Result, Tiles,
@@ -79,6 +79,16 @@ pub fn experiment_defines(text: &str) -> std::result::Result<Vec<(String, String
             )),
         })
         .collect()
+}
+
+/// `req` with the experiment overrides `defines` ([`experiment_defines`]) added, under a name
+/// of its own (compiled programs are cached by name).
+pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -> CompileRequest {
+    for (name, value) in defines {
+        req.name = format!("{}_{}{value}", req.name, name.to_lowercase());
+        req = req.define(name.clone(), value);
+    }
+    req
 }
 
 fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
@@ -329,12 +339,7 @@ impl Cuda {
         let kernel = match which {
             Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
             Kernel::Hopper(v) => {
-                let mut req = v.request();
-                // Experiment overrides: compiled under a name of their own.
-                for (name, value) in knob(&self.sm90_defines)?.unwrap_or_default() {
-                    req.name = format!("{}_{}{}", req.name, name.to_lowercase(), value);
-                    req = req.define(name, value);
-                }
+                let req = with_experiments(v.request(), &knob(&self.sm90_defines)?.unwrap_or_default());
                 dev.gpu.kernel(&req, "attn_fwd_sm90")?
             }
         };

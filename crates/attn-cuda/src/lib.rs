@@ -37,7 +37,7 @@ pub mod probe;
 pub mod ptxas;
 pub mod runtime;
 
-pub use backend::{Cuda, Family, experiment_defines};
+pub use backend::{Cuda, Family, experiment_defines, with_experiments};
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
