@@ -582,18 +582,24 @@ pub struct Tiles {
 /// H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async` form's one warpgroup
 /// also computes the copies' addresses, and at D = 256 spills with 64 keys.
 ///
-/// D = 64 takes three consumer warpgroups (192 rows) with 96-key tiles (152 registers each;
-/// 128 keys spill): its softmax costs as much as its products (one exp2 per score on the
-/// multi-function unit, 16 a clock per SM, against 4·64 tensor-core FLOPs), and with three
-/// warpgroups two can be in their softmax while the third's products run. Measured on the H100
-/// against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against 424 / 460 TFLOP/s
-/// without a mask, 377 / 489 against 354 / 425 causal
+/// D = 64 takes three consumer warpgroups (192 rows): its softmax costs as much as its products
+/// (one exp2 per score on the multi-function unit, 16 a clock per SM, against 4·64 tensor-core
+/// FLOPs), and with three warpgroups two can be in their softmax while the third's products run.
+/// Measured on the H100 against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against
+/// 424 / 460 TFLOP/s without a mask, 377 / 489 against 354 / 425 causal
 /// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower.
+/// Its tiles are 112 keys in three stages (152 registers each; 128 keys spill): against 96 keys in
+/// two (the default until 2026-11-26), three interleaved rounds on the H100, ratios to cuDNN,
+/// causal / no mask: S = 2048 1.025 / 1.080 against 0.964 / 1.032, S = 4096 1.112 / 1.189 against
+/// 1.076 / 1.146, S = 8192 1.164 / 1.219 against 1.129 / 1.190, S = 1024 0.916 / 0.901 against
+/// 0.895 / 0.890; 112 keys in two stages in between, 64 or 80 keys (two or three stages) slower
+/// (bench/results/2026-11-26-h100-hopper-tiles-8c44a2b). At D = 128, 96 and 112 keys were slower
+/// than 128 at S = 2048 and 4096 with either mask (the same calls).
 pub fn tiles(head_dim: usize, form: Form) -> Tiles {
     match (head_dim, form) {
         (256, Form::CpAsync) => Tiles { block_n: 32, stages: 2, consumers: 1 },
         (_, Form::CpAsync) => Tiles { block_n: 128, stages: 2, consumers: 1 },
-        (64, _) => Tiles { block_n: 96, stages: 2, consumers: 3 },
+        (64, _) => Tiles { block_n: 112, stages: 3, consumers: 3 },
         (256, _) => Tiles { block_n: 64, stages: 2, consumers: 2 },
         _ => Tiles { block_n: 128, stages: 2, consumers: 2 },
     }
@@ -855,7 +861,7 @@ mod tests {
         // tiles (4176 keys, 2% masked), no.
         assert_eq!([2048, 4096, 8192, 16384].map(|s| keys(s, 128, false)), [128, 128, 144, 144]);
         assert_eq!(keys(8192, 128, true), 128);
-        assert_eq!((keys(8192, 64, false), keys(8192, 256, false)), (96, 64));
+        assert_eq!((keys(8192, 64, false), keys(8192, 256, false)), (112, 64));
         // Only in the persistent form, and in the list CI compiles.
         let p = Problem::new(Shape::new(2, 16, 8192, 128), DType::Bf16);
         let (v, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
