@@ -556,36 +556,6 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
-// 2^x on the FMA pipe instead of MUFU's (16 exponentials a clock per SM, which at D=64 is as
-// many a key tile as the tensor cores' clocks for both its products): x = j + f with j an integer
-// (rounded through the float adder: 1.5 * 2^23 leaves j in the low bits) and |f| <= 1/2, 2^f by a
-// cubic (the minimax fit of its relative error, under 7.5e-5: below a 16-bit P's rounding), 2^j
-// by exponent bits. x is clamped from below to -127, keeping a NaN: there the scale's bits are
-// 0, so masked scores (-inf) give exactly 0 as MUFU's do. Unless BOUNDED (x is at most
-// RESCALE_SLACK), also from above to 128, where the scale is +inf, so that a score that outgrew
-// the running max (softmax_speculative) still shows as an overflow.
-template <bool BOUNDED>
-__device__ __forceinline__ float exp2_poly(float x) {
-    asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));           // -127
-    if (!BOUNDED) asm("min.NaN.f32 %0, %0, 0f43000000;\n" : "+f"(x));  // 128
-    const float rounded = x + 12582912.f;
-    const float f = x - (rounded - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.0551716691f, f, 0.242611122f), f, 0.693260985f), f, 0.999928074f);
-    return p * __int_as_float((__float_as_int(rounded) + 127) << 23);
-}
-
-// Which of a thread's 4-score chunks take exp2_poly, not MUFU: POLY_EIGHTHS of every eight,
-// spread evenly (0: none).
-#ifdef ATTN_X_POLY  // an experiment override (ATTN_CUDA_SM90_DEFINES): eighths on the FMA pipe
-constexpr int POLY_EIGHTHS = ATTN_X_POLY;
-#else
-constexpr int POLY_EIGHTHS = 0;
-#endif
-static_assert(POLY_EIGHTHS >= 0 && POLY_EIGHTHS <= 8, "ATTN_X_POLY: eighths, 0 to 8");
-__device__ __forceinline__ constexpr bool poly_chunk(int c) {
-    return (c + 1) * POLY_EIGHTHS / 8 != c * POLY_EIGHTHS / 8;
-}
-
 // 1 / x for a positive normal x on the FMA pipe, not MUFU's (which the other warpgroups'
 // exponentials keep busy while a warpgroup stores its O): an estimate from the bits and three
 // Newton steps, each of which squares the relative error (under 6% first; about 1 ulp after).
@@ -696,7 +666,6 @@ __device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2])
 
 // p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
 // (The same, with this thread's part of the tile's row sums returned in `sums`, not added.)
-template <bool BOUNDED>
 __device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState& st, float sl2, float (&sums)[2]) {
     const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
     float part[2][CHAINS] = {};  // the tile's sums, in independent chains as the max
@@ -704,8 +673,7 @@ __device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x = fmaf(s[4 * c + e], sl2, -base[e >> 1]);
-            s[4 * c + e] = poly_chunk(c) ? exp2_poly<BOUNDED>(x) : exp2_fast(x);
+            s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
             part[e >> 1][chain(c, e)] += s[4 * c + e];
         }
 #pragma unroll
@@ -714,7 +682,7 @@ __device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState
 
 __device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
     float sums[2];
-    exponentiate_rows<true>(s, st, sl2, sums);  // after update_max: s * sl2 - max <= RESCALE_SLACK
+    exponentiate_rows(s, st, sl2, sums);
 #pragma unroll
     for (int r = 0; r < 2; ++r) st.sum[r] += sums[r];
 }
@@ -1037,7 +1005,7 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     if (masked) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
     const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
     float sums[2] = {0.f, 0.f};
-    if (!fresh) exponentiate_rows<false>(sc, st, c.sl2, sums);
+    if (!fresh) exponentiate_rows(sc, st, c.sl2, sums);
     const bool outgrown = fresh || !(sums[0] <= RESCALE_LIMIT) || !(sums[1] <= RESCALE_LIMIT);
     if (!warpgroup_any(c.wg, outgrown)) {
         st.sum[0] += sums[0];
