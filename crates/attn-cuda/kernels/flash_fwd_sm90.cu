@@ -61,8 +61,8 @@
 //                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
 //                   takes its turns and frees the stages (see mainloop_overlapped).
 //   ATTN_X_*        experiment overrides of compile-time choices (ATTN_X_SPECULATE,
-//                   ATTN_X_STORER, ATTN_X_HALF_PV), set only through ATTN_CUDA_SM90_DEFINES,
-//                   to time a choice against the default in one binary,
+//                   ATTN_X_STORER), set only through ATTN_CUDA_SM90_DEFINES, to time a choice
+//                   against the default in one binary,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -491,19 +491,6 @@ __device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 
     sm90::wgmma_fence();
 }
 
-// A warpgroup's last key tile, where its rows see only the first HALF keys (Ctx::half_last: at
-// the end of a sequence, or where a causal diagonal falls in a tile's first half), takes P V over
-// the K-steps that cover those (P is 0 past them). Its S stays whole: a second S product shape,
-// even on a path of its own, made ptxas serialize every wgmma of the kernel at D=64 causal or at
-// D=128 causal and D=256, depending on where the batch's fences stood.
-constexpr int HALF = BN / 2;
-constexpr int HALF_KSTEPS = (HALF + 15) / 16;
-#ifdef ATTN_X_HALF_PV  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns it off
-constexpr bool HALF_PV = ATTN_X_HALF_PV;
-#else
-constexpr bool HALF_PV = true;
-#endif
-
 // S = Q K^T for this warpgroup's 64 rows. `q` and `k` are the tiles' shared addresses.
 __device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k) {
     const unsigned long long qd = sm90::sw128_desc(q, 0), kd = sm90::sw128_desc(k, 0);
@@ -517,22 +504,11 @@ __device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k)
 }
 
 // O += P V, P as BN / 16 A fragments; V's 64-column blocks are BN rows (BN * 128 bytes) apart.
-// `half`: the first HALF keys. Each branch fences and commits its own batch (begin_batch after the
-// caller's): with one fence before the choice and one commit after it, ptxas injected fences
-// where the branches meet.
-__device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v, bool half = false) {
+__device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v) {
     const unsigned long long vd = sm90::sw128_desc(v, BN * 128);
-    if (half) {
-        begin_batch(o, pa);
 #pragma unroll
-        for (int kk = 0; kk < HALF_KSTEPS; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
-        sm90::wgmma_commit();
-    } else {
-        begin_batch(o, pa);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
-        sm90::wgmma_commit();
-    }
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
+    sm90::wgmma_commit();
 }
 
 // Ping-pong: a consumer warpgroup waits for its turn to issue products, and after issuing hands
@@ -899,7 +875,6 @@ struct Ctx {
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int g, b;          // K/V head and batch (cp.async form)
     int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
-    bool half_last;    // its rows see only the first HALF keys of its last tile, j_end - 1
     int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
@@ -1142,7 +1117,7 @@ __device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (
     TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
     TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
-    issue_pv(o, pa, c.v_smem(Ctx::stage(it)), c.half_last);
+    issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
     pass_turn(c.wg);
     finalize(st);  // while the P V runs
     sm90::wgmma_wait<0>();
@@ -1218,18 +1193,9 @@ __device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int 
 
 __device__ __forceinline__ elem_t* q_tile_of(const Smem& s, int n) { return s.q + (n % Q_SLOTS) * (Q_BYTES / 2); }
 
-// Whether warpgroup wg's rows of `tile` see only the first HALF keys of key tile j_end - 1 (the
-// sequence's last under either mask, or the rows' diagonal one under a causal mask), the same in
-// every lane: through a vote, as trimmed_end.
-__device__ __forceinline__ bool half_key_tile(const Params& p, const Tile& tile, int wg, int j_end) {
-    const int seen = CAUSAL ? min(p.seq_k, tile.m0 + 64 * (wg + 1) + p.seq_k - p.seq_q) : p.seq_k;  // keys [0, seen)
-    return __all_sync(0xffffffffu, HALF_PV && j_end > 0 && seen <= (j_end - 1) * BN + HALF);
-}
-
 // What consumer warpgroup wg's thread knows of piece n (pc, of tile `tile`).
 __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, const Piece& pc, const Tile& tile, int n) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int j_end = TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1;
     return Ctx{p,
                s,
                wg,
@@ -1243,8 +1209,7 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
                pc.j1,
                tile.h / (p.heads_q / p.heads_kv),
                tile.b,
-               j_end,
-               half_key_tile(p, tile, wg, j_end),
+               TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
                n > 0 ? (n - 1) % Q_SLOTS : -1};
 }
 
