@@ -1031,7 +1031,7 @@ mod tests {
         // What 128 x 40 registers for the producer leave of 64512, per consumer thread, and the
         // cap at entry (65536 over the threads). Four consumers only by forced tiles
         // (ATTN_CUDA_SM90_TILES=64:2:4); at D=64 even 64-key tiles spill there now (80 bytes
-        // since the speculative softmax, by the cubin example), so none is planned.
+        // at 25ce4b4, by the cubin example), so none is planned.
         let persistent =
             |tiles| choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(tiles), true);
         for (consumers, block_n, rows, threads, regs, entry) in
