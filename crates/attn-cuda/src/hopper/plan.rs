@@ -382,7 +382,8 @@ impl Variant {
     }
 
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
-    /// tiles in every form, both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
+    /// tiles in every form (and the [`long_tiles`] and [`short_causal_tiles`] where a head dim
+    /// has them), both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
     /// whose loop ptxas once took for divergent code), the persistent ones with two Q slots
     /// ([`Variant::q_slots`]) where they fit, and the causal persistent ones in both block orders
     /// ([`Variant::bottom`]) where they have two. Tiles forced by
@@ -426,6 +427,16 @@ impl Variant {
                             if bottom.bottoms() {
                                 here.push(bottom);
                             }
+                        }
+                        // The short causal tiles, as planned: one Q slot, blocks from the bottom.
+                        if let Some(t) = short_causal_tiles(head_dim, form, causal) {
+                            let x = Variant {
+                                block_n: t.block_n,
+                                stages: t.stages,
+                                consumers: t.consumers,
+                                ..here[0]
+                            };
+                            here.push(Variant { bottom: Variant { bottom: true, ..x }.bottoms(), ..x });
                         }
                         v.extend(here);
                     }
@@ -587,7 +598,8 @@ pub struct Tiles {
 /// FLOPs), and with three warpgroups two can be in their softmax while the third's products run.
 /// Measured on the H100 against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against
 /// 424 / 460 TFLOP/s without a mask, 377 / 489 against 354 / 425 causal
-/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower.
+/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower, but
+/// for causal sequences up to 4096 keys ([`short_causal_tiles`]).
 /// Its tiles are 112 keys in three stages (152 registers each; 128 keys spill): against 96 keys in
 /// two (the default until 2026-11-26), three interleaved rounds on the H100, ratios to cuDNN,
 /// causal / no mask: S = 2048 1.025 / 1.080 against 0.964 / 1.032, S = 4096 1.112 / 1.189 against
@@ -619,6 +631,24 @@ pub fn long_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
     }
 }
 
+/// Tiles for short causal sequences where they were measured faster than [`tiles`]': D = 128 in
+/// the persistent form under a causal mask takes three consumer warpgroups (192 query rows) on
+/// 64-key tiles in three stages where the keys are at most [`SHORT_CAUSAL_MAX_KEYS`]. Against
+/// [`tiles`]' two on 128 keys, three interleaved rounds on the H100, ratios to cuDNN
+/// (bench/results/2026-11-26-h100-hopper-short-b38aefc): S = 512 0.821 against 0.801, S = 1024
+/// 0.967 against 0.941, S = 2048 1.077 against 1.065 (and 1.035 against 1.022 in an earlier call),
+/// S = 4096 1.123 against 1.118; S = 8192 even by the medians (627.0 TFLOP/s each), S = 16384
+/// slower (1.153 against 1.166). Without a mask they were slower at S = 512 and 1024.
+pub fn short_causal_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
+    match (head_dim, form, causal) {
+        (128, Form::Persistent, true) => Some(Tiles { block_n: 64, stages: 3, consumers: 3 }),
+        _ => None,
+    }
+}
+
+/// The most keys for which [`short_causal_tiles`] are taken.
+const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
+
 /// How many Q slots ([`Variant::q_slots`]) a variant of `form` takes by default: two at D = 128
 /// without a mask in the persistent form, where loading the next piece's Q under this one's key
 /// tiles was measured a little faster at S = 2048 (1.5-3.4% by the means of two runs on the H100,
@@ -637,11 +667,17 @@ pub fn q_slots_for(head_dim: usize, causal: bool, form: Form) -> u32 {
 /// as measured at S = 8192 (where 144-key tiles waste 0.2% of their keys and 128-key ones none).
 const LONG_TILE_COST_PER_MILLE: usize = 985;
 
-/// The tiles of `form` for `problem`: [`long_tiles`] where the keys they pad the sequence to,
-/// at their lower cost per key, come to less than [`tiles`]' (S = 8192 and 16384 at D = 128,
-/// not S = 2048 or 4096), else [`tiles`].
+/// The tiles of `form` for `problem`: [`short_causal_tiles`] up to [`SHORT_CAUSAL_MAX_KEYS`]
+/// keys; [`long_tiles`] where the keys they pad the sequence to, at their lower cost per key,
+/// come to less than [`tiles`]' (S = 8192 and 16384 at D = 128, not S = 2048 or 4096); else
+/// [`tiles`].
 pub fn key_tiles_for(problem: &Problem, form: Form) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
+    if let Some(t) =
+        short_causal_tiles(d, form, problem.is_causal()).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS)
+    {
+        return t;
+    }
     let short = tiles(d, form);
     match long_tiles(d, form, problem.is_causal()) {
         Some(long)
@@ -763,8 +799,9 @@ mod tests {
         assert_eq!((s.tail_iters(), launch.grid[0]), (2176, 132));
         assert_eq!((s.counters(2), s.partial_floats(128, 2)), (2 + 136, 2 * 132 * 2 * 128 * 68));
         // Causal tiles go longest first instead; whole waves need nothing; nor do other forms.
+        // (At S=4096 causal D=128 takes the short causal tiles: 192 rows, 22 blocks a head.)
         let causal = p.causal();
-        assert_eq!(persistent(&causal).0.split(&causal, 132), Split::none(2048));
+        assert_eq!(persistent(&causal).0.split(&causal, 132), Split::none(22 * 64));
         assert_eq!(v.split(&p, 128), Split::none(2048));
         let (pingpong, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
         assert_eq!(pingpong.split(&p, 132), Split::none(2048));
@@ -872,14 +909,22 @@ mod tests {
 
     #[test]
     fn shared_memory_is_what_the_kernel_uses() {
-        // D=128, causal: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160 KB, O
-        // staged (32 KB), the barriers (8 B each: Q full/empty, 4 per stage, O full/empty for four
-        // warpgroups), the piece slot (32 B), merge flags (16 B) and O's destinations (64 B), and
-        // 1 KB of alignment slack.
-        let (v, _) =
-            choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        // D=128, causal, S=8192: Q 128x128 + 2 stages of K and V, 128 keys each, 2 bytes = 160
+        // KB, O staged (32 KB), the barriers (8 B each: Q full/empty, 4 per stage, O full/empty
+        // for four warpgroups), the piece slot (32 B), merge flags (16 B) and O's destinations
+        // (64 B), and 1 KB of alignment slack.
+        let long = Problem::new(Shape::new(4, 16, 8192, 128), DType::Bf16).causal();
+        let (v, _) = choose(&long, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 163840 + 32768 + 256 + 1024);
         assert_eq!(v.threads(), 384);
+        assert!(v.o_staged());
+        // S=4096, the short causal tiles: Q 192x128 (48 KB) + 3 stages of K and V, 64 keys each
+        // (96 KB), O staged (48 KB), the barriers with four more for the third stage (288 B).
+        let (v, _) =
+            choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, 3));
+        assert_eq!(v.shared_bytes(), 49152 + 98304 + 49152 + 288 + 1024);
+        assert_eq!(v.threads(), 512);
         assert!(v.o_staged());
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
         let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
@@ -938,9 +983,10 @@ mod tests {
         // persistent form without a mask), D=64 with three; each causal one from the overlap
         // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
         // D=256, where a second Q tile does not fit (8 and 6); the causal persistent ones with
-        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2).
+        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2); and
+        // D=128's short causal tiles, three consumers, from the bottom (2 more of 512).
         assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 56);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 30);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 32);
     }
 
     #[test]
