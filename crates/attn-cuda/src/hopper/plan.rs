@@ -598,15 +598,15 @@ pub struct Tiles {
 /// FLOPs), and with three warpgroups two can be in their softmax while the third's products run.
 /// Measured on the H100 against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against
 /// 424 / 460 TFLOP/s without a mask, 377 / 489 against 354 / 425 causal
-/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 128 with three (64 keys) was slower, but
-/// for causal sequences up to 4096 keys ([`short_causal_tiles`]).
-/// Its tiles are 112 keys in three stages (152 registers each; 128 keys spill): against 96 keys in
+/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 64's tiles are 112 keys in three stages
+/// (152 registers each; 128 keys spill): against 96 keys in
 /// two (the default until 2026-11-26), three interleaved rounds on the H100, ratios to cuDNN,
 /// causal / no mask: S = 2048 1.025 / 1.080 against 0.964 / 1.032, S = 4096 1.112 / 1.189 against
 /// 1.076 / 1.146, S = 8192 1.164 / 1.219 against 1.129 / 1.190, S = 1024 0.916 / 0.901 against
 /// 0.895 / 0.890; 112 keys in two stages in between, 64 or 80 keys (two or three stages) slower
 /// (bench/results/2026-11-26-h100-hopper-tiles-8c44a2b). At D = 128, 96 and 112 keys were slower
-/// than 128 at S = 2048 and 4096 with either mask (the same calls).
+/// than 128 at S = 2048 and 4096 with either mask (the same calls), and three consumers (64
+/// keys) slower but for causal sequences up to 4096 keys ([`short_causal_tiles`]).
 pub fn tiles(head_dim: usize, form: Form) -> Tiles {
     match (head_dim, form) {
         (256, Form::CpAsync) => Tiles { block_n: 32, stages: 2, consumers: 1 },
