@@ -647,7 +647,7 @@ pub fn short_causal_tiles(head_dim: usize, form: Form, causal: bool) -> Option<T
 }
 
 /// The most keys for which [`short_causal_tiles`] are taken.
-const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
+pub const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
 
 /// How many Q slots ([`Variant::q_slots`]) a variant of `form` takes by default: two at D = 128
 /// without a mask in the persistent form, where loading the next piece's Q under this one's key
