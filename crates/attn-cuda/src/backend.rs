@@ -62,7 +62,6 @@ impl Kernel {
     }
 }
 
-/// A knob's value, or the reason it could not be read as an error of the backend.
 /// The Hopper kernel's experiment overrides from `ATTN_CUDA_SM90_DEFINES`: `NAME=VALUE` pairs
 /// joined by `+`, each NAME an `ATTN_X_` macro of `kernels/flash_fwd_sm90.cu` (so that a
 /// setting can switch a compile-time choice, the speculative softmax or the storer thread,
@@ -91,6 +90,7 @@ pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -
     req
 }
 
+/// A knob's value, or the reason it could not be read as an error of the backend.
 fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
     k.clone().transpose().map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
 }

@@ -182,7 +182,7 @@ pub struct Variant {
     pub bottom: bool,
     /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
     /// each piece's steps in SM cycles into a buffer the host writes out (see
-    /// [`crate::hopper::launch::TRACE_LEN_PER_CTA`]). Never planned unless asked for.
+    /// `TRACE_LEN_PER_CTA` in `hopper/launch.rs`). Never planned unless asked for.
     pub trace: bool,
 }
 
