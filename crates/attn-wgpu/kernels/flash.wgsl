@@ -79,19 +79,21 @@ fn main(
 {{ROW_LANE0}}
 {{BLOCK}}
 {{BARRIER_AFTER_Q}}
+{{SEEN_DECL}}
 
     var m = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);
 {{O_DECL}}
     for (var t = 0u; t < n_tiles; t++) {
         let n0 = t * BN;
+{{STAGES_SEEN}}
 {{S_DECL}}
-        for (var c = 0u; c < NCH; c++) {
+        for (var c = 0u; c < {{K_STAGES}}; c++) {
 {{K_BASE}}
 {{BARRIER_BEFORE_STORE}}
 {{STORE_K}}
 {{BARRIER_AFTER_STORE}}
-            if (c + 1u < NCH) {
+            if (c + 1u < {{K_STAGES}}) {
 {{FETCH_K_NEXT}}
             } else {
 {{FETCH_V_FIRST}}

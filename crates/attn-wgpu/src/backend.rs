@@ -66,6 +66,8 @@ pub struct Wgpu {
     interleave: Option<u32>,
     /// Only variants that split S over the head dim (`true`), or not (`false`), where set.
     split_d: Option<bool>,
+    /// Only variants that skip what no row sees (`true`), or not (`false`), where set.
+    skip_unseen: Option<bool>,
     /// Only FMA-kernel variants with this many query rows per workgroup, where set.
     rows: Option<u32>,
     /// Only the 8x8 FMA kernel (`true`), or never it (`false`), where set.
@@ -167,6 +169,14 @@ impl Wgpu {
         self
     }
 
+    /// Plans only with key groups and stages that no row sees skipped (`true`,
+    /// [`crate::plan::Variant::skip_unseen`]), or computed and masked (`false`): to time one
+    /// against the other.
+    pub fn with_skip_unseen(mut self, skip: bool) -> Self {
+        self.skip_unseen = Some(skip);
+        self
+    }
+
     /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Kernel::Wide`]) or never
     /// with it (`false`): to time it against the 4x8 kernel.
     pub fn with_wide(mut self, wide: bool) -> Self {
@@ -189,7 +199,8 @@ impl Wgpu {
     /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
     /// from `ATTN_WGPU_Q_REGS` (0 or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or
     /// 1), [`Wgpu::with_interleave`] from `ATTN_WGPU_INTERLEAVE` (1, 2 or 4),
-    /// [`Wgpu::with_split_d`] from `ATTN_WGPU_SPLIT_D` (0 or 1), [`Wgpu::with_rows`] from
+    /// [`Wgpu::with_split_d`] from `ATTN_WGPU_SPLIT_D` (0 or 1), [`Wgpu::with_skip_unseen`] from
+    /// `ATTN_WGPU_SKIP_UNSEEN` (0 or 1), [`Wgpu::with_rows`] from
     /// `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
     /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
     /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (16, 32 or 64) keep the
@@ -212,6 +223,7 @@ impl Wgpu {
             rows: var("ATTN_WGPU_ROWS"),
             interleave: var("ATTN_WGPU_INTERLEAVE"),
             split_d: var("ATTN_WGPU_SPLIT_D").map(|v| v != 0),
+            skip_unseen: var("ATTN_WGPU_SKIP_UNSEEN").map(|v| v != 0),
             k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
             wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
             ..Self::default()
@@ -238,6 +250,7 @@ impl Wgpu {
                     && self.rows.is_none_or(|r| v.block_m() == r)
                     && self.interleave.is_none_or(|i| v.interleave == i)
                     && self.split_d.is_none_or(|s| v.split_d == s)
+                    && self.skip_unseen.is_none_or(|s| v.skip_unseen == s)
                     && self.k_direct.is_none_or(|d| v.k_direct == d)
                     && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)
             }

@@ -267,6 +267,13 @@ pub struct Variant {
     /// buffer and whole key groups per stage. On the H100 7-8% faster for f32's measured shapes
     /// non-causal, and their default (see `measured_best`).
     pub split_d: bool,
+    /// Key groups that no row of a subgroup sees (past `seq_k`, or causal past its last row's
+    /// diagonal) are skipped by that subgroup, in S = Q·Kᵀ and in P·V, by a branch uniform over
+    /// the subgroup; and a tile's K and V stages that no row of the workgroup sees (whole stages
+    /// past the block's last key) are not loaded at all. The scores left out stay masked, so
+    /// their probabilities are exactly 0, as without the skip. Needs `split_d` (K and V staged
+    /// by keys).
+    pub skip_unseen: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -313,6 +320,7 @@ impl Variant {
             k_direct: false,
             interleave: 1,
             split_d: false,
+            skip_unseen: false,
             kernel,
         }
     }
@@ -406,6 +414,7 @@ impl Variant {
             + if self.k_direct { "_kd" } else { "" }
             + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
             + if self.split_d { "_sd" } else { "" }
+            + if self.skip_unseen { "_sk" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
             + if self.kernel == Kernel::Wide { "_wide" } else { "" }
     }
@@ -877,7 +886,12 @@ pub fn candidates(
     all.extend(q_regs);
     let rest = all.split_off(measured);
     let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
-    all.into_iter()
+    // Each shape with S split over the head dim, then the same skipping what no row sees
+    // ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1`): knob-only until timed.
+    all.into_iter().flat_map(|v| {
+        let skip = v.split_d.then_some(Variant { skip_unseen: true, ..v });
+        [Some(v), skip].into_iter().flatten()
+    })
 }
 
 /// Appends `v` to `list` unless it is there already (for `fold`, keeping the first place).
@@ -1025,8 +1039,10 @@ mod tests {
                                 interleave: first.interleave,
                                 row_groups: first.row_groups,
                                 split_d: first.split_d,
+                                skip_unseen: first.skip_unseen,
                                 ..*v
                             };
+                            assert!(!v.skip_unseen || v.split_d, "{}", v.name());
                             assert!(v.interleave == 1 || form == first, "{}", v.name());
                             assert!(!v.split_d || form == first, "{}", v.name());
                         }

@@ -87,6 +87,9 @@ pub fn generate(variant: &Variant) -> String {
             "{{BARRIER_AFTER_Q}}",
             if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
         ),
+        ("{{SEEN_DECL}}", seen_decl(variant)),
+        ("{{STAGES_SEEN}}", stages_seen(variant)),
+        ("{{K_STAGES}}", (if variant.skip_unseen { "stages_seen" } else { "NCH" }).into()),
         ("{{K_BASE}}", k_base(variant).into()),
         (
             "{{BARRIER_AFTER_STORE}}",
@@ -397,8 +400,11 @@ fn split_qk(variant: &Variant) -> String {
         let _ = writeln!(s, "                case {c}u: {{");
         for gl in 0..per_stage {
             let g = c * per_stage + gl;
+            let ind = if variant.skip_unseen { "                        " } else { "                    " };
+            if variant.skip_unseen {
+                let _ = writeln!(s, "                    {}", seen_by_subgroup(4 * g * tx));
+            }
             for j in 0..4 {
-                let ind = "                    ";
                 let _ = writeln!(s, "{ind}{{");
                 let _ = writeln!(s, "{ind}// Keys 4·({g}·TX + t) + {j}, t < TX: key t = i ^ tx into r{{i}}.");
                 for i in 0..tx {
@@ -434,10 +440,46 @@ fn split_qk(variant: &Variant) -> String {
                 let _ = writeln!(s, "{ind}st{g}_{j} = r0;");
                 let _ = writeln!(s, "{ind}}}");
             }
+            if variant.skip_unseen {
+                let _ = writeln!(s, "                    }}");
+            }
         }
         let _ = writeln!(s, "                }}");
     }
     s + "                default: {}\n            }"
+}
+
+/// `sg_keys_end` ([`Variant::skip_unseen`]): the end of the keys that some row of this
+/// subgroup sees (`seq_k`, or causal one past its last row's diagonal), the same in all its
+/// lanes.
+fn seen_decl(variant: &Variant) -> String {
+    if !variant.skip_unseen {
+        return String::new();
+    }
+    concat!(
+        "    // Keys from sg_keys_end on are seen by no row of this subgroup (its lanes agree).\n",
+        "    var sg_keys_end = i32(P.seq_k);\n",
+        "    if (CAUSAL) {\n",
+        "        let sg_last_row = subgroupMax(m0 + ty * 4u + 3u);\n",
+        "        sg_keys_end = min(sg_keys_end, i32(sg_last_row) + P.causal_offset + 1);\n",
+        "    }",
+    )
+    .into()
+}
+
+/// `stages_seen` ([`Variant::skip_unseen`]): how many of the tile's `NCH` K (and V) stages,
+/// staged by keys, hold a key that the block sees; fewer than `NCH` only in its last tile.
+fn stages_seen(variant: &Variant) -> String {
+    if !variant.skip_unseen {
+        return String::new();
+    }
+    "        let stages_seen = min(NCH, (n_end - n0 + BN / NCH - 1u) / (BN / NCH));".into()
+}
+
+/// The opening of a branch taken where some row of the subgroup sees the key `first` of the tile
+/// (and so, perhaps, the keys after it): uniform over the subgroup, so shuffles may sit inside.
+fn seen_by_subgroup(first: u32) -> String {
+    format!("if (i32(n0 + {first}u) < sg_keys_end) {{")
 }
 
 /// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this
@@ -681,11 +723,22 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             let (first, last) = (chunk * variant.chunk / 4, (chunk + 1) * variant.chunk / 4);
             let _ = writeln!(pv, "        // V columns {first}..{last} (vec4 units), stage buffer at {buf}");
         }
+        // Skipping unseen stages: a stage after the first only where the block sees a key of
+        // it; then none after it is seen, there is no next tile, and nothing more to load.
+        let skip = variant.skip_unseen && variant.v_by_keys;
+        if skip && chunk > 0 {
+            let _ = writeln!(pv, "        if ({chunk}u < stages_seen) {{");
+        }
         pv.push_str(&barrier_before_store(variant, "        "));
         pv.push_str(&staging.store_v("        ", &buf));
         let _ = writeln!(pv, "        workgroupBarrier();");
         if chunk + 1 < chunks {
-            pv.push_str(&ablate.fetch(staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1))));
+            let fetch = ablate.fetch(staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1)));
+            if skip {
+                let _ = writeln!(pv, "        if ({}u < stages_seen) {{\n{fetch}        }}", chunk + 1);
+            } else {
+                pv.push_str(&fetch);
+            }
         } else {
             pv.push_str(&ablate.fetch(next_tile_first_k(staging, "        ")));
         }
@@ -717,6 +770,9 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             };
             let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
             pv.push_str(&fmas("            "));
+            let _ = writeln!(pv, "        }}");
+        }
+        if skip && chunk > 0 {
             let _ = writeln!(pv, "        }}");
         }
     }
@@ -794,6 +850,11 @@ fn shuffled_keys(
     };
     let _ = writeln!(s, "            let owner = row_lane0 + src * IL;");
     for g in groups {
+        // Keys that no row of the subgroup sees have probability 0: nothing to add.
+        if variant.skip_unseen {
+            let first = MICRO * (g * tx).max(quads.start);
+            let _ = writeln!(s, "            {}", seen_by_subgroup(first));
+        }
         for j in 0..4 {
             let _ = writeln!(s, "            {{");
             let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
@@ -803,6 +864,9 @@ fn shuffled_keys(
                 writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
             };
             s.push_str(&body("                "));
+            let _ = writeln!(s, "            }}");
+        }
+        if variant.skip_unseen {
             let _ = writeln!(s, "            }}");
         }
     }

@@ -346,6 +346,26 @@ fn s_split_over_the_head_dim() {
 }
 
 #[test]
+fn unseen_keys_skipped() {
+    let Some(_) = backend("unseen_keys_skipped") else { return };
+    let b = Wgpu::new().with_skip_unseen(true);
+    // Causal offsets (seq_k - seq_q) that put a subgroup's last diagonal key on, just before and
+    // just after the first key of a key group or a stage, at both head dims (64: 32-key groups,
+    // two per 64-key stage; 128: one 32-key group per stage); seq_q off the 64-row blocks.
+    for (i, offset) in [0, 1, 15, 16, 17, 31, 33, 63, 65].into_iter().enumerate() {
+        for (j, d) in [64, 128].into_iter().enumerate() {
+            let p = Problem::new(sk(70, 70 + offset, 2, d), DType::F32).causal();
+            assert!(b.plan(&p).unwrap().kernel.ends_with("_sd_sk"), "{}", b.plan(&p).unwrap().kernel);
+            check(&b, &p, 170 + 2 * i as u64 + j as u64);
+        }
+    }
+    // Rows that see nothing (seq_q > seq_k), and keys that end inside a tile without a mask.
+    check(&b, &Problem::new(sk(150, 40, 2, 64), DType::F32).causal(), 190);
+    check(&b, &Problem::new(sk(100, 70, 2, 128), DType::F32), 191);
+    check(&b, &Problem::new(sk(64, 33, 2, 64), DType::Bf16), 192);
+}
+
+#[test]
 fn the_8x8_kernel() {
     let Some(_) = backend("the_8x8_kernel") else { return };
     let b = Wgpu::new().with_wide(true);
