@@ -79,7 +79,6 @@ fn main(
 {{ROW_LANE0}}
 {{BLOCK}}
 {{BARRIER_AFTER_Q}}
-{{SEEN_DECL}}
 
     var m = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);

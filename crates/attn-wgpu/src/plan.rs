@@ -267,10 +267,9 @@ pub struct Variant {
     /// buffer and whole key groups per stage. On the H100 7-8% faster for f32's measured shapes
     /// non-causal, and their default (see `measured_best`).
     pub split_d: bool,
-    /// Key groups that no row of a subgroup sees (past `seq_k`, or causal past its last row's
-    /// diagonal) are skipped by that subgroup, in S = Q·Kᵀ and in P·V, by a branch uniform over
-    /// the subgroup; and a tile's K and V stages that no row of the workgroup sees (whole stages
-    /// past the block's last key) are not loaded at all. The scores left out stay masked, so
+    /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,
+    /// or causal past its last row's diagonal) are neither loaded nor multiplied: the block's
+    /// last tile stops at its last stage with a key seen. The scores left out stay masked, so
     /// their probabilities are exactly 0, as without the skip. Needs `split_d` (K and V staged
     /// by keys).
     pub skip_unseen: bool,
@@ -886,7 +885,7 @@ pub fn candidates(
     all.extend(q_regs);
     let rest = all.split_off(measured);
     let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
-    // Each shape with S split over the head dim, then the same skipping what no row sees
+    // Each shape with S split over the head dim, then the same skipping the stages no row sees
     // ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1`): knob-only until timed.
     all.into_iter().flat_map(|v| {
         let skip = v.split_d.then_some(Variant { skip_unseen: true, ..v });

@@ -87,7 +87,6 @@ pub fn generate(variant: &Variant) -> String {
             "{{BARRIER_AFTER_Q}}",
             if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
         ),
-        ("{{SEEN_DECL}}", seen_decl(variant)),
         ("{{STAGES_SEEN}}", stages_seen(variant)),
         ("{{K_STAGES}}", (if variant.skip_unseen { "stages_seen" } else { "NCH" }).into()),
         ("{{K_BASE}}", k_base(variant).into()),
@@ -400,11 +399,8 @@ fn split_qk(variant: &Variant) -> String {
         let _ = writeln!(s, "                case {c}u: {{");
         for gl in 0..per_stage {
             let g = c * per_stage + gl;
-            let ind = if variant.skip_unseen { "                        " } else { "                    " };
-            if variant.skip_unseen {
-                let _ = writeln!(s, "                    {}", seen_by_subgroup(4 * g * tx));
-            }
             for j in 0..4 {
+                let ind = "                    ";
                 let _ = writeln!(s, "{ind}{{");
                 let _ = writeln!(s, "{ind}// Keys 4·({g}·TX + t) + {j}, t < TX: key t = i ^ tx into r{{i}}.");
                 for i in 0..tx {
@@ -440,31 +436,10 @@ fn split_qk(variant: &Variant) -> String {
                 let _ = writeln!(s, "{ind}st{g}_{j} = r0;");
                 let _ = writeln!(s, "{ind}}}");
             }
-            if variant.skip_unseen {
-                let _ = writeln!(s, "                    }}");
-            }
         }
         let _ = writeln!(s, "                }}");
     }
     s + "                default: {}\n            }"
-}
-
-/// `sg_keys_end` ([`Variant::skip_unseen`]): the end of the keys that some row of this
-/// subgroup sees (`seq_k`, or causal one past its last row's diagonal), the same in all its
-/// lanes.
-fn seen_decl(variant: &Variant) -> String {
-    if !variant.skip_unseen {
-        return String::new();
-    }
-    concat!(
-        "    // Keys from sg_keys_end on are seen by no row of this subgroup (its lanes agree).\n",
-        "    var sg_keys_end = i32(P.seq_k);\n",
-        "    if (CAUSAL) {\n",
-        "        let sg_last_row = subgroupMax(m0 + ty * 4u + 3u);\n",
-        "        sg_keys_end = min(sg_keys_end, i32(sg_last_row) + P.causal_offset + 1);\n",
-        "    }",
-    )
-    .into()
 }
 
 /// `stages_seen` ([`Variant::skip_unseen`]): how many of the tile's `NCH` K (and V) stages,
@@ -474,12 +449,6 @@ fn stages_seen(variant: &Variant) -> String {
         return String::new();
     }
     "        let stages_seen = min(NCH, (n_end - n0 + BN / NCH - 1u) / (BN / NCH));".into()
-}
-
-/// The opening of a branch taken where some row of the subgroup sees the key `first` of the tile
-/// (and so, perhaps, the keys after it): uniform over the subgroup, so shuffles may sit inside.
-fn seen_by_subgroup(first: u32) -> String {
-    format!("if (i32(n0 + {first}u) < sg_keys_end) {{")
 }
 
 /// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this
@@ -850,11 +819,6 @@ fn shuffled_keys(
     };
     let _ = writeln!(s, "            let owner = row_lane0 + src * IL;");
     for g in groups {
-        // Keys that no row of the subgroup sees have probability 0: nothing to add.
-        if variant.skip_unseen {
-            let first = MICRO * (g * tx).max(quads.start);
-            let _ = writeln!(s, "            {}", seen_by_subgroup(first));
-        }
         for j in 0..4 {
             let _ = writeln!(s, "            {{");
             let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
@@ -864,9 +828,6 @@ fn shuffled_keys(
                 writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
             };
             s.push_str(&body("                "));
-            let _ = writeln!(s, "            }}");
-        }
-        if variant.skip_unseen {
             let _ = writeln!(s, "            }}");
         }
     }

@@ -349,9 +349,9 @@ fn s_split_over_the_head_dim() {
 fn unseen_keys_skipped() {
     let Some(_) = backend("unseen_keys_skipped") else { return };
     let b = Wgpu::new().with_skip_unseen(true);
-    // Causal offsets (seq_k - seq_q) that put a subgroup's last diagonal key on, just before and
-    // just after the first key of a key group or a stage, at both head dims (64: 32-key groups,
-    // two per 64-key stage; 128: one 32-key group per stage); seq_q off the 64-row blocks.
+    // Causal offsets (seq_k - seq_q) that put a block's last key on, just before and just after
+    // the first key of a stage, at both head dims (64: 64-key stages, 128: 32-key stages);
+    // seq_q off the 64-row blocks.
     for (i, offset) in [0, 1, 15, 16, 17, 31, 33, 63, 65].into_iter().enumerate() {
         for (j, d) in [64, 128].into_iter().enumerate() {
             let p = Problem::new(sk(70, 70 + offset, 2, d), DType::F32).causal();
