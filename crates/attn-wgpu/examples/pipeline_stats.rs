@@ -8,9 +8,9 @@
 //! planner's choice marked `*`). Workgroup memory is not zero-initialised here (wgpu does that
 //! per dispatch); everything else matches.
 //!
-//! `cargo run --release -p attn-wgpu --example pipeline_stats -- [f32,f16] [64,128] [part]`
+//! `cargo run --release -p attn-wgpu --example pipeline_stats -- [f32,f16] [64,128] [part] [causal]`
 //! (`part`: only variants whose name contains it, e.g. `_vd`; the planner's choice is always
-//! printed).
+//! printed; `causal`: the causal variants instead of those without a mask).
 //! Prints why not and exits 0 where there is no Vulkan adapter or the driver lacks the extension.
 //! With `ATTN_WGPU_IR_DIR=<dir>`, also writes whatever internal representations the driver
 //! gives for each printed variant (`<dir>/<variant>.<n>.<name>.txt`; none is a valid answer).
@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let dtypes = args.first().map_or("f32,f16", String::as_str).to_string();
     let dims = args.get(1).map_or("64,128", String::as_str).to_string();
     let part = args.get(2).cloned().unwrap_or_default();
+    let causal = args.get(3).is_some_and(|m| m == "causal");
     let gpu = match Gpu::open() {
         Ok(gpu) => gpu,
         Err(reason) => {
@@ -51,10 +52,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         };
         for d in dims.split(',').map(str::parse::<u32>) {
             let d = d?;
-            let problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
+            let mut problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
+            if causal {
+                problem = problem.causal();
+            }
             let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
             for v in
-                plan::candidates(ty, d, false, caps.subgroup_min).chain(plan::wide_candidates(ty, d, false))
+                plan::candidates(ty, d, causal, caps.subgroup_min).chain(plan::wide_candidates(ty, d, causal))
             {
                 if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
                     continue;

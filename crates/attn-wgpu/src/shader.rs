@@ -88,7 +88,10 @@ pub fn generate(variant: &Variant) -> String {
             if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
         ),
         ("{{STAGES_SEEN}}", stages_seen(variant)),
-        ("{{K_STAGES}}", (if variant.skip_unseen && skip_part("loop") { "stages_seen" } else { "NCH" }).into()),
+        (
+            "{{K_STAGES}}",
+            (if variant.skip_unseen && skip_part("loop") { "stages_seen" } else { "NCH" }).into(),
+        ),
         ("{{K_BASE}}", k_base(variant).into()),
         (
             "{{BARRIER_AFTER_STORE}}",
