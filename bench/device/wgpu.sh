@@ -41,7 +41,8 @@ if has verify; then
   # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
   # ATTN_WGPU_Q_REGS=0: f32 with Qᵀ in workgroup memory (its default holds Q in registers).
   # ATTN_WGPU_INTERLEAVE=1: f32's shapes without interleaved row groups (its default pairs them).
-  for knob in ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_Q_REGS=0 ATTN_WGPU_INTERLEAVE=1 \
+  # ATTN_WGPU_SKIP_UNSEEN=0: f32 D=128 loading every stage (its default skips those no row sees).
+  for knob in ATTN_WGPU_SKIP_UNSEEN=0 ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_Q_REGS=0 ATTN_WGPU_INTERLEAVE=1 \
     ATTN_WGPU_KEY_GROUPS=4,ATTN_WGPU_Q_REGS=0 ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
     ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128 ATTN_WGPU_K_DIRECT=1 ATTN_WGPU_K_DIRECT=1,ATTN_WGPU_ROWS=128; do
     env ${knob//,/ } timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1
@@ -89,7 +90,8 @@ META
     --meta "$out/meta.json" --out "$out/wgpu-results.json" > "$out/wgpu-table.md"
   cp "$out/wgpu-table.md" "$final/wgpu-table.md"; cat "$out/wgpu-table.md"
   # The issue's targets, row by row: the f32 one is half the f32 FMA peak that the fma_peak
-  # example measured through Vulkan on this GPU, 63.9 TFLOP/s (bench/results/2026-11-23-h100-wgpu-coop-stages).
+  # example measured through Vulkan on this GPU, 63.89 TFLOP/s (bench/results/2026-11-23-h100-wgpu-coop-stages),
+  # compared unrounded (before 2026-11-26 with 31.9, which let 31.90-31.94 pass).
   python3 - "$out/wgpu-results.json" <<'PY' | tee "$out/targets.txt"
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["rows"]]
@@ -104,7 +106,8 @@ for (dt, d, s, c), t in sorted(by.items()):
     if m: line += f"  vs math {w / m:5.2f}x {'ok' if w > m else 'MISS'}"
     if e: line += f"  vs efficient {w / e:5.2f}x"
     if dt == "f32" and s >= 2048:
-        line += f"  [f32 S>=2048: >=31.9 TFLOP/s {'ok' if w >= 31.9 else 'MISS'}; >=0.75x efficient {'ok' if e and w >= 0.75 * e else 'MISS'}]"
+        half = 63.89 / 2
+        line += f"  [f32 S>=2048: >={half:.3f} TFLOP/s {'ok' if w >= half else 'MISS'}; >=0.75x efficient {'ok' if e and w >= 0.75 * e else 'MISS'}]"
     if dt == "f16" and ("f32", d, s, c) in by and "wgpu" in by[("f32", d, s, c)]:
         r = w / by[('f32', d, s, c)]['wgpu']
         line += f"  f16/f32 {r:.2f}x {'ok' if r > 1 else 'MISS'}"

@@ -58,7 +58,11 @@
 //!   `ATTN_WGPU_SPLIT_D=1|0`: f32's measured shapes with S = Q·Kᵀ split over the head dim (each
 //!   lane its own dims of Q, partial scores added across the row by a reduce-scatter instead of
 //!   Q shuffled per dim; K staged by keys), or none (f32's default splits: 7-8% faster
-//!   non-causal on the H100).
+//!   non-causal on the H100);
+//!   `ATTN_WGPU_SKIP_UNSEEN=1|0`: those split shapes with a tile's stages that the block does not
+//!   see (past its last row's diagonal, or past `seq_k`) not loaded nor multiplied, or every
+//!   stage computed and masked (f32 D=128's default skips: with it the driver's code fits 249
+//!   registers without spills, 3.1-3.4% faster non-causal on the H100; D=64's does not).
 //! - FMA kernel with 8x8 register tiles ([`wide`]): `ATTN_WGPU_WIDE=1` (timed 2.3-2.5x slower
 //!   on the H100, so only this knob picks it); the FMA knobs on chunk and rows choose among its
 //!   shapes, and the others (key groups, invocations per row, stages, shuffles, V staged by keys

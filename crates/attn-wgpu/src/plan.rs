@@ -35,7 +35,7 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 non-causal (128, below). f16 from
+/// invocations per row each, and 64 rows but for f32 D=128 (128, below), with either mask. f16 from
 /// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
 /// runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
@@ -69,7 +69,16 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// length: 24.3, 28.1, 30.5, 32.1, 33.0 against 23.5, 27.4, 29.9, 31.2, 32.2 TFLOP/s at
 /// S=512-8192, two interleaved rounds within 0.3% (bench/results/2026-11-25-h100-wgpu-d64-rows-
 /// 1678343), so f32 D=64 takes 64 rows with either mask.
-fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
+///
+/// f32 D=128 skips the stages no row sees ([`Variant::skip_unseen`]) and takes 128 rows with
+/// either mask (bench/results/2026-11-26-h100-wgpu-skip-8f340b3): the driver then compiles it to
+/// 249 registers and no spill, where the form without the skip takes 255 and spills 5 KiB (64
+/// rows causal: 255, 7.5 KiB and 96 B of local memory). Non-causal, where nothing is skipped,
+/// 3.1-3.4% faster at S=512-8192 (33.9-34.1 against 32.8-33.0 at S >= 2048); causal 0.4% faster
+/// at S=2048 (31.78 against 31.65), 3.0% at 4096 and 4.0% at 8192, 0.3% slower at 1024. At D=64
+/// the same change made the driver's code 5-7% slower with either mask (its form without it
+/// does not spill), so D=64 keeps it off.
+fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
         p_shuffle,
@@ -79,13 +88,15 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         q_regs,
         interleave,
         split_d: false,
+        skip_unseen: false,
     };
     match (ty, head_dim) {
         (KernelType::F32, 64) => Some(Measured { split_d: true, ..shape(true, 4, 32, true, true, 2) }),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
         (KernelType::F32, 128) => Some(Measured {
-            rows: if causal { 64 } else { 128 },
+            rows: 128,
             split_d: true,
+            skip_unseen: true,
             ..shape(true, 2, 64, true, true, 2)
         }),
         (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false, 1)),
@@ -106,6 +117,8 @@ struct Measured {
     interleave: u32,
     /// S = Q·Kᵀ split over the head dim ([`Variant::split_d`]).
     split_d: bool,
+    /// The stages no row sees skipped ([`Variant::skip_unseen`]).
+    skip_unseen: bool,
 }
 
 /// Head dims are padded with zeros to a multiple of this (zeros change no dot product).
@@ -271,7 +284,8 @@ pub struct Variant {
     /// or causal past its last row's diagonal) are neither loaded nor multiplied: the block's
     /// last tile stops at its last stage with a key seen. The scores left out stay masked, so
     /// their probabilities are exactly 0, as without the skip. Needs `split_d` (K and V staged
-    /// by keys).
+    /// by keys). On the H100 f32 D=128's default (the driver then compiles it without spills),
+    /// not D=64's (slower there; see `measured_best`).
     pub skip_unseen: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
@@ -741,13 +755,14 @@ pub fn candidates(
         p_shuffle,
         ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
-    let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
+    let mut all: Vec<Variant> = measured_best(ty, head_dim)
         .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
             interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
             split_d: m.split_d,
+            skip_unseen: m.skip_unseen,
             ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
         })
         .into_iter()
@@ -792,6 +807,7 @@ pub fn candidates(
             q_regs: false,
             interleave: 1,
             split_d: false,
+            skip_unseen: false,
             row_groups: v.row_groups.min(ROW_GROUPS[0]),
             ..v
         })
@@ -874,7 +890,7 @@ pub fn candidates(
     // does not ([`Variant::split_d`], `ATTN_WGPU_SPLIT_D=1|0`): knob-only.
     let split: Vec<Variant> = interleaved
         .iter()
-        .map(|&v| Variant { split_d: !v.split_d, ..v })
+        .map(|&v| Variant { split_d: !v.split_d, skip_unseen: false, ..v })
         .filter(|v| {
             let stages_hold_key_groups =
                 v.chunk < head_dim && v.key_groups.is_multiple_of(head_dim / v.chunk);
@@ -885,12 +901,16 @@ pub fn candidates(
     all.extend(q_regs);
     let rest = all.split_off(measured);
     let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
-    // Each shape with S split over the head dim, then the same skipping the stages no row sees
-    // ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1`): knob-only until timed.
-    all.into_iter().flat_map(|v| {
-        let skip = v.split_d.then_some(Variant { skip_unseen: true, ..v });
-        [Some(v), skip].into_iter().flatten()
-    })
+    // Each shape with S split over the head dim, then the same with the stages no row sees
+    // skipped or not, whichever it does not ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1|0`):
+    // knob-only but for the measured shapes' own choice.
+    all.into_iter()
+        .flat_map(|v| {
+            let other = v.split_d.then_some(Variant { skip_unseen: !v.skip_unseen, ..v });
+            [Some(v), other].into_iter().flatten()
+        })
+        .fold(Vec::new(), push_new)
+        .into_iter()
 }
 
 /// Appends `v` to `list` unless it is there already (for `fold`, keeping the first place).
@@ -997,7 +1017,7 @@ mod tests {
                                     first.is_some_and(|f| Variant { row_groups: f.row_groups, ..v } == f);
                                 assert!(v.interleave == 1 || form, "{}", v.name());
                                 let measured =
-                                    form && measured_best(v.ty, v.head_dim, causal).is_some_and(|m| m.q_regs);
+                                    form && measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs);
                                 if v.v_direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
@@ -1065,12 +1085,14 @@ mod tests {
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Causal too, with 64 rows at both head dims (D=128 non-causal takes 128).
+                // Causal too: f32 with 64 rows at D=64 and 128 at D=128 (as without a mask), where
+                // alone it skips the stages no row sees.
                 let causal = Problem::new(Shape::new(1, 2, 300, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
                 assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
+                assert_eq!(v.skip_unseen, dtype == DType::F32 && d == 128, "{} causal", v.name());
                 if dtype == DType::F32 {
-                    assert_eq!(v.block_m(), 64, "{} causal", v.name());
+                    assert_eq!(v.block_m(), if d == 128 { 128 } else { 64 }, "{} causal", v.name());
                 }
                 // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {

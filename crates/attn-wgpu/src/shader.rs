@@ -88,10 +88,7 @@ pub fn generate(variant: &Variant) -> String {
             if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
         ),
         ("{{STAGES_SEEN}}", stages_seen(variant)),
-        (
-            "{{K_STAGES}}",
-            (if variant.skip_unseen && skip_part("loop") { "stages_seen" } else { "NCH" }).into(),
-        ),
+        ("{{K_STAGES}}", (if variant.skip_unseen { "stages_seen" } else { "NCH" }).into()),
         ("{{K_BASE}}", k_base(variant).into()),
         (
             "{{BARRIER_AFTER_STORE}}",
@@ -445,11 +442,6 @@ fn split_qk(variant: &Variant) -> String {
     s + "                default: {}\n            }"
 }
 
-/// EXPERIMENT: which parts of `skip_unseen` apply (`ATTN_WGPU_SKIP_PARTS`, default `loop,v`).
-fn skip_part(part: &str) -> bool {
-    std::env::var("ATTN_WGPU_SKIP_PARTS").map_or(true, |v| v.split(',').any(|p| p.trim() == part))
-}
-
 /// `stages_seen` ([`Variant::skip_unseen`]): how many of the tile's `NCH` K (and V) stages,
 /// staged by keys, hold a key that the block sees; fewer than `NCH` only in its last tile.
 fn stages_seen(variant: &Variant) -> String {
@@ -702,7 +694,7 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
         }
         // Skipping unseen stages: a stage after the first only where the block sees a key of
         // it; then none after it is seen, there is no next tile, and nothing more to load.
-        let skip = variant.skip_unseen && variant.v_by_keys && skip_part("v");
+        let skip = variant.skip_unseen && variant.v_by_keys;
         if skip && chunk > 0 {
             let _ = writeln!(pv, "        if ({chunk}u < stages_seen) {{");
         }

@@ -326,8 +326,9 @@ fn q_held_in_registers() {
 #[test]
 fn s_split_over_the_head_dim() {
     let Some(_) = backend("s_split_over_the_head_dim") else { return };
-    let b = Wgpu::new().with_split_d(true);
-    // D=128 (two K stages of one key group each): GQA, causal with an offset, keys off the tiles.
+    let b = Wgpu::new().with_split_d(true).with_skip_unseen(false);
+    // D=128 (two K stages of one key group each): GQA, causal with an offset, keys off the tiles;
+    // every stage loaded (the default skips those no row sees: `unseen_keys_skipped`).
     let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_sd"), "{}", b.plan(&p).unwrap().kernel);
     check(&b, &p, 160);
@@ -470,7 +471,7 @@ fn sixteen_lane_subgroups_inner() {
     let kernel = il.plan(&p).unwrap().kernel;
     assert!(kernel.contains("_m128n64_") && kernel.ends_with("_il2"), "{kernel}");
     check(&il, &p, 160);
-    // D=64 causal's default: 128 rows, S split. Four interleaved row groups need 32-lane
+    // D=64 causal with 128 rows, S split. Four interleaved row groups need 32-lane
     // subgroups: only the H100's verify runs them (bench/device/wgpu-interleave.sh).
     let il_tall = Wgpu::new().with_interleave(2).with_rows(128);
     let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
@@ -480,9 +481,9 @@ fn sixteen_lane_subgroups_inner() {
     // S split over the head dim with interleaved lanes (the butterfly's shuffles 2 lanes apart),
     // 128 rows at D=128, 64 at D=64: f32's defaults for both, non-causal.
     let sd = Wgpu::new().with_interleave(2);
-    for (d, seed) in [(128, 164), (64, 165)] {
+    for (d, seed, form) in [(128, 164, "_il2_sd_sk"), (64, 165, "_il2_sd")] {
         let p = Problem::new(Shape { heads_kv: 1, ..sk(170, 230, 2, d) }, DType::F32);
-        assert!(sd.plan(&p).unwrap().kernel.ends_with("_il2_sd"), "{}", sd.plan(&p).unwrap().kernel);
+        assert!(sd.plan(&p).unwrap().kernel.ends_with(form), "{}", sd.plan(&p).unwrap().kernel);
         check(&sd, &p, seed);
     }
 }
