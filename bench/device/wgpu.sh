@@ -41,8 +41,9 @@ if has verify; then
   # ATTN_WGPU_COOP=0: f16 on the FMA kernel, which the cooperative-matrix one replaces on NVIDIA.
   # ATTN_WGPU_Q_REGS=0: f32 with Qᵀ in workgroup memory (its default holds Q in registers).
   # ATTN_WGPU_INTERLEAVE=1: f32's shapes without interleaved row groups (its default pairs them).
-  # ATTN_WGPU_SKIP_UNSEEN=0: f32 D=128 loading every stage (its default skips those no row sees).
-  for knob in ATTN_WGPU_SKIP_UNSEEN=0 ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_Q_REGS=0 ATTN_WGPU_INTERLEAVE=1 \
+  # ATTN_WGPU_SKIP_UNSEEN=0|1: f32 D=128 loading every stage, or skipping those no row sees (its
+  # default skips, but not for causal up to 1024 keys, which the quick grid stays within).
+  for knob in ATTN_WGPU_SKIP_UNSEEN=0 ATTN_WGPU_SKIP_UNSEEN=1 ATTN_WGPU_ROW_THREADS=16 ATTN_WGPU_STAGES=2 ATTN_WGPU_COOP=0 ATTN_WGPU_Q_REGS=0 ATTN_WGPU_INTERLEAVE=1 \
     ATTN_WGPU_KEY_GROUPS=4,ATTN_WGPU_Q_REGS=0 ATTN_WGPU_ROW_THREADS=4 ATTN_WGPU_V_DIRECT=1 ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_COOP=0 \
     ATTN_WGPU_V_DIRECT=1,ATTN_WGPU_ROWS=128 ATTN_WGPU_K_DIRECT=1 ATTN_WGPU_K_DIRECT=1,ATTN_WGPU_ROWS=128; do
     env ${knob//,/ } timeout 40 $attn verify --quick --backend wgpu > "$out/verify-wgpu-${knob//=/_}.txt" 2>&1

@@ -104,6 +104,13 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
     }
 }
 
+/// The longest causal key length (`seq_k`) for which f32 D=128 takes its measured shape's
+/// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): at S=512 the
+/// 128-row form was 5% slower (25.1 against 26.4 TFLOP/s, in two calls: bench/results/
+/// 2026-11-26-h100-wgpu-844ad52 and 2026-11-25-h100-wgpu-2e840e7), at 1024 0.3% (29.25 against
+/// 29.34, one call), and at 2048 0.4% faster.
+pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
+
 /// The [`Variant`] fields that [`measured_best`] sets.
 struct Measured {
     /// Query rows per workgroup (64 or 128).
@@ -496,11 +503,23 @@ pub fn choose_among(
     };
     let d = padded_head_dim(s.head_dim) as u32;
     let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
-    let wanted: Vec<Variant> = coop
+    let mut wanted: Vec<Variant> = coop
         .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
         .chain(wide_candidates(ty, d, problem.is_causal()))
         .filter(|v| allowed(v))
         .collect();
+    // Short causal problems at f32 D=128 take the measured shape's 64-row form, every stage
+    // loaded, where the knobs leave it (see `SHORT_CAUSAL_MAX_KEYS`).
+    if problem.is_causal() && s.seq_k <= SHORT_CAUSAL_MAX_KEYS && ty == KernelType::F32 && d == 128 {
+        let short = |v: &Variant| {
+            let m = wanted[0];
+            m.split_d && *v == Variant { row_groups: ROW_GROUPS[0], skip_unseen: false, ..m }
+        };
+        if let Some(i) = wanted.iter().position(short) {
+            let v = wanted.remove(i);
+            wanted.insert(0, v);
+        }
+    }
     // Report the smallest wanted variant's needs where none fits: nothing smaller exists.
     let Some(smallest) = wanted.iter().min_by_key(|v| v.shared_bytes()) else {
         return Err(Error::Unsupported {
@@ -1011,10 +1030,12 @@ mod tests {
                                 // Interleaved lanes and Q in registers: f32's measured shape,
                                 // first in the list, or its form with the other of 64 and 128
                                 // rows where the measured one has more invocations than the
-                                // adapter.
+                                // adapter or the problem is short and causal (then also
+                                // loading every stage).
                                 let first = candidates(v.ty, v.head_dim, causal, subgroup_min).next();
-                                let form =
-                                    first.is_some_and(|f| Variant { row_groups: f.row_groups, ..v } == f);
+                                let form = first.is_some_and(|f| {
+                                    Variant { row_groups: f.row_groups, skip_unseen: f.skip_unseen, ..v } == f
+                                });
                                 assert!(v.interleave == 1 || form, "{}", v.name());
                                 let measured =
                                     form && measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs);
@@ -1036,6 +1057,26 @@ mod tests {
         }
         // The branch above is reached (D=256 with 16 KiB): the check is not vacuous.
         assert!(chosen_alone > 0);
+    }
+
+    /// f32 D=128 causal takes the 64-row form with every stage loaded up to
+    /// `SHORT_CAUSAL_MAX_KEYS` keys and the 128-row form that skips unseen stages after; knobs
+    /// still pick either, and nothing else moves.
+    #[test]
+    fn short_causal_d128_takes_64_rows() {
+        let h100 = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
+        let plan = |seq: usize, causal: bool, allowed: &dyn Fn(&Variant) -> bool| {
+            let p = Problem::new(Shape::new(1, 16, seq, 128), DType::F32);
+            choose_among(&if causal { p.causal() } else { p }, &h100, allowed).unwrap().variant.name()
+        };
+        let any = |_: &Variant| true;
+        let short = "flash_f32_d128_m64n64_c64_causal_sg_pshfl_vk_qr_il2_sd";
+        let long = "flash_f32_d128_m128n64_c64_causal_sg_pshfl_vk_qr_il2_sd_sk";
+        assert_eq!(plan(SHORT_CAUSAL_MAX_KEYS, true, &any), short);
+        assert_eq!(plan(SHORT_CAUSAL_MAX_KEYS + 1, true, &any), long);
+        assert_eq!(plan(512, false, &any), "flash_f32_d128_m128n64_c64_full_sg_pshfl_vk_qr_il2_sd_sk");
+        assert_eq!(plan(512, true, &|v: &Variant| v.skip_unseen), long);
+        assert_eq!(plan(8192, true, &|v: &Variant| v.block_m() == 64 && !v.skip_unseen), short);
     }
 
     /// V staged by keys, Q in registers and S split over the head dim are the planner's own
@@ -1086,8 +1127,8 @@ mod tests {
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
                 // Causal too: f32 with 64 rows at D=64 and 128 at D=128 (as without a mask), where
-                // alone it skips the stages no row sees.
-                let causal = Problem::new(Shape::new(1, 2, 300, d), dtype).causal();
+                // alone it skips the stages no row sees (past `SHORT_CAUSAL_MAX_KEYS` keys).
+                let causal = Problem::new(Shape::new(1, 2, 2048, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
                 assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
                 assert_eq!(v.skip_unseen, dtype == DType::F32 && d == 128, "{} causal", v.name());
