@@ -105,10 +105,10 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
 }
 
 /// The longest causal key length (`seq_k`) for which f32 D=128 takes its measured shape's
-/// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): at S=512 the
-/// 128-row form was 5% slower (25.1 against 26.4 TFLOP/s, in two calls: bench/results/
-/// 2026-11-26-h100-wgpu-844ad52 and 2026-11-25-h100-wgpu-2e840e7), at 1024 0.3% (29.25 against
-/// 29.34, one call), and at 2048 0.4% faster.
+/// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): on the H100
+/// the 128-row form was 5% slower at S=512 (25.1 against 26.4-26.6 TFLOP/s) and 0.4% at 1024
+/// (29.26 against 29.37), three interleaved rounds (bench/results/2026-11-26-h100-wgpu-short-9a0b333),
+/// and 0.4% faster at 2048 (bench/results/2026-11-26-h100-wgpu-skip-8f340b3).
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
 
 /// The [`Variant`] fields that [`measured_best`] sets.
@@ -510,12 +510,12 @@ pub fn choose_among(
         .collect();
     // Short causal problems at f32 D=128 take the measured shape's 64-row form, every stage
     // loaded, where the knobs leave it (see `SHORT_CAUSAL_MAX_KEYS`).
-    if problem.is_causal() && s.seq_k <= SHORT_CAUSAL_MAX_KEYS && ty == KernelType::F32 && d == 128 {
-        let short = |v: &Variant| {
-            let m = wanted[0];
-            m.split_d && *v == Variant { row_groups: ROW_GROUPS[0], skip_unseen: false, ..m }
-        };
-        if let Some(i) = wanted.iter().position(short) {
+    let short_causal = problem.is_causal() && s.seq_k <= SHORT_CAUSAL_MAX_KEYS;
+    if let Some(&first) =
+        wanted.first().filter(|m| short_causal && m.ty == KernelType::F32 && m.split_d && m.head_dim == 128)
+    {
+        let short = Variant { row_groups: ROW_GROUPS[0], skip_unseen: false, ..first };
+        if let Some(i) = wanted.iter().position(|v| *v == short) {
             let v = wanted.remove(i);
             wanted.insert(0, v);
         }
@@ -1077,6 +1077,9 @@ mod tests {
         assert_eq!(plan(512, false, &any), "flash_f32_d128_m128n64_c64_full_sg_pshfl_vk_qr_il2_sd_sk");
         assert_eq!(plan(512, true, &|v: &Variant| v.skip_unseen), long);
         assert_eq!(plan(8192, true, &|v: &Variant| v.block_m() == 64 && !v.skip_unseen), short);
+        // Knobs that leave nothing: the typed error, as for any problem.
+        let p = Problem::new(Shape::new(1, 16, 512, 128), DType::F32).causal();
+        assert!(matches!(choose_among(&p, &h100, &|_| false), Err(Error::Unsupported { .. })));
     }
 
     /// V staged by keys, Q in registers and S split over the head dim are the planner's own
