@@ -36,7 +36,8 @@
 //!   `ATTN_WGPU_ROW_THREADS=8|16|4`: only that many invocations per query row (16 halves each
 //!   one's registers, measured no faster on the H100); `ATTN_WGPU_STAGES=2`: two K/V stage
 //!   buffers, one barrier per stage (measured slower on the H100); `ATTN_WGPU_P_SHUFFLE=0`:
-//!   probabilities through workgroup memory even where subgroups could shuffle them;
+//!   probabilities through workgroup memory even where subgroups could shuffle them (with S
+//!   split over the head dim too: each lane stores its keys' probabilities as Pᵀ);
 //!   `ATTN_WGPU_V_DIRECT=1`: P·V reads V straight from its buffer; `ATTN_WGPU_K_DIRECT=1`: K
 //!   too, packed transposed per tile (no stages and no barriers in the tile loop); both picked
 //!   only by their knobs until timed on a GPU (or where nothing else fits the adapter);

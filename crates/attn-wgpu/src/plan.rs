@@ -283,8 +283,9 @@ pub struct Variant {
     /// tiles, 224 shuffled floats per tile and invocation instead of 512). K is staged by keys,
     /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
-    /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, `p_shuffle`, one stage
-    /// buffer and whole key groups per stage. On the H100 7-8% faster for f32's measured shapes
+    /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
+    /// whole key groups per stage; with `p_shuffle` off, the probabilities go through Pᵀ in
+    /// workgroup memory (knob-only until timed). On the H100 7-8% faster for f32's measured shapes
     /// non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,
@@ -921,12 +922,16 @@ pub fn candidates(
     let rest = all.split_off(measured);
     let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
     // Each shape with S split over the head dim, then the same with the stages no row sees
-    // skipped or not, whichever it does not ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1|0`):
-    // knob-only but for the measured shapes' own choice.
+    // skipped or not, whichever it does not ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1|0`),
+    // then both with the probabilities handed over through workgroup memory instead of shuffles
+    // (`ATTN_WGPU_P_SHUFFLE=0`): knob-only but for the measured shapes' own choice.
     all.into_iter()
         .flat_map(|v| {
             let other = v.split_d.then_some(Variant { skip_unseen: !v.skip_unseen, ..v });
-            [Some(v), other].into_iter().flatten()
+            let in_memory = |v: Option<Variant>| {
+                v.filter(|v| v.split_d && v.p_shuffle).map(|v| Variant { p_shuffle: false, ..v })
+            };
+            [Some(v), other, in_memory(Some(v)), in_memory(other)].into_iter().flatten()
         })
         .fold(Vec::new(), push_new)
         .into_iter()
@@ -1095,14 +1100,15 @@ mod tests {
                         for (i, v) in all.iter().enumerate() {
                             assert!(!all[..i].contains(v), "{} listed twice", v.name());
                             // Only the measured shapes' forms (64 or 128 rows, S split over the
-                            // head dim or not) interleave lanes or split S: no other list takes
-                            // them over from them.
+                            // head dim or not, probabilities shuffled or through Pᵀ) interleave
+                            // lanes or split S: no other list takes them over from them.
                             let first = all[0];
                             let form = Variant {
                                 interleave: first.interleave,
                                 row_groups: first.row_groups,
                                 split_d: first.split_d,
                                 skip_unseen: first.skip_unseen,
+                                p_shuffle: first.p_shuffle,
                                 ..*v
                             };
                             assert!(!v.skip_unseen || v.split_d, "{}", v.name());

@@ -613,7 +613,8 @@ impl Scores {
 impl Scores {
     /// With S split over the head dim ([`Variant::split_d`]), the scores come out transposed:
     /// st{g}_{j} holds the four rows' scores of key 4·(g·TX + tx) + j, and the probabilities
-    /// pt{g}_{j} are already what P·V shuffles. The row max and sum are vec4 operations over them.
+    /// pt{g}_{j} are already what P·V shuffles (or, without shuffles, stores as Pᵀ). The row max
+    /// and sum are vec4 operations over them.
     fn split(variant: &Variant, ablate: &Ablation) -> Self {
         let mut c = Scores::default();
         let exp = if ablate.exp { "" } else { "exp2" };
@@ -626,6 +627,14 @@ impl Scores {
                     "            st{g}_{j} = select(vec4<f32>(NEG), st{g}_{j}, vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u)) < lim);"
                 );
                 let _ = writeln!(c.exp, "        let pt{g}_{j} = {exp}(st{g}_{j} - m_use);");
+                if !variant.p_shuffle {
+                    // Pᵀ: key 4·(g·TX + tx) + j's four rows, read back by the row's other lanes
+                    // after the first V stage's barrier.
+                    let _ = writeln!(
+                        c.p_store,
+                        "        ps[(({g}u * TX + tx) * 4u + {j}u) * TY + ty] = pt{g}_{j};"
+                    );
+                }
                 names.push((format!("st{g}_{j}"), format!("pt{g}_{j}")));
             }
         }

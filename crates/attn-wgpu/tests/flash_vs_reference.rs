@@ -347,6 +347,27 @@ fn s_split_over_the_head_dim() {
 }
 
 #[test]
+fn s_split_with_probabilities_in_workgroup_memory() {
+    let Some(_) = backend("s_split_with_probabilities_in_workgroup_memory") else { return };
+    // D=128, 64 rows (lavapipe's 32 KiB hold Pᵀ of 64 rows with one stage, not of 128): each lane
+    // stores its keys' probabilities as Pᵀ, read back after the first V stage's barrier.
+    for (i, skip) in [true, false].into_iter().enumerate() {
+        let b = Wgpu::new().with_split_d(true).with_p_shuffle(false).with_rows(64).with_skip_unseen(skip);
+        // GQA, causal with an offset, keys off the tiles (several tiles, so Pᵀ is rewritten).
+        let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).causal();
+        let kernel = b.plan(&p).unwrap().kernel;
+        assert!(
+            kernel.contains("_m64n64_") && !kernel.contains("pshfl") && kernel.contains("_sd"),
+            "{kernel}"
+        );
+        check(&b, &p, 200 + i as u64);
+        // Rows that see no key (seq_q > seq_k), and no mask with keys off the tiles.
+        check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F32).causal(), 202 + i as u64);
+        check(&b, &Problem::new(sk(70, 200, 2, 128), DType::Bf16), 204 + i as u64);
+    }
+}
+
+#[test]
 fn unseen_keys_skipped() {
     let Some(_) = backend("unseen_keys_skipped") else { return };
     let b = Wgpu::new().with_skip_unseen(true);
