@@ -70,7 +70,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{QK}}", qk(variant)),
         ("{{QS_DECL}}", qs_decl(variant).into()),
         ("{{BINDINGS}}", BINDINGS.to_string()),
-        ("{{LOADS}}", LOADS.to_string()),
+        ("{{LOADS}}", if ablate.guard { LOADS.replace("key < P.seq_k", "true") } else { LOADS.to_string() }),
         ("{{ENABLE}}", enable.to_string()),
         ("{{ET}}", et.to_string()),
         ("{{D}}", variant.head_dim.to_string()),
@@ -197,6 +197,9 @@ pub struct Ablation {
     pub load: bool,
     /// Cooperative-matrix kernel: no store of S, nor softmax.
     pub softmax: bool,
+    /// FMA kernel: K and V loads without their bounds checks (wrong where a tile reaches past
+    /// `seq_k`).
+    pub guard: bool,
 }
 
 impl Ablation {
@@ -217,6 +220,7 @@ impl Ablation {
             barrier: false,
             load: false,
             softmax: false,
+            guard: false,
         };
         for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
             match part.trim() {
@@ -227,6 +231,7 @@ impl Ablation {
                 "barrier" => a.barrier = true,
                 "load" => a.load = true,
                 "softmax" => a.softmax = true,
+                "guard" => a.guard = true,
                 _ => {}
             }
         }
@@ -243,6 +248,7 @@ impl Ablation {
             (self.barrier, "barrier"),
             (self.load, "load"),
             (self.softmax, "softmax"),
+            (self.guard, "guard"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -403,35 +409,68 @@ fn split_qk(variant: &Variant) -> String {
                 let ind = "                    ";
                 let _ = writeln!(s, "{ind}{{");
                 let _ = writeln!(s, "{ind}// Keys 4·({g}·TX + t) + {j}, t < TX: key t = i ^ tx into r{{i}}.");
-                for i in 0..tx {
-                    let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
-                }
-                // One vec4 of the lane's dims at a time, for all the run's keys.
-                for k in 0..dims {
-                    let _ = writeln!(s, "{ind}{{");
-                    for i in 0..tx {
-                        let at = (4 * gl * tx + j) * d4 + k * tx;
-                        let _ = writeln!(s, "{ind}    let k{i} = kv[kb + xo{i} + {at}u];");
-                    }
-                    for i in 0..tx {
-                        for (comp, l) in LANE.iter().enumerate() {
-                            let _ =
-                                writeln!(s, "{ind}    r{i} = fma(q{k}_{comp}, vec4<f32>(k{i}.{l}), r{i});");
+                // Registers `regs` of the run: one vec4 of the lane's dims at a time, for all
+                // of them.
+                let products = |regs: std::ops::Range<u32>| -> String {
+                    let mut p = String::new();
+                    for k in 0..dims {
+                        let _ = writeln!(p, "{ind}{{");
+                        for i in regs.clone() {
+                            let at = (4 * gl * tx + j) * d4 + k * tx;
+                            let _ = writeln!(p, "{ind}    let k{i} = kv[kb + xo{i} + {at}u];");
                         }
+                        for i in regs.clone() {
+                            for (comp, l) in LANE.iter().enumerate() {
+                                let _ = writeln!(
+                                    p,
+                                    "{ind}    r{i} = fma(q{k}_{comp}, vec4<f32>(k{i}.{l}), r{i});"
+                                );
+                            }
+                        }
+                        let _ = writeln!(p, "{ind}}}");
                     }
-                    let _ = writeln!(s, "{ind}}}");
-                }
-                let mut h = tx / 2;
-                while h >= 1 {
+                    p
+                };
+                let send = |h: u32, first: bool| -> String {
+                    let mut p = String::new();
                     for i in 0..h {
-                        let _ = writeln!(
-                            s,
-                            "{ind}r{i} = r{i} + subgroupShuffleXor(r{}, {}u);",
-                            i + h,
-                            variant.interleave * h
-                        );
+                        let shuffled = format!("subgroupShuffleXor(r{}, {}u)", i + h, variant.interleave * h);
+                        let _ = if first {
+                            writeln!(p, "{ind}var r{i} = {shuffled};")
+                        } else {
+                            writeln!(p, "{ind}r{i} = r{i} + {shuffled};")
+                        };
                     }
+                    p
+                };
+                if split_send_early() && tx >= 4 {
+                    // The butterfly's halves as soon as they are whole: registers h..2h (h = TX/2,
+                    // .., 2) are multiplied, then sent, and what arrives starts registers 0..h
+                    // (no add at the first step); then r1 and r0, and the last step.
+                    let mut h = tx / 2;
+                    for i in h..tx {
+                        let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
+                    }
+                    s.push_str(&products(h..tx));
+                    s.push_str(&send(h, true));
                     h /= 2;
+                    while h >= 2 {
+                        s.push_str(&products(h..2 * h));
+                        s.push_str(&send(h, false));
+                        h /= 2;
+                    }
+                    s.push_str(&products(0..2));
+                    s.push_str(&send(1, false));
+                } else {
+                    for i in 0..tx {
+                        let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
+                    }
+                    s.push_str(&products(0..tx));
+                    let mut h = tx / 2;
+                    while h >= 1 {
+                        s.push_str(&send(h, false));
+                        h /= 2;
+                    }
                 }
                 let _ = writeln!(s, "{ind}st{g}_{j} = r0;");
                 let _ = writeln!(s, "{ind}}}");
@@ -440,6 +479,13 @@ fn split_qk(variant: &Variant) -> String {
         let _ = writeln!(s, "                }}");
     }
     s + "                default: {}\n            }"
+}
+
+/// Experiment (`ATTN_WGPU_SPLIT_SEND=early`, read once): the split S = Q·Kᵀ sends each half of
+/// the butterfly as soon as it is whole, so that half as many accumulators are live at once.
+fn split_send_early() -> bool {
+    static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EARLY.get_or_init(|| std::env::var("ATTN_WGPU_SPLIT_SEND").is_ok_and(|v| v == "early"))
 }
 
 /// `stages_seen` ([`Variant::skip_unseen`]): how many of the tile's `NCH` K (and V) stages,
