@@ -44,9 +44,9 @@ const LN2: f32 = 0.6931471805599453;
 // n/4 < BN4, or kv[buf + n·DC4 + d/4] (V) with n < BN, d/4 < DC4, or (V by keys, stage c)
 // kv[buf + (n - c·BN/NCH)·D4 + d/4] with c·BN/NCH <= n < (c+1)·BN/NCH, d/4 < D4, buf = s·KV_STAGE
 // with s < STAGES; ps[n·TY + m/4] with n < BN; the
-// storage buffers at (row · D4 + d/4) with row < seq_q or seq_k (guarded) and d/4 < D4; V read
-// straight from its buffer at rows n0 + n, n < BN, and Kᵀ at kv_base + n0·D4 + d·BN4 + n/4 (the
-// tile's transposed block), which the padding to whole tiles keeps within the head's rows.
+// storage buffers at (row · D4 + d/4) with d/4 < D4 and row < seq_q (Q and O: guarded) or
+// row < n_tiles·BN (K and V, staged or read straight from the buffer; Kᵀ at kv_base + n0·D4 +
+// d·BN4 + n/4, the tile's transposed block): each head's K/V rows are padded to whole tiles.
 {{QS_DECL}}
 {{KV_DECL}}
 {{PS_DECL}}

@@ -48,8 +48,8 @@ const LN2: f32 = 0.6931471805599453;
 // Indices stay in bounds by construction (the shader is compiled without naga's clamps, see
 // runtime::Checks): qs[d·BM4 + m/4] with d < D, m < BM; kv[d·BN4 + n/4] (K) with d < DC,
 // n < BN, or kv[n·D4 + d/4] (V) with n < KC, d < D; ps[n·PS + m/4] with n < BN, m < BM;
-// red[2·lid + 1] with lid < T; the storage buffers at (row · D4 + d/4) with row < seq_q or seq_k
-// (guarded) and d/4 < D4.
+// red[2·lid + 1] with lid < T; the storage buffers at (row · D4 + d/4) with d/4 < D4 and row <
+// seq_q (Q and O, guarded) or row < n_tiles·BN (K and V: each head's rows padded to whole tiles).
 // Qᵀ of the block, scaled: qs[d·BM4 + m/4] holds rows m..m+3 at dim d.
 var<workgroup> qs: array<vec4<f32>, D * BM4>;
 // A K stage transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V stage (kv[n·D4 + d/4]).

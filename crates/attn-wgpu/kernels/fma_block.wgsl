@@ -13,8 +13,8 @@
     let b = bh / P.heads_q;
     let h = bh % P.heads_q;
     let q_base = bh * P.seq_q * D4;
-    // K/V rows per head: seq_k, or (V read straight from its buffer) padded to whole tiles.
-    let kv_base = (b * P.heads_kv + h / P.group) * {{K_ROWS}} * D4;
+    // K/V rows per head: seq_k padded with zeros to whole tiles (`plan::padded_rows`).
+    let kv_base = (b * P.heads_kv + h / P.group) * ((P.seq_k + BN - 1u) / BN * BN) * D4;
 
     // Keys this block can see: all, or (causal) up to the last row's diagonal.
     var n_end = P.seq_k;

@@ -77,9 +77,7 @@
 //!   `ATTN_WGPU_COOP_MODEL=annotated|glsl450|vulkan`: how its SPIR-V declares the memory model
 //!   ([`spirv::MemoryModel`]).
 //! - Both: `ATTN_WGPU_CHECKS=all|bounds`: naga's guards back on.
-//! - Experiment: `ATTN_WGPU_SPLIT_SEND=early`: S split over the head dim sends each half of its
-//!   butterfly as soon as it is whole (half the accumulators live at once).
-//! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv,barrier,load,softmax,guard`
+//! - Timing diagnostics only, wrong results: `ATTN_WGPU_ABLATE=qk,exp,shuffle,pv,barrier,load,softmax`
 //!   (any of them, separated by `,` or `+`) takes those parts out of the FMA and
 //!   cooperative-matrix kernels ([`shader::Ablation`]); the plan says so. `ATTN_WGPU_PAD_SHARED=<bytes>`: the FMA kernels
 //!   declare that much more (unused) workgroup memory, to time how workgroup memory limits them

@@ -372,15 +372,13 @@ impl Variant {
 
     /// The packed Q, K and V hold each head's rows padded with zeros to a multiple of these
     /// (Q, K/V): whole blocks for the cooperative-matrix kernel, which loads its matrices straight
-    /// from the buffers; whole key tiles where the FMA kernel reads V straight from its buffer
-    /// (`v_direct`); none otherwise, where the FMA kernel's loads are guarded.
+    /// from the buffers; whole key tiles for the FMA kernels, whose K and V loads are not guarded
+    /// (only Q's are: `kernels/loads.wgsl`).
     pub fn row_align(&self) -> (usize, usize) {
         if self.kernel == Kernel::Coop {
             (self.block_m() as usize, self.block_n() as usize)
-        } else if self.v_direct {
-            (1, self.block_n() as usize)
         } else {
-            (1, 1)
+            (1, self.block_n() as usize)
         }
     }
 

@@ -196,12 +196,11 @@ impl Gpu {
         let pipeline = self.scoped(&format!("compiling {name}"), || {
             // SAFETY (both arms): the kernel's loops all end (their bounds are constants or
             // uniform sizes, never data) and its indices stay in bounds (workgroup arrays by
-            // their constant loop limits; storage buffers by the seq_q / seq_k guards of the FMA
-            // kernel, or, for the cooperative-matrix kernel's unguarded matrix loads and the FMA
-            // kernel's unguarded V (and K) reads where it reads them straight from their buffers
-            // (`Variant::v_direct`, `k_direct`), each head's rows padded to whole tiles
-            // (`plan::padded_rows`, `pack::pack_inputs`), and the buffer sizes `plan::choose`
-            // derives from the same problem); `Checks` says which
+            // their constant loop limits; storage buffers by the FMA kernels' seq_q guards (Q
+            // and O), or, for their unguarded K and V reads and the cooperative-matrix kernel's
+            // matrix loads, each head's rows padded to whole tiles (`plan::padded_rows`,
+            // `pack::pack_inputs`), and the buffer sizes `plan::choose` derives from the same
+            // problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
             // validated module, changed only as `spirv::MemoryModel` says (its memory-model
             // declaration or annotations), and its bindings are the layout's.
@@ -304,11 +303,11 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
 /// - every loop ends: its bound is a constant of the variant or a uniform size, never data;
 /// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
 ///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
-///   rows below `seq_q` / `seq_k` (each load and store is guarded) times the padded head dim,
-///   which is how `plan::choose` sizes the buffers; the cooperative-matrix kernel's matrix loads,
-///   and the FMA kernel's V (and K) reads where it reads them straight from their buffers
-///   (`v_direct`, `k_direct`), are not guarded but stay inside each head's rows, which are padded
-///   to whole tiles (`plan::padded_rows`); the verify suite runs this default;
+///   rows below `seq_q` (Q and O: each load and store is guarded) times the padded head dim,
+///   which is how `plan::choose` sizes the buffers; K and V reads (the FMA kernels') and the
+///   cooperative-matrix kernel's matrix loads are not guarded but stay inside the tiles a block
+///   sees, within each head's rows, which are padded to whole tiles (`plan::padded_rows`); the
+///   verify suite runs this default;
 /// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
 ///   divides only by constants and by head counts and the group size, which
 ///   `Problem::validate` requires to be positive.

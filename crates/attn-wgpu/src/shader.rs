@@ -70,7 +70,7 @@ pub fn generate(variant: &Variant) -> String {
         ("{{QK}}", qk(variant)),
         ("{{QS_DECL}}", qs_decl(variant).into()),
         ("{{BINDINGS}}", BINDINGS.to_string()),
-        ("{{LOADS}}", if ablate.guard { LOADS.replace("key < P.seq_k", "true") } else { LOADS.to_string() }),
+        ("{{LOADS}}", LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
         ("{{ET}}", et.to_string()),
         ("{{D}}", variant.head_dim.to_string()),
@@ -105,7 +105,6 @@ pub fn generate(variant: &Variant) -> String {
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
         ("{{FETCH_K_NEXT}}", ablate.fetch(staging.fetch_k("                ", "n0", "c + 1u"))),
         ("{{FETCH_V_FIRST}}", ablate.fetch(after_last_k_chunk(variant, &staging))),
-        ("{{K_ROWS}}", k_rows(variant).to_string()),
         ("{{STORE_K}}", staging.store_k("            ")),
         ("{{S_DECL}}", scores.decl),
         ("{{S_FMA}}", scores.fma),
@@ -197,9 +196,6 @@ pub struct Ablation {
     pub load: bool,
     /// Cooperative-matrix kernel: no store of S, nor softmax.
     pub softmax: bool,
-    /// FMA kernel: K and V loads without their bounds checks (wrong where a tile reaches past
-    /// `seq_k`).
-    pub guard: bool,
 }
 
 impl Ablation {
@@ -220,7 +216,6 @@ impl Ablation {
             barrier: false,
             load: false,
             softmax: false,
-            guard: false,
         };
         for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
             match part.trim() {
@@ -231,7 +226,6 @@ impl Ablation {
                 "barrier" => a.barrier = true,
                 "load" => a.load = true,
                 "softmax" => a.softmax = true,
-                "guard" => a.guard = true,
                 _ => {}
             }
         }
@@ -248,7 +242,6 @@ impl Ablation {
             (self.barrier, "barrier"),
             (self.load, "load"),
             (self.softmax, "softmax"),
-            (self.guard, "guard"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -382,9 +375,10 @@ fn split_offsets(variant: &Variant) -> String {
 /// dims of the run's keys, key `t = i ^ tx` into register `r{i}`; then a butterfly over the row's
 /// lanes (`IL·h` apart, `h` = TX/2, .., 1) adds partner's `r{i + h}` into `r{i}` for `i < h`: the
 /// partner (`tx ^ h`) holds in `r{i + h}` key `(i + h) ^ tx ^ h = i ^ tx`, the one in this lane's
-/// `r{i}`, so every lane sends the same register and keeps the other half. After the last step
-/// `r0` holds the whole score of key `t = tx`. A `switch` on `c` picks the stage's groups, so that
-/// no register is indexed at run time.
+/// `r{i}`, so every lane sends the same register and keeps the other half. Each step runs as soon
+/// as the registers it sends are whole (see the code), and after the last `r0` holds the whole
+/// score of key `t = tx`. A `switch` on `c` picks the stage's groups, so that no register is
+/// indexed at run time.
 fn split_qk(variant: &Variant) -> String {
     let tx = variant.row_threads;
     let stages = variant.head_dim / variant.chunk;
@@ -443,35 +437,26 @@ fn split_qk(variant: &Variant) -> String {
                     }
                     p
                 };
-                if split_send_early() && tx >= 4 {
-                    // The butterfly's halves as soon as they are whole: registers h..2h (h = TX/2,
-                    // .., 2) are multiplied, then sent, and what arrives starts registers 0..h
-                    // (no add at the first step); then r1 and r0, and the last step.
-                    let mut h = tx / 2;
-                    for i in h..tx {
-                        let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
-                    }
-                    s.push_str(&products(h..tx));
-                    s.push_str(&send(h, true));
-                    h /= 2;
-                    while h >= 2 {
-                        s.push_str(&products(h..2 * h));
-                        s.push_str(&send(h, false));
-                        h /= 2;
-                    }
-                    s.push_str(&products(0..2));
-                    s.push_str(&send(1, false));
-                } else {
-                    for i in 0..tx {
-                        let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
-                    }
-                    s.push_str(&products(0..tx));
-                    let mut h = tx / 2;
-                    while h >= 1 {
-                        s.push_str(&send(h, false));
-                        h /= 2;
-                    }
+                // The butterfly's halves are sent as soon as they are whole, so that half the
+                // accumulators are live at once: registers h..2h (h = TX/2, .., 2) are
+                // multiplied, then sent, and what arrives starts registers 0..h (no add at the
+                // first step); then r1 and r0, and the last step. On the H100 0.6% (D=128) to 3%
+                // (D=64) faster than all TX multiplied first, causal D=128 0.2% slower
+                // (bench/results/2026-11-26-h100-wgpu-guard-a9fa2c0).
+                let mut h = tx / 2;
+                for i in h..tx {
+                    let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
                 }
+                s.push_str(&products(h..tx));
+                s.push_str(&send(h, true));
+                h /= 2;
+                while h >= 2 {
+                    s.push_str(&products(h..2 * h));
+                    s.push_str(&send(h, false));
+                    h /= 2;
+                }
+                s.push_str(&products(0..2));
+                s.push_str(&send(1, false));
                 let _ = writeln!(s, "{ind}st{g}_{j} = r0;");
                 let _ = writeln!(s, "{ind}}}");
             }
@@ -479,13 +464,6 @@ fn split_qk(variant: &Variant) -> String {
         let _ = writeln!(s, "                }}");
     }
     s + "                default: {}\n            }"
-}
-
-/// Experiment (`ATTN_WGPU_SPLIT_SEND=early`, read once): the split S = Q·Kᵀ sends each half of
-/// the butterfly as soon as it is whole, so that half as many accumulators are live at once.
-fn split_send_early() -> bool {
-    static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *EARLY.get_or_init(|| std::env::var("ATTN_WGPU_SPLIT_SEND").is_ok_and(|v| v == "early"))
 }
 
 /// `stages_seen` ([`Variant::skip_unseen`]): how many of the tile's `NCH` K (and V) stages,
@@ -510,14 +488,6 @@ fn k_base(variant: &Variant) -> &'static str {
             "            // This chunk's buffer; with two, stage c of 2·NCH per tile uses buffer c % 2.\n",
             "            let kb = (c % STAGES) * KV_STAGE;"
         )
-    }
-}
-
-/// K/V rows per head in the packed buffers (`plan::padded_rows`), as a WGSL expression.
-pub(crate) fn k_rows(variant: &Variant) -> &'static str {
-    match variant.row_align().1 {
-        1 => "P.seq_k",
-        _ => "((P.seq_k + BN - 1u) / BN * BN)",
     }
 }
 

@@ -108,7 +108,6 @@ pub fn generate(variant: &Variant) -> String {
         // First: the block set-up holds markers that the entries after it fill.
         ("{{BLOCK}}", crate::shader::FMA_BLOCK.to_string()),
         ("{{STAGE_Q}}", crate::shader::STAGE_Q.replace("{{Q_QUADS}}", "BM4")),
-        ("{{K_ROWS}}", crate::shader::k_rows(variant).to_string()),
         ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
         ("{{LOADS}}", crate::shader::LOADS.to_string()),
         ("{{ENABLE}}", enable.to_string()),
