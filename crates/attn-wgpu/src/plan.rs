@@ -35,7 +35,8 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 (128, below), with either mask. f16 from
+/// invocations per row each, and 64 rows but for f32 D=128 (128 with either mask) and f32 D=64
+/// causal (128; both below). f16 from
 /// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
 /// runs named below.
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
@@ -78,7 +79,13 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// at S=2048 (31.78 against 31.65), 3.0% at 4096 and 4.0% at 8192, 0.3% slower at 1024. At D=64
 /// the same change made the driver's code 5-7% slower with either mask (its form without it
 /// does not spill), so D=64 keeps it off.
-fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
+///
+/// Since K/V loads are unguarded and the split butterfly sends early (98d3335), f32 D=64 causal
+/// takes 128 rows: 25.7, 30.0, 32.7, 34.2, 35.1 against 25.3, 29.3, 31.8, 33.3, 34.0 TFLOP/s at
+/// S=512-8192, where without a mask 64 rows stay 0.7-0.9% faster. The skip at D=64: with 64 rows
+/// 30.5, 32.2, 33.1, 33.5 at S=1024-8192 (faster than 128 rows only at 1024), with 128 rows 4-5%
+/// slower than without (bench/results/2026-11-26-h100-wgpu-d64-rows-98d3335).
+fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
         p_shuffle,
@@ -91,7 +98,11 @@ fn measured_best(ty: KernelType, head_dim: u32) -> Option<Measured> {
         skip_unseen: false,
     };
     match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(Measured { split_d: true, ..shape(true, 4, 32, true, true, 2) }),
+        (KernelType::F32, 64) => Some(Measured {
+            rows: if causal { 128 } else { 64 },
+            split_d: true,
+            ..shape(true, 4, 32, true, true, 2)
+        }),
         (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
         (KernelType::F32, 128) => Some(Measured {
             rows: 128,
@@ -773,7 +784,7 @@ pub fn candidates(
         p_shuffle,
         ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
-    let mut all: Vec<Variant> = measured_best(ty, head_dim)
+    let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
         .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
@@ -1040,8 +1051,8 @@ mod tests {
                                     Variant { row_groups: f.row_groups, skip_unseen: f.skip_unseen, ..v } == f
                                 });
                                 assert!(v.interleave == 1 || form, "{}", v.name());
-                                let measured =
-                                    form && measured_best(v.ty, v.head_dim).is_some_and(|m| m.q_regs);
+                                let measured = form
+                                    && measured_best(v.ty, v.head_dim, v.causal).is_some_and(|m| m.q_regs);
                                 if v.v_direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
@@ -1133,14 +1144,14 @@ mod tests {
                     let paired = timed && caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Causal too: f32 with 64 rows at D=64 and 128 at D=128 (as without a mask), where
-                // alone it skips the stages no row sees (past `SHORT_CAUSAL_MAX_KEYS` keys).
+                // Causal too: f32 with 128 rows at both (at D=64 64 without a mask), where D=128
+                // alone skips the stages no row sees (past `SHORT_CAUSAL_MAX_KEYS` keys).
                 let causal = Problem::new(Shape::new(1, 2, 2048, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
                 assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
                 assert_eq!(v.skip_unseen, dtype == DType::F32 && d == 128, "{} causal", v.name());
                 if dtype == DType::F32 {
-                    assert_eq!(v.block_m(), if d == 128 { 128 } else { 64 }, "{} causal", v.name());
+                    assert_eq!(v.block_m(), 128, "{} causal", v.name());
                 }
                 // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {
