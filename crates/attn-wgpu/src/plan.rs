@@ -296,7 +296,8 @@ pub struct Variant {
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
     /// whole key groups per stage; with `p_shuffle` off, the probabilities go through Pᵀ in
-    /// workgroup memory (knob-only until timed). On the H100 7-8% faster for f32's measured shapes
+    /// workgroup memory (knob-only: 7-9% slower on the H100 at f32 D=128,
+    /// bench/results/2026-11-26-h100-wgpu-pmem-8be65e5). On the H100 7-8% faster for f32's measured shapes
     /// non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,

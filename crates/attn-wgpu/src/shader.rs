@@ -387,9 +387,10 @@ fn split_qk(variant: &Variant) -> String {
         variant.q_regs
             && variant.v_by_keys
             && variant.stages == 1
-            && per_stage * stages == variant.key_groups,
-        "{}: S split over the head dim needs Q in registers, stages by keys, one stage buffer and \
-         whole key groups per stage",
+            && per_stage * stages == variant.key_groups
+            && tx >= 4,
+        "{}: S split over the head dim needs Q in registers, stages by keys, one stage buffer, \
+         whole key groups per stage and at least 4 invocations per row",
         variant.name()
     );
     let dims = variant.head_dim / 4 / tx; // vec4s of the lane's dims per key
