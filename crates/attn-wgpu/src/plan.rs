@@ -97,6 +97,9 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         split_d: false,
         skip_unseen: false,
     };
+    // Experiment (`ATTN_WGPU_F16_SHAPES=f32`): f16's FMA kernel on f32's measured shapes.
+    let ty =
+        if std::env::var("ATTN_WGPU_F16_SHAPES").is_ok_and(|v| v == "f32") { KernelType::F32 } else { ty };
     match (ty, head_dim) {
         (KernelType::F32, 64) => Some(Measured {
             rows: if causal { 128 } else { 64 },
