@@ -35,10 +35,13 @@ pub const STAGES: [u32; 2] = [1, 2];
 
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
 /// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for f32 D=128 (128 with either mask) and f32 D=64
-/// causal (128; both below). f16 from
-/// bench/results/2026-11-22-h100-wgpu-explore (runs 5 and 6, S=4096); f32 from the 2026-11-23/24
-/// runs named below.
+/// invocations per row each, and 64 rows but for D=128 (128 with either mask) and D=64 causal
+/// (128; both below). Timed with f32, from the 2026-11-23/24 runs named below; f16 on the FMA
+/// kernel (where the adapter has no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes the same
+/// shapes since db5eb38: on the H100 12-24% faster at D=64 and 42-51% at D=128 than the shapes
+/// measured for it on 2026-11-22 (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048
+/// 32.9 / 30.0 against 27.1 / 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 /
+/// 20.5 at D=128 (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
 ///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
 ///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
@@ -47,12 +50,13 @@ pub const STAGES: [u32; 2] = [1, 2];
 ///   alone: 4x16 with Qᵀ 6-11% slower (bench/results/2026-11-23-h100-wgpu-levers-10d56fb), V by
 ///   keys 3% slower (bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f), Q in registers the same
 ///   (bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
-/// - f16 D=64: shuffled, 4x4, 64 columns: 27.6 (the f32 choice: 26.7);
+/// - (f16 D=64 until db5eb38: shuffled, 4x4, 64 columns: 27.6, the f32 choice then 26.7;)
 /// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
 ///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
 ///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
 ///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
-/// - f16 D=128: through workgroup memory, 4x4, 64 columns: 23.9 (shuffled at best 22.7).
+/// - (f16 D=128 until db5eb38: through workgroup memory, 4x4, 64 columns: 23.9, shuffled at best
+///   22.7.)
 ///
 /// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
 /// subgroups span 16 lanes: 4-7.5% faster on every row at both head dims, S=2048-8192, four no
@@ -85,7 +89,7 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// S=512-8192, where without a mask 64 rows stay 0.7-0.9% faster. The skip at D=64: with 64 rows
 /// 30.5, 32.2, 33.1, 33.5 at S=1024-8192 (faster than 128 rows only at 1024), with 128 rows 4-5%
 /// slower than without (bench/results/2026-11-26-h100-wgpu-d64-rows-98d3335).
-fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured> {
+fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
     let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
         rows: 64,
         p_shuffle,
@@ -97,23 +101,18 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
         split_d: false,
         skip_unseen: false,
     };
-    // Experiment (`ATTN_WGPU_F16_SHAPES=f32`): f16's FMA kernel on f32's measured shapes.
-    let ty =
-        if std::env::var("ATTN_WGPU_F16_SHAPES").is_ok_and(|v| v == "f32") { KernelType::F32 } else { ty };
-    match (ty, head_dim) {
-        (KernelType::F32, 64) => Some(Measured {
+    match head_dim {
+        64 => Some(Measured {
             rows: if causal { 128 } else { 64 },
             split_d: true,
             ..shape(true, 4, 32, true, true, 2)
         }),
-        (KernelType::F16, 64) => Some(shape(true, 1, 64, false, false, 1)),
-        (KernelType::F32, 128) => Some(Measured {
+        128 => Some(Measured {
             rows: 128,
             split_d: true,
             skip_unseen: true,
             ..shape(true, 2, 64, true, true, 2)
         }),
-        (KernelType::F16, 128) => Some(shape(false, 1, 64, false, false, 1)),
         _ => None,
     }
 }
@@ -122,7 +121,9 @@ fn measured_best(ty: KernelType, head_dim: u32, causal: bool) -> Option<Measured
 /// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): on the H100
 /// the 128-row form was 5% slower at S=512 (25.1 against 26.4-26.6 TFLOP/s) and 0.4% at 1024
 /// (29.26 against 29.37), three interleaved rounds (bench/results/2026-11-26-h100-wgpu-short-9a0b333),
-/// and 0.4% faster at 2048 (bench/results/2026-11-26-h100-wgpu-skip-8f340b3).
+/// and 0.4% faster at 2048 (bench/results/2026-11-26-h100-wgpu-skip-8f340b3); after the
+/// unguarded loads 6.4% slower at S=512 and 1.8% at 1024 (26.6 and 30.9 against 28.4 and 31.4;
+/// bench/results/2026-11-26-h100-wgpu-short-81d8ebc).
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
 
 /// The [`Variant`] fields that [`measured_best`] sets.
@@ -788,7 +789,7 @@ pub fn candidates(
         p_shuffle,
         ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
-    let mut all: Vec<Variant> = measured_best(ty, head_dim, causal)
+    let mut all: Vec<Variant> = measured_best(head_dim, causal)
         .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
         .map(|m| Variant {
             v_by_keys: m.v_by_keys,
@@ -1055,8 +1056,8 @@ mod tests {
                                     Variant { row_groups: f.row_groups, skip_unseen: f.skip_unseen, ..v } == f
                                 });
                                 assert!(v.interleave == 1 || form, "{}", v.name());
-                                let measured = form
-                                    && measured_best(v.ty, v.head_dim, v.causal).is_some_and(|m| m.q_regs);
+                                let measured =
+                                    form && measured_best(v.head_dim, v.causal).is_some_and(|m| m.q_regs);
                                 if v.v_direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
@@ -1101,8 +1102,8 @@ mod tests {
     }
 
     /// V staged by keys, Q in registers and S split over the head dim are the planner's own
-    /// choice only for the shapes timed faster with them (f32 at D=64 and D=128, subgroups
-    /// spanning a row), and no head dim lists a variant twice.
+    /// choice only for the shapes timed faster with them (D=64 and D=128, subgroups spanning a
+    /// row; f32, and f16 on the FMA kernel), and no head dim lists a variant twice.
     #[test]
     fn v_by_keys_only_where_measured_and_no_variant_listed_twice() {
         for d in (32..=256).step_by(32) {
@@ -1138,25 +1139,27 @@ mod tests {
                 for caps in [h100.clone(), lavapipe()] {
                     let p = Problem::new(Shape::new(1, 2, 300, d), dtype);
                     let v = choose(&p, &caps).unwrap().variant;
-                    // Both have subgroups spanning a row and room for its 16 KiB.
-                    let timed = dtype == DType::F32;
-                    assert_eq!(v.v_by_keys, timed, "{} on {}", v.name(), caps.name);
-                    assert_eq!(v.q_regs, timed, "{} on {}", v.name(), caps.name);
-                    // S split over the head dim where it was timed faster: f32 at both.
-                    assert_eq!(v.split_d, timed, "{} on {}", v.name(), caps.name);
+                    // Both have subgroups spanning a row and room for its 16 KiB, and no
+                    // cooperative matrices: f16 takes the FMA kernel on f32's shapes.
+                    assert!(v.v_by_keys && v.q_regs && v.split_d, "{} on {}", v.name(), caps.name);
                     // Interleaved in pairs where subgroups span 16 lanes (not lavapipe's 8).
-                    let paired = timed && caps.subgroup_min >= Some(16);
+                    let paired = caps.subgroup_min >= Some(16);
                     assert_eq!(v.interleave, if paired { 2 } else { 1 }, "{} on {}", v.name(), caps.name);
                 }
-                // Causal too: f32 with 128 rows at both (at D=64 64 without a mask), where D=128
-                // alone skips the stages no row sees (past `SHORT_CAUSAL_MAX_KEYS` keys).
+                // Causal too: 128 rows at both (at D=64 64 without a mask), where D=128 alone
+                // skips the stages no row sees (past `SHORT_CAUSAL_MAX_KEYS` keys).
                 let causal = Problem::new(Shape::new(1, 2, 2048, d), dtype).causal();
                 let v = choose(&causal, &h100).unwrap().variant;
-                assert_eq!(v.split_d, dtype == DType::F32, "{} causal", v.name());
-                assert_eq!(v.skip_unseen, dtype == DType::F32 && d == 128, "{} causal", v.name());
-                if dtype == DType::F32 {
-                    assert_eq!(v.block_m(), 128, "{} causal", v.name());
-                }
+                assert!(v.split_d && v.block_m() == 128, "{} causal", v.name());
+                assert_eq!(v.skip_unseen, d == 128, "{} causal", v.name());
+                // With cooperative matrices f16 takes those instead.
+                let coop = choose(&causal, &AdapterCaps { coop_f16: true, ..h100.clone() }).unwrap();
+                assert_eq!(
+                    coop.variant.kernel == Kernel::Coop,
+                    dtype == DType::F16,
+                    "{}",
+                    coop.variant.name()
+                );
                 // Without subgroups spanning a row (Q in registers needs them), none of the three.
                 for subgroup_min in [None, Some(4)] {
                     let caps = AdapterCaps { subgroup_min, ..h100.clone() };
@@ -1229,11 +1232,11 @@ mod tests {
         // Without, Pᵀ and the reduction scratch share the memory: 64 x 32 tiles at 48 KiB.
         assert_eq!(tiles(128, 48, false), (64, 32, 32, false));
         assert_eq!(tiles(64, 48, false), (64, 64, 32, false));
-        // f16 at D=128 measured fastest with P through workgroup memory, even with subgroups.
+        // f16 on the FMA kernel takes the same tiles.
         let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
         let caps = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
         let v = choose(&p, &caps).unwrap().variant;
-        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle), (64, 32, 64, false));
+        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle), (128, 64, 64, true));
     }
 
     #[test]
