@@ -38,7 +38,7 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// invocations per row each, and 64 rows but for D=128 (128 with either mask) and D=64 causal
 /// (128; both below). Timed with f32, from the 2026-11-23/24 runs named below; f16 on the FMA
 /// kernel (where the adapter has no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes the same
-/// shapes since db5eb38: on the H100 12-24% faster at D=64 and 42-51% at D=128 than the shapes
+/// shapes, timed so with the experiment of db5eb38: on the H100 12-24% faster at D=64 and 42-51% at D=128 than the shapes
 /// measured for it on 2026-11-22 (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048
 /// 32.9 / 30.0 against 27.1 / 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 /
 /// 20.5 at D=128 (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
@@ -50,12 +50,12 @@ pub const STAGES: [u32; 2] = [1, 2];
 ///   alone: 4x16 with Qᵀ 6-11% slower (bench/results/2026-11-23-h100-wgpu-levers-10d56fb), V by
 ///   keys 3% slower (bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f), Q in registers the same
 ///   (bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
-/// - (f16 D=64 until db5eb38: shuffled, 4x4, 64 columns: 27.6, the f32 choice then 26.7;)
+/// - (f16 D=64 before: shuffled, 4x4, 64 columns: 27.6, the f32 choice then 26.7;)
 /// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
 ///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
 ///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
 ///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
-/// - (f16 D=128 until db5eb38: through workgroup memory, 4x4, 64 columns: 23.9, shuffled at best
+/// - (f16 D=128 before: through workgroup memory, 4x4, 64 columns: 23.9, shuffled at best
 ///   22.7.)
 ///
 /// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
