@@ -38,10 +38,11 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// invocations per row each, and 64 rows but for D=128 (128 with either mask) and D=64 causal
 /// (128; both below). Timed with f32, from the 2026-11-23/24 runs named below; f16 on the FMA
 /// kernel (where the adapter has no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes the same
-/// shapes, timed so with the experiment of db5eb38: on the H100 12-24% faster at D=64 and 42-51% at D=128 than the shapes
-/// measured for it on 2026-11-22 (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048
-/// 32.9 / 30.0 against 27.1 / 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 /
-/// 20.5 at D=128 (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
+/// shapes, timed so with the experiment of db5eb38: on the H100 12-24% faster at D=64 and
+/// 42-51% at D=128 than the shapes measured for it on 2026-11-22
+/// (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048 32.9 / 30.0 against 27.1 /
+/// 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 / 20.5 at D=128
+/// (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
 /// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
 ///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
 ///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
@@ -90,31 +91,25 @@ pub const STAGES: [u32; 2] = [1, 2];
 /// 30.5, 32.2, 33.1, 33.5 at S=1024-8192 (faster than 128 rows only at 1024), with 128 rows 4-5%
 /// slower than without (bench/results/2026-11-26-h100-wgpu-d64-rows-98d3335).
 fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
-    let shape = |p_shuffle, key_groups, chunk, v_by_keys, q_regs, interleave| Measured {
-        rows: 64,
-        p_shuffle,
+    // Rows, 4-key groups per invocation and row, head-dim columns per K stage, the skip.
+    let (rows, key_groups, chunk, skip_unseen) = match head_dim {
+        64 => (if causal { 128 } else { 64 }, 4, 32, false),
+        128 => (128, 2, 64, true),
+        _ => return None,
+    };
+    // Both: probabilities shuffled, V staged by keys, Q in registers, two row groups' lanes
+    // interleaved, S split over the head dim.
+    Some(Measured {
+        rows,
+        p_shuffle: true,
         key_groups,
         chunk,
-        v_by_keys,
-        q_regs,
-        interleave,
-        split_d: false,
-        skip_unseen: false,
-    };
-    match head_dim {
-        64 => Some(Measured {
-            rows: if causal { 128 } else { 64 },
-            split_d: true,
-            ..shape(true, 4, 32, true, true, 2)
-        }),
-        128 => Some(Measured {
-            rows: 128,
-            split_d: true,
-            skip_unseen: true,
-            ..shape(true, 2, 64, true, true, 2)
-        }),
-        _ => None,
-    }
+        v_by_keys: true,
+        q_regs: true,
+        interleave: 2,
+        split_d: true,
+        skip_unseen,
+    })
 }
 
 /// The longest causal key length (`seq_k`) for which f32 D=128 takes its measured shape's
@@ -301,8 +296,8 @@ pub struct Variant {
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
     /// whole key groups per stage; with `p_shuffle` off, the probabilities go through Pᵀ in
     /// workgroup memory (knob-only: 7-9% slower on the H100 at f32 D=128,
-    /// bench/results/2026-11-26-h100-wgpu-pmem-8be65e5). On the H100 7-8% faster for f32's measured shapes
-    /// non-causal, and their default (see `measured_best`).
+    /// bench/results/2026-11-26-h100-wgpu-pmem-8be65e5). On the H100 7-8% faster for f32's
+    /// measured shapes non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,
     /// or causal past its last row's diagonal) are neither loaded nor multiplied: the block's
