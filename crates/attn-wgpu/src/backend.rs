@@ -169,9 +169,9 @@ impl Wgpu {
         self
     }
 
-    /// Plans only with key groups and stages that no row sees skipped (`true`,
-    /// [`crate::plan::Variant::skip_unseen`]), or computed and masked (`false`): to time one
-    /// against the other.
+    /// Plans only with the K/V stages that no row sees skipped (`true`,
+    /// [`crate::plan::Variant::skip_unseen`]), or loaded, computed and masked (`false`): to time
+    /// one against the other.
     pub fn with_skip_unseen(mut self, skip: bool) -> Self {
         self.skip_unseen = Some(skip);
         self
