@@ -128,6 +128,18 @@ pub enum Error {
         what: String,
     },
 
+    /// An `ATTN_*` environment variable holds a value its crate cannot read. Raised when the
+    /// settings are parsed, never ignored.
+    #[error("{name}={value:?} is not a valid setting; allowed: {allowed}")]
+    InvalidSetting {
+        /// The variable.
+        name: &'static str,
+        /// The value as given.
+        value: String,
+        /// What the variable accepts.
+        allowed: &'static str,
+    },
+
     /// A failure inside a backend (driver call, compiler, device loss), boxed.
     #[error("backend `{backend}` failed: {source}")]
     Backend {

@@ -18,6 +18,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod error;
+pub mod knobs;
 pub mod plan;
 pub mod problem;
 pub mod rng;
@@ -27,6 +28,7 @@ pub mod tensor;
 pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics, Prepared};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use plan::{DeviceLimits, Execution, Launch, Plan, Tiles};
+pub use knobs::Knob;
+pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};

@@ -6,7 +6,9 @@
 //! [`Launch`] that [`Launch::validate`] checks against [`DeviceLimits`] and that a person can read.
 
 use crate::{Error, Problem, Result};
+use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 
 /// A backend's decision for one problem.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -23,6 +25,64 @@ pub struct Plan {
     pub execution: Execution,
     /// Anything else a person reading the plan should know (fallbacks taken, padding, ...).
     pub notes: Vec<String>,
+    /// The backend's own typed record of what it chose (its kernel variant, launch, options),
+    /// so that `prepare` runs exactly what `plan` decided without looking it up again by name.
+    #[serde(skip)]
+    pub payload: Payload,
+}
+
+/// A backend's typed record inside a [`Plan`]: opaque to everyone but the backend that put it
+/// there, which reads it back with [`Payload::get`]. Two payloads are equal when they hold equal
+/// values of the same type.
+#[derive(Clone, Default)]
+pub struct Payload(Option<Arc<dyn PayloadValue>>);
+
+/// What a payload may hold: any plain value a backend can compare and print.
+trait PayloadValue: Any + Send + Sync + fmt::Debug {
+    /// `self == other`, where `other` holds the same type.
+    fn equals(&self, other: &dyn PayloadValue) -> bool;
+    /// `self` as `Any`, for [`Payload::get`].
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any + Send + Sync + fmt::Debug + PartialEq> PayloadValue for T {
+    fn equals(&self, other: &dyn PayloadValue) -> bool {
+        other.as_any().downcast_ref::<T>().is_some_and(|o| o == self)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Payload {
+    /// A payload holding `value`.
+    pub fn new<T: Any + Send + Sync + fmt::Debug + PartialEq>(value: T) -> Self {
+        Payload(Some(Arc::new(value)))
+    }
+
+    /// The value, if this payload holds a `T`.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.as_deref().and_then(|v| v.as_any().downcast_ref::<T>())
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.equals(b.as_ref()),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(v) => write!(f, "Payload({v:?})"),
+            None => f.write_str("Payload(none)"),
+        }
+    }
 }
 
 /// Tile sizes of a tiled attention kernel.
@@ -190,6 +250,19 @@ impl Launch {
 }
 
 impl Plan {
+    /// The backend's payload as a `T`, or a [`Error::PlanMismatch`] saying the plan holds none
+    /// (it was made by another backend, or built by hand).
+    pub fn payload<T: Any>(&self) -> Result<&T> {
+        self.payload.get::<T>().ok_or_else(|| Error::PlanMismatch {
+            what: format!(
+                "plan `{}` holds no {} (made by `{}`); use the plan this backend's `plan` returned",
+                self.kernel,
+                std::any::type_name::<T>(),
+                self.backend
+            ),
+        })
+    }
+
     /// Checks that this plan was made by `backend` for `problem`.
     pub fn check_for(&self, backend: &str, problem: &Problem) -> Result<()> {
         if self.backend != backend {
@@ -275,6 +348,17 @@ mod tests {
             l.validate("k", &DeviceLimits::h100()),
             Err(Error::OverDeviceLimit { resource: "threads per block", .. })
         ));
+    }
+
+    #[test]
+    fn payloads_compare_by_value_and_type() {
+        let a = Payload::new(3u32);
+        assert_eq!(a, Payload::new(3u32));
+        assert_ne!(a, Payload::new(4u32));
+        assert_ne!(a, Payload::new(3u64));
+        assert_ne!(a, Payload::default());
+        assert_eq!(a.get::<u32>(), Some(&3));
+        assert_eq!(a.get::<u64>(), None);
     }
 
     #[test]

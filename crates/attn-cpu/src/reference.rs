@@ -149,6 +149,7 @@ impl Attention for Reference {
                 isa: "scalar f64".into(),
             },
             notes: vec!["exact: f64 scores and accumulation, output rounded once".into()],
+            payload: Default::default(),
         })
     }
 

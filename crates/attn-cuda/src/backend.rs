@@ -553,6 +553,7 @@ impl Attention for Cuda {
             tiles,
             execution: Execution::Gpu(launch),
             notes,
+            payload: Default::default(),
         })
     }
 

@@ -128,6 +128,7 @@ impl Attention for Planted {
             tiles: Tiles { block_m: 1, block_n: problem.shape.seq_k, stages: 1 },
             execution: Execution::Cpu { threads: 1, tasks: 1, isa: "scalar".into() },
             notes: vec![],
+            payload: Default::default(),
         })
     }
 

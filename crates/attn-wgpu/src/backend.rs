@@ -354,6 +354,7 @@ impl Attention for Wgpu {
             tiles: choice.tiles,
             execution: Execution::Gpu(choice.launch),
             notes: choice.notes,
+            payload: Default::default(),
         })
     }
 

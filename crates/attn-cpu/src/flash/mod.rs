@@ -486,6 +486,7 @@ impl Attention for Flash {
                 isa: isa.name().into(),
             },
             notes,
+            payload: Default::default(),
         })
     }
 
