@@ -15,7 +15,9 @@
 //! rounding (2^-11, 2^-8 relative) dominates.
 
 mod flash;
+mod options;
 mod reference;
 
 pub use flash::{CpuElement, Flash, Isa};
+pub use options::{KNOBS, Options};
 pub use reference::{RefRow, Reference};

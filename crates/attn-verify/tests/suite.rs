@@ -7,13 +7,13 @@ use attn_verify::{Outcome, grid, report, run_suite};
 /// Whether CI demands the wgpu backend (`ATTN_REQUIRE_WGPU=1`, set by `cargo xtask test`, which
 /// installs lavapipe first): then a missing adapter fails the suite instead of skipping it.
 fn wgpu_required() -> bool {
-    std::env::var("ATTN_REQUIRE_WGPU").as_deref() == Ok("1")
+    attn_verify::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false)
 }
 
 /// Every backend of the build; the ones unavailable here are named, not silently dropped.
 fn available() -> Vec<Box<dyn Attention>> {
     let mut out = vec![];
-    for b in attn::Backend::all() {
+    for b in attn::Backend::all().expect("every ATTN_* setting readable") {
         match b.availability() {
             Availability::Available { .. } => out.push(b),
             Availability::Unavailable { reason } if b.name() == "wgpu" && wgpu_required() => {

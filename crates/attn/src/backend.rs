@@ -1,6 +1,14 @@
 //! The registry of backends and the run-time choice among them.
 
-use attn_core::{Attention, Availability, DeviceKind, Error, Problem, Result};
+use attn_core::{Attention, Availability, DeviceKind, Error, Knob, Problem, Result};
+
+/// `ATTN_BACKEND`.
+pub(crate) const BACKEND: Knob = Knob {
+    name: "ATTN_BACKEND",
+    allowed: "`cuda` | `wgpu` | `cpu-flash` (or `cpu`) | `cpu-reference`",
+    default: "the best available backend that can run the problem",
+    purpose: "Names the backend `Backend::auto` and the `attn` command use; one that is unavailable or cannot run the problem is an error, never a silent fallback.",
+};
 
 /// Every backend this build knows, by name, and the rule for choosing one.
 pub struct Backend;
@@ -16,24 +24,33 @@ pub struct Choice {
     pub verdict: std::result::Result<String, String>,
 }
 
+/// What [`Backend::rank`] found.
+pub struct Ranking {
+    /// The backend [`Backend::auto`] picks, if any can run the problem.
+    pub best: Option<Box<dyn Attention>>,
+    /// Every backend's verdict, in [`Backend::all`]'s order.
+    pub choices: Vec<Choice>,
+}
+
 impl Backend {
     /// All backends compiled into this build, available or not, in order of preference for
     /// equal device kinds: on a hardware GPU `cuda` before `wgpu` (tensor cores against plain
-    /// FMA), then the CPU.
-    pub fn all() -> Vec<Box<dyn Attention>> {
-        vec![
+    /// FMA), then the CPU. Each reads its `ATTN_*` settings here; one that cannot be read is an
+    /// [`Error::InvalidSetting`].
+    pub fn all() -> Result<Vec<Box<dyn Attention>>> {
+        Ok(vec![
             Box::new(attn_cuda::Cuda::from_env()),
             Box::new(attn_wgpu::Wgpu::from_env()),
-            Box::new(cpu_flash()),
+            Box::new(attn_cpu::Flash::from_env()?),
             Box::new(attn_cpu::Reference),
-        ]
+        ])
     }
 
     /// The backend called `name` (`cuda`, `wgpu`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
     /// error that says why it cannot be had.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
         let name = if name == "cpu" { "cpu-flash" } else { name };
-        let all = Self::all();
+        let all = Self::all()?;
         let names: Vec<String> = all.iter().map(|b| b.name().to_string()).collect();
         let backend = all.into_iter().find(|b| b.name() == name).ok_or_else(|| Error::Unavailable {
             backend: name.into(),
@@ -55,14 +72,12 @@ impl Backend {
 
     /// [`auto`](Backend::auto), with a sentence saying why that backend was chosen.
     pub fn choose(problem: &Problem) -> Result<(Box<dyn Attention>, String)> {
-        if let Ok(name) = std::env::var("ATTN_BACKEND")
-            && !name.is_empty()
-        {
+        if let Some(name) = BACKEND.value() {
             let backend = Self::by_name(&name)?;
             backend.plan(problem)?;
             return Ok((backend, format!("ATTN_BACKEND={name}")));
         }
-        let (best, choices) = Self::rank(problem);
+        let Ranking { best, choices } = Self::rank(problem)?;
         let chosen = best.as_ref().map(|b| b.name().to_string());
         let others: Vec<String> = choices
             .iter()
@@ -89,7 +104,7 @@ impl Backend {
     }
 
     /// Every backend's verdict on `problem`, and the one [`auto`](Backend::auto) would pick.
-    pub fn rank(problem: &Problem) -> (Option<Box<dyn Attention>>, Vec<Choice>) {
+    pub fn rank(problem: &Problem) -> Result<Ranking> {
         let rank = |k: DeviceKind| match k {
             DeviceKind::Gpu => 0,
             DeviceKind::Cpu => 1,
@@ -97,7 +112,7 @@ impl Backend {
         };
         let mut best: Option<(usize, Box<dyn Attention>)> = None;
         let mut choices = vec![];
-        for backend in Self::all() {
+        for backend in Self::all()? {
             let availability = backend.availability();
             let verdict = match &availability {
                 Availability::Unavailable { reason } => Err(reason.clone()),
@@ -128,20 +143,6 @@ impl Backend {
             };
             choices.push(Choice { name: backend.name().into(), availability, verdict });
         }
-        (best.map(|(_, b)| b), choices)
-    }
-}
-
-/// The CPU path, with `ATTN_CPU_TILES=MxN` (e.g. `64x64`) overriding its tile sizes for tuning.
-fn cpu_flash() -> attn_cpu::Flash {
-    let flash = attn_cpu::Flash::new();
-    let tiles = std::env::var("ATTN_CPU_TILES").ok();
-    match tiles.as_deref().and_then(|t| t.split_once('x')) {
-        Some((m, n)) => match (m.trim().parse(), n.trim().parse()) {
-            (Ok(m), Ok(n)) => flash.with_tiles(m, n),
-            // Zero tiles make the plan fail with a message that names the rule.
-            _ => flash.with_tiles(0, 0),
-        },
-        None => flash,
+        Ok(Ranking { best: best.map(|(_, b)| b), choices })
     }
 }

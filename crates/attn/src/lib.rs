@@ -21,8 +21,9 @@
 //! ```
 
 mod backend;
+pub mod knobs;
 pub mod measure;
 pub mod npy;
 
 pub use attn_core::*;
-pub use backend::{Backend, Choice};
+pub use backend::{Backend, Choice, Ranking};

@@ -10,7 +10,7 @@
 //! rounded once.
 //!
 //! The inner loops are plain Rust compiled three times (AVX-512, AVX2+FMA, portable) and chosen
-//! at run time, so one binary runs well on any x86-64. `ATTN_CPU_ISA=avx512|avx2|portable`
+//! at run time, so one binary runs well on any x86-64. [`Flash::with_isa`] (`ATTN_CPU_ISA`)
 //! forces a variant (for tests and comparisons).
 
 mod exp;
@@ -95,22 +95,9 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best variant this CPU supports, unless `ATTN_CPU_ISA` forces one.
-    pub fn detect() -> Result<Isa> {
-        let best = Self::supported().into_iter().next().unwrap_or(Isa::Portable);
-        match std::env::var("ATTN_CPU_ISA").ok().as_deref() {
-            None | Some("") => Ok(best),
-            Some(name) => {
-                let isa = Self::supported().into_iter().find(|i| i.name() == name);
-                isa.ok_or_else(|| Error::Unsupported {
-                    backend: "cpu-flash".into(),
-                    what: format!(
-                        "ATTN_CPU_ISA={name} is not supported by this CPU; it supports {:?}",
-                        Self::supported().iter().map(|i| i.name()).collect::<Vec<_>>()
-                    ),
-                })
-            }
-        }
+    /// The best variant this CPU supports.
+    pub fn best() -> Isa {
+        Self::supported().into_iter().next().unwrap_or(Isa::Portable)
     }
 
     /// The variants this CPU can run, best first.
@@ -235,8 +222,26 @@ impl Flash {
         self
     }
 
-    fn isa(&self) -> Result<Isa> {
-        self.isa.map_or_else(Isa::detect, Ok)
+    /// With the settings `ATTN_CPU_ISA` and `ATTN_CPU_TILES` name ([`crate::Options`]), on
+    /// rayon's global pool.
+    pub fn from_env() -> Result<Self> {
+        Self::with_options(crate::Options::from_env()?)
+    }
+
+    /// With `options`, on rayon's global pool.
+    pub fn with_options(options: crate::Options) -> Result<Self> {
+        let mut flash = Self::new();
+        if let Some(isa) = options.isa {
+            flash = flash.with_isa(isa)?;
+        }
+        if let Some((block_m, block_n)) = options.tiles {
+            flash = flash.with_tiles(block_m, block_n);
+        }
+        Ok(flash)
+    }
+
+    fn isa(&self) -> Isa {
+        self.isa.unwrap_or_else(Isa::best)
     }
 
     fn threads(&self) -> usize {
@@ -426,7 +431,7 @@ impl Attention for Flash {
     }
 
     fn availability(&self) -> Availability {
-        let isa = self.isa().map_or("?", |i| i.name());
+        let isa = self.isa().name();
         Availability::Available {
             device: format!("host CPU ({} threads, {isa})", self.threads()),
             kind: DeviceKind::Cpu,
@@ -435,7 +440,7 @@ impl Attention for Flash {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         problem.validate()?;
-        let isa = self.isa()?;
+        let isa = self.isa();
         let s = problem.shape;
         let tasks = |block_m: usize| s.batch * s.heads_q * s.seq_q.div_ceil(block_m);
         let (block_m, block_n) = match self.tiles {

@@ -31,6 +31,12 @@ enum Command {
     /// Check every available backend against the f64 reference on the case grid; non-zero
     /// exit on any failure.
     Verify(verify::VerifyArgs),
+    /// List every ATTN_* tuning variable, with its value here where one is set.
+    Knobs {
+        /// The Markdown tables of docs/tuning.md instead.
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 /// The problem, from flags. Defaults: a realistic long-context decoder layer.
@@ -167,7 +173,7 @@ impl Cli {
             }
             Command::Backends { json } => {
                 let all: Vec<_> =
-                    Backend::all().iter().map(|b| (b.name().to_string(), b.availability())).collect();
+                    Backend::all()?.iter().map(|b| (b.name().to_string(), b.availability())).collect();
                 if json {
                     println!("{}", serde_json::to_string_pretty(&all)?);
                 } else {
@@ -177,6 +183,14 @@ impl Cli {
             }
             Command::Bench(args) => bench::run(args),
             Command::Verify(args) => verify::run(args),
+            Command::Knobs { markdown } => {
+                if markdown {
+                    print!("{}", attn::knobs::markdown());
+                } else {
+                    report::knobs(&attn::knobs::all());
+                }
+                Ok(())
+            }
         }
     }
 }

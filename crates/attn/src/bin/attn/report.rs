@@ -47,3 +47,15 @@ pub fn backends(all: &[(String, Availability)]) {
         }
     }
 }
+
+/// `attn knobs`: each crate's variables, with the value set here (where one is).
+pub fn knobs(all: &[attn::knobs::CrateKnobs]) {
+    for c in all {
+        println!("{}:", c.krate);
+        for k in c.knobs {
+            let now = k.value().map_or_else(|| "unset".to_string(), |v| format!("set to {v:?}"));
+            println!("  {:<26} {now}; allowed {}; default: {}", k.name, k.allowed, k.default);
+            println!("  {:<26} {}", "", k.purpose);
+        }
+    }
+}

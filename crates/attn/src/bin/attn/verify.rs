@@ -26,7 +26,7 @@ pub struct VerifyArgs {
 pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut backends: Vec<Box<dyn Attention>> = vec![];
     let mut skipped = vec![];
-    for b in Backend::all() {
+    for b in Backend::all()? {
         if !args.backend.is_empty() && !args.backend.iter().any(|n| n == b.name()) {
             continue;
         }
