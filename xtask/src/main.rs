@@ -8,6 +8,7 @@ mod cmd;
 mod cuda;
 mod env;
 mod prereq;
+mod size;
 mod steps;
 mod vulkan;
 

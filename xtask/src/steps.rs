@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::{cmd, cuda, env, prereq, vulkan};
+use crate::{cmd, cuda, env, prereq, size, vulkan};
 
 /// One named CI check.
 pub struct Step {
@@ -22,11 +22,16 @@ pub struct Step {
 /// Every step, in the order `cargo xtask test` runs them: cheapest first, so that a formatting
 /// slip fails in seconds rather than after a full build.
 pub const STEPS: &[Step] = &[
+    Step {
+        name: "size",
+        why: "bench/results/ under 2 MB, tracked files outside crates/ under 5 MB",
+        run: size::check,
+    },
     Step { name: "fmt", why: "formatting matches rustfmt.toml", run: fmt },
     Step { name: "clippy", why: "no compiler or clippy warnings in any target", run: clippy },
     Step { name: "tests", why: "unit, integration and example-target tests pass", run: tests },
     Step { name: "doc-tests", why: "code in doc comments compiles and passes", run: doc_tests },
-    Step { name: "examples", why: "the shipped examples run to completion in release", run: examples },
+    Step { name: "examples", why: "the shipped examples run to completion", run: examples },
     Step {
         name: "verify",
         why: "every available backend agrees with the f64 reference; planted bugs are caught",
@@ -34,10 +39,18 @@ pub const STEPS: &[Step] = &[
     },
 ];
 
+/// The profile the steps after `tests` build with: the test profile's artifacts (opt-level 1)
+/// are already built by then, where a release build would compile the workspace and every
+/// dependency once more (most of CI's time on a 2-core machine); the kernels under test run on
+/// lavapipe, which compiles them itself, and the quick grid is small.
+const RUN_PROFILE: [&str; 2] = ["--profile", "test"];
+
 /// `attn verify --quick --planted`: the backend × case-family table in the CI log (the same
 /// suite also runs as a test; this shows what ran and what was skipped, by name).
 fn verify() -> Result<(), String> {
-    cmd::cargo_run(&["run", "--release", "--quiet", "-p", "attn", "--", "verify", "--quick", "--planted"])
+    let args =
+        [&["run"][..], &RUN_PROFILE, &["--quiet", "-p", "attn", "--", "verify", "--quick", "--planted"]];
+    cmd::cargo_run(&args.concat())
 }
 
 /// `cargo fmt --all -- --check`.
@@ -65,7 +78,9 @@ fn doc_tests() -> Result<(), String> {
 fn examples() -> Result<(), String> {
     let root = cmd::workspace_root();
     if root.join("crates/attn/examples/quickstart.rs").is_file() {
-        return cmd::cargo_run(&["run", "--release", "-p", "attn", "--example", "quickstart"]);
+        return cmd::cargo_run(
+            &[&["run"][..], &RUN_PROFILE, &["-p", "attn", "--example", "quickstart"]].concat(),
+        );
     }
     let found = all_examples(&root);
     if found.is_empty() {
@@ -74,7 +89,7 @@ fn examples() -> Result<(), String> {
     }
     println!("note: crates/attn/examples/quickstart.rs does not exist yet; running every example");
     for (package, example) in found {
-        cmd::cargo_run(&["run", "--release", "-p", &package, "--example", &example])?;
+        cmd::cargo_run(&[&["run"][..], &RUN_PROFILE, &["-p", &package, "--example", &example]].concat())?;
     }
     Ok(())
 }
