@@ -3,6 +3,7 @@
 
 use crate::hopper::{self, Form, launch::Sm90Params};
 use crate::launch::{DeviceTensors, KernelParams, from_bits};
+use crate::options::{Family, Options};
 use crate::plan::{self, Variant};
 use crate::{CompileRequest, Gpu, Lead, driver};
 use attn_core::{
@@ -21,15 +22,6 @@ pub const SOURCE: &str = include_str!("../kernels/flash_fwd.cu");
 /// (`ATTN_CUDA_FAMILY=hopper`): on since it passed `attn verify` on the H100 (full grid, 36 of 36
 /// f16/bf16 cases, bench/results/2026-11-25-h100-hopper-62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
-
-/// A kernel family of the backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    /// `kernels/flash_fwd.cu`: mma.sync, ldmatrix, cp.async; sm_80 to sm_90.
-    Ampere,
-    /// `kernels/flash_fwd_sm90.cu`: wgmma, TMA, mbarriers, warp specialization; sm_90 only.
-    Hopper,
-}
 
 /// One specialisation of either family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -90,11 +82,6 @@ pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -
     req
 }
 
-/// A knob's value, or the reason it could not be read as an error of the backend.
-fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
-    k.clone().transpose().map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
-}
-
 /// Which family plans a problem, decided before either plans it.
 enum Choice {
     /// The Hopper kernel, already chosen, with its launch.
@@ -131,183 +118,24 @@ struct Loaded {
 #[derive(Default)]
 pub struct Cuda {
     device: OnceLock<std::result::Result<Arc<Device>, String>>,
-    /// A forced tile rank of the Ampere family, or why `ATTN_CUDA_RANK` could not be read.
-    rank: Option<std::result::Result<usize, String>>,
-    /// A forced family, or why `ATTN_CUDA_FAMILY` could not be read.
-    family: Option<std::result::Result<Family, String>>,
-    /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
-    /// not be read.
-    form: Option<std::result::Result<Form, String>>,
-    /// The Hopper kernel's tiles instead of its defaults, or why `ATTN_CUDA_SM90_TILES` could
-    /// not be read.
-    sm90_tiles: Option<std::result::Result<hopper::plan::Tiles, String>>,
-    /// At most this many CTAs in the Hopper kernel's persistent grid, or why
-    /// `ATTN_CUDA_SM90_GRID` could not be read.
-    sm90_grid: Option<std::result::Result<u32, String>>,
-    /// Whether the persistent Hopper form splits its tail (default: yes), or why
-    /// `ATTN_CUDA_SM90_SPLIT` could not be read.
-    sm90_split: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel's consumer warpgroups take turns (default: yes, from the
-    /// ping-pong form on), or why `ATTN_CUDA_SM90_TURNS` could not be read.
-    sm90_turns: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel trims each consumer warpgroup's causal key tiles (default:
-    /// no), or why `ATTN_CUDA_SM90_TRIM` could not be read.
-    sm90_trim: Option<std::result::Result<bool, String>>,
-    /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
-    /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
-    sm90_q_slots: Option<std::result::Result<u32, String>>,
-    /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default, where
-    /// the variant can) or from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
-    sm90_bottom: Option<std::result::Result<bool, String>>,
-    /// Where a traced build of the Hopper kernel writes its timelines (`ATTN_CUDA_SM90_TRACE`, a
-    /// folder; see `hopper::Variant::trace`): a diagnostic, never timed as the kernel.
-    sm90_trace: Option<std::path::PathBuf>,
-    /// Experiment overrides compiled into every Hopper kernel (`ATTN_CUDA_SM90_DEFINES`, see
-    /// [`experiment_defines`]), or why they could not be read.
-    sm90_defines: Option<std::result::Result<Vec<(String, String)>, String>>,
-    /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
-    /// `ATTN_CUDA_TIMING_LEAD` could not be read.
-    timing_lead: Option<std::result::Result<Lead, String>>,
+    options: Options,
 }
 
 impl Cuda {
-    /// The backend on device 0 (nothing is opened until it is used).
+    /// The backend on device 0 with the default options (nothing is opened until it is used).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Plans with the tile configuration of this rank in [`plan::candidates`] (0 = preferred)
-    /// instead of the first that fits: for tuning, and to verify every compiled configuration.
-    pub fn with_rank(mut self, rank: usize) -> Self {
-        self.rank = Some(Ok(rank));
-        self
+    /// The backend on device 0 with `options`.
+    pub fn with_options(options: Options) -> Self {
+        Cuda { device: OnceLock::new(), options }
     }
 
-    /// Plans with `family` only: the Ampere/Ada kernel on any device it runs on (Hopper too),
-    /// or the Hopper kernel, which fails to plan where it cannot run instead of falling back.
-    pub fn with_family(mut self, family: Family) -> Self {
-        self.family = Some(Ok(family));
-        self
-    }
-
-    /// Plans the Hopper kernel in `form` (one of the steps it was built in) instead of the
-    /// whole of it: to verify and time each step against the others.
-    pub fn with_form(mut self, form: Form) -> Self {
-        self.form = Some(Ok(form));
-        self
-    }
-
-    /// Plans the Hopper kernel with `tiles` (keys per tile, K/V stages, consumer warpgroups)
-    /// instead of its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not
-    /// compile or fit is a plan error.
-    pub fn with_sm90_tiles(mut self, tiles: hopper::plan::Tiles) -> Self {
-        self.sm90_tiles = Some(Ok(tiles));
-        self
-    }
-
-    /// Caps the Hopper kernel's persistent grid at `ctas` CTAs (at most one per SM anyway): with
-    /// few CTAs each computes many tiles, the path the verification grid's small problems
-    /// otherwise leave to one tile per CTA.
-    pub fn with_sm90_grid(mut self, ctas: u32) -> Self {
-        self.sm90_grid = Some(Ok(ctas.max(1)));
-        self
-    }
-
-    /// Whether the persistent Hopper form cuts the tiles past its last whole wave into even runs
-    /// of key tiles (`hopper::plan::Split`; the default) or hands every tile out whole: to time
-    /// one against the other.
-    pub fn with_sm90_split(mut self, split: bool) -> Self {
-        self.sm90_split = Some(Ok(split));
-        self
-    }
-
-    /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
-    /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]), `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
-    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given),
-    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
-    /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
-    /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
-    /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
-    /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
-    /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
-    /// `ATTN_CUDA_SM90_DEFINES=ATTN_X_<NAME>=<value>[+...]` (the kernel's experiment overrides,
-    /// see [`experiment_defines`]),
-    /// `ATTN_CUDA_SM90_TRACE=<folder>` (a traced build, see `hopper::Variant::trace`: each prepared
-    /// problem writes its last launch's timeline there as CSV when dropped),
-    /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
-    /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
-    /// (the lead: every prepared run) fail with the reason.
-    pub fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
-        let rank = var("ATTN_CUDA_RANK")
-            .map(|r| r.parse().map_err(|_| format!("ATTN_CUDA_RANK={r} is not a rank (0, 1, 2, ...)")));
-        let family = var("ATTN_CUDA_FAMILY").map(|f| match f.as_str() {
-            "ampere" => Ok(Family::Ampere),
-            "hopper" => Ok(Family::Hopper),
-            _ => Err(format!("ATTN_CUDA_FAMILY={f} is not a family (ampere, hopper)")),
-        });
-        let form = var("ATTN_CUDA_FORM").map(|f| {
-            Form::parse(&f).ok_or_else(|| {
-                let all: Vec<&str> = Form::ALL.iter().map(|f| f.as_str()).collect();
-                format!("ATTN_CUDA_FORM={f} is not a form of the Hopper kernel ({})", all.join(", "))
-            })
-        });
-        let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
-            let n: Vec<Option<u32>> = t.split(':').map(|x| x.parse().ok()).collect();
-            match n[..] {
-                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 }),
-                [Some(block_n), Some(stages), Some(consumers)] => {
-                    Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
-                }
-                _ => Err(format!(
-                    "ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>[:<consumer warpgroups>], e.g. 176:2 or 128:2:3"
-                )),
-            }
-        });
-        let sm90_grid = var("ATTN_CUDA_SM90_GRID").map(|g| match g.parse::<u32>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("ATTN_CUDA_SM90_GRID={g} is not a number of CTAs (1 or more)")),
-        });
-        let on_off = |name: &str| {
-            var(name).map(|s| match s.as_str() {
-                "on" => Ok(true),
-                "off" => Ok(false),
-                _ => Err(format!("{name}={s} is not on or off")),
-            })
-        };
-        let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
-        let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
-        let sm90_bottom = var("ATTN_CUDA_SM90_BLOCKS").map(|b| match b.as_str() {
-            "bottom" => Ok(true),
-            "top" => Ok(false),
-            _ => Err(format!("ATTN_CUDA_SM90_BLOCKS={b} is not bottom or top")),
-        });
-        let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
-            "1" => Ok(1),
-            "2" => Ok(2),
-            _ => Err(format!("ATTN_CUDA_SM90_QSLOTS={q} is not a number of Q slots (1 or 2)")),
-        });
-        let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
-            Lead::parse(&t)
-                .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
-        });
-        Cuda {
-            rank,
-            family,
-            form,
-            sm90_tiles,
-            sm90_grid,
-            sm90_split,
-            sm90_turns,
-            sm90_trim,
-            sm90_q_slots,
-            sm90_bottom,
-            sm90_trace: var("ATTN_CUDA_SM90_TRACE").map(Into::into),
-            sm90_defines: var("ATTN_CUDA_SM90_DEFINES").map(|d| experiment_defines(&d)),
-            timing_lead,
-            ..Self::default()
-        }
+    /// The backend with the options of the environment ([`Options::from_env`]; every variable
+    /// in `crate::options::KNOBS`), or the error that names a variable whose value cannot be read.
+    pub fn from_env() -> Result<Self> {
+        Ok(Self::with_options(Options::from_env()?))
     }
 
     fn device(&self) -> Result<Arc<Device>> {
@@ -339,7 +167,8 @@ impl Cuda {
         let kernel = match which {
             Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
             Kernel::Hopper(v) => {
-                let req = with_experiments(v.request(), &knob(&self.sm90_defines)?.unwrap_or_default());
+                let req =
+                    with_experiments(v.request(), self.options.hopper.defines.as_deref().unwrap_or_default());
                 dev.gpu.kernel(&req, "attn_fwd_sm90")?
             }
         };
@@ -362,21 +191,11 @@ impl Cuda {
     /// other family.
     fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
         let info = dev.gpu.info();
-        let asked = knob(&self.family)?;
+        let (asked, sm90) = (self.options.family, &self.options.hopper);
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
-        let knobs = self.form.is_some()
-            || self.sm90_tiles.is_some()
-            || self.sm90_grid.is_some()
-            || self.sm90_split.is_some()
-            || self.sm90_turns.is_some()
-            || self.sm90_trim.is_some()
-            || self.sm90_q_slots.is_some()
-            || self.sm90_bottom.is_some()
-            || self.sm90_trace.is_some()
-            || self.sm90_defines.is_some();
-        let wanted = asked == Some(Family::Hopper) || knobs;
+        let wanted = asked == Some(Family::Hopper) || sm90.any();
         if info.compute_capability != (9, 0) {
             return match wanted {
                 true => Err(Error::Unsupported {
@@ -392,27 +211,26 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        let ctas = knob(&self.sm90_grid)?.map_or(info.sm_count, |cap| cap.min(info.sm_count));
-        let form = knob(&self.form)?.unwrap_or(Form::Persistent);
-        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, self.splits()?)
-        {
+        let ctas = sm90.grid.map_or(info.sm_count, |cap| cap.min(info.sm_count));
+        let form = sm90.form.unwrap_or(Form::Persistent);
+        match hopper::plan::choose(problem, &info.limits, ctas, form, sm90.tiles, sm90.splits()) {
             Ok((mut variant, mut launch)) => {
-                if let Some(turns) = knob(&self.sm90_turns)? {
+                if let Some(turns) = sm90.turns {
                     variant.pingpong &= turns;
                 }
-                if let Some(trim) = knob(&self.sm90_trim)? {
+                if let Some(trim) = sm90.trim {
                     variant.trim = trim;
                 }
-                if let Some(slots) = knob(&self.sm90_q_slots)? {
+                if let Some(slots) = sm90.q_slots {
                     // Shared memory changes with the slots: the launch is planned and checked again.
                     variant = variant.with_q_slots(slots)?;
-                    launch = variant.launch(problem, ctas, self.splits()?);
+                    launch = variant.launch(problem, ctas, sm90.splits());
                     launch.validate(&variant.name(), &info.limits)?;
                 }
-                if let Some(bottom) = knob(&self.sm90_bottom)? {
+                if let Some(bottom) = sm90.bottom {
                     variant = variant.with_bottom(bottom)?;
                 }
-                variant.trace = self.sm90_trace.is_some();
+                variant.trace = sm90.trace.is_some();
                 Ok(Choice::Hopper(variant, launch))
             }
             Err(e) if wanted => Err(e),
@@ -424,7 +242,7 @@ impl Cuda {
 
     /// The plan of the Ampere/Ada family.
     fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
-        let (variant, launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, knob(&self.rank)?)?;
+        let (variant, launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, self.options.rank)?;
         let (kernel, launch) = self.load_for(dev, Kernel::Ampere(variant), launch)?;
         let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
         let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
@@ -458,20 +276,9 @@ impl Cuda {
         Ok((kernel, launch))
     }
 
-    /// What runs ahead of a launch a benchmark times (`ATTN_CUDA_TIMING_LEAD`; default: an
-    /// untimed twin).
-    fn lead(&self) -> Result<Lead> {
-        Ok(knob(&self.timing_lead)?.unwrap_or(Lead::Repeat))
-    }
-
-    /// Whether the Hopper kernel's persistent form may split its tail (`ATTN_CUDA_SM90_SPLIT`).
-    fn splits(&self) -> Result<bool> {
-        Ok(knob(&self.sm90_split)?.unwrap_or(true))
-    }
-
     /// How the Hopper kernel's persistent form deals out `problem` over a grid of `ctas`.
     fn split(&self, variant: &hopper::Variant, problem: &Problem, ctas: u32) -> Result<hopper::plan::Split> {
-        Ok(match self.splits()? {
+        Ok(match self.options.hopper.splits() {
             true => variant.split(problem, ctas),
             false => hopper::plan::Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
         })
@@ -545,7 +352,10 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
-        notes.push(format!("benchmarks time each launch by CUDA events, {}", self.lead()?.describe()));
+        notes.push(format!(
+            "benchmarks time each launch by CUDA events, {}",
+            self.options.timing_lead.describe()
+        ));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),
@@ -615,7 +425,7 @@ impl Attention for Cuda {
                     problem,
                     &v,
                 )?;
-                if let (true, Some(folder)) = (v.trace, &self.sm90_trace) {
+                if let (true, Some(folder)) = (v.trace, &self.options.hopper.trace) {
                     let words = launch.grid[0] as usize * hopper::launch::TRACE_LEN_PER_CTA;
                     let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
                     params = params.with_trace(&buffer, stream);
@@ -634,7 +444,7 @@ impl Attention for Cuda {
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        let lead = self.lead()?;
+        let lead = self.options.timing_lead;
         Ok(Box::new(CudaPrepared {
             plan: plan.clone(),
             dev,

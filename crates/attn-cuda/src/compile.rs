@@ -422,11 +422,13 @@ mod tests {
     const HOLD: &str = include_str!("../kernels/hold.cu");
 
     /// Whether NVRTC tests should run; prints the skip line and returns false when they cannot,
-    /// unless `ATTN_REQUIRE_NVRTC=1` (CI), where a missing NVRTC fails the test.
+    /// unless `ATTN_REQUIRE_NVRTC=on` (CI), where a missing NVRTC fails the test.
     fn nvrtc_or_skip(test: &str) -> bool {
         match probe::nvrtc_available() {
             Ok(()) => true,
-            Err(reason) if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            Err(reason)
+                if crate::options::REQUIRE_NVRTC.on_off().unwrap_or_else(|e| panic!("{e}")) == Some(true) =>
+            {
                 panic!("{test}: NVRTC is required (ATTN_REQUIRE_NVRTC=1) but unavailable: {reason}")
             }
             Err(reason) => {

@@ -32,13 +32,15 @@ pub mod compile;
 pub mod hopper;
 mod launch;
 pub mod locate;
+pub mod options;
 pub mod plan;
 pub mod probe;
 pub mod ptxas;
 pub mod runtime;
 
-pub use backend::{Cuda, Family, experiment_defines, with_experiments};
+pub use backend::{Cuda, experiment_defines, with_experiments};
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
+pub use options::{Family, KNOBS, Options};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
 pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};

@@ -66,12 +66,13 @@ const BACKEND: &str = "cuda";
 /// backend, up to 0.1-0.28 ms a call for PyTorch's SDPA backends, which the peer script times
 /// the same way (bench/results/2026-11-25-h100-timing-lead). Ahead of other work the start is
 /// stamped when that work ends, with the timed launch already queued behind it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lead {
     /// Nothing: the start event is stamped when it reaches an idle device.
     Idle,
     /// The same work once more, untimed: the timed launch runs back to back with its twin, as
     /// in a stream of such calls (what the backend's benchmarked runs take by default).
+    #[default]
     Repeat,
     /// A one-thread kernel that waits this long ([`Gpu::hold`]): the host's part is not
     /// counted, but the device rests before the timed launch and starts it at a higher clock

@@ -5,6 +5,7 @@
 //! machine without a GPU; CI requires NVRTC and cuobjdump (ATTN_REQUIRE_NVRTC=1), elsewhere each
 //! test is skipped by name when they are missing.
 
+use attn_cuda::options::{CUOBJDUMP, REQUIRE_NVRTC};
 use attn_cuda::{Arch, CompileRequest, Compiled, compile, hopper, nvrtc_available, plan};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -20,12 +21,17 @@ struct Job {
     budget: u32,
 }
 
+/// Whether CI requires NVRTC and cuobjdump (`ATTN_REQUIRE_NVRTC`).
+fn required() -> bool {
+    REQUIRE_NVRTC.on_off().unwrap_or_else(|e| panic!("{e}")) == Some(true)
+}
+
 /// Whether NVRTC is here; if not, the test is reported skipped by name (or fails where CI
 /// requires NVRTC).
 fn nvrtc_or_skip(test: &str) -> bool {
     match nvrtc_available() {
         Ok(()) => true,
-        Err(reason) if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+        Err(reason) if required() => {
             panic!("NVRTC is required (ATTN_REQUIRE_NVRTC=1) but unavailable: {reason}")
         }
         Err(reason) => {
@@ -169,14 +175,14 @@ fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() 
 /// `cuobjdump`: `ATTN_CUOBJDUMP` (which `cargo xtask test` sets), else the first on `PATH`; if
 /// neither, the test is reported skipped by name (or fails where CI requires it).
 fn cuobjdump_or_skip(test: &str) -> Option<PathBuf> {
-    let from_env = std::env::var_os("ATTN_CUOBJDUMP").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let from_env = CUOBJDUMP.value().map(PathBuf::from);
     let on_path = || {
         std::env::var_os("PATH")
             .and_then(|p| std::env::split_paths(&p).map(|d| d.join("cuobjdump")).find(|f| f.is_file()))
     };
     match from_env.or_else(on_path) {
         Some(tool) => Some(tool),
-        None if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+        None if required() => {
             panic!("cuobjdump is required (ATTN_REQUIRE_NVRTC=1) but neither ATTN_CUOBJDUMP nor PATH has it")
         }
         None => {

@@ -22,7 +22,8 @@ impl Backend {
     /// FMA), then the CPU.
     pub fn all() -> Vec<Box<dyn Attention>> {
         vec![
-            Box::new(attn_cuda::Cuda::from_env()),
+            // On merge with `all() -> Result`: `attn_cuda::Cuda::from_env()?`.
+            Box::new(attn_cuda::Cuda::from_env().unwrap_or_else(|e| panic!("{e}"))),
             Box::new(attn_wgpu::Wgpu::from_env()),
             Box::new(cpu_flash()),
             Box::new(attn_cpu::Reference),
