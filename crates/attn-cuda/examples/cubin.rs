@@ -8,7 +8,7 @@
 //! ```
 
 use attn_core::DType;
-use attn_cuda::plan::Variant;
+use attn_cuda::ampere::Variant;
 use attn_cuda::{Arch, compile, hopper};
 
 fn main() {
@@ -70,9 +70,9 @@ fn hopper_cubin(args: &[String]) {
         let n: Vec<u32> =
             t.split(':').map(|x| x.parse().unwrap_or_else(|_| panic!("{usage}: {t}"))).collect();
         assert_eq!(n.len(), 3, "{usage}: {t}");
-        hopper::plan::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
+        hopper::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
     });
-    let tiles = forced.unwrap_or_else(|| hopper::plan::tiles(head_dim, form));
+    let tiles = forced.unwrap_or_else(|| hopper::tiles(head_dim, form));
     let variant = hopper::Variant {
         dtype: if dtype == "bf16" { DType::Bf16 } else { DType::F16 },
         head_dim,
@@ -93,10 +93,10 @@ fn hopper_cubin(args: &[String]) {
     };
     // Experiment overrides, as ATTN_CUDA_SM90_DEFINES gives them (ATTN_X_<NAME>=<integer>[+...]).
     let experiments = match args.iter().find(|a| a.starts_with("ATTN_X_")) {
-        Some(x) => attn_cuda::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")),
+        Some(x) => hopper::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")),
         None => vec![],
     };
-    let req = attn_cuda::with_experiments(variant.request(), &experiments);
+    let req = hopper::with_experiments(variant.request(), &experiments);
     match compile(&req) {
         Ok(c) => {
             let path = format!("{}.cubin", req.name);

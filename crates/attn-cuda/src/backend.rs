@@ -1,22 +1,19 @@
 //! The `cuda` backend behind [`Attention`]: the Ampere/Ada FlashAttention-2-class kernel, and on
 //! Hopper (compute capability 9.0) the warp-specialized wgmma/TMA kernel where it applies.
 
-use crate::hopper::{self, Form, launch::Sm90Params};
-use crate::launch::{DeviceTensors, KernelParams, from_bits};
+use crate::ampere::{self, launch::KernelParams};
+use crate::hopper::{self, launch::Bound, split::Split};
 use crate::options::{Family, Options};
-use crate::plan::{self, Variant};
-use crate::{CompileRequest, Gpu, Lead, driver};
+use crate::runtime::{Gpu, Lead, driver};
+use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
     Attention, Availability, DeviceKind, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared,
     Problem, Result, Tiles,
 };
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-
-/// The kernel source, compiled at run time for the device's exact architecture.
-pub const SOURCE: &str = include_str!("../kernels/flash_fwd.cu");
 
 /// Whether devices of compute capability 9.0 get the Hopper family without being asked
 /// (`ATTN_CUDA_FAMILY=hopper`): on since it passed `attn verify` on the H100 (full grid, 36 of 36
@@ -26,7 +23,7 @@ const HOPPER_BY_DEFAULT: bool = true;
 /// One specialisation of either family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Kernel {
-    Ampere(Variant),
+    Ampere(ampere::Variant),
     Hopper(hopper::Variant),
 }
 
@@ -41,7 +38,7 @@ impl Kernel {
     /// The specialisation a plan names, from either family's list (kernels planned with forced
     /// tiles are found among the loaded ones instead).
     fn named(name: &str) -> Option<Kernel> {
-        let ampere = Variant::all().into_iter().map(Kernel::Ampere);
+        let ampere = ampere::Variant::all().into_iter().map(Kernel::Ampere);
         let hopper = hopper::Variant::all().into_iter().map(Kernel::Hopper);
         ampere.chain(hopper).find(|k| k.name() == name)
     }
@@ -54,38 +51,10 @@ impl Kernel {
     }
 }
 
-/// The Hopper kernel's experiment overrides from `ATTN_CUDA_SM90_DEFINES`: `NAME=VALUE` pairs
-/// joined by `+`, each NAME an `ATTN_X_` macro of `kernels/flash_fwd_sm90.cu` (so that a
-/// setting can switch a compile-time choice, the speculative softmax or the storer thread,
-/// without a build of its own) and VALUE an integer; anything else is refused with the reason.
-pub fn experiment_defines(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
-    text.split('+')
-        .map(|pair| match pair.trim().split_once('=') {
-            Some((name, value)) if name.starts_with("ATTN_X_") && value.parse::<i64>().is_ok() => {
-                Ok((name.to_string(), value.to_string()))
-            }
-            _ => Err(format!(
-                "ATTN_CUDA_SM90_DEFINES: `{pair}` is not ATTN_X_<NAME>=<integer> (pairs joined by +, e.g. \
-                 ATTN_X_SPECULATE=0+ATTN_X_STORER=0)"
-            )),
-        })
-        .collect()
-}
-
-/// `req` with the experiment overrides `defines` ([`experiment_defines`]) added, under a name
-/// of its own (compiled programs are cached by name).
-pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -> CompileRequest {
-    for (name, value) in defines {
-        req.name = format!("{}_{}{value}", req.name, name.to_lowercase());
-        req = req.define(name.clone(), value);
-    }
-    req
-}
-
 /// Which family plans a problem, decided before either plans it.
 enum Choice {
-    /// The Hopper kernel, already chosen, with its launch.
-    Hopper(hopper::Variant, attn_core::Launch),
+    /// The Hopper kernel, already chosen, with its launch and how it deals out the work.
+    Hopper(hopper::Variant, attn_core::Launch, Split),
     /// The Ampere/Ada kernel, and why where the device would otherwise take the Hopper one.
     Ampere(Option<String>),
 }
@@ -167,8 +136,10 @@ impl Cuda {
         let kernel = match which {
             Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
             Kernel::Hopper(v) => {
-                let req =
-                    with_experiments(v.request(), self.options.hopper.defines.as_deref().unwrap_or_default());
+                let req = hopper::with_experiments(
+                    v.request(),
+                    self.options.hopper.defines.as_deref().unwrap_or_default(),
+                );
                 dev.gpu.kernel(&req, "attn_fwd_sm90")?
             }
         };
@@ -211,28 +182,8 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        let ctas = sm90.grid.map_or(info.sm_count, |cap| cap.min(info.sm_count));
-        let form = sm90.form.unwrap_or(Form::Persistent);
-        match hopper::plan::choose(problem, &info.limits, ctas, form, sm90.tiles, sm90.splits()) {
-            Ok((mut variant, mut launch)) => {
-                if let Some(turns) = sm90.turns {
-                    variant.pingpong &= turns;
-                }
-                if let Some(trim) = sm90.trim {
-                    variant.trim = trim;
-                }
-                if let Some(slots) = sm90.q_slots {
-                    // Shared memory changes with the slots: the launch is planned and checked again.
-                    variant = variant.with_q_slots(slots)?;
-                    launch = variant.launch(problem, ctas, sm90.splits());
-                    launch.validate(&variant.name(), &info.limits)?;
-                }
-                if let Some(bottom) = sm90.bottom {
-                    variant = variant.with_bottom(bottom)?;
-                }
-                variant.trace = sm90.trace.is_some();
-                Ok(Choice::Hopper(variant, launch))
-            }
+        match hopper::plan::plan(problem, &info.limits, info.sm_count, sm90) {
+            Ok((variant, launch, split)) => Ok(Choice::Hopper(variant, launch, split)),
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
                 "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"
@@ -242,7 +193,8 @@ impl Cuda {
 
     /// The plan of the Ampere/Ada family.
     fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
-        let (variant, launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, self.options.rank)?;
+        let (variant, launch, mut notes) =
+            ampere::plan::choose(problem, &dev.gpu.info().limits, self.options.rank)?;
         let (kernel, launch) = self.load_for(dev, Kernel::Ampere(variant), launch)?;
         let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
         let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
@@ -276,14 +228,6 @@ impl Cuda {
         Ok((kernel, launch))
     }
 
-    /// How the Hopper kernel's persistent form deals out `problem` over a grid of `ctas`.
-    fn split(&self, variant: &hopper::Variant, problem: &Problem, ctas: u32) -> Result<hopper::plan::Split> {
-        Ok(match self.options.hopper.splits() {
-            true => variant.split(problem, ctas),
-            false => hopper::plan::Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
-        })
-    }
-
     /// The plan of the Hopper family, for the variant and launch it chose.
     fn plan_hopper(
         &self,
@@ -291,9 +235,9 @@ impl Cuda {
         problem: &Problem,
         variant: hopper::Variant,
         launch: attn_core::Launch,
+        split: Split,
     ) -> Result<Planned> {
         let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
-        let split = self.split(&variant, problem, launch.grid[0])?;
         let mut notes = variant.notes(problem, &launch, split);
         notes.push(format!(
             "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
@@ -301,18 +245,7 @@ impl Cuda {
         ));
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        let counters = 4 * split.counters(variant.consumers);
-        let workspace =
-            match (variant.uses_tile_counters(), split.partial_floats(variant.head_dim, variant.consumers)) {
-                (false, _) => "; no workspace".into(),
-                (true, 0) => format!(" and the tile counters ({counters} B)"),
-                (true, n) => {
-                    format!(
-                        ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
-                        4 * n
-                    )
-                }
-            };
+        let workspace = split.workspace(&variant);
         Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles, workspace })
     }
 }
@@ -342,7 +275,9 @@ impl Attention for Cuda {
         let dev = self.device()?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
             match self.choose_family(&dev, problem)? {
-                Choice::Hopper(variant, launch) => self.plan_hopper(&dev, problem, variant, launch)?,
+                Choice::Hopper(variant, launch, split) => {
+                    self.plan_hopper(&dev, problem, variant, launch, split)?
+                }
                 Choice::Ampere(why) => {
                     let mut planned = self.plan_ampere(&dev, problem)?;
                     planned.notes.extend(why);
@@ -392,49 +327,24 @@ impl Attention for Cuda {
             return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
         };
         let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
-        let mut trace = None;
+        let stream = dev.gpu.stream();
         let params = match which {
-            Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
+            Kernel::Ampere(_) => Params::Ampere(KernelParams::new(&tensors, stream, problem)),
             Kernel::Hopper(v) => {
-                let split = self.split(&v, problem, launch.grid[0])?;
-                let stream = dev.gpu.stream();
-                // The persistent scheduler's counters, zero; the kernel leaves them so.
-                let counters = match v.uses_tile_counters() {
-                    true => Some(
-                        stream
-                            .alloc_zeros::<u32>(split.counters(v.consumers))
-                            .map_err(driver("allocate the tile counters"))?,
-                    ),
-                    false => None,
+                let split = match self.options.hopper.splits() {
+                    true => v.split(problem, launch.grid[0]),
+                    false => Split::none(v.tiles(problem).min(i32::MAX as u64) as u32),
                 };
-                // The split tail's partial results, written before they are read.
-                let partials = match split.units > 0 {
-                    true => Some(
-                        // SAFETY: every slot a launch reads, it first writes (merge_partials).
-                        unsafe { stream.alloc::<f32>(split.partial_floats(v.head_dim, v.consumers)) }
-                            .map_err(driver("allocate the split tail's partial results"))?,
-                    ),
-                    false => None,
-                };
-                let mut params = Sm90Params::new(
+                let trace = self.options.hopper.trace.as_deref();
+                Params::Hopper(Box::new(Bound::new(
                     &tensors,
-                    counters.as_ref(),
-                    partials.as_ref(),
-                    &split,
                     stream,
                     problem,
                     &v,
-                )?;
-                if let (true, Some(folder)) = (v.trace, &self.options.hopper.trace) {
-                    let words = launch.grid[0] as usize * hopper::launch::TRACE_LEN_PER_CTA;
-                    let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
-                    params = params.with_trace(&buffer, stream);
-                    let s = problem.shape;
-                    let file =
-                        format!("trace-{}-b{}h{}-s{}x{}.csv", v.name(), s.batch, s.heads_q, s.seq_q, s.seq_k);
-                    trace = Some(Trace { buffer, path: folder.join(file) });
-                }
-                Params::Hopper { params: Box::new(params), _buffers: (counters, partials) }
+                    &split,
+                    launch.grid[0],
+                    trace,
+                )?))
             }
         };
         dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
@@ -454,16 +364,15 @@ impl Attention for Cuda {
             cfg,
             device_bytes,
             lead,
-            trace,
         }))
     }
 }
 
-/// The parameter block of either family's kernel (and what the Hopper one points at beyond the
-/// tensors: the tile counters and the split tail's partial results).
+/// The parameter block of either family's kernel (the Hopper one's with the buffers it points
+/// at beyond the tensors).
 enum Params {
     Ampere(KernelParams),
-    Hopper { params: Box<Sm90Params>, _buffers: (Option<CudaSlice<u32>>, Option<CudaSlice<f32>>) },
+    Hopper(Box<Bound>),
 }
 
 struct CudaPrepared {
@@ -476,54 +385,6 @@ struct CudaPrepared {
     device_bytes: u64,
     /// What [`Gpu::time`] queues ahead of each launch a benchmark times (`run_timed`).
     lead: Lead,
-    /// A traced build's buffer, written out when this is dropped.
-    trace: Option<Trace>,
-}
-
-/// The timeline a traced build of the Hopper kernel stamps (`hopper::Variant::trace`), and the
-/// file it goes to.
-struct Trace {
-    buffer: CudaSlice<i64>,
-    path: std::path::PathBuf,
-}
-
-impl Trace {
-    /// The last launch's stamps as CSV: a row per (CTA, piece, role) that holds any, the piece
-    /// `TRACE_PIECES` being the CTA's own row (see `kernels/flash_fwd_sm90.cu`, `trace_put`).
-    fn write(&self, stream: &Arc<cudarc::driver::CudaStream>) -> std::result::Result<(), String> {
-        use hopper::launch::{TRACE_EVENTS, TRACE_PIECES, TRACE_ROLES};
-        let words = stream.clone_dtoh(&self.buffer).map_err(|e| format!("copy the trace back: {e}"))?;
-        let names: Vec<String> = (0..TRACE_EVENTS).map(|e| format!("e{e}")).collect();
-        let mut csv = format!("cta,piece,role,{}\n", names.join(","));
-        for (row, events) in words.chunks(TRACE_EVENTS).enumerate() {
-            if events.iter().all(|&e| e == 0) {
-                continue;
-            }
-            let (role, piece, cta) = (
-                row % TRACE_ROLES,
-                row / TRACE_ROLES % (TRACE_PIECES + 1),
-                row / TRACE_ROLES / (TRACE_PIECES + 1),
-            );
-            let stamps: Vec<String> = events.iter().map(i64::to_string).collect();
-            csv.push_str(&format!("{cta},{piece},{role},{}\n", stamps.join(",")));
-        }
-        std::fs::create_dir_all(self.path.parent().unwrap_or(std::path::Path::new(".")))
-            .and_then(|()| std::fs::write(&self.path, csv))
-            .map_err(|e| format!("write {}: {e}", self.path.display()))
-    }
-}
-
-impl Drop for CudaPrepared {
-    /// A traced build writes its timeline; a failure is reported on stderr (a diagnostic, which
-    /// must not turn a finished run into an error).
-    fn drop(&mut self) {
-        if let Some(trace) = &self.trace {
-            match trace.write(self.dev.gpu.stream()) {
-                Ok(()) => eprintln!("trace: {}", trace.path.display()),
-                Err(e) => eprintln!("trace not written: {e}"),
-            }
-        }
-    }
 }
 
 impl CudaPrepared {
@@ -533,7 +394,7 @@ impl CudaPrepared {
             let mut builder = stream.launch_builder(&kernel.function);
             match params {
                 Params::Ampere(p) => builder.arg(p),
-                Params::Hopper { params, .. } => builder.arg(params.as_ref()),
+                Params::Hopper(bound) => builder.arg(&bound.params),
             };
             // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
             // Problem::required_lens for the strides the kernel reads, and the launch is the
@@ -577,28 +438,5 @@ impl Prepared for CudaPrepared {
             dst.copy_from_slice(&lse);
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::experiment_defines;
-
-    #[test]
-    fn experiment_defines_take_only_the_kernels_overrides() {
-        assert_eq!(
-            experiment_defines("ATTN_X_SPECULATE=0+ATTN_X_STORER=0").unwrap(),
-            [
-                ("ATTN_X_SPECULATE".to_string(), "0".to_string()),
-                ("ATTN_X_STORER".to_string(), "0".to_string())
-            ]
-        );
-        // A variant's own define, a value that is not an integer, a missing value: refused.
-        for bad in
-            ["ATTN_D=64", "ATTN_X_SPECULATE=on", "ATTN_X_SPECULATE", "ATTN_X_STORER=0,ATTN_X_SPECULATE=0"]
-        {
-            let err = experiment_defines(bad).unwrap_err();
-            assert!(err.contains("ATTN_X_<NAME>=<integer>"), "{bad}: {err}");
-        }
     }
 }

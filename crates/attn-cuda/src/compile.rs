@@ -155,7 +155,7 @@ pub struct Compiled {
     pub name: String,
     /// What it was compiled for.
     pub arch: Arch,
-    /// The CUBIN, ready for [`crate::Gpu::load`].
+    /// The CUBIN, ready for `Gpu::load` (`runtime`).
     pub cubin: Vec<u8>,
     /// The PTX the CUBIN was assembled from, for reading what the compiler made of the source.
     pub ptx: String,

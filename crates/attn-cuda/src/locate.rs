@@ -5,9 +5,25 @@
 //! headers under `site-packages/nvidia/cu13/`, a place the dynamic loader never searches. The
 //! wheels are how CI machines without a toolkit get NVRTC.
 
-use crate::options::{CUDA_INCLUDE, NVRTC_LIB};
+use attn_core::Knob;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// `ATTN_NVRTC_LIB`.
+pub const NVRTC_LIB: Knob = Knob {
+    name: "ATTN_NVRTC_LIB",
+    allowed: "`libnvrtc.so.13` or a folder holding it",
+    default: "the loader's search path, `/usr/local/cuda/lib64`, then the `nvidia-cuda-nvrtc` wheel in Python's site-packages",
+    purpose: "Which NVRTC to load; when set, the only place looked, so that a wrong value is an error rather than another NVRTC.",
+};
+
+/// `ATTN_CUDA_INCLUDE`.
+pub const CUDA_INCLUDE: Knob = Knob {
+    name: "ATTN_CUDA_INCLUDE",
+    allowed: "a folder holding `cuda_fp16.h`",
+    default: "`/usr/local/cuda/include`, then the `nvidia-cuda-runtime` wheel in Python's site-packages",
+    purpose: "Where NVRTC finds the CUDA headers the kernels include.",
+};
 
 /// The NVRTC library's file name (and SONAME) for the CUDA major version cudarc is built for.
 pub const NVRTC_SONAME: &str = "libnvrtc.so.13";

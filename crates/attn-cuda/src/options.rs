@@ -2,11 +2,12 @@
 //! parsed from them once: a value that cannot be read is an [`attn_core::Error::InvalidSetting`]
 //! when the options are built, never ignored and never left for a later plan to find.
 //!
-//! The library paths ([`NVRTC_LIB`], [`CUDA_INCLUDE`]) are read where the libraries are looked
-//! for (`locate`), through their knobs here: NVRTC is loaded once per process, before and apart
+//! The library paths ([`NVRTC_LIB`], [`CUDA_INCLUDE`]) are defined and read where the libraries
+//! are looked for (`locate`), and listed here: NVRTC is loaded once per process, before and apart
 //! from any backend. The `ATTN_REQUIRE_*` knobs and [`CUOBJDUMP`] are read by the tests only.
 
 use crate::hopper::{self, Form};
+pub use crate::locate::{CUDA_INCLUDE, NVRTC_LIB};
 use crate::runtime::Lead;
 use attn_core::{Knob, Result};
 
@@ -91,22 +92,6 @@ pub const TIMING_LEAD: Knob = Knob {
     purpose: "What runs ahead of each launch a benchmark times: an untimed twin (steady state), nothing (the host's launch is counted, as PyTorch's own timings count it), or a wait (a rested device, faster than steady state).",
 };
 
-/// `ATTN_NVRTC_LIB`.
-pub const NVRTC_LIB: Knob = Knob {
-    name: "ATTN_NVRTC_LIB",
-    allowed: "`libnvrtc.so.13` or a folder holding it",
-    default: "the loader's search path, `/usr/local/cuda/lib64`, then the `nvidia-cuda-nvrtc` wheel in Python's site-packages",
-    purpose: "Which NVRTC to load; when set, the only place looked, so that a wrong value is an error rather than another NVRTC.",
-};
-
-/// `ATTN_CUDA_INCLUDE`.
-pub const CUDA_INCLUDE: Knob = Knob {
-    name: "ATTN_CUDA_INCLUDE",
-    allowed: "a folder holding `cuda_fp16.h`",
-    default: "`/usr/local/cuda/include`, then the `nvidia-cuda-runtime` wheel in Python's site-packages",
-    purpose: "Where NVRTC finds the CUDA headers the kernels include.",
-};
-
 /// `ATTN_CUOBJDUMP`.
 pub const CUOBJDUMP: Knob = Knob {
     name: "ATTN_CUOBJDUMP",
@@ -185,7 +170,7 @@ pub const KNOBS: &[Knob] = &[
     SM90_DEFINES,
 ];
 
-/// The backend's settings ([`crate::Cuda::with_options`]); [`Options::default`] is what an
+/// The backend's settings (`Cuda::with_options`); [`Options::default`] is what an
 /// empty environment gives.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Options {
@@ -228,7 +213,7 @@ impl Options {
                 form: FORM.parse(Form::parse)?,
                 turns: SM90_TURNS.on_off()?,
                 trim: SM90_TRIM.on_off()?,
-                defines: SM90_DEFINES.parse(|d| crate::backend::experiment_defines(d).ok())?,
+                defines: SM90_DEFINES.parse(|d| hopper::experiment_defines(d).ok())?,
             },
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })

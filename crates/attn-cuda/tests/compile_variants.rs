@@ -6,7 +6,7 @@
 //! test is skipped by name when they are missing.
 
 use attn_cuda::options::{CUOBJDUMP, REQUIRE_NVRTC};
-use attn_cuda::{Arch, CompileRequest, Compiled, compile, hopper, nvrtc_available, plan};
+use attn_cuda::{Arch, CompileRequest, Compiled, ampere, compile, hopper, nvrtc_available};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -119,7 +119,7 @@ fn every_variant_compiles_without_spills_for_every_arch() {
     if !nvrtc_or_skip("every_variant_compiles_without_spills_for_every_arch") {
         return;
     }
-    let jobs: Vec<Job> = plan::Variant::all()
+    let jobs: Vec<Job> = ampere::Variant::all()
         .into_iter()
         .flat_map(|v| [Arch::Sm80, Arch::Sm89, Arch::Sm90a].map(move |a| (v, a)))
         .map(|(v, arch)| Job {

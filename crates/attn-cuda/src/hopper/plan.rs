@@ -1,386 +1,12 @@
 //! Which Hopper specialisation runs a problem, with what launch, and whether it fits. Pure host
 //! logic, tested without a GPU against the H100's stated limits.
 
-use super::wgmma;
-use crate::{Arch, CompileRequest};
+use super::split::Split;
+use super::variant::{Form, HEAD_DIMS, PRODUCER_REGISTERS, Variant};
+use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
-use std::fmt;
-
-/// Head dimensions the Hopper kernel is specialised for: whole 64-column (128-byte) blocks.
-pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
-
-/// Shared memory a CTA may have on the devices this family runs on (the H100's and H200's opt-in
-/// limit); the kernel asserts it too.
-pub const SHARED_LIMIT: usize = 227 * 1024;
-
-/// Registers per thread of the producer warpgroup after `setmaxnreg`: it only issues copies and
-/// takes tiles from the scheduler (with 24 that spilled), and cuts the split tail into pieces
-/// (with 32 that spilled). 40 leaves the consumers what 32 did: 232 each for two warpgroups,
-/// 152 for three (in units of 8).
-pub const PRODUCER_REGISTERS: u32 = 40;
-
-/// Registers per consumer thread after `setmaxnreg` at most: the O and S accumulators (D / 2 +
-/// BN / 2 floats), P (BN / 4) and the softmax state, with no spill.
-pub const CONSUMER_REGISTERS: u32 = 240;
-
-/// The registers the warpgroups of a CTA may claim together after `setmaxnreg`. `setmaxnreg.inc`
-/// waits until the registers are free, so asking for more hangs the kernel: 128 x 32 + 256 x
-/// 240, the whole 65536, hung every launch on the H100
-/// (bench/results/2026-11-25-h100-hopper-976d895); 64512 (FlashAttention-3's 24 + 2 x 240)
-/// leaves a 1024-register margin. The pool is also at most what the launch gave the CTA (its
-/// threads times the cap at entry, [`Variant::register_pool`]): with four consumers (640 threads,
-/// 96 each at entry, 61440 in all) the 112 that 64512 would leave each consumer hung every launch
-/// (bench/results/2026-11-26-h100-hopper-knobs-d4ae16f).
-pub const REGISTER_POOL: u32 = 64512;
-
-/// The fewest key tiles in a unit of the split tail ([`Split`]): a partial piece writes its O
-/// and reads the others' (about a key tile's worth of time at D=128), so runs shorter than this
-/// would spend more on the merge than they save.
-pub const MIN_RUN: u64 = 4;
-
-/// Key tiles the split must take off the busiest CTA (or a quarter of its work, for problems of
-/// one wave or less) before the tail is split: each piece pays a tile's start and end again and
-/// the merge, which a small gain does not cover. Measured on the H100, D=128 without a mask
-/// (bench/results/2026-11-25-h100-hopper-split-6ccb445): 128 tiles on 132 SMs, cut into 132
-/// runs, were 13% slower at S=4096 and 4% at S=16384 (a gain of 0 and 3 key tiles); 2048 tiles
-/// of 16 key tiles (S=2048, a gain of 7) came out even or 2% slower, of 32 (15) 0.6% faster, of
-/// 128 (62) 3%; one head's 32 tiles at S=4096 (a gain of 24) 1.85x, 32 tiles of 8 key tiles
-/// (S=1024, 4 of 8) 1.12x.
-pub const MIN_GAIN: u64 = 12;
-
-/// How the persistent form deals out its work (`Piece` in the kernel). Without a mask every
-/// tile takes the same time, so `tiles` over `ctas` CTAs leaves the last wave part-empty: at
-/// D=128, S=4096 on 132 SMs, 2048 tiles are 15 waves and 68 tiles, and 64 SMs wait out the 16th
-/// (3% of the whole). The tail (the tiles past the last whole wave, or all of them when there
-/// are fewer tiles than CTAs) is cut instead into `units` runs of its key tiles, as even as
-/// integers allow and at least [`MIN_RUN`] long, which the CTAs draw after the whole tiles (where
-/// that gains at least [`MIN_GAIN`] key tiles or a quarter of the busiest CTA's work); a
-/// tile cut between runs is merged by the piece that ends last. Under a causal mask tiles differ
-/// in length and go longest first instead: no split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Split {
-    /// Tiles handed out whole: the first `whole` of the tile order.
-    pub whole: u32,
-    /// Units the tail's key tiles are dealt to (0: no split).
-    pub units: u32,
-    /// Tiles in the tail.
-    pub tail_tiles: u32,
-    /// Key tiles per tile (every tile's, without a mask).
-    pub key_tiles: u32,
-}
-
-impl Split {
-    /// Every tile whole.
-    pub fn none(tiles: u32) -> Split {
-        Split { whole: tiles, units: 0, tail_tiles: 0, key_tiles: 0 }
-    }
-
-    /// Key tiles in the tail.
-    pub fn tail_iters(&self) -> u32 {
-        self.tail_tiles * self.key_tiles
-    }
-
-    /// The launch's u32 counters: the scheduler's two, then one per tail tile and consumer
-    /// warpgroup (its pieces that have arrived).
-    pub fn counters(&self, consumers: u32) -> usize {
-        2 + (self.tail_tiles * consumers) as usize
-    }
-
-    /// f32s of partial results: two slots per unit (its first and last piece), each with, per
-    /// consumer thread, its O accumulators (D / 2) and its rows' maxima and sums (4).
-    pub fn partial_floats(&self, head_dim: usize, consumers: u32) -> usize {
-        2 * self.units as usize * consumers as usize * 128 * (head_dim / 2 + 4)
-    }
-}
-
-/// How the kernel's warpgroups share the work: each form adds one thing to the one before,
-/// following the steps the kernel was built in, so that each can be verified and timed alone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Form {
-    /// One warpgroup, no producer: K/V by `cp.async` into two stages, then wgmma products,
-    /// one tile at a time.
-    CpAsync,
-    /// Warp-specialized: a producer warpgroup copies Q, K and V with TMA into a ring of stages
-    /// guarded by mbarriers; two or three consumer warpgroups (64 query rows each) compute.
-    Tma,
-    /// Inside each consumer warpgroup, tile j's softmax runs while the tensor cores compute
-    /// tile j - 1's P·V (issued together with tile j's S).
-    Overlap,
-    /// The consumer warpgroups take turns issuing their products (named barriers, in a ring), so
-    /// that one's softmax runs under another's products.
-    PingPong,
-    /// One CTA per SM; each takes its next tile from a counter in global memory as it finishes
-    /// one (a persistent grid with dynamic scheduling; causal: longest first).
-    Persistent,
-}
-
-impl Form {
-    /// Every form, in the order they build on each other.
-    pub const ALL: [Form; 5] = [Form::CpAsync, Form::Tma, Form::Overlap, Form::PingPong, Form::Persistent];
-
-    /// The name in kernel names and `ATTN_CUDA_FORM`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Form::CpAsync => "cpasync",
-            Form::Tma => "tma",
-            Form::Overlap => "overlap",
-            Form::PingPong => "pingpong",
-            Form::Persistent => "persistent",
-        }
-    }
-
-    /// The form named `name` (as [`Form::as_str`] spells it).
-    pub fn parse(name: &str) -> Option<Form> {
-        Form::ALL.into_iter().find(|f| f.as_str() == name.trim())
-    }
-}
-
-impl fmt::Display for Form {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One specialisation of `kernels/flash_fwd_sm90.cu`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Variant {
-    /// f16 or bf16.
-    pub dtype: DType,
-    /// Head dimension (64, 128 or 256).
-    pub head_dim: usize,
-    /// Keys per tile: the N of S's wgmma.
-    pub block_n: usize,
-    /// K/V stages in the shared-memory ring.
-    pub stages: u32,
-    /// Consumer warpgroups of 64 query rows each: 1 in the `cp.async` form, 2 or 3 after it.
-    pub consumers: u32,
-    /// Causal (bottom-right) masking compiled in.
-    pub causal: bool,
-    /// How the warpgroups share the work.
-    pub form: Form,
-    /// Whether the consumer warpgroups take turns issuing their products (from the ping-pong
-    /// form on, unless turned off to measure what the turns cost).
-    pub pingpong: bool,
-    /// Causal, from the overlap form on: each consumer warpgroup computes only the key tiles its
-    /// own 64 rows see and passes over the rest of its tile's (`ATTN_TRIM`; off unless asked).
-    pub trim: bool,
-    /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
-    /// consumer has issued its last S of this one; or 2 (overlapped forms, where shared memory
-    /// has room), so that the next piece's Q loads while this one's key tiles run, with O staged
-    /// in its own tile's Q slot. See [`Variant::with_q_slots`].
-    pub q_slots: u32,
-    /// Causal, persistent form, O staged: a head's query blocks end at its last row, so that
-    /// the block `seq_q % block_m` leaves short is the first (whose rows see the fewest keys), not
-    /// the last (whose rows see the most); `ATTN_BOTTOM`, see [`Variant::bottoms`]. The default
-    /// where it applies (`ATTN_CUDA_SM90_BLOCKS=top` for the old order). Counted from the tile
-    /// shapes (192 x 96 at D=64, every block's key tiles times its rows, padding included): 4.2%
-    /// fewer products at S=4096, 12% at 1024, 1.1% at 16384, none at 2048 or 8192 (there the
-    /// last block's padding rows become every block's part-filled last key tile). Measured on the
-    /// H100 at D=64, three interleaved rounds (bench/results/2026-11-26-h100-hopper-bottom-781ff61):
-    /// S=4096 420.4-420.5 TFLOP/s against 405.4-406.7 from the top, S=1024 283-292 against
-    /// 261-264, S=16384 +1.3%, S=2048 and 8192 even.
-    pub bottom: bool,
-    /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
-    /// each piece's steps in SM cycles into a buffer the host writes out (see
-    /// `TRACE_LEN_PER_CTA` in `hopper/launch.rs`). Never planned unless asked for.
-    pub trace: bool,
-}
 
 impl Variant {
-    /// Registers per consumer thread after `setmaxnreg`: what the producer's
-    /// [`PRODUCER_REGISTERS`] leave of the [`Variant::register_pool`], in units of 8, at most
-    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three, 104 with four).
-    pub fn consumer_registers(&self) -> u32 {
-        let left = self.register_pool() - 128 * PRODUCER_REGISTERS;
-        CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
-    }
-
-    /// Whether the kernel lays its query blocks from the bottom ([`Variant::bottom`] where it
-    /// applies: causal, the persistent form, O staged. The first block's rows before 0 are TMA's
-    /// zero fill on load; a warpgroup whose rows start there stores O from registers, skipping
-    /// them, as a TMA store at a negative row faults. D=256, whose O is not staged, keeps the top
-    /// order: the combination was never run).
-    pub fn bottoms(&self) -> bool {
-        self.bottom && self.causal && self.form == Form::Persistent && self.o_staged()
-    }
-
-    /// This variant with its causal query blocks laid from the bottom or not, or why they cannot
-    /// be: where asked of a causal variant whose blocks cannot be (not the persistent form, or O
-    /// not staged, as at D=256), an error rather than the usual order under another name.
-    /// Without a mask there is no order to change, and the setting is left as asked.
-    pub fn with_bottom(self, bottom: bool) -> Result<Variant> {
-        let v = Variant { bottom, ..self };
-        match bottom && self.causal && !v.bottoms() {
-            false => Ok(v),
-            true => Err(Error::Unsupported {
-                backend: "cuda (Hopper family)".into(),
-                what: format!(
-                    "causal query blocks from the bottom in {}: only in the persistent form with O staged \
-                     through shared memory; ATTN_CUDA_SM90_BLOCKS=top",
-                    self.name()
-                ),
-            }),
-        }
-    }
-
-    /// Whether the kernel trims each warpgroup's key tiles ([`Variant::trim`] where it applies).
-    pub fn trims(&self) -> bool {
-        self.trim && self.causal && self.form >= Form::Overlap
-    }
-
-    /// Query rows per CTA tile: 64 per consumer warpgroup.
-    pub fn block_m(&self) -> usize {
-        64 * self.consumers as usize
-    }
-
-    /// Threads per CTA: the consumer warpgroups and, from the TMA form on, the producer.
-    pub fn threads(&self) -> u32 {
-        128 * (self.consumers + u32::from(self.form >= Form::Tma))
-    }
-
-    /// Whether the kernel moves registers from the producer to the consumers (`setmaxnreg`):
-    /// with 384 threads the cap at entry is 168 per thread, under what the consumers need.
-    pub fn reallocates_registers(&self) -> bool {
-        self.threads() > 256
-    }
-
-    /// Whether the launch holds the persistent scheduler's counters (zero at every launch:
-    /// [`Split::counters`]).
-    pub fn uses_tile_counters(&self) -> bool {
-        self.form >= Form::Persistent
-    }
-
-    /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
-    /// staged, the mbarriers, the piece slot and merge flags (32 bytes), and 1024 bytes of slack
-    /// to align the tiles to the 128-byte swizzle's 1024-byte period. Mirrors `SMEM_BYTES` in
-    /// `kernels/flash_fwd_sm90.cu`.
-    pub fn shared_bytes(&self) -> u32 {
-        (self.unstaged_bytes() + if self.o_staged() && self.q_slots == 1 { self.o_bytes() } else { 0 }) as u32
-    }
-
-    fn unstaged_bytes(&self) -> usize {
-        let q = self.q_slots as usize * self.block_m() * self.head_dim * 2;
-        let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
-        // The mbarriers (Q's, the stages', and O's full/empty for each of up to four consumer
-        // warpgroups), a piece slot (8 ints: the piece and its tile) per Q slot, the merge flags
-        // (4 ints) and where each warpgroup's O goes (4 ints each).
-        let barriers = 8 * (2 * self.q_slots as usize + 4 * self.stages as usize + 8)
-            + 32 * self.q_slots as usize
-            + 16
-            + 64;
-        q + kv + barriers + 1024
-    }
-
-    fn o_bytes(&self) -> usize {
-        self.block_m() * self.head_dim * 2
-    }
-
-    /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
-    /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
-    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
-    /// in its tile's Q slot.
-    pub fn o_staged(&self) -> bool {
-        self.form >= Form::Tma
-            && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
-    }
-
-    /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped
-    /// form and room for a second Q tile (O then goes out through the Q slots, so the room is
-    /// the second tile's, not O's).
-    pub fn with_q_slots(self, slots: u32) -> Result<Variant> {
-        let v = Variant { q_slots: slots, ..self };
-        let fits =
-            slots == 1 || (slots == 2 && self.form >= Form::Overlap && v.unstaged_bytes() <= SHARED_LIMIT);
-        match fits {
-            true => Ok(v),
-            false => Err(Error::Unsupported {
-                backend: "cuda (Hopper family)".into(),
-                what: format!(
-                    "{slots} Q slots in {}: 1, or 2 in the overlapped forms where two Q tiles and the K/V stages fit \
-                     {SHARED_LIMIT} bytes of shared memory ({} needed)",
-                    self.name(),
-                    v.unstaged_bytes()
-                ),
-            }),
-        }
-    }
-
-    /// The name of the specialisation: dtype, head dim, tiles, form, mask.
-    pub fn name(&self) -> String {
-        format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}",
-            self.dtype,
-            self.head_dim,
-            self.block_m(),
-            self.block_n,
-            self.stages,
-            self.form,
-            if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
-            if self.trims() { "_trim" } else { "" },
-            if self.q_slots == 2 { "_q2" } else { "" },
-            if self.bottoms() { "_bottom" } else { "" },
-            if self.causal { "_causal" } else { "" },
-            if self.trace { "_trace" } else { "" }
-        )
-    }
-
-    /// The NVRTC `-D` defines that select it.
-    pub fn defines(&self) -> Vec<(String, String)> {
-        let flag = |b: bool| u8::from(b).to_string();
-        let (producer, consumer) = match self.reallocates_registers() {
-            true => (PRODUCER_REGISTERS, self.consumer_registers()),
-            false => (0, 0),
-        };
-        vec![
-            ("ATTN_BF16".into(), flag(self.dtype == DType::Bf16)),
-            ("ATTN_D".into(), self.head_dim.to_string()),
-            ("ATTN_BN".into(), self.block_n.to_string()),
-            ("ATTN_CONSUMERS".into(), self.consumers.to_string()),
-            ("ATTN_STAGES".into(), self.stages.to_string()),
-            ("ATTN_CAUSAL".into(), flag(self.causal)),
-            ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
-            ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
-            ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong && self.pingpong)),
-            ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
-            ("ATTN_O_STAGED".into(), flag(self.o_staged())),
-            ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
-            ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
-            ("ATTN_TRIM".into(), flag(self.trims())),
-            ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
-            ("ATTN_BOTTOM".into(), flag(self.bottoms())),
-            ("ATTN_TRACE".into(), flag(self.trace)),
-        ]
-    }
-
-    /// The NVRTC request that compiles it (for sm_90a only: wgmma, TMA and setmaxnreg are
-    /// Hopper's own). Its name encodes every define, since compiled kernels are cached by name.
-    pub fn request(&self) -> CompileRequest {
-        let mut req = CompileRequest::new(self.name(), super::SOURCE, Arch::Sm90a)
-            .header("sm90.cuh", super::PRIMITIVES)
-            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
-        for (k, v) in self.defines() {
-            req = req.define(k, v);
-        }
-        req
-    }
-
-    /// The registers a thread may hold at entry without a spill: 255, or with `setmaxnreg` the
-    /// cap that 65536 registers over the CTA's threads give (168 for 384 threads), which the
-    /// compiler then allocates to. CI fails a variant over it, or with any spill.
-    pub fn register_budget(&self) -> u32 {
-        match 65536 / self.threads() {
-            cap if cap >= 255 => 255,
-            cap => cap / 8 * 8, // allocated in units of 8
-        }
-    }
-
-    /// The registers `setmaxnreg` may hand out in a CTA: what the launch allocated (threads times
-    /// [`Variant::register_budget`]), at most [`REGISTER_POOL`]. `setmaxnreg.inc` waits for
-    /// registers that are free in the CTA's own allocation, so asking for more hangs.
-    pub fn register_pool(&self) -> u32 {
-        REGISTER_POOL.min(self.threads() * self.register_budget())
-    }
-
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
     /// tiles in every form (and the [`long_tiles`] and [`short_causal_tiles`] where a head dim
     /// has them), both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
@@ -444,38 +70,6 @@ impl Variant {
             }
         }
         v
-    }
-
-    /// Tiles of `problem` this variant computes: query blocks times batch times heads.
-    pub fn tiles(&self, problem: &Problem) -> u64 {
-        let s = problem.shape;
-        (s.seq_q.div_ceil(self.block_m()) * s.batch * s.heads_q) as u64
-    }
-
-    /// How the persistent form splits the tail of `problem` over `ctas` CTAs ([`Split`]);
-    /// `Split::none` in the other forms, under a causal mask, or where it would not help (the
-    /// tiles fill whole waves, runs of [`MIN_RUN`] would not outnumber the tail's tiles, or the
-    /// busiest CTA would gain less than [`MIN_GAIN`] key tiles and a quarter of its work).
-    /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
-    pub fn split(&self, problem: &Problem, ctas: u32) -> Split {
-        let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
-        let key_tiles = problem.shape.seq_k.div_ceil(self.block_n) as u64;
-        let rest = tiles % ctas.max(1);
-        if self.form < Form::Persistent || self.causal || rest == 0 || key_tiles == 0 {
-            return Split::none(tiles);
-        }
-        let units = (rest as u64 * key_tiles / MIN_RUN).min(ctas as u64) as u32;
-        // The kernel's piece arithmetic multiplies units by the tail's key tiles in 32 bits.
-        if units <= rest || units as u64 * rest as u64 * key_tiles > i32::MAX as u64 {
-            return Split::none(tiles);
-        }
-        // The busiest CTA's key tiles: a whole tile of the last wave, or its run of the tail.
-        let unsplit = tiles.div_ceil(ctas.max(1)) as u64 * key_tiles;
-        let gain = key_tiles - (rest as u64 * key_tiles).div_ceil(units as u64);
-        if gain < MIN_GAIN && 4 * gain < unsplit {
-            return Split::none(tiles);
-        }
-        Split { whole: tiles - rest, units, tail_tiles: rest, key_tiles: key_tiles as u32 }
     }
 
     /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
@@ -560,7 +154,7 @@ impl Variant {
         if self.causal && self.form >= Form::Tma {
             notes.push(format!(
                 "causal tile order: longest first within groups of {} heads, whose K and V fit L2{}",
-                super::launch::head_group(problem),
+                head_group(problem),
                 match self.bottoms() {
                     true => "; query blocks laid from the last row, so that a short block is the first",
                     false => "",
@@ -701,25 +295,11 @@ pub fn choose(
     forced: Option<Tiles>,
     split: bool,
 ) -> Result<(Variant, Launch)> {
-    problem.validate()?;
     let s = problem.shape;
-    if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
-        return Err(Error::UnsupportedDType {
-            backend: "cuda (Hopper family)".into(),
-            dtype: problem.dtype,
-            supported: "f16 and bf16 (tensor cores); use cpu-flash or wgpu for f32".into(),
-        });
-    }
-    if !HEAD_DIMS.contains(&s.head_dim) {
-        return Err(Error::UnsupportedHeadDim {
-            backend: "cuda (Hopper family)".into(),
-            head_dim: s.head_dim,
-            supported: format!("{HEAD_DIMS:?}"),
-        });
-    }
+    check_supported(problem, "cuda (Hopper family)", &HEAD_DIMS)?;
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
-    crate::plan::check_alignment(problem)?;
+    check_alignment(problem)?;
     let default = key_tiles_for(problem, form);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
     if consumers == 0 || form == Form::CpAsync {
@@ -760,9 +340,100 @@ pub fn choose(
     Ok((variant, launch))
 }
 
+/// The Hopper family's settings (`crate::options`): each `None` leaves the plan's choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    /// `ATTN_CUDA_SM90_TILES`: tiles instead of the plan's ([`key_tiles_for`]); consumers
+    /// 0 stands for the head dim's.
+    pub tiles: Option<Tiles>,
+    /// `ATTN_CUDA_SM90_GRID`: at most this many CTAs in the persistent grid (at most one per SM
+    /// anyway).
+    pub grid: Option<u32>,
+    /// `ATTN_CUDA_SM90_SPLIT`: whether the persistent form may split its tail ([`Split`];
+    /// default yes).
+    pub split: Option<bool>,
+    /// `ATTN_CUDA_SM90_QSLOTS`: Q tiles in shared memory ([`Variant::q_slots`]).
+    pub q_slots: Option<u32>,
+    /// `ATTN_CUDA_SM90_BLOCKS`: causal query blocks from the bottom or not ([`Variant::bottom`]).
+    pub bottom: Option<bool>,
+    /// `ATTN_CUDA_SM90_TRACE`: where a traced build ([`Variant::trace`]) writes its timelines.
+    pub trace: Option<std::path::PathBuf>,
+    /// `ATTN_CUDA_FORM` (an experiment, retiring): an earlier form of the kernel.
+    pub form: Option<Form>,
+    /// `ATTN_CUDA_SM90_TURNS` (an experiment, retiring): the consumers' turns ([`Variant::pingpong`]).
+    pub turns: Option<bool>,
+    /// `ATTN_CUDA_SM90_TRIM` (an experiment, retiring): trimmed causal tiles ([`Variant::trim`]).
+    pub trim: Option<bool>,
+    /// `ATTN_CUDA_SM90_DEFINES` (an experiment, retiring): overrides compiled into every Hopper
+    /// kernel (`crate::experiment_defines`).
+    pub defines: Option<Vec<(String, String)>>,
+}
+
+impl Settings {
+    /// Whether any is set (and so asks for the Hopper family).
+    pub fn any(&self) -> bool {
+        *self != Settings::default()
+    }
+
+    /// Whether the persistent form may split its tail.
+    pub fn splits(&self) -> bool {
+        self.split.unwrap_or(true)
+    }
+}
+
+/// The variant and launch for `problem` on a device with `limits` and `sms` multiprocessors,
+/// with `settings` applied, and how the launch deals out its work.
+pub fn plan(
+    problem: &Problem,
+    limits: &DeviceLimits,
+    sms: u32,
+    settings: &Settings,
+) -> Result<(Variant, Launch, Split)> {
+    let ctas = settings.grid.map_or(sms, |cap| cap.min(sms));
+    let form = settings.form.unwrap_or(Form::Persistent);
+    let (mut variant, mut launch) = choose(problem, limits, ctas, form, settings.tiles, settings.splits())?;
+    if let Some(turns) = settings.turns {
+        variant.pingpong &= turns;
+    }
+    if let Some(trim) = settings.trim {
+        variant.trim = trim;
+    }
+    if let Some(slots) = settings.q_slots {
+        // Shared memory changes with the slots: the launch is planned and checked again.
+        variant = variant.with_q_slots(slots)?;
+        launch = variant.launch(problem, ctas, settings.splits());
+        launch.validate(&variant.name(), limits)?;
+    }
+    if let Some(bottom) = settings.bottom {
+        variant = variant.with_bottom(bottom)?;
+    }
+    variant.trace = settings.trace.is_some();
+    let split = match settings.splits() {
+        true => variant.split(problem, launch.grid[0]),
+        false => Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
+    };
+    Ok((variant, launch, split))
+}
+
+/// L2 the causal tile order may fill with K/V (see [`head_group`]): about two thirds of the
+/// H100's 50 MB (the H200 has 60), leaving room for Q, O and the copies in flight.
+const L2_BUDGET: usize = 32 << 20;
+
+/// Under a causal mask the kernel takes tiles longest first within groups of this many heads
+/// (`tile_at` in the kernel): as many heads as have K and V together within [`L2_BUDGET`], so
+/// that the CTAs running at once reread K/V from L2 rather than from memory.
+/// Query heads that share a K/V head (GQA) count once.
+pub fn head_group(problem: &Problem) -> usize {
+    let s = problem.shape;
+    let kv_bytes_per_query_head =
+        (2 * s.seq_k * s.head_dim * 2).div_ceil(s.heads_q / s.heads_kv.max(1)).max(1);
+    (L2_BUDGET / kv_bytes_per_query_head).clamp(1, s.batch * s.heads_q)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hopper::variant::SHARED_LIMIT;
     use attn_core::Shape;
 
     fn problem(d: usize) -> Problem {
@@ -885,6 +556,21 @@ mod tests {
                 assert_eq!(n, unit_of(x0 + nk - 1) - unit_of(x0) + 1);
             }
         }
+    }
+
+    #[test]
+    fn head_groups_keep_k_and_v_within_l2() {
+        // S=2048, D=128: 1 MiB of K and V per head, 32 heads to a group (of 128).
+        let p =
+            |s: usize, d: usize| Problem::new(Shape::new(16384 / s, 2048 / d, s, d), DType::Bf16).causal();
+        assert_eq!(head_group(&p(2048, 128)), 32);
+        // S=16384, D=128: 8 MiB per head, 4 to a group; S=512, D=64: 128 KiB, 256 (of 1024).
+        assert_eq!(head_group(&p(16384, 128)), 4);
+        assert_eq!(head_group(&p(512, 64)), 256);
+        // Never more than there are; query heads sharing K/V (GQA 4:1) count once.
+        assert_eq!(head_group(&Problem::new(Shape::new(1, 2, 64, 64), DType::Bf16)), 2);
+        let gqa = Problem::new(Shape { heads_kv: 4, ..Shape::new(8, 16, 2048, 128) }, DType::Bf16);
+        assert_eq!(head_group(&gqa), 128);
     }
 
     #[test]
