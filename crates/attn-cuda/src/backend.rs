@@ -2,17 +2,17 @@
 //! Hopper (compute capability 9.0) the warp-specialized wgmma/TMA kernel where it applies.
 
 use crate::ampere::{self, launch::KernelParams};
+use crate::compile::{Arch, CompileRequest, compile_cached};
 use crate::hopper::{self, launch::Bound, split::Split};
 use crate::options::{Family, Options};
 use crate::runtime::{Gpu, Lead, driver};
 use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
-    Attention, Availability, DeviceKind, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared,
-    Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Error, Execution, Inputs, Launch, Numerics, Outputs, Payload, Plan,
+    Prepared, Problem, Result, Tiles,
 };
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Whether devices of compute capability 9.0 get the Hopper family without being asked
@@ -20,33 +20,51 @@ use std::time::Duration;
 /// f16/bf16 cases, bench/results/2026-11-25-h100-hopper-62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
-/// One specialisation of either family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// One specialisation of either family, as a plan chose it.
+#[derive(Clone, Debug, PartialEq)]
 enum Kernel {
     Ampere(ampere::Variant),
-    Hopper(hopper::Variant),
+    /// With how its launch deals out the work.
+    Hopper(hopper::Variant, Split),
+}
+
+/// What `plan` chose, carried in [`Plan::payload`] so that `prepare` runs exactly that.
+#[derive(Clone, Debug, PartialEq)]
+struct Chosen {
+    kernel: Kernel,
+    launch: Launch,
 }
 
 impl Kernel {
     fn name(&self) -> String {
         match self {
             Kernel::Ampere(v) => v.name(),
-            Kernel::Hopper(v) => v.name(),
+            Kernel::Hopper(v, _) => v.name(),
         }
     }
 
-    /// The specialisation a plan names, from either family's list (kernels planned with forced
-    /// tiles are found among the loaded ones instead).
-    fn named(name: &str) -> Option<Kernel> {
-        let ampere = ampere::Variant::all().into_iter().map(Kernel::Ampere);
-        let hopper = hopper::Variant::all().into_iter().map(Kernel::Hopper);
-        ampere.chain(hopper).find(|k| k.name() == name)
+    /// The entry function of its source.
+    fn entry(&self) -> &'static str {
+        match self {
+            Kernel::Ampere(_) => "attn_fwd",
+            Kernel::Hopper(..) => "attn_fwd_sm90",
+        }
+    }
+
+    /// The NVRTC request that compiles it for `arch` with `options`' experiment overrides.
+    fn request(&self, arch: Arch, options: &Options) -> CompileRequest {
+        match self {
+            Kernel::Ampere(v) => v.request(arch),
+            Kernel::Hopper(v, _) => {
+                hopper::with_experiments(v.request(), options.hopper.defines.as_deref().unwrap_or_default())
+            }
+        }
     }
 
     fn shared_bytes(&self) -> u32 {
         match self {
             Kernel::Ampere(v) => v.shared_bytes(),
-            Kernel::Hopper(v) => v.shared_bytes(),
+            Kernel::Hopper(v, _) => v.shared_bytes(),
         }
     }
 }
@@ -54,7 +72,7 @@ impl Kernel {
 /// Which family plans a problem, decided before either plans it.
 enum Choice {
     /// The Hopper kernel, already chosen, with its launch and how it deals out the work.
-    Hopper(hopper::Variant, attn_core::Launch, Split),
+    Hopper(hopper::Variant, Launch, Split),
     /// The Ampere/Ada kernel, and why where the device would otherwise take the Hopper one.
     Ampere(Option<String>),
 }
@@ -63,30 +81,27 @@ enum Choice {
 /// the device memory the launch holds beyond the tensors (for the plan's memory note).
 struct Planned {
     kernel: Kernel,
-    launch: attn_core::Launch,
+    launch: Launch,
     notes: Vec<String>,
     tiles: Tiles,
     workspace: String,
 }
 
-/// An open device and the specialisations loaded on it so far.
-struct Device {
-    gpu: Gpu,
-    kernels: Mutex<HashMap<Kernel, Arc<Loaded>>>,
-}
-
-/// One loaded specialisation and what the compiler and driver said about it.
-struct Loaded {
-    function: CudaFunction,
-    registers: u32,
-    spill_bytes: u32,
-}
-
-/// The CUDA backend on device 0. Opening the device and compiling kernels happen on first use;
-/// on a machine without CUDA the backend reports itself unavailable, with the reason.
+/// The CUDA backend on device 0. On a machine without CUDA it reports itself unavailable, with
+/// the reason.
+///
+/// What each step of [`Attention`] does here:
+/// - `plan` opens the device's context (once) to read its compute capability, SM count and
+///   limits, chooses a family and variant, and compiles the variant with NVRTC (host work,
+///   cached per process by a hash of the source, headers, defines and architecture) so that the
+///   plan can state and check its registers and spills from ptxas's report. It loads no module
+///   and allocates nothing on the device.
+/// - `prepare` loads the compiled kernel (once per device), sets its shared-memory opt-in and
+///   allocates and fills the problem's buffers; it runs the variant and launch the plan holds in
+///   its payload, never a kernel looked up again by name.
 #[derive(Default)]
 pub struct Cuda {
-    device: OnceLock<std::result::Result<Arc<Device>, String>>,
+    gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     options: Options,
 }
 
@@ -98,7 +113,7 @@ impl Cuda {
 
     /// The backend on device 0 with `options`.
     pub fn with_options(options: Options) -> Self {
-        Cuda { device: OnceLock::new(), options }
+        Cuda { gpu: OnceLock::new(), options }
     }
 
     /// The backend with the options of the environment ([`Options::from_env`]; every variable
@@ -107,61 +122,48 @@ impl Cuda {
         Ok(Self::with_options(Options::from_env()?))
     }
 
-    fn device(&self) -> Result<Arc<Device>> {
-        self.device
+    fn gpu(&self) -> Result<Arc<Gpu>> {
+        self.gpu
             .get_or_init(|| {
-                let gpu = Gpu::open(0).map_err(|e| match e {
+                Gpu::open(0).map(Arc::new).map_err(|e| match e {
                     Error::Unavailable { reason, .. } => reason,
                     other => other.to_string(),
-                })?;
-                Ok(Arc::new(Device { gpu, kernels: Mutex::new(HashMap::new()) }))
+                })
             })
             .clone()
             .map_err(|reason| Error::Unavailable { backend: "cuda".into(), reason })
     }
 
-    /// The specialisation `which`, compiled for this device and loaded (once per process).
-    fn kernel(&self, dev: &Device, which: Kernel) -> Result<Arc<Loaded>> {
-        if let Some(k) = dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&which) {
-            return Ok(k.clone());
-        }
-        let info = dev.gpu.info();
-        let arch = dev.gpu.arch().ok_or_else(|| Error::Unsupported {
-            backend: "cuda".into(),
-            what: format!(
-                "compute capability {}.{}: this backend is built for sm_80, sm_86, sm_89 and sm_90",
-                info.compute_capability.0, info.compute_capability.1
-            ),
-        })?;
-        let kernel = match which {
-            Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
-            Kernel::Hopper(v) => {
-                let req = hopper::with_experiments(
-                    v.request(),
-                    self.options.hopper.defines.as_deref().unwrap_or_default(),
-                );
-                dev.gpu.kernel(&req, "attn_fwd_sm90")?
+    /// The architecture this backend compiles for on `gpu`, or why it has none.
+    fn arch(gpu: &Gpu) -> Result<Arch> {
+        gpu.arch().ok_or_else(|| {
+            let (major, minor) = gpu.info().compute_capability;
+            Error::Unsupported {
+                backend: "cuda".into(),
+                what: format!(
+                    "compute capability {major}.{minor}: this backend is built for sm_80, sm_86, sm_89 and sm_90"
+                ),
             }
-        };
-        dev.gpu.set_max_dynamic_shared(&kernel.function, which.shared_bytes())?;
-        let attrs = dev.gpu.attributes(&kernel.function)?;
-        let spills = kernel.resources.as_ref().map_or(0, |r| r.spill_bytes());
-        let loaded = Arc::new(Loaded {
-            function: kernel.function,
-            registers: attrs.registers,
-            spill_bytes: spills.max(attrs.local_bytes),
-        });
-        dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(which, loaded.clone());
-        Ok(loaded)
+        })
     }
 
-    /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
-    /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
-    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`, `_SM90_DEFINES`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
-    /// other family.
-    fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
-        let info = dev.gpu.info();
+    /// Compiles `kernel` for `gpu` (host work, cached per process), fills in the registers and
+    /// spills ptxas reports into `launch`, and validates it again now that they are known.
+    fn compiled(&self, gpu: &Gpu, kernel: &Kernel, mut launch: Launch) -> Result<Launch> {
+        let compiled = compile_cached(&kernel.request(Self::arch(gpu)?, &self.options))?;
+        let resources = compiled.resources_of(kernel.entry());
+        launch.registers_per_thread = resources.map(|r| r.registers);
+        launch.spill_bytes = resources.map(|r| r.spill_bytes());
+        launch.validate(&kernel.name(), &gpu.info().limits)?;
+        Ok(launch)
+    }
+
+    /// Which family plans `problem` on `gpu`. The Hopper family where the device is sm_90 and
+    /// it runs the problem, with the reason in the plan where it does not; any Hopper setting
+    /// (`hopper::Settings`) asks for the Hopper kernel, so that a problem it cannot run is then
+    /// an error rather than a silent run of the other family.
+    fn choose_family(&self, gpu: &Gpu, problem: &Problem) -> Result<Choice> {
+        let info = gpu.info();
         let (asked, sm90) = (self.options.family, &self.options.hopper);
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
@@ -192,61 +194,50 @@ impl Cuda {
     }
 
     /// The plan of the Ampere/Ada family.
-    fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
-        let (variant, launch, mut notes) =
-            ampere::plan::choose(problem, &dev.gpu.info().limits, self.options.rank)?;
-        let (kernel, launch) = self.load_for(dev, Kernel::Ampere(variant), launch)?;
-        let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
-        let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
-        notes.push(format!(
-            "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
-            regs_per_sm.min(smem_per_sm).max(1)
-        ));
+    fn plan_ampere(&self, gpu: &Gpu, problem: &Problem) -> Result<Planned> {
+        let limits = &gpu.info().limits;
+        let (variant, launch, mut notes) = ampere::plan::choose(problem, limits, self.options.rank)?;
+        let kernel = Kernel::Ampere(variant);
+        let launch = self.compiled(gpu, &kernel, launch)?;
+        notes.push(match launch.registers_per_thread {
+            Some(registers) => {
+                let regs_per_sm = 65536 / (registers * variant.threads()).max(1);
+                let smem_per_sm = limits.shared_per_block_optin / variant.shared_bytes().max(1);
+                format!(
+                    "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
+                    regs_per_sm.min(smem_per_sm).max(1)
+                )
+            }
+            None => "registers per thread unknown: ptxas's report was missing from the NVRTC log".into(),
+        });
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        Ok(Planned {
-            kernel: Kernel::Ampere(variant),
-            launch,
-            notes,
-            tiles,
-            workspace: "; no workspace".into(),
-        })
-    }
-
-    /// Compiles and loads `which` for its plan, fills in the registers and spills the compiler
-    /// reports, and validates the launch again now that they are known.
-    fn load_for(
-        &self,
-        dev: &Device,
-        which: Kernel,
-        mut launch: attn_core::Launch,
-    ) -> Result<(Arc<Loaded>, attn_core::Launch)> {
-        let kernel = self.kernel(dev, which)?;
-        launch.registers_per_thread = Some(kernel.registers);
-        launch.spill_bytes = Some(kernel.spill_bytes);
-        launch.validate(&which.name(), &dev.gpu.info().limits)?;
-        Ok((kernel, launch))
+        Ok(Planned { kernel, launch, notes, tiles, workspace: "; no workspace".into() })
     }
 
     /// The plan of the Hopper family, for the variant and launch it chose.
     fn plan_hopper(
         &self,
-        dev: &Device,
+        gpu: &Gpu,
         problem: &Problem,
         variant: hopper::Variant,
-        launch: attn_core::Launch,
+        launch: Launch,
         split: Split,
     ) -> Result<Planned> {
-        let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
+        let kernel = Kernel::Hopper(variant, split);
+        let launch = self.compiled(gpu, &kernel, launch)?;
         let mut notes = variant.notes(problem, &launch, split);
-        notes.push(format!(
-            "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
-            kernel.registers
-        ));
+        notes.push(match launch.registers_per_thread {
+            Some(registers) => format!(
+                "{registers} registers per thread at entry (the compiler's allocation under the launch bound), \
+                 1 CTA per SM"
+            ),
+            None => "registers per thread unknown: ptxas's report was missing from the NVRTC log".into(),
+        });
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
         let workspace = split.workspace(&variant);
-        Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles, workspace })
+        Ok(Planned { kernel, launch, notes, tiles, workspace })
     }
 }
 
@@ -256,8 +247,8 @@ impl Attention for Cuda {
     }
 
     fn availability(&self) -> Availability {
-        match self.device() {
-            Ok(dev) => Availability::Available { device: dev.gpu.info().to_string(), kind: DeviceKind::Gpu },
+        match self.gpu() {
+            Ok(gpu) => Availability::Available { device: gpu.info().to_string(), kind: DeviceKind::Gpu },
             Err(e) => Availability::Unavailable {
                 reason: match e {
                     Error::Unavailable { reason, .. } => reason,
@@ -272,14 +263,14 @@ impl Attention for Cuda {
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
-        let dev = self.device()?;
+        let gpu = self.gpu()?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
-            match self.choose_family(&dev, problem)? {
+            match self.choose_family(&gpu, problem)? {
                 Choice::Hopper(variant, launch, split) => {
-                    self.plan_hopper(&dev, problem, variant, launch, split)?
+                    self.plan_hopper(&gpu, problem, variant, launch, split)?
                 }
                 Choice::Ampere(why) => {
-                    let mut planned = self.plan_ampere(&dev, problem)?;
+                    let mut planned = self.plan_ampere(&gpu, problem)?;
                     planned.notes.extend(why);
                     planned
                 }
@@ -296,9 +287,9 @@ impl Attention for Cuda {
             kernel: kernel.name(),
             problem: *problem,
             tiles,
-            execution: Execution::Gpu(launch),
+            execution: Execution::Gpu(launch.clone()),
             notes,
-            payload: Default::default(),
+            payload: Payload::new(Chosen { kernel, launch }),
         })
     }
 
@@ -306,64 +297,53 @@ impl Attention for Cuda {
         plan.check_for(self.name(), &plan.problem)?;
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
-        let dev = self.device()?;
-        // The plan decides what runs: the kernel it names, with the launch it holds.
-        let loaded = dev
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .find(|k| k.name() == plan.kernel)
-            .copied();
-        let which = loaded.or_else(|| Kernel::named(&plan.kernel)).ok_or_else(|| Error::PlanMismatch {
-            what: format!("`{}` is not a kernel of the cuda backend", plan.kernel),
-        })?;
-        let kernel = self.kernel(&dev, which)?;
+        // The plan decides what runs: the kernel and launch it holds.
+        let Chosen { kernel, launch } = plan.payload::<Chosen>()?;
+        if plan.execution != Execution::Gpu(launch.clone()) {
+            return Err(Error::PlanMismatch {
+                what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
+            });
+        }
+        let gpu = self.gpu()?;
+        let loaded = gpu.kernel(&kernel.request(Self::arch(&gpu)?, &self.options), kernel.entry())?;
+        gpu.set_max_dynamic_shared(&loaded.function, kernel.shared_bytes())?;
         // Free device memory before and after the allocations: what this call holds, measured.
         let free =
-            || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
+            || gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
         let free_before = free()?;
-        let Execution::Gpu(launch) = &plan.execution else {
-            return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
-        };
-        let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
-        let stream = dev.gpu.stream();
-        let params = match which {
+        let tensors = DeviceTensors::upload(gpu.stream(), problem, &inputs)?;
+        let stream = gpu.stream();
+        let params = match kernel {
             Kernel::Ampere(_) => Params::Ampere(KernelParams::new(&tensors, stream, problem)),
-            Kernel::Hopper(v) => {
-                let split = match self.options.hopper.splits() {
-                    true => v.split(problem, launch.grid[0]),
-                    false => Split::none(v.tiles(problem).min(i32::MAX as u64) as u32),
-                };
+            Kernel::Hopper(v, split) => {
                 let trace = self.options.hopper.trace.as_deref();
                 Params::Hopper(Box::new(Bound::new(
                     &tensors,
                     stream,
                     problem,
-                    &v,
-                    &split,
+                    v,
+                    split,
                     launch.grid[0],
                     trace,
                 )?))
             }
         };
-        dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
+        gpu.synchronize()?;
         let device_bytes = free_before.saturating_sub(free()?);
         let cfg = LaunchConfig {
             grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        let lead = self.options.timing_lead;
         Ok(Box::new(CudaPrepared {
             plan: plan.clone(),
-            dev,
-            kernel,
+            gpu,
+            function: loaded.function,
             tensors,
             params,
             cfg,
             device_bytes,
-            lead,
+            lead: self.options.timing_lead,
         }))
     }
 }
@@ -377,8 +357,8 @@ enum Params {
 
 struct CudaPrepared {
     plan: Plan,
-    dev: Arc<Device>,
-    kernel: Arc<Loaded>,
+    gpu: Arc<Gpu>,
+    function: CudaFunction,
     tensors: DeviceTensors,
     params: Params,
     cfg: LaunchConfig,
@@ -389,9 +369,9 @@ struct CudaPrepared {
 
 impl CudaPrepared {
     fn launch_timed(&mut self, lead: Lead) -> Result<Duration> {
-        let (kernel, params, cfg) = (&self.kernel, &self.params, self.cfg);
-        self.dev.gpu.time(lead, |stream| {
-            let mut builder = stream.launch_builder(&kernel.function);
+        let (function, params, cfg) = (&self.function, &self.params, self.cfg);
+        self.gpu.time(lead, |stream| {
+            let mut builder = stream.launch_builder(function);
             match params {
                 Params::Ampere(p) => builder.arg(p),
                 Params::Hopper(bound) => builder.arg(&bound.params),
@@ -430,7 +410,7 @@ impl Prepared for CudaPrepared {
     fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
         let problem = self.plan.problem;
         problem.check_outputs(&outputs)?;
-        let stream = self.dev.gpu.stream();
+        let stream = self.gpu.stream();
         let bits = stream.clone_dtoh(&self.tensors.o).map_err(driver("copy o to the host"))?;
         outputs.o.copy_view_from(from_bits(problem.dtype, bits).as_data(), &problem)?;
         if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.tensors.lse) {

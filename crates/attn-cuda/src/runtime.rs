@@ -119,10 +119,9 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
-    /// Functions loaded on this context, by (program name, kernel name), so that each
-    /// specialisation is loaded once; compilation is cached process-wide by
-    /// [`compile::compile_cached`].
-    kernels: Mutex<HashMap<(String, String), Kernel>>,
+    /// Functions loaded on this context, by (program key, entry function), so that each is
+    /// loaded once; the program itself comes from [`compile::compile_cached`], keyed the same.
+    kernels: Mutex<HashMap<(u64, String), Kernel>>,
 }
 
 /// A kernel loaded on a [`Gpu`], with what ptxas reported about it.
@@ -202,10 +201,9 @@ impl Gpu {
     }
 
     /// Entry function `kernel` of the program `req`, compiled once per process and loaded once
-    /// per [`Gpu`]. `req.name` must identify the specialisation (see
-    /// [`compile::compile_cached`]).
+    /// per [`Gpu`] (both keyed by [`CompileRequest::key`]).
     pub fn kernel(&self, req: &CompileRequest, kernel: &str) -> Result<Kernel> {
-        let key = (req.name.clone(), kernel.to_string());
+        let key = (req.key(), kernel.to_string());
         let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(k) = kernels.get(&key) {
             return Ok(k.clone());
