@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Whether devices of compute capability 9.0 get the Hopper family without being asked
 /// (`ATTN_CUDA_FAMILY=hopper`): on since it passed `attn verify` on the H100 (full grid, 36 of 36
-/// f16/bf16 cases, bench/results/2026-11-25-h100-hopper-62e8e71).
+/// f16/bf16 cases, at commit 62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
 /// One specialisation of either family, as a plan chose it.

@@ -64,7 +64,7 @@ const BACKEND: &str = "cuda";
 /// An idle stream stamps an event as soon as it is recorded, so timing a launch on its own
 /// also counts what the host does until the launch reaches the device: microseconds for this
 /// backend, up to 0.1-0.28 ms a call for PyTorch's SDPA backends, which the peer script times
-/// the same way (bench/results/2026-11-25-h100-timing-lead). Ahead of other work the start is
+/// the same way (measured, see docs/experiments.md). Ahead of other work the start is
 /// stamped when that work ends, with the timed launch already queued behind it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lead {

@@ -160,8 +160,8 @@ fn hopper_jobs() -> Vec<Job> {
 /// depends on the warpgroup; none for K's and V's. (An R2UR into an mbarrier instruction's
 /// address is not counted: the sequential form at D=64 moves one per key tile.) Where ptxas
 /// takes the loop for divergent code it builds every descriptor in vector registers: an attempt
-/// at D=128 had 48 R2UR per iteration against 16, and was 5-8% slower on the H100
-/// (bench/results/2026-11-25-h100-hopper-stream-8bf801d).
+/// at D=128 had 48 R2UR per iteration against 16, and was 5-8% slower on the H100 (measured at
+/// 8bf801d, see docs/experiments.md).
 #[test]
 fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() {
     let test = "every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop";
