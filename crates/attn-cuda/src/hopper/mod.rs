@@ -23,5 +23,12 @@ pub use plan::{Form, Variant};
 
 /// The kernel source, compiled at run time for sm_90a.
 pub const SOURCE: &str = include_str!("../../kernels/flash_fwd_sm90.cu");
-/// The Hopper primitives it includes as `sm90.cuh`.
-pub const PRIMITIVES: &str = include_str!("../../kernels/sm90.cuh");
+/// The headers it includes, by name: the Hopper primitives and the kernel's parts (the generated
+/// `sm90_wgmma.cuh` comes from `wgmma`).
+pub const HEADERS: &[(&str, &str)] = &[
+    ("sm90.cuh", include_str!("../../kernels/sm90.cuh")),
+    ("sm90_trace.cuh", include_str!("../../kernels/sm90_trace.cuh")),
+    ("sm90_scheduler.cuh", include_str!("../../kernels/sm90_scheduler.cuh")),
+    ("sm90_mainloop.cuh", include_str!("../../kernels/sm90_mainloop.cuh")),
+    ("sm90_epilogue.cuh", include_str!("../../kernels/sm90_epilogue.cuh")),
+];

@@ -356,8 +356,10 @@ impl Variant {
     /// Hopper's own). Its name encodes every define, since compiled kernels are cached by name.
     pub fn request(&self) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), super::SOURCE, Arch::Sm90a)
-            .header("sm90.cuh", super::PRIMITIVES)
             .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
+        for (name, text) in super::HEADERS {
+            req = req.header(*name, *text);
+        }
         for (k, v) in self.defines() {
             req = req.define(k, v);
         }
