@@ -8,8 +8,15 @@ use std::fmt;
 
 /// The kernel source, compiled at run time for sm_90a.
 pub const SOURCE: &str = include_str!("../../kernels/flash_fwd_sm90.cu");
-/// The Hopper primitives it includes as `sm90.cuh`.
-pub const PRIMITIVES: &str = include_str!("../../kernels/sm90.cuh");
+/// The headers it includes, by name: the Hopper primitives and the kernel's parts (the generated
+/// `sm90_wgmma.cuh` comes from `wgmma`).
+pub const HEADERS: &[(&str, &str)] = &[
+    ("sm90.cuh", include_str!("../../kernels/sm90.cuh")),
+    ("sm90_trace.cuh", include_str!("../../kernels/sm90_trace.cuh")),
+    ("sm90_scheduler.cuh", include_str!("../../kernels/sm90_scheduler.cuh")),
+    ("sm90_mainloop.cuh", include_str!("../../kernels/sm90_mainloop.cuh")),
+    ("sm90_epilogue.cuh", include_str!("../../kernels/sm90_epilogue.cuh")),
+];
 
 /// Head dimensions the Hopper kernel is specialised for: whole 64-column (128-byte) blocks.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -301,8 +308,10 @@ impl Variant {
     /// Hopper's own). Its name encodes every define, since compiled kernels are cached by name.
     pub fn request(&self) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), SOURCE, Arch::Sm90a)
-            .header("sm90.cuh", PRIMITIVES)
             .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
+        for (name, text) in HEADERS {
+            req = req.header(*name, *text);
+        }
         for (k, v) in self.defines() {
             req = req.define(k, v);
         }
