@@ -20,27 +20,22 @@
 // descriptors describe (sm90.cuh, sw128_desc).
 //
 // Variants (NVRTC -D, chosen by crates/attn-cuda/src/hopper/plan.rs):
-//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (1 to 4),
+//   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (2 to 4),
 //   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask),
-//   ATTN_TMA        1: a producer warpgroup copies Q, K and V with TMA (the family's kernels);
-//                   0: no producer, the one consumer warpgroup loads its tiles with cp.async
-//                   (the first, simplest form, kept to check the wgmma path alone),
-//   ATTN_OVERLAP    1: inside a warpgroup, the softmax of tile j runs while the tensor cores
-//                   compute P_{j-1} V_{j-1} (and S_j was issued with it),
-//   ATTN_PINGPONG   1: the consumer warpgroups take turns issuing their products (named
-//                   barriers, in a ring), so one's softmax runs under another's products,
-//   ATTN_PERSISTENT 1: one CTA per SM (or fewer: the host may cap the grid to verify the path
-//                   where a CTA computes many tiles); after its first tile (blockIdx.x) each
-//                   CTA's producer takes the next tile from a counter in global memory, so CTAs
-//                   that drew short tiles take more (0: a CTA per tile, the hardware hands them
-//                   out),
-//                   Without a mask the persistent form also splits the tail: the tiles past
-//                   the last whole wave are cut into runs of key tiles dealt evenly to the CTAs
-//                   (see Piece), and a tile's partial results are merged by whichever of its
-//                   pieces ends last (merge_partials),
+// and in every variant: a producer warpgroup copies Q, K and V with TMA; inside a consumer
+// warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (and S_j
+// was issued with it); the consumer warpgroups take turns issuing their products (named
+// barriers, in a ring), so one's softmax runs under another's products; and the grid is
+// persistent: one CTA per SM (or fewer: the host may cap the grid to verify the path where a
+// CTA computes many tiles); after its first tile (blockIdx.x) each CTA's producer takes the
+// next tile from a counter in global memory, so CTAs that drew short tiles take more. Without a
+// mask the tail is also split: the tiles past the last whole wave are cut into runs of key
+// tiles dealt evenly to the CTAs (see Piece), and a tile's partial results are merged by
+// whichever of its pieces ends last (merge_partials). (The forms without each of these, built
+// one after another, were measured slower and retired; see docs/experiments.md.)
 //   ATTN_O_STAGED   1: O goes to global memory through shared memory and a TMA store,
 //   ATTN_Q_SLOTS    1: one Q tile in shared memory, loaded for the next piece once every
-//                   consumer has issued its last S of this one; 2 (overlapped forms, O staged):
+//                   consumer has issued its last S of this one; 2 (O staged):
 //                   two slots, so that the producer loads the next piece's Q while this one's
 //                   key tiles still run (as soon as its slot is free), and O is staged in its
 //                   own tile's Q slot (freed under the next piece's first S, once the TMA store
@@ -51,18 +46,12 @@
 //                   TMA store and frees the tile (o_empty), so that no consumer waits for a
 //                   barrier of its warpgroup or issues the store between its piece and the next,
 //   ATTN_PRODUCER_REGS, ATTN_CONSUMER_REGS: registers per thread after setmaxnreg,
-//   ATTN_BOTTOM     1 (causal, persistent form): a head's query blocks end at its last row, so
+//   ATTN_BOTTOM     1 (causal, O staged): a head's query blocks end at its last row, so
 //                   the block that S % BM leaves short is the first, whose rows see the fewest
 //                   keys, not the last, whose see the most (its rows before 0 are TMA's zero
 //                   fill on load; a warpgroup whose rows start there stores O from registers,
 //                   skipping them, as a TMA store at a negative row faults); 0: blocks start
 //                   at row 0,
-//   ATTN_TRIM       1 (causal, overlapped forms): a consumer warpgroup computes only the key
-//                   tiles its own 64 rows see, and for the rest of its tile's key tiles only
-//                   takes its turns and frees the stages (see mainloop_overlapped).
-//   ATTN_X_*        experiment overrides of compile-time choices (ATTN_X_SPECULATE,
-//                   ATTN_X_STORER), set only through ATTN_CUDA_SM90_DEFINES, to time a choice
-//                   against the default in one binary,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -98,23 +87,14 @@ constexpr int CONSUMERS = ATTN_CONSUMERS;
 constexpr int BM = 64 * CONSUMERS;
 constexpr int STAGES = ATTN_STAGES;
 constexpr bool CAUSAL = ATTN_CAUSAL;
-constexpr bool TMA = ATTN_TMA;
-constexpr bool OVERLAP = ATTN_OVERLAP;
-constexpr bool PINGPONG = ATTN_PINGPONG;
-constexpr bool PERSISTENT = ATTN_PERSISTENT;
 constexpr bool O_STAGED = ATTN_O_STAGED;
-constexpr bool TRIM = ATTN_TRIM;
 constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 // Two Q slots stage O in the Q slot of its own piece (free_prev_q).
 constexpr bool O_IN_Q = Q_SLOTS == 2;
-#ifdef ATTN_X_STORER  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns the storer off
-constexpr bool STORER = ATTN_X_STORER && TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
-#else
-constexpr bool STORER = TMA && O_STAGED && !O_IN_Q && CONSUMERS <= 3;
-#endif
-constexpr bool SPLIT_TAIL = PERSISTENT && !CAUSAL;  // the host splits no other variant's tail
-constexpr int THREADS = 128 * (CONSUMERS + (TMA ? 1 : 0));
+constexpr bool STORER = O_STAGED && !O_IN_Q && CONSUMERS <= 3;
+constexpr bool SPLIT_TAIL = !CAUSAL;  // the host splits no causal variant's tail
+constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
 constexpr int D_BLOCKS = D / 64;
@@ -123,22 +103,14 @@ constexpr float RESCALE_SLACK = 8.f;
 constexpr float RESCALE_LIMIT = 256.f;  // 2^RESCALE_SLACK: the largest p the slack lets through
 // Key tiles past a piece's first exponentiate against the running max without finding their own
 // (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
-#ifdef ATTN_X_SPECULATE  // an experiment override (ATTN_CUDA_SM90_DEFINES): 0 turns it off
-constexpr bool SPECULATE = ATTN_X_SPECULATE && D <= 128;
-#else
 constexpr bool SPECULATE = D <= 128;
-#endif
 
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
-static_assert(TMA || (CONSUMERS == 1 && STAGES == 2 && !OVERLAP && !PINGPONG), "the cp.async form is one warpgroup");
-static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "64 to 256 query rows");
-static_assert(!PINGPONG || (CONSUMERS >= 2 && OVERLAP), "ping-pong: several consumer warpgroups, each overlapping");
-static_assert(TMA || (!PERSISTENT && !O_STAGED), "the producer hands out tiles and stores O");
-static_assert(!TRIM || (CAUSAL && OVERLAP), "trimmed key ranges: causal, in the overlapped main loop");
-static_assert(!BOTTOM || (CAUSAL && PERSISTENT && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
-static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && OVERLAP && O_STAGED), "two Q slots: overlapped forms, O staged");
-static_assert(!ATTN_TRACE || (TMA && CONSUMERS < 5), "the trace: a producer and up to four consumer warpgroups");
+static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "128 to 256 query rows: several consumer warpgroups taking turns");
+static_assert(!BOTTOM || (CAUSAL && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
+static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && O_STAGED), "two Q slots: O staged");
+static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to four consumer warpgroups");
 
 // The generated wgmma wrappers wgmma_qk (S += Q K^T, 64 x BN) and wgmma_pv (O += P V, 64 x D).
 #include "sm90_wgmma.cuh"
@@ -150,8 +122,8 @@ static_assert(!ATTN_TRACE || (TMA && CONSUMERS < 5), "the trace: a producer and 
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
-    const elem_t* q;                      // the same tensors by pointer, for the cp.async form
-    const elem_t* k;
+    const elem_t* q;                      // the same tensors by pointer (the kernel reads only o,
+    const elem_t* k;                      // to store O from registers; the others keep the layout)
     const elem_t* v;
     elem_t* o;
     float* lse;  // null when not asked for
@@ -254,7 +226,7 @@ __device__ __forceinline__ elem_t* q_tile_of(const Smem& s, int n) { return s.q 
 __device__ __forceinline__ void consumed(const Params& p, const Smem& s, int wg, int& stores) {
     end_stores(s, wg, stores);
     if (O_STAGED && !STORER && threadIdx.x % 128 == 0) sm90::bulk_wait();  // the last store has left the CTA
-    if (PINGPONG && wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
+    if (wg == 0) await_turn(wg);  // takes the last warpgroup's last arrival
     if (wg == 0) {
         trace_put(p, TRACE_PIECES, 0, CTA_END, stamp());
         trace_put(p, TRACE_PIECES, 0, CTA_GLOBAL_END, TRACE ? global_ns() : 0);
@@ -262,7 +234,7 @@ __device__ __forceinline__ void consumed(const Params& p, const Smem& s, int wg,
 }
 
 __device__ void consume(const Params& p, const Smem& s, int wg) {
-    if (PINGPONG && wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
+    if (wg == CONSUMERS - 1) pass_turn(wg);  // warpgroup 0 issues first
     int it = 0;      // K/V tiles consumed so far (the producer's count, in the same order)
     int stores = 0;  // STORER: O tiles handed to the storer so far
     for (int n = 0;; ++n) {  // n: pieces of this CTA so far
@@ -279,33 +251,17 @@ __device__ void consume(const Params& p, const Smem& s, int wg) {
         for (int i = 0; i < NO; ++i) o[i] = 0.f;
         RowState st = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
 
-        if (!TMA) {
-            // Q, and the piece's first K/V tile into the stage the count says.
-            const int stg = Ctx::stage(it);
-            cp_tile<64>(s.q, p.q + tile.b * p.q_sb + tile.h * p.q_sh, p.q_ss, tile.m0, p.seq_q);
-            if (pc.j1 > pc.j0) {
-                const int n0 = pc.j0 * BN;
-                cp_tile<BN>(s.k + stg * (KV_BYTES / 2), p.k + c.b * p.k_sb + c.g * p.k_sh, p.k_ss, n0, p.seq_k);
-                cp_tile<BN>(s.v + stg * (KV_BYTES / 2), p.v + c.b * p.v_sb + c.g * p.v_sh, p.v_ss, n0, p.seq_k);
-            }
-            asm volatile("cp.async.wait_group 0;\n" ::);
-            sm90::fence_proxy_async();
-            __syncthreads();
-        }
         if (p.scale_log2 < 0.f) negate_q_rows(q_tile, wg);
 
         if (pc.j1 == pc.j0) {
             c.release_q();
             c.free_prev_q();
-        } else if (OVERLAP) {
-            mainloop_overlapped(c, o, st, it);
         } else {
-            mainloop_sequential(c, o, st, it);
+            mainloop_overlapped(c, o, st, it);
         }
         const long long loop_end = stamp();
         finish_piece(c, pc, tile, q_tile, o, st, stores);
         trace_piece(p, n, wg, started, q_ready, loop_end);
-        if (!TMA) __syncthreads();  // Q and the stages are reloaded for the next tile
     }
     consumed(p, s, wg, stores);
 }
@@ -314,10 +270,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(const __g
     extern __shared__ unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
     const int wg = threadIdx.x / 128;
-    if (!TMA) {
-        consume(p, s, 0);
-        return;
-    }
     if (TRACE && threadIdx.x == 0) {
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));

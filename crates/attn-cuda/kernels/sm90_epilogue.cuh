@@ -38,7 +38,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     }
     // BOTTOM: a warpgroup whose rows start before row 0 stores them one by one, since a TMA
     // store at a negative row is an illegal instruction on the H100 (loads there zero-fill).
-    // The test goes through a warp reduction, as trimmed_end's does, to stay uniform.
+    // The test goes through a warp reduction, whose result ptxas keeps in a uniform register.
     if (!O_STAGED || (BOTTOM && __reduce_min_sync(0xffffffffu, tile.m0 + 64 * wg) < 0)) {
         elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
 #pragma unroll

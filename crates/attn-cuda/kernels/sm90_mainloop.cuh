@@ -1,9 +1,8 @@
 // The work on K and V: the producer thread's loop (produce: hands each piece out, loads its Q,
 // then its K/V tiles into the ring of stages by TMA) and a consumer warpgroup's loop over a
-// piece's key tiles (S = Q K^T, the online softmax, O += P V): mainloop_sequential (the cp.async
-// and TMA forms) or mainloop_overlapped (the overlapped forms: software-pipelined, with the
-// ping-pong turns, TRIM's skipped tiles and the speculative softmax), with the wgmma issue
-// helpers, the softmax's arithmetic (RowState) and the cp.async form's loads.
+// piece's key tiles (S = Q K^T, the online softmax, O += P V): mainloop_overlapped
+// (software-pipelined, with the ping-pong turns and the speculative softmax), with the wgmma
+// issue helpers and the softmax's arithmetic (RowState).
 //
 // Contract with the others: included by flash_fwd_sm90.cu after the configuration, `Params`,
 // the shared-memory layout, sm90_trace.cuh and sm90_scheduler.cuh. K/V tile `it` (counted in the
@@ -15,8 +14,8 @@
 // Named barriers: 0 is __syncthreads', 1 + w consumer warpgroup w's own (128 threads), TURN + w
 // the ping-pong ring's (256). A consumer leaves sm90_epilogue.cuh the piece's O, not yet divided
 // by the row sums, and its RowState (finalized under the overlapped loop's last P V;
-// store_output finalizes it where it is not). Flags: D, BN, STAGES, CONSUMERS, CAUSAL, TMA,
-// OVERLAP, PINGPONG, PERSISTENT, TRIM, Q_SLOTS (O_IN_Q), SPECULATE.
+// store_output finalizes it where it is not). Flags: D, BN, STAGES, CONSUMERS, CAUSAL,
+// Q_SLOTS (O_IN_Q), SPECULATE.
 #pragma once
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
@@ -59,7 +58,7 @@ __device__ void produce(const Params& p, const Smem& s) {
         const int traced = n - 1;  // this piece's row of the trace
         Piece next = pc;
         const bool same_unit = next_piece(p, next);
-        const unsigned drawn = same_unit || !PERSISTENT ? 0u : atomicAdd(p.schedule, 1u);
+        const unsigned drawn = same_unit ? 0u : atomicAdd(p.schedule, 1u);
         sum_set(PRODUCER_ROLE, SUM_K, 0);
         sum_set(PRODUCER_ROLE, SUM_V, 0);
         bool handed = false;  // the next piece
@@ -81,7 +80,7 @@ __device__ void produce(const Params& p, const Smem& s) {
             for (int c = 0; c < D_BLOCKS; ++c)
                 sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
             if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
-                if (!same_unit) next = first_piece(p, PERSISTENT ? gridDim.x + drawn : p.tiles);
+                if (!same_unit) next = first_piece(p, gridDim.x + drawn);
                 upcoming = tile_or_none(p, next);
                 hand_out(p, s, next, upcoming, n);
                 handed = true;
@@ -92,15 +91,15 @@ __device__ void produce(const Params& p, const Smem& s) {
         trace_put(p, traced, PRODUCER_ROLE, P_V_WAIT, sum_get(PRODUCER_ROLE, SUM_V));
         trace_put(p, traced, PRODUCER_ROLE, P_PIECE, ((long long)pc.t << 32) | ((long long)pc.j0 << 16) | (long long)pc.j1);
         if (!handed) {
-            if (!same_unit) next = first_piece(p, PERSISTENT ? gridDim.x + drawn : p.tiles);
+            if (!same_unit) next = first_piece(p, gridDim.x + drawn);
             upcoming = tile_or_none(p, next);
             hand_out(p, s, next, upcoming, n);
         }
         pc = next;
         tile = upcoming;
     }
-    if (PERSISTENT) __threadfence();  // this CTA's last draw from the counter, before it says so
-    if (PERSISTENT && atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
+    __threadfence();  // this CTA's last draw from the counter, before it says so
+    if (atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
         // Every CTA has run out: none will touch the counters again in this launch.
         atomicExch(p.schedule, 0u);
         atomicExch(p.schedule + 1, 0u);
@@ -145,10 +144,10 @@ __device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16]
 // own (128 threads); 0 is __syncthreads'.
 constexpr int TURN = 1 + CONSUMERS;
 __device__ __forceinline__ void await_turn(int wg) {
-    if (PINGPONG) sm90::named_sync(TURN + wg, 256);
+    sm90::named_sync(TURN + wg, 256);
 }
 __device__ __forceinline__ void pass_turn(int wg) {
-    if (PINGPONG) sm90::named_arrive(TURN + (wg + 1) % CONSUMERS, 256);
+    sm90::named_arrive(TURN + (wg + 1) % CONSUMERS, 256);
 }
 
 // Whether `x` holds in any thread of warpgroup wg (a reduction on its own named barrier, 1 + wg),
@@ -345,30 +344,6 @@ __device__ __forceinline__ void negate_q_rows(elem_t* q, int wg) {
     sm90::named_sync(1 + wg, 128);
 }
 
-// ---- The cp.async form (ATTN_TMA=0): 16-byte copies into the same swizzled layout.
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-    // src-size 0 zero-fills: rows past the sequence end read as zeros.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-// Rows r0 .. r0 + ROWS of a [seq][D] matrix into a [D / 64][ROWS][64] 128-byte-swizzled tile;
-// rows at or past `limit` become zeros.
-template <int ROWS>
-__device__ __forceinline__ void cp_tile(elem_t* tile, const elem_t* g, long long stride, int r0, int limit) {
-    constexpr int CPR = D / 8;  // 16-byte chunks per row
-    static_assert(ROWS * CPR % 128 == 0, "whole passes of the warpgroup");
-#pragma unroll
-    for (int it = 0; it < ROWS * CPR / 128; ++it) {
-        const int i = threadIdx.x + 128 * it;
-        const int r = i / CPR, c = i % CPR;
-        const unsigned dst = sm90::smem_u32(tile) + (c / 8) * ROWS * 128 + r * 128 + (((c % 8) ^ (r & 7)) * 16);
-        const bool valid = r0 + r < limit;
-        cp_async16(dst, valid ? g + (long long)(r0 + r) * stride + c * 8 : g, valid);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
 // ---- One consumer warpgroup's tiles.
 
 // What a consumer warpgroup's thread knows while it computes one tile.
@@ -382,8 +357,6 @@ struct Ctx {
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
     unsigned q_smem;   // this warpgroup's 64 rows of Q
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
-    int g, b;          // K/V head and batch (cp.async form)
-    int j_end;         // this warpgroup's key tiles end here (TRIM: its rows see none past it), <= j1
     int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
@@ -396,7 +369,6 @@ struct Ctx {
     // stage (its wgmma, which reads shared memory asynchronously, has completed).
     // The whole warp calls it: every lane is past its wait before lane 0 arrives.
     __device__ void release(unsigned long long* bar) const {
-        if (!TMA) return;
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(bar);
     }
@@ -406,7 +378,7 @@ struct Ctx {
     // __syncwarp wanting). Once per piece, at the piece's last S (so that a Q loads under the
     // last P V); with O_IN_Q, see free_prev_q().
     __device__ void release_q() const {
-        if (TMA && !O_IN_Q) sm90::mbar_arrive(s.q_empty);  // the one slot
+        if (!O_IN_Q) sm90::mbar_arrive(s.q_empty);  // the one slot
     }
     // O_IN_Q: frees the last piece's Q slot, where its O was staged, under this piece's first S.
     // Thread 0 issued that O's TMA store and waits until the store has read the slot (done long
@@ -461,43 +433,6 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     return softmax_step(c, sc, st, j, alpha);
 }
 
-// The piece's key tiles one after the other: S, softmax, P V, each waiting for the last (the
-// cp.async and TMA forms). `it` counts K/V tiles across this CTA's pieces.
-__device__ void mainloop_sequential(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
-    unsigned pa[BN / 16][4];
-    for (int j = c.j0; j < c.j1; ++j, ++it) {
-        const int stg = Ctx::stage(it);
-        if (!TMA && j + 1 < c.j1) {
-            // Tile j + 1 into the other stage, under this tile's arithmetic.
-            const int next = Ctx::stage(it + 1);
-            cp_tile<BN>(c.s.k + next * (KV_BYTES / 2), c.p.k + c.b * c.p.k_sb + c.g * c.p.k_sh, c.p.k_ss, (j + 1) * BN, c.p.seq_k);
-            cp_tile<BN>(c.s.v + next * (KV_BYTES / 2), c.p.v + c.b * c.p.v_sb + c.g * c.p.v_sh, c.p.v_ss, (j + 1) * BN, c.p.seq_k);
-        }
-        float sc[NS];
-        if (TMA) sm90::mbar_wait(c.s.k_full + stg, Ctx::phase(it));
-        begin_batch(o, pa);
-        issue_qk(sc, c.q_smem, c.k_smem(stg));
-        sm90::wgmma_wait<0>();
-        sm90::fence_regs(sc);
-        c.release(c.s.k_empty + stg);
-        if (j + 1 == c.j1) c.release_q();  // the piece's last use of Q
-        float alpha[2];
-        if (softmax_step(c, sc, st, j, alpha)) rescale(o, alpha);
-        to_fragments(sc, pa);
-        if (TMA) sm90::mbar_wait(c.s.v_full + stg, Ctx::phase(it));
-        begin_batch(o, pa);
-        issue_pv(o, pa, c.v_smem(stg));
-        sm90::wgmma_wait<0>();
-        sm90::fence_regs(o);
-        c.release(c.s.v_empty + stg);
-        if (!TMA) {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-            sm90::fence_proxy_async();
-            __syncthreads();  // tile j + 1 landed for all; every thread is done with stage j
-        }
-    }
-}
-
 // The piece's first S, alone in its turn, and its softmax (O is still 0: nothing to rescale);
 // P goes to `pa`. `it` is the piece's first K/V tile.
 __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
@@ -514,7 +449,7 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     sm90::fence_regs(sc);
     sum_set(c.wg, SUM_FIRST_S, stamp());
     c.release(c.s.k_empty + Ctx::stage(it));
-    if (c.j_end - c.j0 == 1) c.release_q();
+    if (c.j1 - c.j0 == 1) c.release_q();
     softmax_step(c, sc, st, c.j0, alpha);
     to_fragments(sc, pa);
 }
@@ -541,7 +476,7 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
-    if (j + 1 == c.j_end) c.release_q();
+    if (j + 1 == c.j1) c.release_q();
     const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, j, c.k_smem(Ctx::stage(it)), alpha)
                                  : softmax_step(c, sc, st, j, alpha);
     sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
@@ -566,8 +501,8 @@ __device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (
     ++it;
 }
 
-// This warpgroup's key tiles of the piece, [j0, j_end), software-pipelined inside the
-// warpgroup (the overlap and later forms): S_j is issued together with P_{j-1} V_{j-1}, and
+// This warpgroup's key tiles of the piece, [j0, j1), software-pipelined inside the warpgroup:
+// S_j is issued together with P_{j-1} V_{j-1}, and
 // S_j's softmax runs while that P V is still on the tensor cores; only then is O rescaled and
 // P_j packed. The first S and the last P V
 // stand outside the loop, so that every path through it waits for the same groups (ptxas
@@ -578,42 +513,14 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     first_tile(c, o, pa, sc, st, it);
     // The piece's last tile frees Q (release_q) with its S, so only the tiles before it speculate.
     int j = c.j0 + 1;
-    for (; j + 1 < c.j_end; ++j) next_tile<SPECULATE>(c, o, pa, sc, st, it, j);
-    if (j < c.j_end) next_tile<false>(c, o, pa, sc, st, it, j);
+    for (; j + 1 < c.j1; ++j) next_tile<SPECULATE>(c, o, pa, sc, st, it, j);
+    if (j < c.j1) next_tile<false>(c, o, pa, sc, st, it, j);
     last_pv(c, o, pa, st, it);
 }
 
-// The piece for one consumer warpgroup: its key tiles computed (above), then, with TRIM, the
-// ones it does not see passed over.
+// The piece for one consumer warpgroup: its key tiles computed (above).
 __device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
-    if (!TRIM) return mainloop_computed(c, o, st, it);  // j_end is j1
-    if (c.j_end > c.j0) {
-        mainloop_computed(c, o, st, it);
-    } else {
-        c.release_q();  // its rows see no key of this piece: O stays 0
-        c.free_prev_q();
-        await_turn(c.wg);  // the turn its last P V would have taken
-        pass_turn(c.wg);
-    }
-    // TRIM: the key tiles past this warpgroup's diagonal, which the other warpgroups compute.
-    // It takes the turn each would have taken, and frees each stage once the stage holds that
-    // tile (an arrival before that would count towards the stage's previous use).
-    for (int j = max(c.j_end, c.j0); j < c.j1; ++j, ++it) {
-        await_turn(c.wg);
-        pass_turn(c.wg);
-        sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it));
-        c.release(c.s.k_empty + Ctx::stage(it));
-        sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it));
-        c.release(c.s.v_empty + Ctx::stage(it));
-    }
-}
-
-// TRIM: the end of warpgroup wg's key tiles in piece pc, the same in every lane. Through a
-// warp reduction, whose result ptxas keeps in a uniform register: computed from wg (that is,
-// from threadIdx) it would take the key-tile loop for divergent code and build every wgmma
-// descriptor in vector registers (28 R2UR in the D=64 loop against 8).
-__device__ __forceinline__ int trimmed_end(const Params& p, const Tile& tile, const Piece& pc, int wg) {
-    return __reduce_min_sync(0xffffffffu, min(pc.j1, visible_key_tiles(p, tile.m0 + 64 * (wg + 1))));
+    mainloop_computed(c, o, st, it);
 }
 
 // What consumer warpgroup wg's thread knows of piece n (pc, of tile `tile`).
@@ -630,8 +537,5 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
                sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
                pc.j0,
                pc.j1,
-               tile.h / (p.heads_q / p.heads_kv),
-               tile.b,
-               TRIM ? trimmed_end(p, tile, pc, wg) : pc.j1,
                n > 0 ? (n - 1) % Q_SLOTS : -1};
 }

@@ -1,12 +1,12 @@
 // Which work a CTA does and how the producer hands it to the consumers: tiles (one query block
 // of one batch and head, numbered by tile_at so that neighbours share K/V in L2 and, under a
-// causal mask, the longest go first), pieces (key tiles [j0, j1) of a tile: in the persistent
-// form without a mask the tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
+// causal mask, the longest go first), pieces (key tiles [j0, j1) of a tile: without a mask the
+// tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
 // and next_piece), and the piece slots through which each piece travels from the producer
 // (announce, slot_free) to the consumers (take_piece).
 //
 // Contract with the others: included by flash_fwd_sm90.cu after the configuration (BN, BM,
-// CAUSAL, BOTTOM, TMA, Q_SLOTS, SPLIT_TAIL), `Params` (the shape, q_blocks, head_group, and the
+// CAUSAL, BOTTOM, Q_SLOTS, SPLIT_TAIL), `Params` (the shape, q_blocks, head_group, and the
 // split: whole, tail_units, tail_iters) and the shared-memory layout. Piece n of a CTA goes
 // through Q slot n % Q_SLOTS (`Smem::piece`, SLOT_INTS ints each): the producer waits for the
 // slot's q_empty (parity ((n / Q_SLOTS) & 1) ^ 1; every consumer thread arrives once it is done
@@ -127,13 +127,8 @@ __device__ __forceinline__ bool slot_free(const Smem& s, int n) {
 }
 
 // Piece n of this CTA and its tile: its Q has landed in slot n % Q_SLOTS, and the slot names
-// them (the TMA forms; the cp.async form deals the tiles out by blockIdx).
+// them.
 __device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n, Tile& tile) {
-    if (!TMA) {
-        const Piece pc = first_piece(p, blockIdx.x + n * gridDim.x);
-        tile = tile_or_none(p, pc);
-        return pc;
-    }
     const int q = n % Q_SLOTS;
     sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
     const volatile int* slot = s.piece + SLOT_INTS * q;

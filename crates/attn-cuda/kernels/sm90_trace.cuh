@@ -4,8 +4,8 @@
 // bench/device/trace.py names the events). In every other build the stamps cost nothing:
 // stamp() is 0, trace_put and sum_set store nothing, TIMED(role, k, call) is just the call.
 //
-// Contract with the others: included by flash_fwd_sm90.cu after the configuration (TMA,
-// CONSUMERS) and `Params`, before the other parts (the producer and consumers stamp through it).
+// Contract with the others: included by flash_fwd_sm90.cu after the configuration
+// (CONSUMERS) and `Params`, before the other parts (the producer and consumers stamp through it).
 // Roles: consumer warpgroup w is role w, the producer PRODUCER_ROLE; only a role's tracer()
 // thread writes. Shared memory: in the traced build `trace_sums`, a __shared__ array of its own,
 // outside the carved layout (Smem); no barrier. The buffer's shape on the host side is

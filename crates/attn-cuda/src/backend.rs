@@ -51,13 +51,11 @@ impl Kernel {
         }
     }
 
-    /// The NVRTC request that compiles it for `arch` with `options`' experiment overrides.
-    fn request(&self, arch: Arch, options: &Options) -> CompileRequest {
+    /// The NVRTC request that compiles it for `arch`.
+    fn request(&self, arch: Arch) -> CompileRequest {
         match self {
             Kernel::Ampere(v) => v.request(arch),
-            Kernel::Hopper(v, _) => {
-                hopper::with_experiments(v.request(), options.hopper.defines.as_deref().unwrap_or_default())
-            }
+            Kernel::Hopper(v, _) => v.request(),
         }
     }
 
@@ -150,7 +148,7 @@ impl Cuda {
     /// Compiles `kernel` for `gpu` (host work, cached per process), fills in the registers and
     /// spills ptxas reports into `launch`, and validates it again now that they are known.
     fn compiled(&self, gpu: &Gpu, kernel: &Kernel, mut launch: Launch) -> Result<Launch> {
-        let compiled = compile_cached(&kernel.request(Self::arch(gpu)?, &self.options))?;
+        let compiled = compile_cached(&kernel.request(Self::arch(gpu)?))?;
         let resources = compiled.resources_of(kernel.entry());
         launch.registers_per_thread = resources.map(|r| r.registers);
         launch.spill_bytes = resources.map(|r| r.spill_bytes());
@@ -305,7 +303,7 @@ impl Attention for Cuda {
             });
         }
         let gpu = self.gpu()?;
-        let loaded = gpu.kernel(&kernel.request(Self::arch(&gpu)?, &self.options), kernel.entry())?;
+        let loaded = gpu.kernel(&kernel.request(Self::arch(&gpu)?), kernel.entry())?;
         gpu.set_max_dynamic_shared(&loaded.function, kernel.shared_bytes())?;
         // Free device memory before and after the allocations: what this call holds, measured.
         let free =

@@ -6,7 +6,7 @@
 //! are looked for (`locate`), and listed here: NVRTC is loaded once per process, before and apart
 //! from any backend. The `ATTN_REQUIRE_*` knobs and [`CUOBJDUMP`] are read by the tests only.
 
-use crate::hopper::{self, Form};
+use crate::hopper;
 pub use crate::locate::{CUDA_INCLUDE, NVRTC_LIB};
 use crate::runtime::Lead;
 use attn_core::{Knob, Result};
@@ -116,38 +116,6 @@ pub const REQUIRE_CUDA: Knob = Knob {
     purpose: "Tests: fail instead of skipping where no CUDA device can be used, on a machine that has one.",
 };
 
-/// `ATTN_CUDA_FORM` (an experiment, retiring: see [`hopper::Settings::form`]).
-pub const FORM: Knob = Knob {
-    name: "ATTN_CUDA_FORM",
-    allowed: "`cpasync` | `tma` | `overlap` | `pingpong` | `persistent`",
-    default: "`persistent`",
-    purpose: "Experiment, retiring: plans an earlier step of the Hopper kernel's construction (each measured slower than the one after it).",
-};
-
-/// `ATTN_CUDA_SM90_TURNS` (an experiment, retiring).
-pub const SM90_TURNS: Knob = Knob {
-    name: "ATTN_CUDA_SM90_TURNS",
-    allowed: "`on` | `off`",
-    default: "`on`",
-    purpose: "Experiment, retiring: `off` compiles the Hopper kernel without its consumer warpgroups' turns on the tensor cores.",
-};
-
-/// `ATTN_CUDA_SM90_TRIM` (an experiment, retiring).
-pub const SM90_TRIM: Knob = Knob {
-    name: "ATTN_CUDA_SM90_TRIM",
-    allowed: "`on` | `off`",
-    default: "`off`",
-    purpose: "Experiment, retiring: `on` lets each consumer warpgroup of a causal tile compute only the key tiles its own rows see (measured even with the default).",
-};
-
-/// `ATTN_CUDA_SM90_DEFINES` (an experiment, retiring).
-pub const SM90_DEFINES: Knob = Knob {
-    name: "ATTN_CUDA_SM90_DEFINES",
-    allowed: "`ATTN_X_<NAME>=<integer>` joined by `+`, e.g. `ATTN_X_SPECULATE=0+ATTN_X_STORER=0`",
-    default: "none",
-    purpose: "Experiment, retiring: compiles every Hopper kernel with one of its compile-time choices switched (the speculative softmax, the storer thread), to time it against the default.",
-};
-
 /// Every `ATTN_*` variable the crate reads (library, tests and examples), for `docs/tuning.md`.
 pub const KNOBS: &[Knob] = &[
     FAMILY,
@@ -164,10 +132,6 @@ pub const KNOBS: &[Knob] = &[
     CUOBJDUMP,
     REQUIRE_NVRTC,
     REQUIRE_CUDA,
-    FORM,
-    SM90_TURNS,
-    SM90_TRIM,
-    SM90_DEFINES,
 ];
 
 /// The backend's settings (`Cuda::with_options`); [`Options::default`] is what an
@@ -210,10 +174,6 @@ impl Options {
                 q_slots: SM90_QSLOTS.choice(&[("1", 1), ("2", 2)])?,
                 bottom: SM90_BLOCKS.choice(&[("bottom", true), ("top", false)])?,
                 trace: SM90_TRACE.value().map(Into::into),
-                form: FORM.parse(Form::parse)?,
-                turns: SM90_TURNS.on_off()?,
-                trim: SM90_TRIM.on_off()?,
-                defines: SM90_DEFINES.parse(|d| hopper::experiment_defines(d).ok())?,
             },
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })

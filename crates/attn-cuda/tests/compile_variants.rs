@@ -158,10 +158,9 @@ fn hopper_jobs() -> Vec<Job> {
 /// (LDL/STL), and the key-tile loop's wgmma descriptors on the uniform datapath: at most two
 /// R2UR (a vector register moved to a uniform one) per S product, for Q's descriptor, which
 /// depends on the warpgroup; none for K's and V's. (An R2UR into an mbarrier instruction's
-/// address is not counted: the sequential form at D=64 moves one per key tile.) Where ptxas
-/// takes the loop for divergent code it builds every descriptor in vector registers: an attempt
-/// at D=128 had 48 R2UR per iteration against 16, and was 5-8% slower on the H100 (measured at
-/// 8bf801d, see docs/experiments.md).
+/// address is not counted.) Where ptxas takes the loop for divergent code it builds every
+/// descriptor in vector registers: an attempt at D=128 had 48 R2UR per iteration against 16, and
+/// was 5-8% slower on the H100 (measured at 8bf801d, see docs/experiments.md).
 #[test]
 fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() {
     let test = "every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop";

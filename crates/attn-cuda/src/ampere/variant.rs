@@ -72,8 +72,7 @@ impl Variant {
         ]
     }
 
-    /// The NVRTC request that compiles this specialisation for `arch`. Its name encodes every
-    /// define, since compiled kernels are cached by name.
+    /// The NVRTC request that compiles this specialisation for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), SOURCE, arch);
         for (k, v) in self.defines() {

@@ -119,11 +119,11 @@ fn tensor_map(
 
 impl Sm90Params {
     /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
-    /// persistent scheduler's counters, zero ([`Split::counters`], the persistent form only),
+    /// persistent scheduler's counters, zero ([`Split::counters`]),
     /// and `partials` the split tail's partial results (where `split` has units).
     pub fn new(
         tensors: &DeviceTensors,
-        schedule: Option<&CudaSlice<u32>>,
+        schedule: &CudaSlice<u32>,
         partials: Option<&CudaSlice<f32>>,
         split: &Split,
         stream: &CudaStream,
@@ -150,7 +150,7 @@ impl Sm90Params {
             v,
             o,
             lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
-            schedule: schedule.map_or(0, |c| c.device_ptr(stream).0),
+            schedule: schedule.device_ptr(stream).0,
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),
@@ -184,7 +184,7 @@ impl Sm90Params {
 pub(crate) struct Bound {
     /// The kernel's argument.
     pub params: Sm90Params,
-    _counters: Option<CudaSlice<u32>>,
+    _counters: CudaSlice<u32>,
     _partials: Option<CudaSlice<f32>>,
     _trace: Option<Trace>,
 }
@@ -202,14 +202,9 @@ impl Bound {
         trace_folder: Option<&Path>,
     ) -> Result<Bound> {
         // The persistent scheduler's counters, zero; the kernel leaves them so.
-        let counters = match variant.uses_tile_counters() {
-            true => Some(
-                stream
-                    .alloc_zeros::<u32>(split.counters(variant.consumers))
-                    .map_err(driver("allocate the tile counters"))?,
-            ),
-            false => None,
-        };
+        let counters = stream
+            .alloc_zeros::<u32>(split.counters(variant.consumers))
+            .map_err(driver("allocate the tile counters"))?;
         // The split tail's partial results, written before they are read.
         let partials = match split.units > 0 {
             true => Some(
@@ -220,7 +215,7 @@ impl Bound {
             false => None,
         };
         let mut params =
-            Sm90Params::new(tensors, counters.as_ref(), partials.as_ref(), split, stream, problem, variant)?;
+            Sm90Params::new(tensors, &counters, partials.as_ref(), split, stream, problem, variant)?;
         let mut trace = None;
         if let (true, Some(folder)) = (variant.trace, trace_folder) {
             let words = ctas as usize * TRACE_LEN_PER_CTA;

@@ -11,7 +11,7 @@
 //!   the NVRTC request that compiles it.
 //! - `plan`: which variant runs a problem (its tiles, the settings applied), the launch, and
 //!   the causal tile order's head groups; the variants that ship.
-//! - `split`: how the persistent form deals out the tiles and splits the tail.
+//! - `split`: how the persistent grid deals out the tiles and splits the tail.
 //! - `launch`: the kernel's parameter block with its four TMA tensor maps (Q, K, V in; O out),
 //!   the buffers it points at, and a traced build's timeline.
 //! - `wgmma`: the generated wgmma wrappers (the header `sm90_wgmma.cuh`).
@@ -23,4 +23,4 @@ pub(crate) mod variant;
 mod wgmma;
 
 pub use plan::{Settings, Tiles, tiles};
-pub use variant::{Form, Variant, experiment_defines, with_experiments};
+pub use variant::Variant;

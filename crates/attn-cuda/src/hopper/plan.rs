@@ -2,89 +2,69 @@
 //! logic, tested without a GPU against the H100's stated limits.
 
 use super::split::Split;
-use super::variant::{Form, HEAD_DIMS, PRODUCER_REGISTERS, Variant};
+use super::variant::{HEAD_DIMS, PRODUCER_REGISTERS, Variant};
 use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
 
 impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
-    /// tiles in every form (and the [`long_tiles`] and [`short_causal_tiles`] where a head dim
-    /// has them), both masks, both dtypes, the trimmed causal ones ([`Variant::trim`],
-    /// whose loop ptxas once took for divergent code), the persistent ones with two Q slots
-    /// ([`Variant::q_slots`]) where they fit, and the causal persistent ones in both block orders
-    /// ([`Variant::bottom`]) where they have two. Tiles forced by
-    /// `ATTN_CUDA_SM90_TILES` and the forms without turns are compiled where they are asked for.
+    /// tiles (and the [`long_tiles`] and [`short_causal_tiles`] where a head dim has them), both
+    /// masks, both dtypes, each with two Q slots ([`Variant::q_slots`]) where they fit, and the
+    /// causal ones in both block orders ([`Variant::bottom`]) where they have two. Tiles forced
+    /// by `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 for causal in [false, true] {
-                    for form in Form::ALL {
-                        let Tiles { block_n, stages, consumers } = tiles(head_dim, form);
-                        let pingpong = form >= Form::PingPong;
-                        let mut here = vec![Variant {
-                            dtype,
-                            head_dim,
-                            block_n,
-                            stages,
-                            consumers,
-                            causal,
-                            form,
-                            pingpong,
-                            trim: false,
-                            q_slots: 1,
-                            bottom: false,
-                            trace: false,
-                        }];
-                        if let Some(long) = long_tiles(head_dim, form, causal) {
-                            here.push(Variant { block_n: long.block_n, ..here[0] });
-                        }
-                        if causal && form >= Form::Overlap {
-                            here.push(Variant { trim: true, ..here[0] });
-                        }
-                        // Each with two Q slots too, in the persistent form, where they fit.
-                        if form == Form::Persistent {
-                            let twins: Vec<Variant> =
-                                here.iter().filter_map(|x| x.with_q_slots(2).ok()).collect();
-                            here.extend(twins);
-                            // Blocks from the bottom (the default where they apply), compiled
-                            // next to the top order that ATTN_CUDA_SM90_BLOCKS=top asks for.
-                            let bottom = Variant { bottom: true, ..here[0] };
-                            if bottom.bottoms() {
-                                here.push(bottom);
-                            }
-                        }
-                        // The short causal tiles, as planned: one Q slot, blocks from the bottom.
-                        if let Some(t) = short_causal_tiles(head_dim, form, causal) {
-                            let x = Variant {
-                                block_n: t.block_n,
-                                stages: t.stages,
-                                consumers: t.consumers,
-                                ..here[0]
-                            };
-                            here.push(Variant { bottom: Variant { bottom: true, ..x }.bottoms(), ..x });
-                        }
-                        v.extend(here);
+                    let Tiles { block_n, stages, consumers } = tiles(head_dim);
+                    let mut here = vec![Variant {
+                        dtype,
+                        head_dim,
+                        block_n,
+                        stages,
+                        consumers,
+                        causal,
+                        q_slots: 1,
+                        bottom: false,
+                        trace: false,
+                    }];
+                    if let Some(long) = long_tiles(head_dim, causal) {
+                        here.push(Variant { block_n: long.block_n, ..here[0] });
                     }
+                    let twins: Vec<Variant> = here.iter().filter_map(|x| x.with_q_slots(2).ok()).collect();
+                    here.extend(twins);
+                    // Blocks from the bottom (the default where they apply), compiled next to the
+                    // top order that ATTN_CUDA_SM90_BLOCKS=top asks for.
+                    let bottom = Variant { bottom: true, ..here[0] };
+                    if bottom.bottoms() {
+                        here.push(bottom);
+                    }
+                    // The short causal tiles, as planned: one Q slot, blocks from the bottom.
+                    if let Some(t) = short_causal_tiles(head_dim, causal) {
+                        let x = Variant {
+                            block_n: t.block_n,
+                            stages: t.stages,
+                            consumers: t.consumers,
+                            ..here[0]
+                        };
+                        here.push(Variant { bottom: Variant { bottom: true, ..x }.bottoms(), ..x });
+                    }
+                    v.extend(here);
                 }
             }
         }
         v
     }
 
-    /// The launch on a device with `sms` multiprocessors: a CTA per tile, or (persistent) one
+    /// The launch on a device with `sms` multiprocessors: a persistent grid of at most one CTA
     /// per SM, each taking units of work (tiles, then runs of the split tail: `split` says
     /// whether to cut it) from the scheduler's counter after its first, `blockIdx.x`.
     pub fn launch(&self, problem: &Problem, sms: u32, split: bool) -> Launch {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
-        let grid = match self.form >= Form::Persistent {
-            true => {
-                let ctas = sms.max(1);
-                let s = if split { self.split(problem, ctas) } else { Split::none(tiles) };
-                (s.whole + s.units).min(ctas)
-            }
-            false => tiles,
-        };
+        let ctas = sms.max(1);
+        let s = if split { self.split(problem, ctas) } else { Split::none(tiles) };
+        let grid = (s.whole + s.units).min(ctas);
         Launch {
             grid: [grid, 1, 1],
             block: [self.threads(), 1, 1],
@@ -100,22 +80,15 @@ impl Variant {
     /// `split`: how the launch deals out its work ([`Variant::split`]).
     pub fn notes(&self, problem: &Problem, launch: &Launch, split: Split) -> Vec<String> {
         let kv = self.block_n * self.head_dim * 2;
-        let mut notes = vec![match self.form {
-            Form::CpAsync => format!(
-                "sm_90a wgmma, one warpgroup of 128 threads: cp.async K/V into {} stages, {} query rows",
-                self.stages,
-                self.block_m()
-            ),
-            _ => format!(
-                "sm_90a warp-specialized: warpgroup {} produces (TMA copies of Q, K, V; {} registers per thread \
-                 after setmaxnreg), warpgroups 0-{} consume (wgmma; {} registers per thread), {} threads",
-                self.consumers,
-                PRODUCER_REGISTERS,
-                self.consumers - 1,
-                self.consumer_registers(),
-                self.threads()
-            ),
-        }];
+        let mut notes = vec![format!(
+            "sm_90a warp-specialized: warpgroup {} produces (TMA copies of Q, K, V; {} registers per thread \
+             after setmaxnreg), warpgroups 0-{} consume (wgmma; {} registers per thread), {} threads",
+            self.consumers,
+            PRODUCER_REGISTERS,
+            self.consumers - 1,
+            self.consumer_registers(),
+            self.threads()
+        )];
         notes.push(format!(
             "shared memory: Q {} B{}, K and V {} stages of {kv} B each, 128-byte swizzled (TMA's and wgmma's layout)",
             self.block_m() * self.head_dim * 2,
@@ -125,19 +98,12 @@ impl Variant {
             },
             self.stages
         ));
-        if self.form >= Form::Overlap {
-            notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());
-        }
-        if self.form >= Form::PingPong {
-            notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
-        }
-        if self.uses_tile_counters() {
-            notes.push(format!(
-                "persistent: {} CTAs take tiles from a counter as they finish one (put back to zero by \
-                 the last CTA)",
-                launch.grid[0]
-            ));
-        }
+        notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());
+        notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
+        notes.push(format!(
+            "persistent: {} CTAs take tiles from a counter as they finish one (put back to zero by the last CTA)",
+            launch.grid[0]
+        ));
         if split.units > 0 {
             notes.push(format!(
                 "split tail: the last {} tiles' {} key tiles dealt to {} units ({}-{} each) after the {} \
@@ -151,7 +117,7 @@ impl Variant {
                 4 * split.partial_floats(self.head_dim, self.consumers)
             ));
         }
-        if self.causal && self.form >= Form::Tma {
+        if self.causal {
             notes.push(format!(
                 "causal tile order: longest first within groups of {} heads, whose K and V fit L2{}",
                 head_group(problem),
@@ -177,65 +143,50 @@ pub struct Tiles {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
-    /// Consumer warpgroups (ignored by the `cp.async` form, which has one). In tiles forced on
-    /// [`choose`], 0 stands for the head dim's default.
+    /// Consumer warpgroups, 2 to 4. In tiles forced on [`choose`], 0 stands for the head dim's.
     pub consumers: u32,
 }
 
-/// The tiles of a head dim and form. The S accumulators (BN / 2 registers) and O's (D / 2) fit
-/// the consumers' registers together with P (BN / 4); two stages of K and V with Q fit the
-/// H100's 227 KB (D = 256: 64 KB of Q and 128 KB of K/V). The `cp.async` form's one warpgroup
-/// also computes the copies' addresses, and at D = 256 spills with 64 keys.
+/// The tiles of a head dim. The S accumulators (BN / 2 registers) and O's (D / 2) fit the
+/// consumers' registers together with P (BN / 4); two stages of K and V with Q fit the H100's
+/// 227 KB (D = 256: 64 KB of Q and 128 KB of K/V).
 ///
 /// D = 64 takes three consumer warpgroups (192 rows): its softmax costs as much as its products
 /// (one exp2 per score on the multi-function unit, 16 a clock per SM, against 4·64 tensor-core
-/// FLOPs), and with three warpgroups two can be in their softmax while the third's products run.
-/// Measured on the H100 against two warpgroups and 128 keys, S = 4096 / 16384: 469 / 522 against
-/// 424 / 460 TFLOP/s without a mask, 377 / 489 against 354 / 425 causal
-/// (bench/results/2026-11-25-h100-hopper-20f664e). D = 64's tiles are 112 keys in three stages
-/// (152 registers each; 128 keys spill): against 96 keys in
-/// two (the default until 2026-11-26), three interleaved rounds on the H100, ratios to cuDNN,
-/// causal / no mask: S = 2048 1.025 / 1.080 against 0.964 / 1.032, S = 4096 1.112 / 1.189 against
-/// 1.076 / 1.146, S = 8192 1.164 / 1.219 against 1.129 / 1.190, S = 1024 0.916 / 0.901 against
-/// 0.895 / 0.890; 112 keys in two stages in between, 64 or 80 keys (two or three stages) slower
-/// (bench/results/2026-11-26-h100-hopper-tiles-8c44a2b). At D = 128, 96 and 112 keys were slower
-/// than 128 at S = 2048 and 4096 with either mask (the same calls), and three consumers (64
-/// keys) slower but for causal sequences up to 4096 keys ([`short_causal_tiles`]).
-pub fn tiles(head_dim: usize, form: Form) -> Tiles {
-    match (head_dim, form) {
-        (256, Form::CpAsync) => Tiles { block_n: 32, stages: 2, consumers: 1 },
-        (_, Form::CpAsync) => Tiles { block_n: 128, stages: 2, consumers: 1 },
-        (64, _) => Tiles { block_n: 112, stages: 3, consumers: 3 },
-        (256, _) => Tiles { block_n: 64, stages: 2, consumers: 2 },
+/// FLOPs), and with three warpgroups two can be in their softmax while the third's products run
+/// (7-15% faster than two on the H100, 20f664e). D = 64's tiles are 112 keys in three stages
+/// (152 registers each; 128 keys spill), 1-6% faster than 96 keys in two (8c44a2b). At D = 128,
+/// 96 and 112 keys were slower than 128 at S = 2048 and 4096 with either mask, and three
+/// consumers (64 keys) slower but for causal sequences up to 4096 keys ([`short_causal_tiles`]).
+/// Measured, see docs/experiments.md.
+pub fn tiles(head_dim: usize) -> Tiles {
+    match head_dim {
+        64 => Tiles { block_n: 112, stages: 3, consumers: 3 },
+        256 => Tiles { block_n: 64, stages: 2, consumers: 2 },
         _ => Tiles { block_n: 128, stages: 2, consumers: 2 },
     }
 }
 
-/// Longer key tiles than [`tiles`]' where they were measured faster per key: D = 128 in the
-/// persistent form without a mask, 144 keys (the S accumulators 72 registers, P 36). Measured
-/// on the H100 against 128, interleaved, three rounds (bench/results/2026-11-25-h100-hopper-bn144-
-/// ba763ae): S = 8192 656.5-678.1 against 647.6-649.0 TFLOP/s, S = 16384 682.9-692.6 against
-/// 678.1-685.8; at S = 4096 even (630.0-633.3 against 611.3-635.9), where 4096 keys make 29 tiles
-/// of 144, the last 64 keys long: 2% of the products wasted on masked keys. [`key_tiles_for`]
-/// takes them where that waste is smaller than what they gain.
-pub fn long_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
-    match (head_dim, form, causal) {
-        (128, Form::Persistent, false) => Some(Tiles { block_n: 144, ..tiles(head_dim, form) }),
+/// Longer key tiles than [`tiles`]' where they were measured faster per key: D = 128 without a
+/// mask, 144 keys (the S accumulators 72 registers, P 36): 1-4% faster than 128 at S = 8192
+/// and about 1% at 16384 on the H100, even at 4096, where 4096 keys make 29 tiles of 144, the last
+/// 64 keys long (measured at ba763ae, see docs/experiments.md). [`key_tiles_for`] takes them
+/// where the keys they waste are fewer than what they gain.
+pub fn long_tiles(head_dim: usize, causal: bool) -> Option<Tiles> {
+    match (head_dim, causal) {
+        (128, false) => Some(Tiles { block_n: 144, ..tiles(head_dim) }),
         _ => None,
     }
 }
 
-/// Tiles for short causal sequences where they were measured faster than [`tiles`]': D = 128 in
-/// the persistent form under a causal mask takes three consumer warpgroups (192 query rows) on
-/// 64-key tiles in three stages where the keys are at most [`SHORT_CAUSAL_MAX_KEYS`]. Against
-/// [`tiles`]' two on 128 keys, three interleaved rounds on the H100, ratios to cuDNN
-/// (bench/results/2026-11-26-h100-hopper-short-b38aefc): S = 512 0.821 against 0.801, S = 1024
-/// 0.967 against 0.941, S = 2048 1.077 against 1.065 (and 1.035 against 1.022 in an earlier call),
-/// S = 4096 1.123 against 1.118; S = 8192 even by the medians (627.0 TFLOP/s each), S = 16384
-/// slower (1.153 against 1.166). Without a mask they were slower at S = 512 and 1024.
-pub fn short_causal_tiles(head_dim: usize, form: Form, causal: bool) -> Option<Tiles> {
-    match (head_dim, form, causal) {
-        (128, Form::Persistent, true) => Some(Tiles { block_n: 64, stages: 3, consumers: 3 }),
+/// Tiles for short causal sequences where they were measured faster than [`tiles`]': D = 128
+/// under a causal mask takes three consumer warpgroups (192 query rows) on
+/// 64-key tiles in three stages where the keys are at most [`SHORT_CAUSAL_MAX_KEYS`]: 0.5-3%
+/// faster than [`tiles`]' two on 128 keys up to S = 4096 on the H100, even at 8192, slower at
+/// 16384, and slower without a mask (measured at b38aefc, see docs/experiments.md).
+pub fn short_causal_tiles(head_dim: usize, causal: bool) -> Option<Tiles> {
+    match (head_dim, causal) {
+        (128, true) => Some(Tiles { block_n: 64, stages: 3, consumers: 3 }),
         _ => None,
     }
 }
@@ -243,16 +194,14 @@ pub fn short_causal_tiles(head_dim: usize, form: Form, causal: bool) -> Option<T
 /// The most keys for which [`short_causal_tiles`] are taken.
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
 
-/// How many Q slots ([`Variant::q_slots`]) a variant of `form` takes by default: two at D = 128
-/// without a mask in the persistent form, where loading the next piece's Q under this one's key
-/// tiles was measured a little faster at S = 2048 (1.5-3.4% by the means of two runs on the H100,
-/// of three and four interleaved rounds: bench/results/2026-11-26-h100-hopper-qslots-a9e155f and
-/// -targets-e5b4086) and at S = 4096 by 1.7-2.7% (0-1.3% by the medians: one fast round) and
-/// even at S = 8192 and 16384; one elsewhere, where two were even or slower (D = 64 without a
-/// mask 1.5-4% slower, causal within 2% either way). A small gain, near the rounds' spread.
-pub fn q_slots_for(head_dim: usize, causal: bool, form: Form) -> u32 {
-    match (head_dim, causal, form) {
-        (128, false, Form::Persistent) => 2,
+/// How many Q slots ([`Variant::q_slots`]) a variant takes by default: two at D = 128 without a
+/// mask, where loading the next piece's Q under this one's key tiles was measured 1.5-3% faster
+/// at S = 2048 and 4096 on the H100 and even at 8192 and 16384; one elsewhere, where two were
+/// even or slower (measured at a9e155f and e5b4086, see docs/experiments.md). A small gain, near
+/// the rounds' spread.
+pub fn q_slots_for(head_dim: usize, causal: bool) -> u32 {
+    match (head_dim, causal) {
+        (128, false) => 2,
         _ => 1,
     }
 }
@@ -261,19 +210,17 @@ pub fn q_slots_for(head_dim: usize, causal: bool, form: Form) -> u32 {
 /// as measured at S = 8192 (where 144-key tiles waste 0.2% of their keys and 128-key ones none).
 const LONG_TILE_COST_PER_MILLE: usize = 985;
 
-/// The tiles of `form` for `problem`: [`short_causal_tiles`] up to [`SHORT_CAUSAL_MAX_KEYS`]
+/// The tiles for `problem`: [`short_causal_tiles`] up to [`SHORT_CAUSAL_MAX_KEYS`]
 /// keys; [`long_tiles`] where the keys they pad the sequence to, at their lower cost per key,
 /// come to less than [`tiles`]' (S = 8192 and 16384 at D = 128, not S = 2048 or 4096); else
 /// [`tiles`].
-pub fn key_tiles_for(problem: &Problem, form: Form) -> Tiles {
+pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
-    if let Some(t) =
-        short_causal_tiles(d, form, problem.is_causal()).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS)
-    {
+    if let Some(t) = short_causal_tiles(d, problem.is_causal()).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS) {
         return t;
     }
-    let short = tiles(d, form);
-    match long_tiles(d, form, problem.is_causal()) {
+    let short = tiles(d);
+    match long_tiles(d, problem.is_causal()) {
         Some(long)
             if seq_k.div_ceil(long.block_n) * long.block_n * LONG_TILE_COST_PER_MILLE
                 < seq_k.div_ceil(short.block_n) * short.block_n * 1000 =>
@@ -284,14 +231,13 @@ pub fn key_tiles_for(problem: &Problem, form: Form) -> Tiles {
     }
 }
 
-/// Chooses the Hopper variant of `form` for `problem` on a device with `limits` and `sms`
+/// Chooses the Hopper variant for `problem` on a device with `limits` and `sms`
 /// multiprocessors, with [`key_tiles_for`] or the tiles `forced`, or says why the family cannot
 /// run it.
 pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
     sms: u32,
-    form: Form,
     forced: Option<Tiles>,
     split: bool,
 ) -> Result<(Variant, Launch)> {
@@ -300,20 +246,22 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     check_alignment(problem)?;
-    let default = key_tiles_for(problem, form);
+    let default = key_tiles_for(problem);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
-    if consumers == 0 || form == Form::CpAsync {
-        consumers = default.consumers; // the cp.async form has its one warpgroup
+    if consumers == 0 {
+        consumers = default.consumers;
     }
-    // That warpgroup double-buffers: two stages.
-    let form_ok = if form == Form::CpAsync { stages == 2 } else { (2..=4).contains(&consumers) };
-    if block_n % 16 != 0 || !(16..=256).contains(&block_n) || !(1..=4).contains(&stages) || !form_ok {
+    if block_n % 16 != 0
+        || !(16..=256).contains(&block_n)
+        || !(1..=4).contains(&stages)
+        || !(2..=4).contains(&consumers)
+    {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
                 "{block_n} keys per tile, {stages} stages, {consumers} consumer warpgroups: keys per tile must \
-                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4 (2 in the cpasync form), \
-                 consumers 2 to 4"
+                 be a multiple of 16 from 16 to 256 (wgmma's N), stages 1 to 4, consumers 2 \
+                 to 4"
             ),
         });
     }
@@ -324,15 +272,12 @@ pub fn choose(
         stages,
         consumers,
         causal: problem.is_causal(),
-        form,
-        pingpong: form >= Form::PingPong,
-        trim: false,
         q_slots: 1,
         bottom: false,
         trace: false,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room).
-    let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal(), form)).unwrap_or(variant);
+    let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal())).unwrap_or(variant);
     // Causal blocks from the bottom where the variant can lay them so (Variant::bottom).
     let variant = Variant { bottom: Variant { bottom: true, ..variant }.bottoms(), ..variant };
     let launch = variant.launch(problem, sms, split);
@@ -349,7 +294,7 @@ pub struct Settings {
     /// `ATTN_CUDA_SM90_GRID`: at most this many CTAs in the persistent grid (at most one per SM
     /// anyway).
     pub grid: Option<u32>,
-    /// `ATTN_CUDA_SM90_SPLIT`: whether the persistent form may split its tail ([`Split`];
+    /// `ATTN_CUDA_SM90_SPLIT`: whether the persistent grid may split its tail ([`Split`];
     /// default yes).
     pub split: Option<bool>,
     /// `ATTN_CUDA_SM90_QSLOTS`: Q tiles in shared memory ([`Variant::q_slots`]).
@@ -358,15 +303,6 @@ pub struct Settings {
     pub bottom: Option<bool>,
     /// `ATTN_CUDA_SM90_TRACE`: where a traced build ([`Variant::trace`]) writes its timelines.
     pub trace: Option<std::path::PathBuf>,
-    /// `ATTN_CUDA_FORM` (an experiment, retiring): an earlier form of the kernel.
-    pub form: Option<Form>,
-    /// `ATTN_CUDA_SM90_TURNS` (an experiment, retiring): the consumers' turns ([`Variant::pingpong`]).
-    pub turns: Option<bool>,
-    /// `ATTN_CUDA_SM90_TRIM` (an experiment, retiring): trimmed causal tiles ([`Variant::trim`]).
-    pub trim: Option<bool>,
-    /// `ATTN_CUDA_SM90_DEFINES` (an experiment, retiring): overrides compiled into every Hopper
-    /// kernel (`crate::experiment_defines`).
-    pub defines: Option<Vec<(String, String)>>,
 }
 
 impl Settings {
@@ -375,7 +311,7 @@ impl Settings {
         *self != Settings::default()
     }
 
-    /// Whether the persistent form may split its tail.
+    /// Whether the persistent grid may split its tail.
     pub fn splits(&self) -> bool {
         self.split.unwrap_or(true)
     }
@@ -390,14 +326,7 @@ pub fn plan(
     settings: &Settings,
 ) -> Result<(Variant, Launch, Split)> {
     let ctas = settings.grid.map_or(sms, |cap| cap.min(sms));
-    let form = settings.form.unwrap_or(Form::Persistent);
-    let (mut variant, mut launch) = choose(problem, limits, ctas, form, settings.tiles, settings.splits())?;
-    if let Some(turns) = settings.turns {
-        variant.pingpong &= turns;
-    }
-    if let Some(trim) = settings.trim {
-        variant.trim = trim;
-    }
+    let (mut variant, mut launch) = choose(problem, limits, ctas, settings.tiles, settings.splits())?;
     if let Some(slots) = settings.q_slots {
         // Shared memory changes with the slots: the launch is planned and checked again.
         variant = variant.with_q_slots(slots)?;
@@ -441,27 +370,18 @@ mod tests {
     }
 
     #[test]
-    fn every_head_dim_fits_an_h100_in_every_form() {
+    fn every_head_dim_fits_an_h100() {
         let h100 = DeviceLimits::h100();
         for d in HEAD_DIMS {
-            for form in Form::ALL {
-                let (v, launch) = choose(&problem(d), &h100, 132, form, None, true).unwrap();
-                assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
-                let tiles = 4096u32.div_ceil(v.block_m() as u32) * 64;
-                assert_eq!(
-                    launch.grid[0],
-                    if form == Form::Persistent { 132 } else { tiles },
-                    "{}",
-                    v.name()
-                );
-            }
+            let (v, launch) = choose(&problem(d), &h100, 132, None, true).unwrap();
+            assert!(launch.shared_bytes() <= h100.shared_per_block_optin, "{}", v.name());
+            assert_eq!(launch.grid[0], 132, "{}", v.name());
         }
     }
 
     #[test]
     fn the_tail_past_the_last_whole_wave_is_split() {
-        let persistent =
-            |p: &Problem| choose(p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let persistent = |p: &Problem| choose(p, &DeviceLimits::h100(), 132, None, true).unwrap();
         // D=128, S=4096, 4 x 16: 2048 tiles of 32 key tiles, 15 waves of 132 and 68 tiles.
         let p = problem(128);
         let (v, launch) = persistent(&p);
@@ -469,13 +389,11 @@ mod tests {
         assert_eq!(s, Split { whole: 1980, units: 132, tail_tiles: 68, key_tiles: 32 });
         assert_eq!((s.tail_iters(), launch.grid[0]), (2176, 132));
         assert_eq!((s.counters(2), s.partial_floats(128, 2)), (2 + 136, 2 * 132 * 2 * 128 * 68));
-        // Causal tiles go longest first instead; whole waves need nothing; nor do other forms.
+        // Causal tiles go longest first instead; whole waves need nothing.
         // (At S=4096 causal D=128 takes the short causal tiles: 192 rows, 22 blocks a head.)
         let causal = p.causal();
         assert_eq!(persistent(&causal).0.split(&causal, 132), Split::none(22 * 64));
         assert_eq!(v.split(&p, 128), Split::none(2048));
-        let (pingpong, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
-        assert_eq!(pingpong.split(&p, 132), Split::none(2048));
         // Fewer tiles than SMs: all of them are the tail, and the grid is the units.
         let few = Problem::new(Shape::new(1, 4, 1024, 128), DType::Bf16); // 32 tiles of 8 key tiles
         let (v, launch) = persistent(&few);
@@ -504,7 +422,7 @@ mod tests {
         let (v, launch) = persistent(&short);
         assert_eq!((v.split(&short, 132), launch.grid[0]), (Split::none(8), 8));
         // Without the split the grid is as before.
-        let (_, launch) = choose(&few, &DeviceLimits::h100(), 132, Form::Persistent, None, false).unwrap();
+        let (_, launch) = choose(&few, &DeviceLimits::h100(), 132, None, false).unwrap();
         assert_eq!(launch.grid[0], 32);
     }
 
@@ -516,8 +434,7 @@ mod tests {
         {
             let p = Problem::new(Shape::new(b, h, s, d), DType::F16);
             for ctas in [1, 2, 3, 7, 132] {
-                let (v, launch) =
-                    choose(&p, &DeviceLimits::h100(), ctas, Form::Persistent, None, true).unwrap();
+                let (v, launch) = choose(&p, &DeviceLimits::h100(), ctas, None, true).unwrap();
                 assert_eq!(v.split(&p, launch.grid[0]), v.split(&p, ctas), "{p:?} on {ctas}");
             }
         }
@@ -578,18 +495,16 @@ mod tests {
         let keys = |s: usize, d: usize, causal: bool| {
             let p = Problem::new(Shape::new(16384 / s, 2048 / d, s, d), DType::Bf16);
             let p = if causal { p.causal() } else { p };
-            choose(&p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap().0.block_n
+            choose(&p, &DeviceLimits::h100(), 132, None, true).unwrap().0.block_n
         };
         // 8192 keys: 57 tiles of 144 (8208 keys) at 1.5% less a key than 64 of 128; 4096: 29
         // tiles (4176 keys, 2% masked), no.
         assert_eq!([2048, 4096, 8192, 16384].map(|s| keys(s, 128, false)), [128, 128, 144, 144]);
         assert_eq!(keys(8192, 128, true), 128);
         assert_eq!((keys(8192, 64, false), keys(8192, 256, false)), (112, 64));
-        // Only in the persistent form, and in the list CI compiles.
+        // In the list CI compiles.
         let p = Problem::new(Shape::new(2, 16, 8192, 128), DType::Bf16);
-        let (v, _) = choose(&p, &DeviceLimits::h100(), 132, Form::PingPong, None, true).unwrap();
-        assert_eq!(v.block_n, 128);
-        let (v, _) = choose(&p, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let (v, _) = choose(&p, &DeviceLimits::h100(), 132, None, true).unwrap();
         assert!(Variant::all().contains(&v), "{}", v.name());
     }
 
@@ -600,49 +515,39 @@ mod tests {
         // for four warpgroups), the piece slot (32 B), merge flags (16 B) and O's destinations
         // (64 B), and 1 KB of alignment slack.
         let long = Problem::new(Shape::new(4, 16, 8192, 128), DType::Bf16).causal();
-        let (v, _) = choose(&long, &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let (v, _) = choose(&long, &DeviceLimits::h100(), 132, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 163840 + 32768 + 256 + 1024);
         assert_eq!(v.threads(), 384);
         assert!(v.o_staged());
         // S=4096, the short causal tiles: Q 192x128 (48 KB) + 3 stages of K and V, 64 keys each
         // (96 KB), O staged (48 KB), the barriers with four more for the third stage (288 B).
-        let (v, _) =
-            choose(&problem(128).causal(), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let (v, _) = choose(&problem(128).causal(), &DeviceLimits::h100(), 132, None, true).unwrap();
         assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, 3));
         assert_eq!(v.shared_bytes(), 49152 + 98304 + 49152 + 288 + 1024);
         assert_eq!(v.threads(), 512);
         assert!(v.o_staged());
         // D=256: Q 64 KB + 2 x 2 x 64 keys x 512 B = 192 KB: no room to stage O.
-        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, None, true).unwrap();
         assert_eq!(v.shared_bytes(), 196608 + 256 + 1024);
         assert!(!v.o_staged());
         // Two Q slots (D=128 without a mask, by default): a second Q tile where O's staging was, O
         // going out through them; the barriers 16 B more (the second slot's full/empty) and its
         // piece slot 32 B.
-        let (q2, _) =
-            choose(&problem(128), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        let (q2, _) = choose(&problem(128), &DeviceLimits::h100(), 132, None, true).unwrap();
         assert_eq!(q2.shared_bytes(), 163840 + 32768 + 256 + 48 + 1024);
         assert!(q2.o_staged() && q2.name().contains("_q2") && !v.name().contains("_q2"));
         assert!(q2.defines().contains(&("ATTN_Q_SLOTS".into(), "2".into())));
         assert_eq!(q2.with_q_slots(1).unwrap(), Variant { q_slots: 1, ..q2 });
-        // Only there: not causal, not at D=64, not in the other forms.
-        for (p, form) in [
-            (problem(128).causal(), Form::Persistent),
-            (problem(64), Form::Persistent),
-            (problem(128), Form::PingPong),
-        ] {
-            let (v, _) = choose(&p, &DeviceLimits::h100(), 132, form, None, true).unwrap();
+        // Only there: not causal, not at D=64.
+        for p in [problem(128).causal(), problem(64)] {
+            let (v, _) = choose(&p, &DeviceLimits::h100(), 132, None, true).unwrap();
             assert_eq!(v.q_slots, 1, "{}", v.name());
         }
-        // Not at D=256 (Q 64 KB more would make 256 KB), nor without TMA, nor three slots.
-        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, Form::Persistent, None, true).unwrap();
+        // Not at D=256 (Q 64 KB more would make 256 KB), nor three slots.
+        let (v, _) = choose(&problem(256), &DeviceLimits::h100(), 132, None, true).unwrap();
         let err = v.with_q_slots(2).unwrap_err().to_string();
         assert!(err.contains("2 Q slots") && err.contains("263472 needed"), "{err}");
-        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
-        assert!(v.with_q_slots(2).is_err() && v.with_q_slots(3).is_err());
-        // The cp.async form is one warpgroup of 64 rows, no producer.
-        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, Form::CpAsync, None, true).unwrap();
-        assert_eq!((v.threads(), v.block_m()), (128, 64));
+        assert!(v.with_q_slots(3).is_err());
     }
 
     #[test]
@@ -665,22 +570,20 @@ mod tests {
                 );
             }
         }
-        // The TMA forms: D=128 and 256 with two consumers (and D=128's 144-key tiles for the
-        // persistent form without a mask), D=64 with three; each causal one from the overlap
-        // form on also trimmed (12 and 6); the persistent ones with two Q slots, except at
-        // D=256, where a second Q tile does not fit (8 and 6); the causal persistent ones with
-        // their blocks from the bottom, except at D=256, where O is not staged (2 and 2); and
-        // D=128's short causal tiles, three consumers, from the bottom (2 more of 512).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 56);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 32);
+        // Per dtype, 384 threads (two consumers): D=128 without a mask in 128- and 144-key tiles,
+        // each with one and two Q slots (4); D=128 causal with one and two slots and from the
+        // bottom (3); D=256 with either mask (2: no room for a second Q tile, O not staged).
+        // 512 (three consumers): D=64 without a mask with one and two slots, causal with one and
+        // two and from the bottom (5); D=128's short causal tiles, from the bottom (1).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * 9);
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * 6);
+        assert_eq!(Variant::all().len(), 30);
     }
 
     #[test]
     fn an_l4_sized_device_gets_a_clear_error() {
         // The Hopper family runs on sm_90 only, but its plan is validated like any other.
-        let err = choose(&problem(128), &DeviceLimits::l4(), 58, Form::Persistent, None, true)
-            .unwrap_err()
-            .to_string();
+        let err = choose(&problem(128), &DeviceLimits::l4(), 58, None, true).unwrap_err().to_string();
         assert!(err.contains("shared memory per block") && err.contains("101376"), "{err}");
     }
 
@@ -688,74 +591,42 @@ mod tests {
     fn unsupported_inputs_are_typed_errors() {
         let h100 = DeviceLimits::h100();
         assert!(matches!(
-            choose(&problem(96), &h100, 132, Form::Persistent, None, true),
+            choose(&problem(96), &h100, 132, None, true),
             Err(Error::UnsupportedHeadDim { .. })
         ));
         let f32 = Problem::new(Shape::new(1, 2, 64, 64), DType::F32);
-        assert!(matches!(
-            choose(&f32, &h100, 132, Form::Persistent, None, true),
-            Err(Error::UnsupportedDType { .. })
-        ));
+        assert!(matches!(choose(&f32, &h100, 132, None, true), Err(Error::UnsupportedDType { .. })));
     }
 
     #[test]
     fn forced_tiles_are_checked() {
         let h100 = DeviceLimits::h100();
-        let (v, _) = choose(
-            &problem(128),
-            &h100,
-            132,
-            Form::Persistent,
-            Some(Tiles { block_n: 176, stages: 2, consumers: 2 }),
-            true,
-        )
-        .unwrap();
+        let (v, _) =
+            choose(&problem(128), &h100, 132, Some(Tiles { block_n: 176, stages: 2, consumers: 2 }), true)
+                .unwrap();
         assert_eq!((v.block_n, v.stages), (176, 2));
-        let err = choose(
-            &problem(128),
-            &h100,
-            132,
-            Form::Persistent,
-            Some(Tiles { block_n: 100, stages: 2, consumers: 2 }),
-            true,
-        )
-        .unwrap_err()
-        .to_string();
+        let err =
+            choose(&problem(128), &h100, 132, Some(Tiles { block_n: 100, stages: 2, consumers: 2 }), true)
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("multiple of 16"), "{err}");
         // 128 keys and 3 stages at D=128 fit (224 KB) without staging O, 4 do not (288 KB).
-        let (v, _) = choose(
-            &problem(128),
-            &h100,
-            132,
-            Form::Persistent,
-            Some(Tiles { block_n: 128, stages: 3, consumers: 2 }),
-            true,
-        )
-        .unwrap();
+        let (v, _) =
+            choose(&problem(128), &h100, 132, Some(Tiles { block_n: 128, stages: 3, consumers: 2 }), true)
+                .unwrap();
         assert!(!v.o_staged() && v.shared_bytes() as usize <= SHARED_LIMIT);
-        let err = choose(
-            &problem(128),
-            &h100,
-            132,
-            Form::Persistent,
-            Some(Tiles { block_n: 128, stages: 4, consumers: 2 }),
-            true,
-        )
-        .unwrap_err()
-        .to_string();
+        let err =
+            choose(&problem(128), &h100, 132, Some(Tiles { block_n: 128, stages: 4, consumers: 2 }), true)
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("shared memory per block"), "{err}");
     }
 
     #[test]
-    fn forced_tiles_fill_in_the_consumers_and_the_cpasync_form_takes_two_stages() {
-        let h100 = DeviceLimits::h100();
+    fn forced_tiles_fill_in_the_consumers() {
         let unsaid = Some(Tiles { block_n: 64, stages: 3, consumers: 0 });
-        let (v, _) = choose(&problem(64), &h100, 132, Form::Persistent, unsaid, true).unwrap();
-        assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, tiles(64, Form::Persistent).consumers));
-        let three_stages = Some(Tiles { block_n: 64, stages: 3, consumers: 1 });
-        let err =
-            choose(&problem(64), &h100, 132, Form::CpAsync, three_stages, true).unwrap_err().to_string();
-        assert!(err.contains("2 in the cpasync form"), "{err}");
+        let (v, _) = choose(&problem(64), &DeviceLimits::h100(), 132, unsaid, true).unwrap();
+        assert_eq!((v.block_n, v.stages, v.consumers), (64, 3, tiles(64).consumers));
     }
 
     #[test]
@@ -764,8 +635,7 @@ mod tests {
         // cap at entry (65536 over the threads). Four consumers only by forced tiles
         // (ATTN_CUDA_SM90_TILES=64:2:4); at D=64 even 64-key tiles spill there now (80 bytes
         // at 25ce4b4, by the cubin example), so none is planned.
-        let persistent =
-            |tiles| choose(&problem(64), &DeviceLimits::h100(), 132, Form::Persistent, Some(tiles), true);
+        let persistent = |tiles| choose(&problem(64), &DeviceLimits::h100(), 132, Some(tiles), true);
         for (consumers, block_n, rows, threads, regs, entry) in
             [(3, 128, 192, 512, 152, 128), (4, 64, 256, 640, 104, 96)]
         {
@@ -778,44 +648,24 @@ mod tests {
     }
 
     #[test]
-    fn names_are_distinct_and_forms_parse() {
+    fn names_are_distinct() {
         let all = Variant::all();
         let mut names: Vec<String> = all.iter().map(|v| v.name()).collect();
         names.sort();
         names.dedup();
         assert_eq!(names.len(), all.len());
-        for f in Form::ALL {
-            assert_eq!(Form::parse(f.as_str()), Some(f));
-        }
-        assert_eq!(Form::parse("fast"), None);
-    }
-
-    #[test]
-    fn turns_are_on_from_the_ping_pong_form_and_off_only_by_name() {
-        let h100 = DeviceLimits::h100();
-        for form in Form::ALL {
-            let (v, _) = choose(&problem(64), &h100, 132, form, None, true).unwrap();
-            assert_eq!(v.pingpong, form >= Form::PingPong, "{}", v.name());
-        }
-        let (on, _) = choose(&problem(64), &h100, 132, Form::Persistent, None, true).unwrap();
-        let off = Variant { pingpong: false, ..on };
-        // Compiled kernels are cached by name: the two must differ, as their defines do.
-        assert_ne!(on.name(), off.name());
-        let define = |v: &Variant| v.defines().into_iter().find(|(k, _)| k == "ATTN_PINGPONG").unwrap().1;
-        assert_eq!((define(&on).as_str(), define(&off).as_str()), ("1", "0"));
     }
 
     #[test]
     fn causal_blocks_are_laid_from_the_bottom_where_o_is_staged() {
         let h100 = DeviceLimits::h100();
-        let pick = |d, causal: bool, form| {
+        let pick = |d, causal: bool| {
             let p = if causal { problem(d).causal() } else { problem(d) };
-            Variant { bottom: true, ..choose(&p, &h100, 132, form, None, true).unwrap().0 }
+            Variant { bottom: true, ..choose(&p, &h100, 132, None, true).unwrap().0 }
         };
         for d in [64, 128] {
-            let v = pick(d, true, Form::Persistent);
-            let (default, _) =
-                choose(&problem(d).causal(), &h100, 132, Form::Persistent, None, true).unwrap();
+            let v = pick(d, true);
+            let (default, _) = choose(&problem(d).causal(), &h100, 132, None, true).unwrap();
             assert_eq!(default, v, "the default");
             assert!(v.bottoms() && v.name().contains("_bottom"), "{}", v.name());
             assert!(v.defines().contains(&("ATTN_BOTTOM".into(), "1".into())));
@@ -823,33 +673,15 @@ mod tests {
             let top = Variant { bottom: false, ..v };
             assert!(!top.bottoms() && !top.name().contains("_bottom"));
         }
-        // Not without a mask, not in the other forms, not at D=256 (O stored from registers).
-        assert!(!pick(64, false, Form::Persistent).bottoms());
-        assert!(!pick(64, true, Form::PingPong).bottoms());
-        assert!(!pick(256, true, Form::Persistent).bottoms());
+        // Not without a mask, not at D=256 (O stored from registers).
+        assert!(!pick(64, false).bottoms());
+        assert!(!pick(256, true).bottoms());
         // Asked where it cannot be: an error for a causal variant, never a silent top order.
-        for (d, form) in [(64, Form::PingPong), (256, Form::Persistent)] {
-            let v = Variant { bottom: false, ..pick(d, true, form) };
-            let err = v.with_bottom(true).unwrap_err().to_string();
-            assert!(err.contains("from the bottom") && err.contains(&v.name()), "{err}");
-            assert!(v.with_bottom(false).is_ok());
-        }
-        assert!(pick(64, true, Form::Persistent).with_bottom(true).unwrap().bottoms());
-        assert!(pick(64, false, Form::Persistent).with_bottom(true).is_ok());
-    }
-
-    #[test]
-    fn only_causal_overlapped_forms_trim() {
-        let h100 = DeviceLimits::h100();
-        for (form, causal) in
-            [(Form::Tma, true), (Form::Overlap, true), (Form::Persistent, true), (Form::Persistent, false)]
-        {
-            let p = if causal { problem(64).causal() } else { problem(64) };
-            let (v, _) = choose(&p, &h100, 132, form, None, true).unwrap();
-            let trimmed = Variant { trim: true, ..v };
-            assert!(!v.trims(), "{}", v.name());
-            assert_eq!(trimmed.trims(), causal && form >= Form::Overlap, "{}", trimmed.name());
-            assert_eq!(trimmed.name() != v.name(), trimmed.trims());
-        }
+        let v = Variant { bottom: false, ..pick(256, true) };
+        let err = v.with_bottom(true).unwrap_err().to_string();
+        assert!(err.contains("from the bottom") && err.contains(&v.name()), "{err}");
+        assert!(v.with_bottom(false).is_ok());
+        assert!(pick(64, true).with_bottom(true).unwrap().bottoms());
+        assert!(pick(64, false).with_bottom(true).is_ok());
     }
 }

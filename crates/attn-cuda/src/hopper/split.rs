@@ -1,6 +1,6 @@
-//! How the persistent form deals out a problem's tiles, and where it cuts the tail.
+//! How the persistent grid deals out a problem's tiles, and where it cuts the tail.
 
-use super::variant::{Form, Variant};
+use super::variant::Variant;
 use attn_core::Problem;
 
 /// The fewest key tiles in a unit of the split tail ([`Split`]): a partial piece writes its O
@@ -10,15 +10,12 @@ pub const MIN_RUN: u64 = 4;
 
 /// Key tiles the split must take off the busiest CTA (or a quarter of its work, for problems of
 /// one wave or less) before the tail is split: each piece pays a tile's start and end again and
-/// the merge, which a small gain does not cover. Measured on the H100, D=128 without a mask
-/// (bench/results/2026-11-25-h100-hopper-split-6ccb445): 128 tiles on 132 SMs, cut into 132
-/// runs, were 13% slower at S=4096 and 4% at S=16384 (a gain of 0 and 3 key tiles); 2048 tiles
-/// of 16 key tiles (S=2048, a gain of 7) came out even or 2% slower, of 32 (15) 0.6% faster, of
-/// 128 (62) 3%; one head's 32 tiles at S=4096 (a gain of 24) 1.85x, 32 tiles of 8 key tiles
-/// (S=1024, 4 of 8) 1.12x.
+/// the merge, which a small gain does not cover: on the H100 at D=128 a gain of 0 to 7 key
+/// tiles came out even or slower, of 15 or more faster (measured at 6ccb445, see
+/// docs/experiments.md).
 pub const MIN_GAIN: u64 = 12;
 
-/// How the persistent form deals out its work (`Piece` in the kernel). Without a mask every
+/// How the persistent grid deals out its work (`Piece` in the kernel). Without a mask every
 /// tile takes the same time, so `tiles` over `ctas` CTAs leaves the last wave part-empty: at
 /// D=128, S=4096 on 132 SMs, 2048 tiles are 15 waves and 68 tiles, and 64 SMs wait out the 16th
 /// (3% of the whole). The tail (the tiles past the last whole wave, or all of them when there
@@ -65,10 +62,9 @@ impl Split {
     /// The device memory a launch holds beyond the tensors, as the plan's memory note ends.
     pub fn workspace(&self, variant: &Variant) -> String {
         let counters = 4 * self.counters(variant.consumers);
-        match (variant.uses_tile_counters(), self.partial_floats(variant.head_dim, variant.consumers)) {
-            (false, _) => "; no workspace".into(),
-            (true, 0) => format!(" and the tile counters ({counters} B)"),
-            (true, n) => {
+        match self.partial_floats(variant.head_dim, variant.consumers) {
+            0 => format!(" and the tile counters ({counters} B)"),
+            n => {
                 format!(
                     ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
                     4 * n
@@ -79,8 +75,8 @@ impl Split {
 }
 
 impl Variant {
-    /// How the persistent form splits the tail of `problem` over `ctas` CTAs ([`Split`]);
-    /// `Split::none` in the other forms, under a causal mask, or where it would not help (the
+    /// How the persistent grid splits the tail of `problem` over `ctas` CTAs ([`Split`]);
+    /// `Split::none` under a causal mask, or where it would not help (the
     /// tiles fill whole waves, runs of [`MIN_RUN`] would not outnumber the tail's tiles, or the
     /// busiest CTA would gain less than [`MIN_GAIN`] key tiles and a quarter of its work).
     /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
@@ -88,7 +84,7 @@ impl Variant {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
         let key_tiles = problem.shape.seq_k.div_ceil(self.block_n) as u64;
         let rest = tiles % ctas.max(1);
-        if self.form < Form::Persistent || self.causal || rest == 0 || key_tiles == 0 {
+        if self.causal || rest == 0 || key_tiles == 0 {
             return Split::none(tiles);
         }
         let units = (rest as u64 * key_tiles / MIN_RUN).min(ctas as u64) as u32;

@@ -4,7 +4,6 @@
 use super::wgmma;
 use crate::compile::{Arch, CompileRequest};
 use attn_core::{DType, Error, Problem, Result};
-use std::fmt;
 
 /// The kernel source, compiled at run time for sm_90a.
 pub const SOURCE: &str = include_str!("../../kernels/flash_fwd_sm90.cu");
@@ -37,61 +36,13 @@ pub const CONSUMER_REGISTERS: u32 = 240;
 
 /// The registers the warpgroups of a CTA may claim together after `setmaxnreg`. `setmaxnreg.inc`
 /// waits until the registers are free, so asking for more hangs the kernel: 128 x 32 + 256 x
-/// 240, the whole 65536, hung every launch on the H100
-/// (bench/results/2026-11-25-h100-hopper-976d895); 64512 (FlashAttention-3's 24 + 2 x 240)
+/// 240, the whole 65536, hung every launch on the H100 (976d895); 64512 (FlashAttention-3's
+/// 24 + 2 x 240)
 /// leaves a 1024-register margin. The pool is also at most what the launch gave the CTA (its
 /// threads times the cap at entry, [`Variant::register_pool`]): with four consumers (640 threads,
 /// 96 each at entry, 61440 in all) the 112 that 64512 would leave each consumer hung every launch
-/// (bench/results/2026-11-26-h100-hopper-knobs-d4ae16f).
+/// (d4ae16f).
 pub const REGISTER_POOL: u32 = 64512;
-
-/// How the kernel's warpgroups share the work: each form adds one thing to the one before,
-/// following the steps the kernel was built in, so that each can be verified and timed alone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Form {
-    /// One warpgroup, no producer: K/V by `cp.async` into two stages, then wgmma products,
-    /// one tile at a time.
-    CpAsync,
-    /// Warp-specialized: a producer warpgroup copies Q, K and V with TMA into a ring of stages
-    /// guarded by mbarriers; two or three consumer warpgroups (64 query rows each) compute.
-    Tma,
-    /// Inside each consumer warpgroup, tile j's softmax runs while the tensor cores compute
-    /// tile j - 1's P·V (issued together with tile j's S).
-    Overlap,
-    /// The consumer warpgroups take turns issuing their products (named barriers, in a ring), so
-    /// that one's softmax runs under another's products.
-    PingPong,
-    /// One CTA per SM; each takes its next tile from a counter in global memory as it finishes
-    /// one (a persistent grid with dynamic scheduling; causal: longest first).
-    Persistent,
-}
-
-impl Form {
-    /// Every form, in the order they build on each other.
-    pub const ALL: [Form; 5] = [Form::CpAsync, Form::Tma, Form::Overlap, Form::PingPong, Form::Persistent];
-
-    /// The name in kernel names and `ATTN_CUDA_FORM`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Form::CpAsync => "cpasync",
-            Form::Tma => "tma",
-            Form::Overlap => "overlap",
-            Form::PingPong => "pingpong",
-            Form::Persistent => "persistent",
-        }
-    }
-
-    /// The form named `name` (as [`Form::as_str`] spells it).
-    pub fn parse(name: &str) -> Option<Form> {
-        Form::ALL.into_iter().find(|f| f.as_str() == name.trim())
-    }
-}
-
-impl fmt::Display for Form {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// One specialisation of `kernels/flash_fwd_sm90.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,33 +55,20 @@ pub struct Variant {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
-    /// Consumer warpgroups of 64 query rows each: 1 in the `cp.async` form, 2 or 3 after it.
+    /// Consumer warpgroups of 64 query rows each (2 to 4), beside the producer warpgroup.
     pub consumers: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
-    /// How the warpgroups share the work.
-    pub form: Form,
-    /// Whether the consumer warpgroups take turns issuing their products (from the ping-pong
-    /// form on, unless turned off to measure what the turns cost).
-    pub pingpong: bool,
-    /// Causal, from the overlap form on: each consumer warpgroup computes only the key tiles its
-    /// own 64 rows see and passes over the rest of its tile's (`ATTN_TRIM`; off unless asked).
-    pub trim: bool,
     /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
-    /// consumer has issued its last S of this one; or 2 (overlapped forms, where shared memory
-    /// has room), so that the next piece's Q loads while this one's key tiles run, with O staged
+    /// consumer has issued its last S of this one; or 2 (where shared memory has room), so that the next piece's Q loads while this one's key tiles run, with O staged
     /// in its own tile's Q slot. See [`Variant::with_q_slots`].
     pub q_slots: u32,
-    /// Causal, persistent form, O staged: a head's query blocks end at its last row, so that
+    /// Causal, O staged: a head's query blocks end at its last row, so that
     /// the block `seq_q % block_m` leaves short is the first (whose rows see the fewest keys), not
     /// the last (whose rows see the most); `ATTN_BOTTOM`, see [`Variant::bottoms`]. The default
-    /// where it applies (`ATTN_CUDA_SM90_BLOCKS=top` for the old order). Counted from the tile
-    /// shapes (192 x 96 at D=64, every block's key tiles times its rows, padding included): 4.2%
-    /// fewer products at S=4096, 12% at 1024, 1.1% at 16384, none at 2048 or 8192 (there the
-    /// last block's padding rows become every block's part-filled last key tile). Measured on the
-    /// H100 at D=64, three interleaved rounds (bench/results/2026-11-26-h100-hopper-bottom-781ff61):
-    /// S=4096 420.4-420.5 TFLOP/s against 405.4-406.7 from the top, S=1024 283-292 against
-    /// 261-264, S=16384 +1.3%, S=2048 and 8192 even.
+    /// where it applies (`ATTN_CUDA_SM90_BLOCKS=top` for the old order): fewer products where
+    /// the sequence leaves a block short (at D=64, 4% at S=4096, 12% at 1024, none at 2048 or
+    /// 8192), and as much faster on the H100 (measured at 781ff61, see docs/experiments.md).
     pub bottom: bool,
     /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
     /// each piece's steps in SM cycles into a buffer the host writes out (see
@@ -148,17 +86,17 @@ impl Variant {
     }
 
     /// Whether the kernel lays its query blocks from the bottom ([`Variant::bottom`] where it
-    /// applies: causal, the persistent form, O staged. The first block's rows before 0 are TMA's
+    /// applies: causal, O staged. The first block's rows before 0 are TMA's
     /// zero fill on load; a warpgroup whose rows start there stores O from registers, skipping
     /// them, as a TMA store at a negative row faults. D=256, whose O is not staged, keeps the top
     /// order: the combination was never run).
     pub fn bottoms(&self) -> bool {
-        self.bottom && self.causal && self.form == Form::Persistent && self.o_staged()
+        self.bottom && self.causal && self.o_staged()
     }
 
     /// This variant with its causal query blocks laid from the bottom or not, or why they cannot
-    /// be: where asked of a causal variant whose blocks cannot be (not the persistent form, or O
-    /// not staged, as at D=256), an error rather than the usual order under another name.
+    /// be: where asked of a causal variant whose blocks cannot be (O not staged, as at D=256), an
+    /// error rather than the usual order under another name.
     /// Without a mask there is no order to change, and the setting is left as asked.
     pub fn with_bottom(self, bottom: bool) -> Result<Variant> {
         let v = Variant { bottom, ..self };
@@ -167,17 +105,12 @@ impl Variant {
             true => Err(Error::Unsupported {
                 backend: "cuda (Hopper family)".into(),
                 what: format!(
-                    "causal query blocks from the bottom in {}: only in the persistent form with O staged \
-                     through shared memory; ATTN_CUDA_SM90_BLOCKS=top",
+                    "causal query blocks from the bottom in {}: only with O staged through shared memory; \
+                     ATTN_CUDA_SM90_BLOCKS=top",
                     self.name()
                 ),
             }),
         }
-    }
-
-    /// Whether the kernel trims each warpgroup's key tiles ([`Variant::trim`] where it applies).
-    pub fn trims(&self) -> bool {
-        self.trim && self.causal && self.form >= Form::Overlap
     }
 
     /// Query rows per CTA tile: 64 per consumer warpgroup.
@@ -185,21 +118,15 @@ impl Variant {
         64 * self.consumers as usize
     }
 
-    /// Threads per CTA: the consumer warpgroups and, from the TMA form on, the producer.
+    /// Threads per CTA: the consumer warpgroups and the producer.
     pub fn threads(&self) -> u32 {
-        128 * (self.consumers + u32::from(self.form >= Form::Tma))
+        128 * (self.consumers + 1)
     }
 
     /// Whether the kernel moves registers from the producer to the consumers (`setmaxnreg`):
     /// with 384 threads the cap at entry is 168 per thread, under what the consumers need.
     pub fn reallocates_registers(&self) -> bool {
         self.threads() > 256
-    }
-
-    /// Whether the launch holds the persistent scheduler's counters (zero at every launch:
-    /// [`Split::counters`]).
-    pub fn uses_tile_counters(&self) -> bool {
-        self.form >= Form::Persistent
     }
 
     /// Dynamic shared memory: Q, `stages` K and V tiles (16-bit), O on its way out where it is
@@ -228,27 +155,24 @@ impl Variant {
     }
 
     /// Whether O goes out through shared memory and a TMA store (coalesced, and the rows past
-    /// the sequence are TMA's to skip): in the TMA forms, where shared memory has room for it
-    /// next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
+    /// the sequence are TMA's to skip): where shared memory has room for it next to the rest (not at D = 256, whose Q and K/V take 192 KB); with two Q slots always,
     /// in its tile's Q slot.
     pub fn o_staged(&self) -> bool {
-        self.form >= Form::Tma
-            && (self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT)
+        self.q_slots == 2 || self.unstaged_bytes() + self.o_bytes() <= SHARED_LIMIT
     }
 
-    /// This variant with `slots` Q slots, or why it cannot have them: two need an overlapped
-    /// form and room for a second Q tile (O then goes out through the Q slots, so the room is
+    /// This variant with `slots` Q slots, or why it cannot have them: two need room for a second
+    /// Q tile (O then goes out through the Q slots, so the room is
     /// the second tile's, not O's).
     pub fn with_q_slots(self, slots: u32) -> Result<Variant> {
         let v = Variant { q_slots: slots, ..self };
-        let fits =
-            slots == 1 || (slots == 2 && self.form >= Form::Overlap && v.unstaged_bytes() <= SHARED_LIMIT);
+        let fits = slots == 1 || (slots == 2 && v.unstaged_bytes() <= SHARED_LIMIT);
         match fits {
             true => Ok(v),
             false => Err(Error::Unsupported {
                 backend: "cuda (Hopper family)".into(),
                 what: format!(
-                    "{slots} Q slots in {}: 1, or 2 in the overlapped forms where two Q tiles and the K/V stages fit \
+                    "{slots} Q slots in {}: 1, or 2 where two Q tiles and the K/V stages fit \
                      {SHARED_LIMIT} bytes of shared memory ({} needed)",
                     self.name(),
                     v.unstaged_bytes()
@@ -257,18 +181,15 @@ impl Variant {
         }
     }
 
-    /// The name of the specialisation: dtype, head dim, tiles, form, mask.
+    /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}_{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
-            self.form,
-            if self.form >= Form::PingPong && !self.pingpong { "_noturns" } else { "" },
-            if self.trims() { "_trim" } else { "" },
             if self.q_slots == 2 { "_q2" } else { "" },
             if self.bottoms() { "_bottom" } else { "" },
             if self.causal { "_causal" } else { "" },
@@ -290,14 +211,9 @@ impl Variant {
             ("ATTN_CONSUMERS".into(), self.consumers.to_string()),
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_CAUSAL".into(), flag(self.causal)),
-            ("ATTN_TMA".into(), flag(self.form >= Form::Tma)),
-            ("ATTN_OVERLAP".into(), flag(self.form >= Form::Overlap)),
-            ("ATTN_PINGPONG".into(), flag(self.form >= Form::PingPong && self.pingpong)),
-            ("ATTN_PERSISTENT".into(), flag(self.form >= Form::Persistent)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
-            ("ATTN_TRIM".into(), flag(self.trims())),
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
             ("ATTN_TRACE".into(), flag(self.trace)),
@@ -305,7 +221,7 @@ impl Variant {
     }
 
     /// The NVRTC request that compiles it (for sm_90a only: wgmma, TMA and setmaxnreg are
-    /// Hopper's own). Its name encodes every define, since compiled kernels are cached by name.
+    /// Hopper's own).
     pub fn request(&self) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), SOURCE, Arch::Sm90a)
             .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
@@ -339,56 +255,5 @@ impl Variant {
     pub fn tiles(&self, problem: &Problem) -> u64 {
         let s = problem.shape;
         (s.seq_q.div_ceil(self.block_m()) * s.batch * s.heads_q) as u64
-    }
-}
-
-/// The Hopper kernel's experiment overrides from `ATTN_CUDA_SM90_DEFINES`: `NAME=VALUE` pairs
-/// joined by `+`, each NAME an `ATTN_X_` macro of `kernels/flash_fwd_sm90.cu` (so that a
-/// setting can switch a compile-time choice, the speculative softmax or the storer thread,
-/// without a build of its own) and VALUE an integer; anything else is refused with the reason.
-pub fn experiment_defines(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
-    text.split('+')
-        .map(|pair| match pair.trim().split_once('=') {
-            Some((name, value)) if name.starts_with("ATTN_X_") && value.parse::<i64>().is_ok() => {
-                Ok((name.to_string(), value.to_string()))
-            }
-            _ => Err(format!(
-                "ATTN_CUDA_SM90_DEFINES: `{pair}` is not ATTN_X_<NAME>=<integer> (pairs joined by +, e.g. \
-                 ATTN_X_SPECULATE=0+ATTN_X_STORER=0)"
-            )),
-        })
-        .collect()
-}
-
-/// `req` with the experiment overrides `defines` ([`experiment_defines`]) added, under a name
-/// of its own (compiled programs are cached by name).
-pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -> CompileRequest {
-    for (name, value) in defines {
-        req.name = format!("{}_{}{value}", req.name, name.to_lowercase());
-        req = req.define(name.clone(), value);
-    }
-    req
-}
-
-#[cfg(test)]
-mod tests {
-    use super::experiment_defines;
-
-    #[test]
-    fn experiment_defines_take_only_the_kernels_overrides() {
-        assert_eq!(
-            experiment_defines("ATTN_X_SPECULATE=0+ATTN_X_STORER=0").unwrap(),
-            [
-                ("ATTN_X_SPECULATE".to_string(), "0".to_string()),
-                ("ATTN_X_STORER".to_string(), "0".to_string())
-            ]
-        );
-        // A variant's own define, a value that is not an integer, a missing value: refused.
-        for bad in
-            ["ATTN_D=64", "ATTN_X_SPECULATE=on", "ATTN_X_SPECULATE", "ATTN_X_STORER=0,ATTN_X_SPECULATE=0"]
-        {
-            let err = experiment_defines(bad).unwrap_err();
-            assert!(err.contains("ATTN_X_<NAME>=<integer>"), "{bad}: {err}");
-        }
     }
 }
