@@ -197,6 +197,35 @@ mod tests {
     }
 
     #[test]
+    fn every_knob_defined_is_listed_and_none_is_read_around_them() {
+        // Every `Knob { name: "ATTN_..." }` in the crate's sources is in KNOBS, and no file reads
+        // an ATTN_* variable but through one.
+        let sources = [include_str!("options.rs"), include_str!("locate.rs")];
+        let defined: Vec<&str> = sources
+            .iter()
+            .flat_map(|s| s.split("name: \"").skip(1))
+            .filter_map(|rest| rest.split('"').next())
+            .filter(|name| name.starts_with("ATTN_") && !name.contains('.'))
+            .collect();
+        let listed: Vec<&str> = KNOBS.iter().map(|k| k.name).collect();
+        for name in &defined {
+            assert!(listed.contains(name), "{name} is defined but not in KNOBS");
+        }
+        assert_eq!(defined.len(), listed.len(), "{defined:?}");
+        let others = [
+            include_str!("backend.rs"),
+            include_str!("compile.rs"),
+            include_str!("probe.rs"),
+            include_str!("runtime.rs"),
+            include_str!("../tests/compile_variants.rs"),
+            include_str!("../tests/gpu_smoke.rs"),
+            include_str!("../examples/cubin.rs"),
+        ];
+        let read = ["env::var(\"ATTN_", "env::var_os(\"ATTN_"];
+        assert!(others.iter().chain(&sources).all(|s| !read.iter().any(|r| s.contains(r))));
+    }
+
+    #[test]
     fn a_value_that_cannot_be_read_names_the_variable() {
         // Only this test sets these variables; nothing else in this binary reads them.
         for (knob, bad) in
