@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent GPU machine: Nsight Compute on one launch of the Hopper persistent form at each of
+# On the lent GPU machine: Nsight Compute on one launch of the Hopper kernel at each of
 # several sequence lengths (PROFILE_SEQS, default 4096 16384; D=128 without a mask unless
 # PROFILE_D / PROFILE_MASK say otherwise, batch x heads = 16384/S x 2048/D), with the sections
 # that say where a launch's time goes: speed of light, compute (tensor pipe) and memory (L2 hit

@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (an H100 or H200), in one call: the Hopper family of the cuda backend
-# (kernels/flash_fwd_sm90.cu) in each of its forms (ATTN_CUDA_FORM: cpasync, tma, overlap,
-# pingpong, persistent; each adds one thing to the one before), next to PyTorch SDPA's cuDNN and
-# FlashAttention-2 backends on the same shapes, and the Ampere/Ada family for reference.
+# (kernels/flash_fwd_sm90.cu), next to PyTorch SDPA's cuDNN and FlashAttention-2 backends on the
+# same shapes, and the Ampere/Ada family for reference.
 # Steps (STEPS, default all but sweep):
-#   smoke     one small call per form, head dim and mask, each under a timeout (a hang is a
-#             deadlock), with its error against f64
-#   verify    attn verify per form: the quick grid, the full grid for the last form (and, for
-#             the persistent form, again with grids of 2, 3 and 7 CTAs (VERIFY_GRIDS), each
-#             computing many tiles, and with 3 and 7 the split tail's runs across tiles)
+#   smoke     one small call per head dim and mask (and again on 3 CTAs), each under a timeout
+#             (a hang is a deadlock), with its error against f64
+#   verify    attn verify: the full grid, then again with grids of 2, 3 and 7 CTAs
+#             (VERIFY_GRIDS), each computing many tiles, and with 3 and 7 the split tail's runs
+#             across tiles
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck on small cases
-#   sass      cuobjdump of the last form's CUBINs: HGMMA present, no local-memory traffic
-#   bench     the bf16 GEMM ceiling; each form, the Ampere family and the peers on bf16,
+#   sass      cuobjdump of the CUBINs: HGMMA present, no local-memory traffic
+#   bench     the bf16 GEMM ceiling; the kernel, the Ampere family and the peers on bf16,
 #             D=64/128, S=2048..16384 (the rows the issue's targets name)
-#   sweep     the last form with other tiles (SWEEP="d:keys:stages[:consumers] ...", 0 or
-#             unsaid: the head dim's), S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS),
-#             SWEEP_ROUNDS times, with the SM clock and power logged (clocks.csv); each
-#             configuration also in the forms SWEEP_FORMS names (labelled with the form) and
-#             with the binary BASE names (another commit's attn, labelled -base), and with the
-#             split tail on and off (SWEEP_SPLIT="on off", labelled split-on/-off), in turn with
-#             this one; VERIFY_TILES=
-#             "keys:stages[:consumers] ..." runs the quick grid with those first
-#   profile   Nsight Compute on one launch of the last form (PROFILE="d seq mask", default
-#             "128 4096 none"): warp states and stall samples per SASS instruction
-#   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) for the last form
-#             and the peers: the table for docs/performance.md
+#   sweep     other tiles (SWEEP="d:keys:stages[:consumers] ...", 0 or unsaid: the head dim's),
+#             S=4096 and 16384 (SWEEP_SEQS), both masks (SWEEP_MASKS), SWEEP_ROUNDS times, with
+#             the SM clock and power logged (clocks.csv); each configuration also with the binary
+#             BASE names (another commit's attn, labelled -base), and with the split tail on and
+#             off (SWEEP_SPLIT="on off", labelled split-on/-off), in turn with this one;
+#             VERIFY_TILES="keys:stages[:consumers] ..." runs the quick grid with those first
+#   profile   Nsight Compute on one launch (PROFILE="d seq mask", default "128 4096 none"): warp
+#             states and stall samples per SASS instruction
+#   grid      the standard grid (bf16 and f16, D=64/128/256, S=512..16384) and the peers: the
+#             table for docs/performance.md
 # Expects `cargo xtask bundle` output in .device/ (carry it). Writes $OUT/hopper.tgz and
 # $OUT/hopper-table.md. timeout_s=600; each step under its own timeout.
 set -uo pipefail
@@ -34,8 +31,6 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_CUDA_FAMILY=hopper  # the Ampere rows below ask for theirs
 attn=.device/bin/attn
 steps=${STEPS:-smoke verify sanitize sass bench grid}
-forms=${FORMS:-cpasync tma overlap pingpong persistent}
-last=${forms##* }
 has() { [[ " $steps " == *" $1 "* ]]; }
 TARGETS=(--dtypes bf16 --dims 64,128 --seqs 2048,4096,8192,16384 --masks none,causal --tokens 16384 --model-dim 2048)
 STANDARD=(--dtypes bf16,f16 --dims 64,128,256 --seqs 512,1024,2048,4096,8192,16384 --masks none,causal
@@ -68,23 +63,22 @@ META
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,enforced.power.limit,power.max_limit --format=csv; $attn backends; } 2>&1 | tee "$out/gpu.txt"
 for d in 64 128 256; do
-  ATTN_CUDA_FORM=$last $attn plan --backend cuda -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
+  $attn plan --backend cuda -d $d --seq 4096 --batch 4 --heads $((2048 / d)) 2>&1
 done > "$out/plan.txt"
 
 if has smoke; then
-  echo "== smoke: one small call per form, head dim and mask (rel L2 against f64; 20 s each)"
-  # The persistent form also with a grid of 3 CTAs: the smoke problems have fewer tiles than the
-  # H100 has SMs, and only a CTA that computes several goes from one tile to the next.
-  for fg in $forms $(for f in $forms; do [[ $f == persistent ]] && echo $f:3; done); do
-  f=${fg%:*}; g=${fg#"$f"}; g=${g#:}
+  echo "== smoke: one small call per head dim and mask (rel L2 against f64; 20 s each)"
+  # Also with a grid of 3 CTAs: the smoke problems have fewer tiles than the H100 has SMs, and
+  # only a CTA that computes several goes from one tile to the next.
+  for g in "" 3; do
   for d in 64 128 256; do for c in "" --no-causal; do
-    r=$(env ${g:+ATTN_CUDA_SM90_GRID=$g} ATTN_CUDA_FORM=$f timeout 20 $attn run --backend cuda -d $d --seq 300 --heads 4 --kv-heads 2 --batch 2 $c \
+    r=$(env ${g:+ATTN_CUDA_SM90_GRID=$g} timeout 20 $attn run --backend cuda -d $d --seq 300 --heads 4 --kv-heads 2 --batch 2 $c \
         --iters 1 --warmup 0 --check-rows 64 --json 2> "$out/smoke.err")
     code=$?
     if ((code == 124)); then  # a hang hangs every launch after it: stop, and keep the device time
-      echo "$f${g:+ grid $g} d$d ${c:-causal}: exit 124 (hang): stopping"; pack smoke; rm -rf "$out"; exit 1
+      echo "${g:+grid $g }d$d ${c:-causal}: exit 124 (hang): stopping"; pack smoke; rm -rf "$out"; exit 1
     fi
-    echo "$f${g:+ grid $g} d$d ${c:-causal}: exit $code $(echo "$r" | python3 -c 'import json,sys
+    echo "${g:+grid $g }d$d ${c:-causal}: exit $code $(echo "$r" | python3 -c 'import json,sys
 try:
     r = json.loads(sys.stdin.read()); a = r["accuracy"]
     wrong = " WRONG: bf16 lands near 2e-3" if not a["rel_l2"] <= 1e-2 or a["non_finite"] else ""
@@ -96,53 +90,48 @@ except Exception: print("no result")') $( ((code != 0)) && tail -2 "$out/smoke.e
 fi
 pack smoke
 if has verify; then
-  for f in $forms; do
-    grid=--quick; [[ $f == "$last" ]] && grid=
-    echo "== verify ($f${grid:+, quick grid})"
-    verify $f ATTN_CUDA_FORM=$f -- $grid
+  echo "== verify"
+  verify sm90 ATTN_CUDA_FAMILY=hopper --
+  # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one (or a
+  # run of the split tail); with a few CTAs each computes many (the piece slot, the barriers'
+  # phases and the O buffer reused), and with 3 or 7 the tail's runs also cross from one tile
+  # into the next, after whole tiles.
+  for g in ${VERIFY_GRIDS:-2 3 7}; do
+    echo "== verify (a persistent grid of $g CTAs)"
+    verify grid$g ATTN_CUDA_SM90_GRID=$g --
   done
-  if [[ $last == persistent ]]; then
-    # The grid's problems have fewer tiles than the H100 has SMs, so each CTA computes one (or
-    # a run of the split tail); with a few CTAs each computes many (the piece slot, the
-    # barriers' phases and the O buffer reused), and with 3 or 7 the tail's runs also cross
-    # from one tile into the next, after whole tiles.
-    for g in ${VERIFY_GRIDS:-2 3 7}; do
-      echo "== verify ($last, a persistent grid of $g CTAs)"
-      verify grid$g ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=$g --
-    done
-  fi
 fi
 pack verify
 if has sanitize; then
-  echo "== compute-sanitizer on small cases (${SAN_FORMS:-tma $last})"
-  for f in ${SAN_FORMS:-tma $last}; do for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
-    log="$out/sanitizer-$tool-$f-d$d${c:+-nomask}.txt"
-    ATTN_CUDA_FORM=$f timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
+  echo "== compute-sanitizer on small cases"
+  for d in 64 128; do for c in "" --no-causal; do for tool in memcheck racecheck synccheck; do
+    log="$out/sanitizer-$tool-d$d${c:+-nomask}.txt"
+    timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda --dtype bf16 \
         -d $d --seq 200 --heads 2 --batch 1 $c --iters 1 --warmup 0 --check-rows 4 --json > "$log" 2>&1
-    echo "$tool $f d$d ${c:-causal}: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
-  done; done; done; done | tee "$out/sanitizer.txt"
+    echo "$tool d$d ${c:-causal}: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
+  done; done; done | tee "$out/sanitizer.txt"
   # One CTA computing all four tiles of a case: the Q buffers and the tile slots reused.
   log="$out/sanitizer-racecheck-grid1.txt"
-  ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_GRID=1 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $attn run \
+  ATTN_CUDA_SM90_GRID=1 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $attn run \
     --backend cuda --dtype bf16 -d 128 --seq 200 --heads 2 --batch 1 --no-causal --iters 1 --warmup 0 --check-rows 4 \
     --json > "$log" 2>&1
-  echo "racecheck $last d128 --no-causal, one CTA: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)" \
+  echo "racecheck d128 --no-causal, one CTA: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)" \
     | tee -a "$out/sanitizer.txt"
   # The split tail: 8 tiles of 8 key tiles, dealt to 16 CTAs in runs of 4, each tile merged
   # from two pieces (global partial results, a counter, a flag in shared memory).
-  if [[ $last == persistent ]]; then for tool in memcheck racecheck synccheck; do
+  for tool in memcheck racecheck synccheck; do
     log="$out/sanitizer-$tool-split.txt"
-    ATTN_CUDA_FORM=$last timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda \
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $attn run --backend cuda \
       --dtype bf16 -d 128 --seq 1024 --heads 1 --batch 1 --no-causal --iters 1 --warmup 0 --check-rows 16 --json > "$log" 2>&1
-    echo "$tool $last d128 S=1024 --no-causal, split tail: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
-  done | tee -a "$out/sanitizer.txt"; fi
+    echo "$tool d128 S=1024 --no-causal, split tail: exit $? $(grep -o '[A-Z]* SUMMARY: .*' "$log" | tail -1)"
+  done | tee -a "$out/sanitizer.txt"
 fi
 pack sanitize
 if has sass; then
-  echo "== SASS of the $last form: HGMMA instructions, local-memory loads and stores"
+  echo "== SASS: HGMMA instructions, local-memory loads and stores"
   cubin=$PWD/.device/bin/cubin
   mkdir -p /tmp/sass && (cd /tmp/sass && for d in 64 128 256; do for c in "" causal; do
-    $cubin sm90 bf16 $d $last $c > /dev/null || echo "cubin sm90 bf16 $d $last $c failed"
+    $cubin sm90 bf16 $d $c > /dev/null || echo "cubin sm90 bf16 $d $c failed"
   done; done)
   for f in /tmp/sass/*.cubin; do
     cuobjdump -sass "$f" > "${f%.cubin}.sass" 2>&1
@@ -186,24 +175,24 @@ for (dt, d, s, c), t in sorted(by.items()):
 PY
 }
 if has bench; then
-  echo "== bench: the forms, the Ampere family, the peers (bf16, D=64/128, S>=2048)"
-  for f in ${BENCH_FORMS:-tma overlap pingpong persistent}; do ATTN_CUDA_FORM=$f bench sm90-$f "${TARGETS[@]}"; done
+  echo "== bench: the kernel, the Ampere family, the peers (bf16, D=64/128, S>=2048)"
+  bench sm90 "${TARGETS[@]}"
   ATTN_CUDA_FAMILY=ampere bench ampere "${TARGETS[@]}"
   timeout 150 python3 bench/peers/torch_sdpa_gpu.py --backends cudnn,flash "${TARGETS[@]}" > "$out/sdpa-targets.jsonl" 2> "$out/sdpa-targets.log"
   echo "sdpa exit $?"
-  meta hopper-forms "STEPS=bench bash bench/device/hopper.sh" > "$out/meta-forms.json"
-  ours=(); for f in "$out"/attn-sm90-*.jsonl "$out/attn-ampere.jsonl"; do [[ -s $f ]] && ours+=(--ours "$f"); done
-  python3 bench/report.py --unit TFLOP/s "${ours[@]}" --peer "$out/sdpa-targets.jsonl" --meta "$out/meta-forms.json" \
-    --out "$out/forms-results.json" > "$out/forms-table.md"
-  targets "$out/forms-results.json" sm90-$last | tee "$out/forms-targets.txt"
+  meta hopper-targets "STEPS=bench bash bench/device/hopper.sh" > "$out/meta-targets.json"
+  ours=(); for f in "$out/attn-sm90.jsonl" "$out/attn-ampere.jsonl"; do [[ -s $f ]] && ours+=(--ours "$f"); done
+  python3 bench/report.py --unit TFLOP/s "${ours[@]}" --peer "$out/sdpa-targets.jsonl" --meta "$out/meta-targets.json" \
+    --out "$out/targets-results.json" > "$out/targets-table.md"
+  targets "$out/targets-results.json" sm90 | tee "$out/bench-targets.txt"
 fi
 pack bench
 if has sweep; then
   for t in ${VERIFY_TILES:-}; do
-    echo "== verify ($last, tiles $t, quick grid)"
-    verify "tiles-${t//:/-}" ATTN_CUDA_FORM=$last ATTN_CUDA_SM90_TILES=$t -- --quick
+    echo "== verify (tiles $t, quick grid)"
+    verify "tiles-${t//:/-}" ATTN_CUDA_SM90_TILES=$t -- --quick
   done
-  echo "== sweep: the $last form with other tiles (d:keys:stages[:consumers]), ${SWEEP_ROUNDS:-1} round(s)"
+  echo "== sweep: other tiles (d:keys:stages[:consumers]), ${SWEEP_ROUNDS:-1} round(s)"
   # The SM clock, power and throttle reasons every 200 ms while the sweep runs (rounds interleave
   # the configurations, so that a drift in clocks shows as a drift, not as a difference).
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv \
@@ -211,16 +200,15 @@ if has sweep; then
   for round in $(seq 1 ${SWEEP_ROUNDS:-1}); do
     for t in ${SWEEP:-64:192:2 64:128:3 128:176:2 128:128:3 128:112:2}; do IFS=: read -r d n st cons <<< "$t"
       for bin in $attn ${BASE:-}; do  # BASE: another commit's attn, timed in turn with this one
-        for f in ${SWEEP_FORMS:-$last}; do for sp in ${SWEEP_SPLIT:-""}; do
-          [[ $bin != "$attn" && $f != persistent ]] && continue  # the base binary: the default form only
-          label="sweep-d$d-n$n-s$st-c${cons:-0}"; [[ -n ${SWEEP_FORMS:-} ]] && label="sweep-$f-${label#sweep-}"
+        for sp in ${SWEEP_SPLIT:-""}; do
+          label="sweep-d$d-n$n-s$st-c${cons:-0}"
           [[ -n $sp ]] && label+="-split-$sp"
           [[ $bin != "$attn" ]] && label+="-base"
           ((${SWEEP_ROUNDS:-1} > 1)) && label+="-r$round"
-          attn=$bin ATTN_CUDA_SM90_SPLIT=${sp:-on} ATTN_CUDA_FORM=$f ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" \
+          attn=$bin ATTN_CUDA_SM90_SPLIT=${sp:-on} ATTN_CUDA_SM90_TILES=$n:$st:${cons:-0} bench "$label" \
             --dtypes bf16 --dims $d --seqs ${SWEEP_SEQS:-4096,16384} --masks ${SWEEP_MASKS:-none,causal} --tokens 16384 \
             --model-dim 2048
-        done; done
+        done
       done
     done
   done
@@ -238,9 +226,9 @@ fi
 pack sweep
 if has profile; then
   read -r d seq mask <<< "${PROFILE:-128 4096 none}"
-  echo "== profile: ncu on one launch of the $last form, D=$d S=$seq $mask"
+  echo "== profile: ncu on one launch, D=$d S=$seq $mask"
   c=; [[ $mask == none ]] && c=--no-causal
-  ATTN_CUDA_FORM=$last timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+  timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
     --section SourceCounters --section LaunchStats --section Occupancy -k regex:attn_fwd_sm90 --launch-skip 2 \
     --launch-count 1 -o "$out/profile" $attn run --backend cuda -d $d --seq $seq --batch $((16384 / seq)) \
     --heads $((2048 / d)) $c --iters 3 --warmup 0 --check-rows 8 > "$out/profile.log" 2>&1
@@ -251,7 +239,7 @@ if has profile; then
   wc -l "$out/profile-source.csv"
   # The same shape under attn bench, every launch's duration by ncu (one metric, no replay, no
   # cache flush) beside the CUDA-event median that bench reports: do the two clocks agree?
-  ATTN_CUDA_FORM=$last timeout 200 ncu --clock-control none --cache-control none --metrics \
+  timeout 200 ncu --clock-control none --cache-control none --metrics \
     gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second -k regex:attn_fwd_sm90 --csv $attn bench --backend cuda \
     --dtypes bf16 --dims $d --seqs $seq --masks $mask --tokens 16384 --model-dim 2048 --warmup 5 \
     --iters 30 > "$out/profile-bench.csv" 2> "$out/profile-bench.log"
@@ -273,11 +261,11 @@ PY
 fi
 pack profile
 if has grid; then
-  echo "== grid: the $last form and the peers on the standard grid"
-  ATTN_CUDA_FORM=$last bench sm90 "${STANDARD[@]}"
+  echo "== grid: the kernel and the peers on the standard grid"
+  bench sm90 "${STANDARD[@]}"
   timeout 240 python3 bench/peers/torch_sdpa_gpu.py --backends cudnn,flash "${STANDARD[@]}" > "$out/sdpa.jsonl" 2> "$out/sdpa.log"
   echo "sdpa exit $?"
-  meta hopper "STEPS=grid FORMS=$last bash bench/device/hopper.sh" > "$out/meta.json"
+  meta hopper "STEPS=grid bash bench/device/hopper.sh" > "$out/meta.json"
   python3 bench/report.py --unit TFLOP/s --ours "$out/attn-sm90.jsonl" --peer "$out/sdpa.jsonl" --meta "$out/meta.json" \
     --out "$out/hopper-results.json" > "$out/hopper-table.md"
   cp "$out/hopper-table.md" "$final/hopper-table.md"

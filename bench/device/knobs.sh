@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the lent GPU machine: the Hopper persistent form under several knob settings, verified and
-# timed against each other in one call. CONFIGS lists "label=SETTING,SETTING..." ("base" with
-# nothing for the defaults), e.g.
-#   CONFIGS="base noturns=ATTN_CUDA_SM90_TURNS=off trim=ATTN_CUDA_SM90_TRIM=on
-#            trim4=ATTN_CUDA_SM90_TRIM=on,ATTN_CUDA_SM90_TILES=64:2:4"
+# On the lent GPU machine: the Hopper kernel under several knob settings, verified and timed
+# against each other in one call. CONFIGS lists "label=SETTING,SETTING..." ("base" with nothing
+# for the defaults), e.g.
+#   CONFIGS="base q1=ATTN_CUDA_SM90_QSLOTS=1 top=ATTN_CUDA_SM90_BLOCKS=top
+#            t64=ATTN_CUDA_SM90_TILES=64:3:3,ATTN_CUDA_SM90_SPLIT=off"
 # Each non-base configuration runs `attn verify` first (the quick grid; the full grid for those
 # in VERIFY_FULL, and again on 3 CTAs with ATTN_CUDA_SM90_GRID=3; base only when VERIFY_FULL
 # names it), then all of them are timed in

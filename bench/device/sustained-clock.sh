@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the SM clock and power while one shape runs for seconds on end, to
-# tell a kernel that loses cycles from one that runs at a lower clock. The Hopper persistent
-# form, bf16 D=SUSTAIN_DIM (default 128) with mask SUSTAIN_MASK (default none), at each of
+# tell a kernel that loses cycles from one that runs at a lower clock. The Hopper kernel,
+# bf16 D=SUSTAIN_DIM (default 128) with mask SUSTAIN_MASK (default none), at each of
 # SUSTAIN_SEQS (default 4096 16384), each for about
 # 3 s of back-to-back calls (attn bench, the default lead: each timed call behind an untimed
 # one), with nvidia-smi sampling clocks and power every 50 ms. Expects `cargo xtask bundle`

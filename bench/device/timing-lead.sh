@@ -3,7 +3,7 @@
 # ours and PyTorch SDPA's (`Lead` in crates/attn-cuda/src/runtime.rs; ATTN_CUDA_TIMING_LEAD,
 # torch_sdpa_gpu.py --lead): nothing (`idle`, the rule before this script's commit), the same
 # call untimed (`repeat`, the rule since), or a one-thread wait (`hold:200`). The Hopper
-# persistent form one sequence length at a time (D=128 without a mask, LEAD_SEQS) under each
+# kernel one sequence length at a time (D=128 without a mask, LEAD_SEQS) under each
 # of LEADS, in ROUNDS interleaved rounds, each segment stamped so that clocks.csv (SM clock and
 # power every 100 ms) gives its clock; then ours and the peers (cuDNN, FlashAttention-2) on bf16
 # D=64/128, S=512..16384, both masks, under each of GRID_LEADS.

@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]
-//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> <form> [causal]
+//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]
 //! ```
 
 use attn_core::DType;
-use attn_cuda::plan::Variant;
+use attn_cuda::ampere::Variant;
 use attn_cuda::{Arch, compile, hopper};
 
 fn main() {
@@ -59,20 +59,19 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> <form> [causal] [noturns] [trim] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>] [ATTN_X_<NAME>=<integer>[+...]]";
-    let (Some(dtype), Some(d), Some(form)) = (args.first(), args.get(1), args.get(2)) else {
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
+    let (Some(dtype), Some(d)) = (args.first(), args.get(1)) else {
         eprintln!("{usage}");
         std::process::exit(2);
     };
     let head_dim: usize = d.parse().unwrap_or_else(|_| panic!("{usage}: {d} is not a number"));
-    let form = hopper::Form::parse(form).unwrap_or_else(|| panic!("{usage}: {form} is not a form"));
     let forced = args.iter().find_map(|a| a.strip_prefix("tiles=")).map(|t| {
         let n: Vec<u32> =
             t.split(':').map(|x| x.parse().unwrap_or_else(|_| panic!("{usage}: {t}"))).collect();
         assert_eq!(n.len(), 3, "{usage}: {t}");
-        hopper::plan::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
+        hopper::Tiles { block_n: n[0] as usize, stages: n[1], consumers: n[2] }
     });
-    let tiles = forced.unwrap_or_else(|| hopper::plan::tiles(head_dim, form));
+    let tiles = forced.unwrap_or_else(|| hopper::tiles(head_dim));
     let variant = hopper::Variant {
         dtype: if dtype == "bf16" { DType::Bf16 } else { DType::F16 },
         head_dim,
@@ -80,9 +79,6 @@ fn hopper_cubin(args: &[String]) {
         stages: tiles.stages,
         consumers: tiles.consumers,
         causal: args.iter().any(|a| a == "causal"),
-        form,
-        pingpong: form >= hopper::Form::PingPong && !args.iter().any(|a| a == "noturns"),
-        trim: args.iter().any(|a| a == "trim"),
         q_slots: 1,
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),
@@ -91,17 +87,11 @@ fn hopper_cubin(args: &[String]) {
         true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),
         false => variant,
     };
-    // Experiment overrides, as ATTN_CUDA_SM90_DEFINES gives them (ATTN_X_<NAME>=<integer>[+...]).
-    let experiments = match args.iter().find(|a| a.starts_with("ATTN_X_")) {
-        Some(x) => attn_cuda::experiment_defines(x).unwrap_or_else(|e| panic!("{usage}: {e}")),
-        None => vec![],
-    };
-    let req = attn_cuda::with_experiments(variant.request(), &experiments);
-    match compile(&req) {
+    match compile(&variant.request()) {
         Ok(c) => {
-            let path = format!("{}.cubin", req.name);
+            let path = format!("{}.cubin", variant.name());
             std::fs::write(&path, &c.cubin).expect("write the cubin");
-            std::fs::write(format!("{}.ptx", req.name), &c.ptx).expect("write the ptx");
+            std::fs::write(format!("{}.ptx", variant.name()), &c.ptx).expect("write the ptx");
             println!("{path}\n{}", c.log.trim_end());
         }
         Err(e) => {

@@ -1,5 +1,6 @@
-"""A model of the Hopper kernel's synchronization (kernels/flash_fwd_sm90.cu), to check a change
-to it before a GPU runs it: the producer (`produce`: the piece and Q slots (one or two, with
+"""A model of the Hopper kernel's synchronization (kernels/flash_fwd_sm90.cu with its parts:
+sm90_scheduler.cuh's piece slots, sm90_mainloop.cuh's loops, sm90_epilogue.cuh's storer), to
+check a change to it before a GPU runs it: the producer (`produce`: the piece and Q slots (one or two, with
 their barriers; with two, O is staged in its piece's Q slot), the K/V
 stages' full and empty mbarriers with their phase parities) and the consumer warpgroups
 (`consume` and `mainloop_overlapped`, with TRIM's skipped key tiles, and the ping-pong ring of

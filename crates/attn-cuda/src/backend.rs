@@ -1,104 +1,76 @@
 //! The `cuda` backend behind [`Attention`]: the Ampere/Ada FlashAttention-2-class kernel, and on
 //! Hopper (compute capability 9.0) the warp-specialized wgmma/TMA kernel where it applies.
 
-use crate::hopper::{self, Form, launch::Sm90Params};
-use crate::launch::{DeviceTensors, KernelParams, from_bits};
-use crate::plan::{self, Variant};
-use crate::{CompileRequest, Gpu, Lead, driver};
+use crate::ampere::{self, launch::KernelParams};
+use crate::compile::{Arch, CompileRequest, compile_cached};
+use crate::hopper::{self, launch::Bound, split::Split};
+use crate::options::{Family, Options};
+use crate::runtime::{Gpu, Lead, driver};
+use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
-    Attention, Availability, DeviceKind, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared,
-    Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Error, Execution, Inputs, Launch, Numerics, Outputs, Payload, Plan,
+    Prepared, Problem, Result, Tiles,
 };
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-
-/// The kernel source, compiled at run time for the device's exact architecture.
-pub const SOURCE: &str = include_str!("../kernels/flash_fwd.cu");
 
 /// Whether devices of compute capability 9.0 get the Hopper family without being asked
 /// (`ATTN_CUDA_FAMILY=hopper`): on since it passed `attn verify` on the H100 (full grid, 36 of 36
-/// f16/bf16 cases, bench/results/2026-11-25-h100-hopper-62e8e71).
+/// f16/bf16 cases, at commit 62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
-/// A kernel family of the backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    /// `kernels/flash_fwd.cu`: mma.sync, ldmatrix, cp.async; sm_80 to sm_90.
-    Ampere,
-    /// `kernels/flash_fwd_sm90.cu`: wgmma, TMA, mbarriers, warp specialization; sm_90 only.
-    Hopper,
+/// One specialisation of either family, as a plan chose it.
+#[derive(Clone, Debug, PartialEq)]
+enum Kernel {
+    Ampere(ampere::Variant),
+    /// With how its launch deals out the work.
+    Hopper(hopper::Variant, Split),
 }
 
-/// One specialisation of either family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Kernel {
-    Ampere(Variant),
-    Hopper(hopper::Variant),
+/// What `plan` chose, carried in [`Plan::payload`] so that `prepare` runs exactly that.
+#[derive(Clone, Debug, PartialEq)]
+struct Chosen {
+    kernel: Kernel,
+    launch: Launch,
 }
 
 impl Kernel {
     fn name(&self) -> String {
         match self {
             Kernel::Ampere(v) => v.name(),
-            Kernel::Hopper(v) => v.name(),
+            Kernel::Hopper(v, _) => v.name(),
         }
     }
 
-    /// The specialisation a plan names, from either family's list (kernels planned with forced
-    /// tiles are found among the loaded ones instead).
-    fn named(name: &str) -> Option<Kernel> {
-        let ampere = Variant::all().into_iter().map(Kernel::Ampere);
-        let hopper = hopper::Variant::all().into_iter().map(Kernel::Hopper);
-        ampere.chain(hopper).find(|k| k.name() == name)
+    /// The entry function of its source.
+    fn entry(&self) -> &'static str {
+        match self {
+            Kernel::Ampere(_) => "attn_fwd",
+            Kernel::Hopper(..) => "attn_fwd_sm90",
+        }
+    }
+
+    /// The NVRTC request that compiles it for `arch`.
+    fn request(&self, arch: Arch) -> CompileRequest {
+        match self {
+            Kernel::Ampere(v) => v.request(arch),
+            Kernel::Hopper(v, _) => v.request(),
+        }
     }
 
     fn shared_bytes(&self) -> u32 {
         match self {
             Kernel::Ampere(v) => v.shared_bytes(),
-            Kernel::Hopper(v) => v.shared_bytes(),
+            Kernel::Hopper(v, _) => v.shared_bytes(),
         }
     }
 }
 
-/// The Hopper kernel's experiment overrides from `ATTN_CUDA_SM90_DEFINES`: `NAME=VALUE` pairs
-/// joined by `+`, each NAME an `ATTN_X_` macro of `kernels/flash_fwd_sm90.cu` (so that a
-/// setting can switch a compile-time choice, the speculative softmax or the storer thread,
-/// without a build of its own) and VALUE an integer; anything else is refused with the reason.
-pub fn experiment_defines(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
-    text.split('+')
-        .map(|pair| match pair.trim().split_once('=') {
-            Some((name, value)) if name.starts_with("ATTN_X_") && value.parse::<i64>().is_ok() => {
-                Ok((name.to_string(), value.to_string()))
-            }
-            _ => Err(format!(
-                "ATTN_CUDA_SM90_DEFINES: `{pair}` is not ATTN_X_<NAME>=<integer> (pairs joined by +, e.g. \
-                 ATTN_X_SPECULATE=0+ATTN_X_STORER=0)"
-            )),
-        })
-        .collect()
-}
-
-/// `req` with the experiment overrides `defines` ([`experiment_defines`]) added, under a name
-/// of its own (compiled programs are cached by name).
-pub fn with_experiments(mut req: CompileRequest, defines: &[(String, String)]) -> CompileRequest {
-    for (name, value) in defines {
-        req.name = format!("{}_{}{value}", req.name, name.to_lowercase());
-        req = req.define(name.clone(), value);
-    }
-    req
-}
-
-/// A knob's value, or the reason it could not be read as an error of the backend.
-fn knob<T: Clone>(k: &Option<std::result::Result<T, String>>) -> Result<Option<T>> {
-    k.clone().transpose().map_err(|what| Error::Unsupported { backend: "cuda".into(), what })
-}
-
 /// Which family plans a problem, decided before either plans it.
 enum Choice {
-    /// The Hopper kernel, already chosen, with its launch.
-    Hopper(hopper::Variant, attn_core::Launch),
+    /// The Hopper kernel, already chosen, with its launch and how it deals out the work.
+    Hopper(hopper::Variant, Launch, Split),
     /// The Ampere/Ada kernel, and why where the device would otherwise take the Hopper one.
     Ampere(Option<String>),
 }
@@ -107,276 +79,94 @@ enum Choice {
 /// the device memory the launch holds beyond the tensors (for the plan's memory note).
 struct Planned {
     kernel: Kernel,
-    launch: attn_core::Launch,
+    launch: Launch,
     notes: Vec<String>,
     tiles: Tiles,
     workspace: String,
 }
 
-/// An open device and the specialisations loaded on it so far.
-struct Device {
-    gpu: Gpu,
-    kernels: Mutex<HashMap<Kernel, Arc<Loaded>>>,
-}
-
-/// One loaded specialisation and what the compiler and driver said about it.
-struct Loaded {
-    function: CudaFunction,
-    registers: u32,
-    spill_bytes: u32,
-}
-
-/// The CUDA backend on device 0. Opening the device and compiling kernels happen on first use;
-/// on a machine without CUDA the backend reports itself unavailable, with the reason.
+/// The CUDA backend on device 0. On a machine without CUDA it reports itself unavailable, with
+/// the reason.
+///
+/// What each step of [`Attention`] does here:
+/// - `plan` opens the device's context (once) to read its compute capability, SM count and
+///   limits, chooses a family and variant, and compiles the variant with NVRTC (host work,
+///   cached per process by a hash of the source, headers, defines and architecture) so that the
+///   plan can state and check its registers and spills from ptxas's report. It loads no module
+///   and allocates nothing on the device.
+/// - `prepare` loads the compiled kernel (once per device), sets its shared-memory opt-in and
+///   allocates and fills the problem's buffers; it runs the variant and launch the plan holds in
+///   its payload, never a kernel looked up again by name.
 #[derive(Default)]
 pub struct Cuda {
-    device: OnceLock<std::result::Result<Arc<Device>, String>>,
-    /// A forced tile rank of the Ampere family, or why `ATTN_CUDA_RANK` could not be read.
-    rank: Option<std::result::Result<usize, String>>,
-    /// A forced family, or why `ATTN_CUDA_FAMILY` could not be read.
-    family: Option<std::result::Result<Family, String>>,
-    /// The Hopper kernel's form (default: the last, all of it), or why `ATTN_CUDA_FORM` could
-    /// not be read.
-    form: Option<std::result::Result<Form, String>>,
-    /// The Hopper kernel's tiles instead of its defaults, or why `ATTN_CUDA_SM90_TILES` could
-    /// not be read.
-    sm90_tiles: Option<std::result::Result<hopper::plan::Tiles, String>>,
-    /// At most this many CTAs in the Hopper kernel's persistent grid, or why
-    /// `ATTN_CUDA_SM90_GRID` could not be read.
-    sm90_grid: Option<std::result::Result<u32, String>>,
-    /// Whether the persistent Hopper form splits its tail (default: yes), or why
-    /// `ATTN_CUDA_SM90_SPLIT` could not be read.
-    sm90_split: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel's consumer warpgroups take turns (default: yes, from the
-    /// ping-pong form on), or why `ATTN_CUDA_SM90_TURNS` could not be read.
-    sm90_turns: Option<std::result::Result<bool, String>>,
-    /// Whether the Hopper kernel trims each consumer warpgroup's causal key tiles (default:
-    /// no), or why `ATTN_CUDA_SM90_TRIM` could not be read.
-    sm90_trim: Option<std::result::Result<bool, String>>,
-    /// How many Q tiles the Hopper kernel keeps in shared memory (1 or 2, default: the plan's),
-    /// or why `ATTN_CUDA_SM90_QSLOTS` could not be read.
-    sm90_q_slots: Option<std::result::Result<u32, String>>,
-    /// Whether the Hopper kernel's causal query blocks are laid from the bottom (default, where
-    /// the variant can) or from row 0, or why `ATTN_CUDA_SM90_BLOCKS` could not be read.
-    sm90_bottom: Option<std::result::Result<bool, String>>,
-    /// Where a traced build of the Hopper kernel writes its timelines (`ATTN_CUDA_SM90_TRACE`, a
-    /// folder; see `hopper::Variant::trace`): a diagnostic, never timed as the kernel.
-    sm90_trace: Option<std::path::PathBuf>,
-    /// Experiment overrides compiled into every Hopper kernel (`ATTN_CUDA_SM90_DEFINES`, see
-    /// [`experiment_defines`]), or why they could not be read.
-    sm90_defines: Option<std::result::Result<Vec<(String, String)>, String>>,
-    /// What runs ahead of a timed launch ([`Lead::Repeat`] unless given), or why
-    /// `ATTN_CUDA_TIMING_LEAD` could not be read.
-    timing_lead: Option<std::result::Result<Lead, String>>,
+    gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
+    options: Options,
 }
 
 impl Cuda {
-    /// The backend on device 0 (nothing is opened until it is used).
+    /// The backend on device 0 with the default options (nothing is opened until it is used).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Plans with the tile configuration of this rank in [`plan::candidates`] (0 = preferred)
-    /// instead of the first that fits: for tuning, and to verify every compiled configuration.
-    pub fn with_rank(mut self, rank: usize) -> Self {
-        self.rank = Some(Ok(rank));
-        self
+    /// The backend on device 0 with `options`.
+    pub fn with_options(options: Options) -> Self {
+        Cuda { gpu: OnceLock::new(), options }
     }
 
-    /// Plans with `family` only: the Ampere/Ada kernel on any device it runs on (Hopper too),
-    /// or the Hopper kernel, which fails to plan where it cannot run instead of falling back.
-    pub fn with_family(mut self, family: Family) -> Self {
-        self.family = Some(Ok(family));
-        self
+    /// The backend with the options of the environment ([`Options::from_env`]; every variable
+    /// in `crate::options::KNOBS`), or the error that names a variable whose value cannot be read.
+    pub fn from_env() -> Result<Self> {
+        Ok(Self::with_options(Options::from_env()?))
     }
 
-    /// Plans the Hopper kernel in `form` (one of the steps it was built in) instead of the
-    /// whole of it: to verify and time each step against the others.
-    pub fn with_form(mut self, form: Form) -> Self {
-        self.form = Some(Ok(form));
-        self
-    }
-
-    /// Plans the Hopper kernel with `tiles` (keys per tile, K/V stages, consumer warpgroups)
-    /// instead of its defaults (`hopper::plan::tiles`): to time other tiles. A shape that does not
-    /// compile or fit is a plan error.
-    pub fn with_sm90_tiles(mut self, tiles: hopper::plan::Tiles) -> Self {
-        self.sm90_tiles = Some(Ok(tiles));
-        self
-    }
-
-    /// Caps the Hopper kernel's persistent grid at `ctas` CTAs (at most one per SM anyway): with
-    /// few CTAs each computes many tiles, the path the verification grid's small problems
-    /// otherwise leave to one tile per CTA.
-    pub fn with_sm90_grid(mut self, ctas: u32) -> Self {
-        self.sm90_grid = Some(Ok(ctas.max(1)));
-        self
-    }
-
-    /// Whether the persistent Hopper form cuts the tiles past its last whole wave into even runs
-    /// of key tiles (`hopper::plan::Split`; the default) or hands every tile out whole: to time
-    /// one against the other.
-    pub fn with_sm90_split(mut self, split: bool) -> Self {
-        self.sm90_split = Some(Ok(split));
-        self
-    }
-
-    /// [`Cuda::new`], with `ATTN_CUDA_RANK` (see [`Cuda::with_rank`]), `ATTN_CUDA_FAMILY`
-    /// (`ampere` or `hopper`, see [`Cuda::with_family`]), `ATTN_CUDA_FORM` (see
-    /// [`Cuda::with_form`]), `ATTN_CUDA_SM90_TILES=<keys>:<stages>[:<consumers>]` (see
-    /// [`Cuda::with_sm90_tiles`]; the head dim's consumers unless given),
-    /// `ATTN_CUDA_SM90_GRID=<ctas>` (see [`Cuda::with_sm90_grid`]) and
-    /// `ATTN_CUDA_SM90_SPLIT=on|off` (see [`Cuda::with_sm90_split`]) and
-    /// `ATTN_CUDA_SM90_TURNS=on|off` (the ping-pong turns, to measure them),
-    /// `ATTN_CUDA_SM90_TRIM=on|off` (see `hopper::Variant::trim`),
-    /// `ATTN_CUDA_SM90_QSLOTS=1|2` (see `hopper::Variant::q_slots`),
-    /// `ATTN_CUDA_SM90_BLOCKS=bottom|top` (see `hopper::Variant::bottom`),
-    /// `ATTN_CUDA_SM90_DEFINES=ATTN_X_<NAME>=<value>[+...]` (the kernel's experiment overrides,
-    /// see [`experiment_defines`]),
-    /// `ATTN_CUDA_SM90_TRACE=<folder>` (a traced build, see `hopper::Variant::trace`: each prepared
-    /// problem writes its last launch's timeline there as CSV when dropped),
-    /// `ATTN_CUDA_TIMING_LEAD=repeat|idle|hold:<us>` (what [`Gpu::time`] queues ahead of a timed
-    /// launch, see [`Lead`]) when they are set; a value that cannot be read makes every plan
-    /// (the lead: every prepared run) fail with the reason.
-    pub fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
-        let rank = var("ATTN_CUDA_RANK")
-            .map(|r| r.parse().map_err(|_| format!("ATTN_CUDA_RANK={r} is not a rank (0, 1, 2, ...)")));
-        let family = var("ATTN_CUDA_FAMILY").map(|f| match f.as_str() {
-            "ampere" => Ok(Family::Ampere),
-            "hopper" => Ok(Family::Hopper),
-            _ => Err(format!("ATTN_CUDA_FAMILY={f} is not a family (ampere, hopper)")),
-        });
-        let form = var("ATTN_CUDA_FORM").map(|f| {
-            Form::parse(&f).ok_or_else(|| {
-                let all: Vec<&str> = Form::ALL.iter().map(|f| f.as_str()).collect();
-                format!("ATTN_CUDA_FORM={f} is not a form of the Hopper kernel ({})", all.join(", "))
-            })
-        });
-        let sm90_tiles = var("ATTN_CUDA_SM90_TILES").map(|t| {
-            let n: Vec<Option<u32>> = t.split(':').map(|x| x.parse().ok()).collect();
-            match n[..] {
-                [Some(block_n), Some(stages)] => Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 }),
-                [Some(block_n), Some(stages), Some(consumers)] => {
-                    Ok(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
-                }
-                _ => Err(format!(
-                    "ATTN_CUDA_SM90_TILES={t} is not <keys per tile>:<stages>[:<consumer warpgroups>], e.g. 176:2 or 128:2:3"
-                )),
-            }
-        });
-        let sm90_grid = var("ATTN_CUDA_SM90_GRID").map(|g| match g.parse::<u32>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("ATTN_CUDA_SM90_GRID={g} is not a number of CTAs (1 or more)")),
-        });
-        let on_off = |name: &str| {
-            var(name).map(|s| match s.as_str() {
-                "on" => Ok(true),
-                "off" => Ok(false),
-                _ => Err(format!("{name}={s} is not on or off")),
-            })
-        };
-        let (sm90_split, sm90_turns) = (on_off("ATTN_CUDA_SM90_SPLIT"), on_off("ATTN_CUDA_SM90_TURNS"));
-        let sm90_trim = on_off("ATTN_CUDA_SM90_TRIM");
-        let sm90_bottom = var("ATTN_CUDA_SM90_BLOCKS").map(|b| match b.as_str() {
-            "bottom" => Ok(true),
-            "top" => Ok(false),
-            _ => Err(format!("ATTN_CUDA_SM90_BLOCKS={b} is not bottom or top")),
-        });
-        let sm90_q_slots = var("ATTN_CUDA_SM90_QSLOTS").map(|q| match q.as_str() {
-            "1" => Ok(1),
-            "2" => Ok(2),
-            _ => Err(format!("ATTN_CUDA_SM90_QSLOTS={q} is not a number of Q slots (1 or 2)")),
-        });
-        let timing_lead = var("ATTN_CUDA_TIMING_LEAD").map(|t| {
-            Lead::parse(&t)
-                .ok_or_else(|| format!("ATTN_CUDA_TIMING_LEAD={t} is not repeat, idle or hold:<us>"))
-        });
-        Cuda {
-            rank,
-            family,
-            form,
-            sm90_tiles,
-            sm90_grid,
-            sm90_split,
-            sm90_turns,
-            sm90_trim,
-            sm90_q_slots,
-            sm90_bottom,
-            sm90_trace: var("ATTN_CUDA_SM90_TRACE").map(Into::into),
-            sm90_defines: var("ATTN_CUDA_SM90_DEFINES").map(|d| experiment_defines(&d)),
-            timing_lead,
-            ..Self::default()
-        }
-    }
-
-    fn device(&self) -> Result<Arc<Device>> {
-        self.device
+    fn gpu(&self) -> Result<Arc<Gpu>> {
+        self.gpu
             .get_or_init(|| {
-                let gpu = Gpu::open(0).map_err(|e| match e {
+                Gpu::open(0).map(Arc::new).map_err(|e| match e {
                     Error::Unavailable { reason, .. } => reason,
                     other => other.to_string(),
-                })?;
-                Ok(Arc::new(Device { gpu, kernels: Mutex::new(HashMap::new()) }))
+                })
             })
             .clone()
             .map_err(|reason| Error::Unavailable { backend: "cuda".into(), reason })
     }
 
-    /// The specialisation `which`, compiled for this device and loaded (once per process).
-    fn kernel(&self, dev: &Device, which: Kernel) -> Result<Arc<Loaded>> {
-        if let Some(k) = dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&which) {
-            return Ok(k.clone());
-        }
-        let info = dev.gpu.info();
-        let arch = dev.gpu.arch().ok_or_else(|| Error::Unsupported {
-            backend: "cuda".into(),
-            what: format!(
-                "compute capability {}.{}: this backend is built for sm_80, sm_86, sm_89 and sm_90",
-                info.compute_capability.0, info.compute_capability.1
-            ),
-        })?;
-        let kernel = match which {
-            Kernel::Ampere(v) => dev.gpu.kernel(&v.request(arch), "attn_fwd")?,
-            Kernel::Hopper(v) => {
-                let req = with_experiments(v.request(), &knob(&self.sm90_defines)?.unwrap_or_default());
-                dev.gpu.kernel(&req, "attn_fwd_sm90")?
+    /// The architecture this backend compiles for on `gpu`, or why it has none.
+    fn arch(gpu: &Gpu) -> Result<Arch> {
+        gpu.arch().ok_or_else(|| {
+            let (major, minor) = gpu.info().compute_capability;
+            Error::Unsupported {
+                backend: "cuda".into(),
+                what: format!(
+                    "compute capability {major}.{minor}: this backend is built for sm_80, sm_86, sm_89 and sm_90"
+                ),
             }
-        };
-        dev.gpu.set_max_dynamic_shared(&kernel.function, which.shared_bytes())?;
-        let attrs = dev.gpu.attributes(&kernel.function)?;
-        let spills = kernel.resources.as_ref().map_or(0, |r| r.spill_bytes());
-        let loaded = Arc::new(Loaded {
-            function: kernel.function,
-            registers: attrs.registers,
-            spill_bytes: spills.max(attrs.local_bytes),
-        });
-        dev.kernels.lock().unwrap_or_else(|e| e.into_inner()).insert(which, loaded.clone());
-        Ok(loaded)
+        })
     }
 
-    /// Which family plans `problem` on `dev`. The Hopper family where the device is sm_90 and
-    /// it runs the problem, with the reason in the plan where it does not; any Hopper knob
-    /// (`ATTN_CUDA_FORM`, `_SM90_TILES`, `_SM90_GRID`, `_SM90_SPLIT`, `_SM90_TURNS`,
-    /// `_SM90_TRIM`, `_SM90_QSLOTS`, `_SM90_BLOCKS`, `_SM90_TRACE`, `_SM90_DEFINES`) asks for the Hopper kernel, so that a problem it cannot run is then an error rather than a silent run of the
-    /// other family.
-    fn choose_family(&self, dev: &Device, problem: &Problem) -> Result<Choice> {
-        let info = dev.gpu.info();
-        let asked = knob(&self.family)?;
+    /// Compiles `kernel` for `gpu` (host work, cached per process), fills in the registers and
+    /// spills ptxas reports into `launch`, and validates it again now that they are known.
+    fn compiled(&self, gpu: &Gpu, kernel: &Kernel, mut launch: Launch) -> Result<Launch> {
+        let compiled = compile_cached(&kernel.request(Self::arch(gpu)?))?;
+        let resources = compiled.resources_of(kernel.entry());
+        launch.registers_per_thread = resources.map(|r| r.registers);
+        launch.spill_bytes = resources.map(|r| r.spill_bytes());
+        launch.validate(&kernel.name(), &gpu.info().limits)?;
+        Ok(launch)
+    }
+
+    /// Which family plans `problem` on `gpu`. The Hopper family where the device is sm_90 and
+    /// it runs the problem, with the reason in the plan where it does not; any Hopper setting
+    /// (`hopper::Settings`) asks for the Hopper kernel, so that a problem it cannot run is then
+    /// an error rather than a silent run of the other family.
+    fn choose_family(&self, gpu: &Gpu, problem: &Problem) -> Result<Choice> {
+        let info = gpu.info();
+        let (asked, sm90) = (self.options.family, &self.options.hopper);
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
-        let knobs = self.form.is_some()
-            || self.sm90_tiles.is_some()
-            || self.sm90_grid.is_some()
-            || self.sm90_split.is_some()
-            || self.sm90_turns.is_some()
-            || self.sm90_trim.is_some()
-            || self.sm90_q_slots.is_some()
-            || self.sm90_bottom.is_some()
-            || self.sm90_trace.is_some()
-            || self.sm90_defines.is_some();
-        let wanted = asked == Some(Family::Hopper) || knobs;
+        let wanted = asked == Some(Family::Hopper) || sm90.any();
         if info.compute_capability != (9, 0) {
             return match wanted {
                 true => Err(Error::Unsupported {
@@ -392,29 +182,8 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        let ctas = knob(&self.sm90_grid)?.map_or(info.sm_count, |cap| cap.min(info.sm_count));
-        let form = knob(&self.form)?.unwrap_or(Form::Persistent);
-        match hopper::plan::choose(problem, &info.limits, ctas, form, knob(&self.sm90_tiles)?, self.splits()?)
-        {
-            Ok((mut variant, mut launch)) => {
-                if let Some(turns) = knob(&self.sm90_turns)? {
-                    variant.pingpong &= turns;
-                }
-                if let Some(trim) = knob(&self.sm90_trim)? {
-                    variant.trim = trim;
-                }
-                if let Some(slots) = knob(&self.sm90_q_slots)? {
-                    // Shared memory changes with the slots: the launch is planned and checked again.
-                    variant = variant.with_q_slots(slots)?;
-                    launch = variant.launch(problem, ctas, self.splits()?);
-                    launch.validate(&variant.name(), &info.limits)?;
-                }
-                if let Some(bottom) = knob(&self.sm90_bottom)? {
-                    variant = variant.with_bottom(bottom)?;
-                }
-                variant.trace = self.sm90_trace.is_some();
-                Ok(Choice::Hopper(variant, launch))
-            }
+        match hopper::plan::plan(problem, &info.limits, info.sm_count, sm90) {
+            Ok((variant, launch, split)) => Ok(Choice::Hopper(variant, launch, split)),
             Err(e) if wanted => Err(e),
             Err(e) => Ok(Choice::Ampere(Some(format!(
                 "the Hopper family does not run this problem ({e}): the Ampere/Ada family does"
@@ -423,90 +192,50 @@ impl Cuda {
     }
 
     /// The plan of the Ampere/Ada family.
-    fn plan_ampere(&self, dev: &Device, problem: &Problem) -> Result<Planned> {
-        let (variant, launch, mut notes) = plan::choose(problem, &dev.gpu.info().limits, knob(&self.rank)?)?;
-        let (kernel, launch) = self.load_for(dev, Kernel::Ampere(variant), launch)?;
-        let regs_per_sm = 65536 / (kernel.registers * variant.threads()).max(1);
-        let smem_per_sm = dev.gpu.info().limits.shared_per_block_optin / variant.shared_bytes().max(1);
-        notes.push(format!(
-            "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
-            regs_per_sm.min(smem_per_sm).max(1)
-        ));
+    fn plan_ampere(&self, gpu: &Gpu, problem: &Problem) -> Result<Planned> {
+        let limits = &gpu.info().limits;
+        let (variant, launch, mut notes) = ampere::plan::choose(problem, limits, self.options.rank)?;
+        let kernel = Kernel::Ampere(variant);
+        let launch = self.compiled(gpu, &kernel, launch)?;
+        notes.push(match launch.registers_per_thread {
+            Some(registers) => {
+                let regs_per_sm = 65536 / (registers * variant.threads()).max(1);
+                let smem_per_sm = limits.shared_per_block_optin / variant.shared_bytes().max(1);
+                format!(
+                    "at most {} block(s) per SM (registers allow {regs_per_sm}, shared memory {smem_per_sm})",
+                    regs_per_sm.min(smem_per_sm).max(1)
+                )
+            }
+            None => "registers per thread unknown: ptxas's report was missing from the NVRTC log".into(),
+        });
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        Ok(Planned {
-            kernel: Kernel::Ampere(variant),
-            launch,
-            notes,
-            tiles,
-            workspace: "; no workspace".into(),
-        })
-    }
-
-    /// Compiles and loads `which` for its plan, fills in the registers and spills the compiler
-    /// reports, and validates the launch again now that they are known.
-    fn load_for(
-        &self,
-        dev: &Device,
-        which: Kernel,
-        mut launch: attn_core::Launch,
-    ) -> Result<(Arc<Loaded>, attn_core::Launch)> {
-        let kernel = self.kernel(dev, which)?;
-        launch.registers_per_thread = Some(kernel.registers);
-        launch.spill_bytes = Some(kernel.spill_bytes);
-        launch.validate(&which.name(), &dev.gpu.info().limits)?;
-        Ok((kernel, launch))
-    }
-
-    /// What runs ahead of a launch a benchmark times (`ATTN_CUDA_TIMING_LEAD`; default: an
-    /// untimed twin).
-    fn lead(&self) -> Result<Lead> {
-        Ok(knob(&self.timing_lead)?.unwrap_or(Lead::Repeat))
-    }
-
-    /// Whether the Hopper kernel's persistent form may split its tail (`ATTN_CUDA_SM90_SPLIT`).
-    fn splits(&self) -> Result<bool> {
-        Ok(knob(&self.sm90_split)?.unwrap_or(true))
-    }
-
-    /// How the Hopper kernel's persistent form deals out `problem` over a grid of `ctas`.
-    fn split(&self, variant: &hopper::Variant, problem: &Problem, ctas: u32) -> Result<hopper::plan::Split> {
-        Ok(match self.splits()? {
-            true => variant.split(problem, ctas),
-            false => hopper::plan::Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
-        })
+        Ok(Planned { kernel, launch, notes, tiles, workspace: "; no workspace".into() })
     }
 
     /// The plan of the Hopper family, for the variant and launch it chose.
     fn plan_hopper(
         &self,
-        dev: &Device,
+        gpu: &Gpu,
         problem: &Problem,
         variant: hopper::Variant,
-        launch: attn_core::Launch,
+        launch: Launch,
+        split: Split,
     ) -> Result<Planned> {
-        let (kernel, launch) = self.load_for(dev, Kernel::Hopper(variant), launch)?;
-        let split = self.split(&variant, problem, launch.grid[0])?;
+        let kernel = Kernel::Hopper(variant, split);
+        let launch = self.compiled(gpu, &kernel, launch)?;
         let mut notes = variant.notes(problem, &launch, split);
-        notes.push(format!(
-            "{} registers per thread at entry (the compiler's allocation under the launch bound), 1 CTA per SM",
-            kernel.registers
-        ));
+        notes.push(match launch.registers_per_thread {
+            Some(registers) => format!(
+                "{registers} registers per thread at entry (the compiler's allocation under the launch bound), \
+                 1 CTA per SM"
+            ),
+            None => "registers per thread unknown: ptxas's report was missing from the NVRTC log".into(),
+        });
         let tiles =
             Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
-        let counters = 4 * split.counters(variant.consumers);
-        let workspace =
-            match (variant.uses_tile_counters(), split.partial_floats(variant.head_dim, variant.consumers)) {
-                (false, _) => "; no workspace".into(),
-                (true, 0) => format!(" and the tile counters ({counters} B)"),
-                (true, n) => {
-                    format!(
-                        ", the tile counters ({counters} B) and the split tail's partial results ({} B)",
-                        4 * n
-                    )
-                }
-            };
-        Ok(Planned { kernel: Kernel::Hopper(variant), launch, notes, tiles, workspace })
+        let workspace = split.workspace(&variant);
+        Ok(Planned { kernel, launch, notes, tiles, workspace })
     }
 }
 
@@ -516,8 +245,8 @@ impl Attention for Cuda {
     }
 
     fn availability(&self) -> Availability {
-        match self.device() {
-            Ok(dev) => Availability::Available { device: dev.gpu.info().to_string(), kind: DeviceKind::Gpu },
+        match self.gpu() {
+            Ok(gpu) => Availability::Available { device: gpu.info().to_string(), kind: DeviceKind::Gpu },
             Err(e) => Availability::Unavailable {
                 reason: match e {
                     Error::Unavailable { reason, .. } => reason,
@@ -532,12 +261,14 @@ impl Attention for Cuda {
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
-        let dev = self.device()?;
+        let gpu = self.gpu()?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
-            match self.choose_family(&dev, problem)? {
-                Choice::Hopper(variant, launch) => self.plan_hopper(&dev, problem, variant, launch)?,
+            match self.choose_family(&gpu, problem)? {
+                Choice::Hopper(variant, launch, split) => {
+                    self.plan_hopper(&gpu, problem, variant, launch, split)?
+                }
                 Choice::Ampere(why) => {
-                    let mut planned = self.plan_ampere(&dev, problem)?;
+                    let mut planned = self.plan_ampere(&gpu, problem)?;
                     planned.notes.extend(why);
                     planned
                 }
@@ -545,15 +276,18 @@ impl Attention for Cuda {
         let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
         let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
         notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
-        notes.push(format!("benchmarks time each launch by CUDA events, {}", self.lead()?.describe()));
+        notes.push(format!(
+            "benchmarks time each launch by CUDA events, {}",
+            self.options.timing_lead.describe()
+        ));
         Ok(Plan {
             backend: self.name().into(),
             kernel: kernel.name(),
             problem: *problem,
             tiles,
-            execution: Execution::Gpu(launch),
+            execution: Execution::Gpu(launch.clone()),
             notes,
-            payload: Default::default(),
+            payload: Payload::new(Chosen { kernel, launch }),
         })
     }
 
@@ -561,169 +295,84 @@ impl Attention for Cuda {
         plan.check_for(self.name(), &plan.problem)?;
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
-        let dev = self.device()?;
-        // The plan decides what runs: the kernel it names, with the launch it holds.
-        let loaded = dev
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .find(|k| k.name() == plan.kernel)
-            .copied();
-        let which = loaded.or_else(|| Kernel::named(&plan.kernel)).ok_or_else(|| Error::PlanMismatch {
-            what: format!("`{}` is not a kernel of the cuda backend", plan.kernel),
-        })?;
-        let kernel = self.kernel(&dev, which)?;
+        // The plan decides what runs: the kernel and launch it holds.
+        let Chosen { kernel, launch } = plan.payload::<Chosen>()?;
+        if plan.execution != Execution::Gpu(launch.clone()) {
+            return Err(Error::PlanMismatch {
+                what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
+            });
+        }
+        let gpu = self.gpu()?;
+        let loaded = gpu.kernel(&kernel.request(Self::arch(&gpu)?), kernel.entry())?;
+        gpu.set_max_dynamic_shared(&loaded.function, kernel.shared_bytes())?;
         // Free device memory before and after the allocations: what this call holds, measured.
         let free =
-            || dev.gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
+            || gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
         let free_before = free()?;
-        let Execution::Gpu(launch) = &plan.execution else {
-            return Err(Error::PlanMismatch { what: "a cuda plan must hold a GPU launch".into() });
-        };
-        let tensors = DeviceTensors::upload(dev.gpu.stream(), problem, &inputs)?;
-        let mut trace = None;
-        let params = match which {
-            Kernel::Ampere(_) => Params::Ampere(tensors.params(dev.gpu.stream(), problem)),
-            Kernel::Hopper(v) => {
-                let split = self.split(&v, problem, launch.grid[0])?;
-                let stream = dev.gpu.stream();
-                // The persistent scheduler's counters, zero; the kernel leaves them so.
-                let counters = match v.uses_tile_counters() {
-                    true => Some(
-                        stream
-                            .alloc_zeros::<u32>(split.counters(v.consumers))
-                            .map_err(driver("allocate the tile counters"))?,
-                    ),
-                    false => None,
-                };
-                // The split tail's partial results, written before they are read.
-                let partials = match split.units > 0 {
-                    true => Some(
-                        // SAFETY: every slot a launch reads, it first writes (merge_partials).
-                        unsafe { stream.alloc::<f32>(split.partial_floats(v.head_dim, v.consumers)) }
-                            .map_err(driver("allocate the split tail's partial results"))?,
-                    ),
-                    false => None,
-                };
-                let mut params = Sm90Params::new(
+        let tensors = DeviceTensors::upload(gpu.stream(), problem, &inputs)?;
+        let stream = gpu.stream();
+        let params = match kernel {
+            Kernel::Ampere(_) => Params::Ampere(KernelParams::new(&tensors, stream, problem)),
+            Kernel::Hopper(v, split) => {
+                let trace = self.options.hopper.trace.as_deref();
+                Params::Hopper(Box::new(Bound::new(
                     &tensors,
-                    counters.as_ref(),
-                    partials.as_ref(),
-                    &split,
                     stream,
                     problem,
-                    &v,
-                )?;
-                if let (true, Some(folder)) = (v.trace, &self.sm90_trace) {
-                    let words = launch.grid[0] as usize * hopper::launch::TRACE_LEN_PER_CTA;
-                    let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
-                    params = params.with_trace(&buffer, stream);
-                    let s = problem.shape;
-                    let file =
-                        format!("trace-{}-b{}h{}-s{}x{}.csv", v.name(), s.batch, s.heads_q, s.seq_q, s.seq_k);
-                    trace = Some(Trace { buffer, path: folder.join(file) });
-                }
-                Params::Hopper { params: Box::new(params), _buffers: (counters, partials) }
+                    v,
+                    split,
+                    launch.grid[0],
+                    trace,
+                )?))
             }
         };
-        dev.gpu.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
+        gpu.synchronize()?;
         let device_bytes = free_before.saturating_sub(free()?);
         let cfg = LaunchConfig {
             grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
-        let lead = self.lead()?;
         Ok(Box::new(CudaPrepared {
             plan: plan.clone(),
-            dev,
-            kernel,
+            gpu,
+            function: loaded.function,
             tensors,
             params,
             cfg,
             device_bytes,
-            lead,
-            trace,
+            lead: self.options.timing_lead,
         }))
     }
 }
 
-/// The parameter block of either family's kernel (and what the Hopper one points at beyond the
-/// tensors: the tile counters and the split tail's partial results).
+/// The parameter block of either family's kernel (the Hopper one's with the buffers it points
+/// at beyond the tensors).
 enum Params {
     Ampere(KernelParams),
-    Hopper { params: Box<Sm90Params>, _buffers: (Option<CudaSlice<u32>>, Option<CudaSlice<f32>>) },
+    Hopper(Box<Bound>),
 }
 
 struct CudaPrepared {
     plan: Plan,
-    dev: Arc<Device>,
-    kernel: Arc<Loaded>,
+    gpu: Arc<Gpu>,
+    function: CudaFunction,
     tensors: DeviceTensors,
     params: Params,
     cfg: LaunchConfig,
     device_bytes: u64,
     /// What [`Gpu::time`] queues ahead of each launch a benchmark times (`run_timed`).
     lead: Lead,
-    /// A traced build's buffer, written out when this is dropped.
-    trace: Option<Trace>,
-}
-
-/// The timeline a traced build of the Hopper kernel stamps (`hopper::Variant::trace`), and the
-/// file it goes to.
-struct Trace {
-    buffer: CudaSlice<i64>,
-    path: std::path::PathBuf,
-}
-
-impl Trace {
-    /// The last launch's stamps as CSV: a row per (CTA, piece, role) that holds any, the piece
-    /// `TRACE_PIECES` being the CTA's own row (see `kernels/flash_fwd_sm90.cu`, `trace_put`).
-    fn write(&self, stream: &Arc<cudarc::driver::CudaStream>) -> std::result::Result<(), String> {
-        use hopper::launch::{TRACE_EVENTS, TRACE_PIECES, TRACE_ROLES};
-        let words = stream.clone_dtoh(&self.buffer).map_err(|e| format!("copy the trace back: {e}"))?;
-        let names: Vec<String> = (0..TRACE_EVENTS).map(|e| format!("e{e}")).collect();
-        let mut csv = format!("cta,piece,role,{}\n", names.join(","));
-        for (row, events) in words.chunks(TRACE_EVENTS).enumerate() {
-            if events.iter().all(|&e| e == 0) {
-                continue;
-            }
-            let (role, piece, cta) = (
-                row % TRACE_ROLES,
-                row / TRACE_ROLES % (TRACE_PIECES + 1),
-                row / TRACE_ROLES / (TRACE_PIECES + 1),
-            );
-            let stamps: Vec<String> = events.iter().map(i64::to_string).collect();
-            csv.push_str(&format!("{cta},{piece},{role},{}\n", stamps.join(",")));
-        }
-        std::fs::create_dir_all(self.path.parent().unwrap_or(std::path::Path::new(".")))
-            .and_then(|()| std::fs::write(&self.path, csv))
-            .map_err(|e| format!("write {}: {e}", self.path.display()))
-    }
-}
-
-impl Drop for CudaPrepared {
-    /// A traced build writes its timeline; a failure is reported on stderr (a diagnostic, which
-    /// must not turn a finished run into an error).
-    fn drop(&mut self) {
-        if let Some(trace) = &self.trace {
-            match trace.write(self.dev.gpu.stream()) {
-                Ok(()) => eprintln!("trace: {}", trace.path.display()),
-                Err(e) => eprintln!("trace not written: {e}"),
-            }
-        }
-    }
 }
 
 impl CudaPrepared {
     fn launch_timed(&mut self, lead: Lead) -> Result<Duration> {
-        let (kernel, params, cfg) = (&self.kernel, &self.params, self.cfg);
-        self.dev.gpu.time(lead, |stream| {
-            let mut builder = stream.launch_builder(&kernel.function);
+        let (function, params, cfg) = (&self.function, &self.params, self.cfg);
+        self.gpu.time(lead, |stream| {
+            let mut builder = stream.launch_builder(function);
             match params {
                 Params::Ampere(p) => builder.arg(p),
-                Params::Hopper { params, .. } => builder.arg(params.as_ref()),
+                Params::Hopper(bound) => builder.arg(&bound.params),
             };
             // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
             // Problem::required_lens for the strides the kernel reads, and the launch is the
@@ -759,7 +408,7 @@ impl Prepared for CudaPrepared {
     fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
         let problem = self.plan.problem;
         problem.check_outputs(&outputs)?;
-        let stream = self.dev.gpu.stream();
+        let stream = self.gpu.stream();
         let bits = stream.clone_dtoh(&self.tensors.o).map_err(driver("copy o to the host"))?;
         outputs.o.copy_view_from(from_bits(problem.dtype, bits).as_data(), &problem)?;
         if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.tensors.lse) {
@@ -767,28 +416,5 @@ impl Prepared for CudaPrepared {
             dst.copy_from_slice(&lse);
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::experiment_defines;
-
-    #[test]
-    fn experiment_defines_take_only_the_kernels_overrides() {
-        assert_eq!(
-            experiment_defines("ATTN_X_SPECULATE=0+ATTN_X_STORER=0").unwrap(),
-            [
-                ("ATTN_X_SPECULATE".to_string(), "0".to_string()),
-                ("ATTN_X_STORER".to_string(), "0".to_string())
-            ]
-        );
-        // A variant's own define, a value that is not an integer, a missing value: refused.
-        for bad in
-            ["ATTN_D=64", "ATTN_X_SPECULATE=on", "ATTN_X_SPECULATE", "ATTN_X_STORER=0,ATTN_X_SPECULATE=0"]
-        {
-            let err = experiment_defines(bad).unwrap_err();
-            assert!(err.contains("ATTN_X_<NAME>=<integer>"), "{bad}: {err}");
-        }
     }
 }

@@ -70,7 +70,7 @@ pub struct CompileRequest {
     /// The complete source text (kernels embed theirs with `include_str!`).
     pub source: String,
     /// A name for messages and the log, e.g. the variant's name; NVRTC reports errors against
-    /// `<name>.cu(<line>)`.
+    /// `<name>.cu(<line>)`. Not part of [`CompileRequest::key`].
     pub name: String,
     /// The architecture to compile for.
     pub arch: Arch,
@@ -122,6 +122,15 @@ impl CompileRequest {
         self
     }
 
+    /// What identifies the program this request compiles: a hash of its source, its headers
+    /// and its NVRTC options (architecture, defines, include directories, flags). Two requests
+    /// with one key compile to the same program whatever their names, which only label messages.
+    pub fn key(&self) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        (&self.source, &self.headers, self.options()).hash(&mut h);
+        h.finish()
+    }
+
     /// The NVRTC options this request compiles with.
     pub fn options(&self) -> Vec<String> {
         let mut opts = vec![
@@ -155,7 +164,7 @@ pub struct Compiled {
     pub name: String,
     /// What it was compiled for.
     pub arch: Arch,
-    /// The CUBIN, ready for [`crate::Gpu::load`].
+    /// The CUBIN, ready for `Gpu::load` (`runtime`).
     pub cubin: Vec<u8>,
     /// The PTX the CUBIN was assembled from, for reading what the compiler made of the source.
     pub ptx: String,
@@ -254,40 +263,22 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, CompileError> {
     Ok(Compiled { name: req.name.clone(), arch: req.arch, cubin, ptx, log, resources })
 }
 
-/// [`compile`], once per process for each (name, architecture): every later request with the
-/// same name and architecture gets the first result back. NVRTC takes a second or more per
-/// specialisation, and a backend asks for the same ones on every call. The name must therefore
-/// identify the specialisation; a second request under a known name with a different source or
-/// options is refused rather than answered with the wrong program.
+/// [`compile`], once per process for each program: the one cache of compiled kernels, keyed by
+/// [`CompileRequest::key`] (a hash of the source, headers, defines, architecture and options).
+/// NVRTC takes a second or more per specialisation, and a backend asks for the same ones on
+/// every call. A failed compile is not kept: the next request tries again.
 pub fn compile_cached(req: &CompileRequest) -> Result<Arc<Compiled>, CompileError> {
-    type Cache = Mutex<HashMap<(String, Arch), (u64, Arc<Compiled>)>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<u64, Arc<Compiled>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (req.name.clone(), req.arch);
-    let fingerprint = {
-        let mut h = std::hash::DefaultHasher::new();
-        (&req.source, &req.headers, req.options()).hash(&mut h);
-        h.finish()
-    };
-    // Locked across the compile: two threads asking for one variant compile it once, and
+    // Locked across the compile: two threads asking for one program compile it once, and
     // NVRTC gains nothing from running concurrently in one process.
     let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((known, compiled)) = cache.get(&key) {
-        if *known != fingerprint {
-            return Err(CompileError {
-                name: req.name.clone(),
-                arch: req.arch,
-                reason: "a different program was already compiled under this name; names must \
-                         identify the specialisation (include every define in them)"
-                    .into(),
-                log: String::new(),
-                excerpt: String::new(),
-            });
-        }
+    let key = req.key();
+    if let Some(compiled) = cache.get(&key) {
         return Ok(compiled.clone());
     }
     let compiled = Arc::new(compile(req)?);
-    cache.insert(key, (fingerprint, compiled.clone()));
+    cache.insert(key, compiled.clone());
     Ok(compiled)
 }
 
@@ -422,11 +413,13 @@ mod tests {
     const HOLD: &str = include_str!("../kernels/hold.cu");
 
     /// Whether NVRTC tests should run; prints the skip line and returns false when they cannot,
-    /// unless `ATTN_REQUIRE_NVRTC=1` (CI), where a missing NVRTC fails the test.
+    /// unless `ATTN_REQUIRE_NVRTC=on` (CI), where a missing NVRTC fails the test.
     fn nvrtc_or_skip(test: &str) -> bool {
         match probe::nvrtc_available() {
             Ok(()) => true,
-            Err(reason) if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            Err(reason)
+                if crate::options::REQUIRE_NVRTC.on_off().unwrap_or_else(|e| panic!("{e}")) == Some(true) =>
+            {
                 panic!("{test}: NVRTC is required (ATTN_REQUIRE_NVRTC=1) but unavailable: {reason}")
             }
             Err(reason) => {
@@ -503,6 +496,28 @@ mod tests {
         assert!(!opts.iter().any(|o| o.contains("fast_math")));
         // Without it a driver-cache hit drops ptxas's report (see `driver_cache`).
         assert!(opts.contains(&"--no-cache".to_string()));
+    }
+
+    #[test]
+    fn the_cache_key_is_the_program_not_its_name() {
+        let a = CompileRequest::new("a", "src", Arch::Sm80).define("X", 1);
+        let renamed = CompileRequest { name: "b".into(), ..a.clone() };
+        assert_eq!(a.key(), renamed.key());
+        for other in [
+            a.clone().define("Y", 2),
+            a.clone().header("h.cuh", "x"),
+            CompileRequest { arch: Arch::Sm89, ..a.clone() },
+            CompileRequest { source: "src ".into(), ..a.clone() },
+            CompileRequest { fast_math: true, ..a.clone() },
+        ] {
+            assert_ne!(a.key(), other.key(), "{other:?}");
+        }
+        if !nvrtc_or_skip("the_cache_key_is_the_program_not_its_name") {
+            return;
+        }
+        let first = compile_cached(&CompileRequest::new("smoke", SMOKE, Arch::Sm80)).unwrap();
+        let again = compile_cached(&CompileRequest::new("smoke-again", SMOKE, Arch::Sm80)).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
     }
 
     #[test]

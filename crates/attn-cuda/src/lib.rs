@@ -4,8 +4,12 @@
 //! NVRTC, and running them through the driver API.
 //!
 //! Two kernel families run behind the one backend ([`Cuda`]): `kernels/flash_fwd.cu` for
-//! Ampere/Ada ([`plan`]), and on Hopper (sm_90a) `kernels/flash_fwd_sm90.cu` ([`hopper`]),
-//! chosen where it applies; the plan says which ran and, on a Hopper device, why not.
+//! Ampere/Ada ([`ampere`]), and on Hopper (sm_90a) `kernels/flash_fwd_sm90.cu` ([`hopper`]),
+//! chosen where it applies; the plan says which ran and, on a Hopper device, why not. Each family
+//! is one module that owns its variants, its plan and its launch; the backend chooses a family
+//! and dispatches to it. Below both: compiling ([`compile()`]), finding CUDA (`locate`,
+//! [`probe()`]), ptxas's report ([`KernelResources`]), the device ([`Gpu`]) and the tensors on it.
+//! Every `ATTN_*` variable the crate reads is in [`options`] ([`KNOBS`], parsed into [`Options`]).
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
@@ -27,18 +31,20 @@
 //! Tests that need NVRTC print `SKIPPED <test>: <reason>` without it, unless
 //! `ATTN_REQUIRE_NVRTC=1` (as `cargo xtask test` sets), where they fail.
 
+pub mod ampere;
 mod backend;
 pub mod compile;
 pub mod hopper;
-mod launch;
 pub mod locate;
-pub mod plan;
+pub mod options;
 pub mod probe;
 pub mod ptxas;
 pub mod runtime;
+mod tensors;
 
-pub use backend::{Cuda, Family, experiment_defines, with_experiments};
+pub use backend::Cuda;
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
+pub use options::{Family, KNOBS, Options};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
 pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};

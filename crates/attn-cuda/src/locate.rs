@@ -5,16 +5,25 @@
 //! headers under `site-packages/nvidia/cu13/`, a place the dynamic loader never searches. The
 //! wheels are how CI machines without a toolkit get NVRTC.
 
+use attn_core::Knob;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Environment variable naming the NVRTC library to use: the library file itself, or the
-/// directory that holds it. When set, it is the only place we look, so a wrong value is an error
-/// rather than a silent fallback to another NVRTC.
-pub const ENV_NVRTC_LIB: &str = "ATTN_NVRTC_LIB";
+/// `ATTN_NVRTC_LIB`.
+pub const NVRTC_LIB: Knob = Knob {
+    name: "ATTN_NVRTC_LIB",
+    allowed: "`libnvrtc.so.13` or a folder holding it",
+    default: "the loader's search path, `/usr/local/cuda/lib64`, then the `nvidia-cuda-nvrtc` wheel in Python's site-packages",
+    purpose: "Which NVRTC to load; when set, the only place looked, so that a wrong value is an error rather than another NVRTC.",
+};
 
-/// Environment variable naming the directory that holds `cuda_fp16.h` and friends.
-pub const ENV_CUDA_INCLUDE: &str = "ATTN_CUDA_INCLUDE";
+/// `ATTN_CUDA_INCLUDE`.
+pub const CUDA_INCLUDE: Knob = Knob {
+    name: "ATTN_CUDA_INCLUDE",
+    allowed: "a folder holding `cuda_fp16.h`",
+    default: "`/usr/local/cuda/include`, then the `nvidia-cuda-runtime` wheel in Python's site-packages",
+    purpose: "Where NVRTC finds the CUDA headers the kernels include.",
+};
 
 /// The NVRTC library's file name (and SONAME) for the CUDA major version cudarc is built for.
 pub const NVRTC_SONAME: &str = "libnvrtc.so.13";
@@ -40,12 +49,13 @@ pub enum NvrtcCandidate {
 /// Where to look for NVRTC, in order. `Err` when `ATTN_NVRTC_LIB` is set but names nothing
 /// usable: the user asked for one library and must hear that it is not there.
 pub fn nvrtc_candidates() -> Result<Vec<NvrtcCandidate>, String> {
-    if let Some(value) = std::env::var_os(ENV_NVRTC_LIB).filter(|v| !v.is_empty()) {
+    if let Some(value) = NVRTC_LIB.value() {
         let path = PathBuf::from(&value);
         let file = if path.is_dir() { path.join(NVRTC_SONAME) } else { path };
         if !file.is_file() {
             return Err(format!(
-                "{ENV_NVRTC_LIB}={} does not name {NVRTC_SONAME} or a directory holding it",
+                "{}={} does not name {NVRTC_SONAME} or a directory holding it",
+                NVRTC_LIB.name,
                 Path::new(&value).display()
             ));
         }
@@ -60,7 +70,7 @@ pub fn nvrtc_candidates() -> Result<Vec<NvrtcCandidate>, String> {
 /// The directory holding the CUDA headers NVRTC needs for `#include <cuda_fp16.h>`:
 /// `ATTN_CUDA_INCLUDE`, the toolkit's, then a wheel's. `None` when none has `cuda_fp16.h`.
 pub fn cuda_include_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os(ENV_CUDA_INCLUDE).filter(|v| !v.is_empty()) {
+    if let Some(dir) = CUDA_INCLUDE.value() {
         // An explicit choice is returned even if wrong, so the compile error names it.
         return Some(PathBuf::from(dir));
     }
@@ -147,7 +157,7 @@ mod tests {
     #[test]
     fn search_path_comes_first_without_override() {
         // Only meaningful when the override is not set by the environment running the tests.
-        if std::env::var_os(ENV_NVRTC_LIB).is_some() {
+        if NVRTC_LIB.value().is_some() {
             return;
         }
         let c = nvrtc_candidates().unwrap();

@@ -153,7 +153,7 @@ fn load_nvrtc() -> Result<NvrtcInfo, String> {
             "{} is NVRTC {major}.{minor}, but this build targets the CUDA 13 API; install NVRTC 13 \
              (`python3 -m pip install 'nvidia-cuda-nvrtc==13.0.*'`) and point {} at it",
             library.display(),
-            locate::ENV_NVRTC_LIB
+            locate::NVRTC_LIB.name
         ));
     }
     // Kept open for the whole process so that cudarc's own dlopen resolves to this library.
@@ -172,7 +172,7 @@ fn load_nvrtc() -> Result<NvrtcInfo, String> {
             "cudarc loaded a different libnvrtc from the loader's search path than the one found at \
              {}; set {} or LD_LIBRARY_PATH so that both agree",
             library.display(),
-            locate::ENV_NVRTC_LIB
+            locate::NVRTC_LIB.name
         ));
     }
     Ok(NvrtcInfo { library, version: (major as u32, minor as u32) })
@@ -210,7 +210,7 @@ fn open_nvrtc() -> Result<(PathBuf, Library), String> {
          'nvidia-cuda-nvrtc==13.0.*'` or a CUDA 13 toolkit, or set {} to the library's path",
         locate::NVRTC_SONAME,
         tried.join("; "),
-        locate::ENV_NVRTC_LIB
+        locate::NVRTC_LIB.name
     ))
 }
 

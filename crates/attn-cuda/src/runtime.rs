@@ -64,14 +64,15 @@ const BACKEND: &str = "cuda";
 /// An idle stream stamps an event as soon as it is recorded, so timing a launch on its own
 /// also counts what the host does until the launch reaches the device: microseconds for this
 /// backend, up to 0.1-0.28 ms a call for PyTorch's SDPA backends, which the peer script times
-/// the same way (bench/results/2026-11-25-h100-timing-lead). Ahead of other work the start is
+/// the same way (measured, see docs/experiments.md). Ahead of other work the start is
 /// stamped when that work ends, with the timed launch already queued behind it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lead {
     /// Nothing: the start event is stamped when it reaches an idle device.
     Idle,
     /// The same work once more, untimed: the timed launch runs back to back with its twin, as
     /// in a stream of such calls (what the backend's benchmarked runs take by default).
+    #[default]
     Repeat,
     /// A one-thread kernel that waits this long ([`Gpu::hold`]): the host's part is not
     /// counted, but the device rests before the timed launch and starts it at a higher clock
@@ -118,10 +119,9 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
-    /// Functions loaded on this context, by (program name, kernel name), so that each
-    /// specialisation is loaded once; compilation is cached process-wide by
-    /// [`compile::compile_cached`].
-    kernels: Mutex<HashMap<(String, String), Kernel>>,
+    /// Functions loaded on this context, by (program key, entry function), so that each is
+    /// loaded once; the program itself comes from [`compile::compile_cached`], keyed the same.
+    kernels: Mutex<HashMap<(u64, String), Kernel>>,
 }
 
 /// A kernel loaded on a [`Gpu`], with what ptxas reported about it.
@@ -201,10 +201,9 @@ impl Gpu {
     }
 
     /// Entry function `kernel` of the program `req`, compiled once per process and loaded once
-    /// per [`Gpu`]. `req.name` must identify the specialisation (see
-    /// [`compile::compile_cached`]).
+    /// per [`Gpu`] (both keyed by [`CompileRequest::key`]).
     pub fn kernel(&self, req: &CompileRequest, kernel: &str) -> Result<Kernel> {
-        let key = (req.name.clone(), kernel.to_string());
+        let key = (req.key(), kernel.to_string());
         let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(k) = kernels.get(&key) {
             return Ok(k.clone());

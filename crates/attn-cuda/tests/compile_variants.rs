@@ -5,7 +5,8 @@
 //! machine without a GPU; CI requires NVRTC and cuobjdump (ATTN_REQUIRE_NVRTC=1), elsewhere each
 //! test is skipped by name when they are missing.
 
-use attn_cuda::{Arch, CompileRequest, Compiled, compile, hopper, nvrtc_available, plan};
+use attn_cuda::options::{CUOBJDUMP, REQUIRE_NVRTC};
+use attn_cuda::{Arch, CompileRequest, Compiled, ampere, compile, hopper, nvrtc_available};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -20,12 +21,17 @@ struct Job {
     budget: u32,
 }
 
+/// Whether CI requires NVRTC and cuobjdump (`ATTN_REQUIRE_NVRTC`).
+fn required() -> bool {
+    REQUIRE_NVRTC.on_off().unwrap_or_else(|e| panic!("{e}")) == Some(true)
+}
+
 /// Whether NVRTC is here; if not, the test is reported skipped by name (or fails where CI
 /// requires NVRTC).
 fn nvrtc_or_skip(test: &str) -> bool {
     match nvrtc_available() {
         Ok(()) => true,
-        Err(reason) if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+        Err(reason) if required() => {
             panic!("NVRTC is required (ATTN_REQUIRE_NVRTC=1) but unavailable: {reason}")
         }
         Err(reason) => {
@@ -113,7 +119,7 @@ fn every_variant_compiles_without_spills_for_every_arch() {
     if !nvrtc_or_skip("every_variant_compiles_without_spills_for_every_arch") {
         return;
     }
-    let jobs: Vec<Job> = plan::Variant::all()
+    let jobs: Vec<Job> = ampere::Variant::all()
         .into_iter()
         .flat_map(|v| [Arch::Sm80, Arch::Sm89, Arch::Sm90a].map(move |a| (v, a)))
         .map(|(v, arch)| Job {
@@ -152,10 +158,9 @@ fn hopper_jobs() -> Vec<Job> {
 /// (LDL/STL), and the key-tile loop's wgmma descriptors on the uniform datapath: at most two
 /// R2UR (a vector register moved to a uniform one) per S product, for Q's descriptor, which
 /// depends on the warpgroup; none for K's and V's. (An R2UR into an mbarrier instruction's
-/// address is not counted: the sequential form at D=64 moves one per key tile.) Where ptxas
-/// takes the loop for divergent code it builds every descriptor in vector registers: an attempt
-/// at D=128 had 48 R2UR per iteration against 16, and was 5-8% slower on the H100
-/// (bench/results/2026-11-25-h100-hopper-stream-8bf801d).
+/// address is not counted.) Where ptxas takes the loop for divergent code it builds every
+/// descriptor in vector registers: an attempt at D=128 had 48 R2UR per iteration against 16, and
+/// was 5-8% slower on the H100 (measured at 8bf801d, see docs/experiments.md).
 #[test]
 fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() {
     let test = "every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop";
@@ -169,14 +174,14 @@ fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() 
 /// `cuobjdump`: `ATTN_CUOBJDUMP` (which `cargo xtask test` sets), else the first on `PATH`; if
 /// neither, the test is reported skipped by name (or fails where CI requires it).
 fn cuobjdump_or_skip(test: &str) -> Option<PathBuf> {
-    let from_env = std::env::var_os("ATTN_CUOBJDUMP").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let from_env = CUOBJDUMP.value().map(PathBuf::from);
     let on_path = || {
         std::env::var_os("PATH")
             .and_then(|p| std::env::split_paths(&p).map(|d| d.join("cuobjdump")).find(|f| f.is_file()))
     };
     match from_env.or_else(on_path) {
         Some(tool) => Some(tool),
-        None if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+        None if required() => {
             panic!("cuobjdump is required (ATTN_REQUIRE_NVRTC=1) but neither ATTN_CUOBJDUMP nor PATH has it")
         }
         None => {

@@ -1,5 +1,6 @@
 //! Runs the smoke kernels on a real GPU: compile, load, launch with pointer arguments and with a
-//! by-value parameter struct, time, read back. Prints `SKIPPED` where there is no GPU.
+//! by-value parameter struct, time, read back. Prints `SKIPPED` where there is no GPU (fails
+//! instead with `ATTN_REQUIRE_CUDA=on`).
 
 use attn_cuda::{CompileRequest, Gpu, driver, probe};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -24,6 +25,9 @@ unsafe impl DeviceRepr for SmokeParams {}
 fn smoke_kernels_run_on_the_gpu() -> attn_core::Result<()> {
     let info = match probe() {
         Ok(info) => info,
+        Err(reason) if attn_cuda::options::REQUIRE_CUDA.on_off()? == Some(true) => {
+            panic!("a CUDA device is required (ATTN_REQUIRE_CUDA=on) but unavailable: {reason}")
+        }
         Err(reason) => {
             println!("SKIPPED smoke_kernels_run_on_the_gpu: {reason}");
             return Ok(());

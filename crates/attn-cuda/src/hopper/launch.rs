@@ -1,14 +1,18 @@
 //! The Hopper kernel's parameter block: the tensors by pointer and by TMA tensor map.
 
-use super::Variant;
-use super::plan::Split;
-use crate::launch::DeviceTensors;
+use super::plan::head_group;
+use super::split::Split;
+use super::variant::Variant;
+use crate::runtime::driver;
+use crate::tensors::{DeviceTensors, strides};
 use attn_core::{DType, Error, Problem, Result, Strides};
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The kernel's only argument, passed by value (`__grid_constant__`, which lets the kernel hand
 /// the tensor maps' addresses to the copy engine). Must match `struct Params` in
@@ -46,7 +50,7 @@ pub struct Sm90Params {
     trace: u64,
 }
 
-/// The trace of a [`super::Variant::trace`] build, per CTA: `TRACE_PIECES + 1` rows (a piece each,
+/// The trace of a [`Variant::trace`] build, per CTA: `TRACE_PIECES + 1` rows (a piece each,
 /// the last the CTA's own) of `TRACE_ROLES` roles (consumer warpgroups, then the producer) of
 /// `TRACE_EVENTS` 64-bit stamps, as `kernels/flash_fwd_sm90.cu` lays it out (`trace_put`).
 pub const TRACE_PIECES: usize = 64;
@@ -57,28 +61,9 @@ pub const TRACE_EVENTS: usize = 16;
 /// The trace's 64-bit words per CTA.
 pub const TRACE_LEN_PER_CTA: usize = (TRACE_PIECES + 1) * TRACE_ROLES * TRACE_EVENTS;
 
-/// L2 the causal tile order may fill with K/V (see [`head_group`]): about two thirds of the
-/// H100's 50 MB (the H200 has 60), leaving room for Q, O and the copies in flight.
-const L2_BUDGET: usize = 32 << 20;
-
-/// Under a causal mask the kernel takes tiles longest first within groups of this many heads
-/// (`tile_at` in the kernel): as many heads as have K and V together within [`L2_BUDGET`], so
-/// that the CTAs running at once reread K/V from L2 rather than from memory.
-/// Query heads that share a K/V head (GQA) count once.
-pub fn head_group(problem: &Problem) -> usize {
-    let s = problem.shape;
-    let kv_bytes_per_query_head =
-        (2 * s.seq_k * s.head_dim * 2).div_ceil(s.heads_q / s.heads_kv.max(1)).max(1);
-    (L2_BUDGET / kv_bytes_per_query_head).clamp(1, s.batch * s.heads_q)
-}
-
 // SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
 // driver's opaque 128-byte values).
 unsafe impl DeviceRepr for Sm90Params {}
-
-fn strides(s: Strides) -> [i64; 3] {
-    [s.batch as i64, s.head as i64, s.seq as i64]
-}
 
 /// A 4-D tensor map of a [batch][heads][seq][head_dim] tensor with these element strides, whose
 /// boxes are 64 columns (128 bytes) by `rows` rows, 128-byte swizzled; rows past `seq` read as
@@ -134,11 +119,11 @@ fn tensor_map(
 
 impl Sm90Params {
     /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
-    /// persistent scheduler's counters, zero ([`Split::counters`], the persistent form only),
+    /// persistent scheduler's counters, zero ([`Split::counters`]),
     /// and `partials` the split tail's partial results (where `split` has units).
     pub fn new(
         tensors: &DeviceTensors,
-        schedule: Option<&CudaSlice<u32>>,
+        schedule: &CudaSlice<u32>,
         partials: Option<&CudaSlice<f32>>,
         split: &Split,
         stream: &CudaStream,
@@ -165,7 +150,7 @@ impl Sm90Params {
             v,
             o,
             lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
-            schedule: schedule.map_or(0, |c| c.device_ptr(stream).0),
+            schedule: schedule.device_ptr(stream).0,
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),
@@ -193,25 +178,103 @@ impl Sm90Params {
     }
 }
 
+/// The Hopper kernel's parameter block for one prepared problem, and the buffers it points at
+/// beyond the tensors: the persistent scheduler's counters, the split tail's partial results,
+/// and a traced build's timeline.
+pub(crate) struct Bound {
+    /// The kernel's argument.
+    pub params: Sm90Params,
+    _counters: CudaSlice<u32>,
+    _partials: Option<CudaSlice<f32>>,
+    _trace: Option<Trace>,
+}
+
+impl Bound {
+    /// Allocates what `variant` needs beyond `tensors` for `problem`, dealt out as `split` over
+    /// `ctas` CTAs; a traced build's timeline goes to a file in `trace_folder`.
+    pub fn new(
+        tensors: &DeviceTensors,
+        stream: &Arc<CudaStream>,
+        problem: &Problem,
+        variant: &Variant,
+        split: &Split,
+        ctas: u32,
+        trace_folder: Option<&Path>,
+    ) -> Result<Bound> {
+        // The persistent scheduler's counters, zero; the kernel leaves them so.
+        let counters = stream
+            .alloc_zeros::<u32>(split.counters(variant.consumers))
+            .map_err(driver("allocate the tile counters"))?;
+        // The split tail's partial results, written before they are read.
+        let partials = match split.units > 0 {
+            true => Some(
+                // SAFETY: every slot a launch reads, it first writes (merge_partials).
+                unsafe { stream.alloc::<f32>(split.partial_floats(variant.head_dim, variant.consumers)) }
+                    .map_err(driver("allocate the split tail's partial results"))?,
+            ),
+            false => None,
+        };
+        let mut params =
+            Sm90Params::new(tensors, &counters, partials.as_ref(), split, stream, problem, variant)?;
+        let mut trace = None;
+        if let (true, Some(folder)) = (variant.trace, trace_folder) {
+            let words = ctas as usize * TRACE_LEN_PER_CTA;
+            let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
+            params = params.with_trace(&buffer, stream);
+            let s = problem.shape;
+            let file =
+                format!("trace-{}-b{}h{}-s{}x{}.csv", variant.name(), s.batch, s.heads_q, s.seq_q, s.seq_k);
+            trace = Some(Trace { buffer, path: folder.join(file), stream: stream.clone() });
+        }
+        Ok(Bound { params, _counters: counters, _partials: partials, _trace: trace })
+    }
+}
+
+/// The timeline a traced build stamps ([`Variant::trace`]), and the file it goes to when dropped.
+struct Trace {
+    buffer: CudaSlice<i64>,
+    path: PathBuf,
+    stream: Arc<CudaStream>,
+}
+
+impl Trace {
+    /// The last launch's stamps as CSV: a row per (CTA, piece, role) that holds any, the piece
+    /// `TRACE_PIECES` being the CTA's own row (see `kernels/flash_fwd_sm90.cu`, `trace_put`).
+    fn write(&self) -> std::result::Result<(), String> {
+        let words = self.stream.clone_dtoh(&self.buffer).map_err(|e| format!("copy the trace back: {e}"))?;
+        let names: Vec<String> = (0..TRACE_EVENTS).map(|e| format!("e{e}")).collect();
+        let mut csv = format!("cta,piece,role,{}\n", names.join(","));
+        for (row, events) in words.chunks(TRACE_EVENTS).enumerate() {
+            if events.iter().all(|&e| e == 0) {
+                continue;
+            }
+            let (role, piece, cta) = (
+                row % TRACE_ROLES,
+                row / TRACE_ROLES % (TRACE_PIECES + 1),
+                row / TRACE_ROLES / (TRACE_PIECES + 1),
+            );
+            let stamps: Vec<String> = events.iter().map(i64::to_string).collect();
+            csv.push_str(&format!("{cta},{piece},{role},{}\n", stamps.join(",")));
+        }
+        std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new(".")))
+            .and_then(|()| std::fs::write(&self.path, csv))
+            .map_err(|e| format!("write {}: {e}", self.path.display()))
+    }
+}
+
+impl Drop for Trace {
+    /// Writes the timeline; a failure is reported on stderr (a diagnostic, which must not turn
+    /// a finished run into an error).
+    fn drop(&mut self) {
+        match self.write() {
+            Ok(()) => eprintln!("trace: {}", self.path.display()),
+            Err(e) => eprintln!("trace not written: {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use attn_core::{DType, Problem, Shape};
-
-    #[test]
-    fn head_groups_keep_k_and_v_within_l2() {
-        // S=2048, D=128: 1 MiB of K and V per head, 32 heads to a group (of 128).
-        let p =
-            |s: usize, d: usize| Problem::new(Shape::new(16384 / s, 2048 / d, s, d), DType::Bf16).causal();
-        assert_eq!(super::head_group(&p(2048, 128)), 32);
-        // S=16384, D=128: 8 MiB per head, 4 to a group; S=512, D=64: 128 KiB, 256 (of 1024).
-        assert_eq!(super::head_group(&p(16384, 128)), 4);
-        assert_eq!(super::head_group(&p(512, 64)), 256);
-        // Never more than there are; query heads sharing K/V (GQA 4:1) count once.
-        assert_eq!(super::head_group(&Problem::new(Shape::new(1, 2, 64, 64), DType::Bf16)), 2);
-        let gqa = Problem::new(Shape { heads_kv: 4, ..Shape::new(8, 16, 2048, 128) }, DType::Bf16);
-        assert_eq!(super::head_group(&gqa), 128);
-    }
-
     #[test]
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)

@@ -3,25 +3,24 @@
 //!
 //! The backend picks it on devices of compute capability 9.0 for what it supports (f16/bf16,
 //! head dims 64, 128 and 256, strides that are multiples of 8 elements), and says in the plan
-//! why it fell back to the Ampere/Ada family otherwise. `ATTN_CUDA_FAMILY=ampere|hopper` forces
-//! a family; `ATTN_CUDA_FORM` picks one of the kernel's [`Form`]s (each step of its
-//! construction stays compilable, to verify and time them one against another),
-//! `ATTN_CUDA_SM90_TILES` other tiles, `ATTN_CUDA_SM90_GRID` a smaller persistent grid and
-//! `ATTN_CUDA_SM90_SPLIT=off` every tile whole instead of the split tail ([`plan::Split`]; see
-//! `attn_cuda::Cuda::from_env`).
+//! why it fell back to the Ampere/Ada family otherwise. Its settings ([`Settings`], read from the
+//! `ATTN_CUDA_SM90_*` knobs in `crate::options`) force tiles, a smaller persistent grid, every
+//! tile whole, one or two Q slots, the causal block order or a traced build.
 //!
-//! - [`plan`]: the variants, their tiles, launch and shared memory, validated before launch.
+//! - `variant`: one specialisation, its compile-time choices, shared memory and registers, and
+//!   the NVRTC request that compiles it.
+//! - `plan`: which variant runs a problem (its tiles, the settings applied), the launch, and
+//!   the causal tile order's head groups; the variants that ship.
+//! - `split`: how the persistent grid deals out the tiles and splits the tail.
 //! - `launch`: the kernel's parameter block with its four TMA tensor maps (Q, K, V in; O out),
-//!   and the causal tile order's head groups.
+//!   the buffers it points at, and a traced build's timeline.
 //! - `wgmma`: the generated wgmma wrappers (the header `sm90_wgmma.cuh`).
 
 pub(crate) mod launch;
-pub mod plan;
+pub(crate) mod plan;
+pub(crate) mod split;
+pub(crate) mod variant;
 mod wgmma;
 
-pub use plan::{Form, Variant};
-
-/// The kernel source, compiled at run time for sm_90a.
-pub const SOURCE: &str = include_str!("../../kernels/flash_fwd_sm90.cu");
-/// The Hopper primitives it includes as `sm90.cuh`.
-pub const PRIMITIVES: &str = include_str!("../../kernels/sm90.cuh");
+pub use plan::{Settings, Tiles, tiles};
+pub use variant::Variant;

@@ -1,92 +1,14 @@
-//! Which kernel specialisation runs a problem, with what launch, and whether it fits the device.
+//! Which Ampere/Ada specialisation runs a problem, with what launch, and whether it fits the device.
 //! Pure host logic: testable (and tested against stated L4 and H100 limits) without a GPU.
 
-use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
+use super::variant::Variant;
+use crate::tensors::{check_alignment, check_supported};
+use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
 
 /// Head dimensions the kernel is specialised for.
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
-/// One compiled specialisation of `kernels/flash_fwd.cu`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Variant {
-    /// f16 or bf16.
-    pub dtype: DType,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// Warps per block.
-    pub warps: u32,
-    /// 16-row tiles per warp: each K/V fragment read from shared memory feeds this many matrix
-    /// products. `block_m = 16 · m_tiles · warps`.
-    pub m_tiles: u32,
-    /// Keys per tile.
-    pub block_n: usize,
-    /// K/V shared-memory stages: 1 (K and V double-buffered against each other) or 2 (each
-    /// double-buffered: the loads of a tile overlap the whole tile before it).
-    pub stages: u32,
-    /// Causal (bottom-right) masking compiled in.
-    pub causal: bool,
-}
-
 impl Variant {
-    /// Query rows per block.
-    pub fn block_m(&self) -> usize {
-        16 * (self.m_tiles * self.warps) as usize
-    }
-
-    /// Threads per block.
-    pub fn threads(&self) -> u32 {
-        32 * self.warps
-    }
-
-    /// Dynamic shared memory: the Q tile and `stages` K and V tiles, 16-bit elements. Mirrors
-    /// the pointer arithmetic at the top of `attn_fwd` in `kernels/flash_fwd.cu`.
-    pub fn shared_bytes(&self) -> u32 {
-        ((self.block_m() + 2 * self.stages as usize * self.block_n) * self.head_dim * 2) as u32
-    }
-
-    /// The name of the specialisation: dtype, head dim, tiles, mask.
-    pub fn name(&self) -> String {
-        format!(
-            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}",
-            self.dtype,
-            self.head_dim,
-            self.block_m(),
-            self.warps,
-            self.block_n,
-            self.stages,
-            if self.causal { "_causal" } else { "" }
-        )
-    }
-
-    /// The NVRTC `-D` defines that select it.
-    pub fn defines(&self) -> Vec<(String, String)> {
-        vec![
-            ("ATTN_BF16".into(), u8::from(self.dtype == DType::Bf16).to_string()),
-            ("ATTN_D".into(), self.head_dim.to_string()),
-            ("ATTN_WARPS".into(), self.warps.to_string()),
-            ("ATTN_MTILES".into(), self.m_tiles.to_string()),
-            ("ATTN_BN".into(), self.block_n.to_string()),
-            ("ATTN_STAGES".into(), self.stages.to_string()),
-            ("ATTN_CAUSAL".into(), u8::from(self.causal).to_string()),
-        ]
-    }
-
-    /// The NVRTC request that compiles this specialisation for `arch`. Its name encodes every
-    /// define, since compiled kernels are cached by name.
-    pub fn request(&self, arch: crate::Arch) -> crate::CompileRequest {
-        let mut req = crate::CompileRequest::new(self.name(), crate::backend::SOURCE, arch);
-        for (k, v) in self.defines() {
-            req = req.define(k, v);
-        }
-        req
-    }
-
-    /// The registers one thread may use so that a block fits the register file: the fewer of
-    /// 255 and 65536 / threads. CI fails a variant over it (or with any spill).
-    pub fn register_budget(&self) -> u32 {
-        (65536 / self.threads()).min(255)
-    }
-
     /// Every specialisation the backend can choose, for the CI compile check.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
@@ -100,23 +22,6 @@ impl Variant {
             }
         }
         v
-    }
-
-    /// The launch for `problem`: one block per (query block, batch · head); under a causal mask
-    /// the axes swap, so that blocks start longest first across all heads (see the kernel).
-    pub fn launch(&self, problem: &Problem) -> Launch {
-        let s = problem.shape;
-        Launch {
-            grid: match self.causal {
-                true => [(s.batch * s.heads_q) as u32, s.seq_q.div_ceil(self.block_m()) as u32, 1],
-                false => [s.seq_q.div_ceil(self.block_m()) as u32, (s.batch * s.heads_q) as u32, 1],
-            },
-            block: [self.threads(), 1, 1],
-            dynamic_shared_bytes: self.shared_bytes(),
-            static_shared_bytes: 0,
-            registers_per_thread: None,
-            spill_bytes: None,
-        }
     }
 }
 
@@ -152,22 +57,8 @@ pub fn choose(
     limits: &DeviceLimits,
     rank: Option<usize>,
 ) -> Result<(Variant, Launch, Vec<String>)> {
-    problem.validate()?;
     let s = problem.shape;
-    if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
-        return Err(Error::UnsupportedDType {
-            backend: "cuda".into(),
-            dtype: problem.dtype,
-            supported: "f16 and bf16 (tensor cores); use cpu-flash or wgpu for f32".into(),
-        });
-    }
-    if !HEAD_DIMS.contains(&s.head_dim) {
-        return Err(Error::UnsupportedHeadDim {
-            backend: "cuda".into(),
-            head_dim: s.head_dim,
-            supported: format!("{HEAD_DIMS:?}"),
-        });
-    }
+    check_supported(problem, "cuda", &HEAD_DIMS)?;
     check_alignment(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
@@ -216,26 +107,10 @@ pub fn choose(
     Err(last_err.expect("at least one candidate"))
 }
 
-/// 16-byte vector loads need every row to start on a 16-byte boundary: strides that are
-/// multiples of 8 elements (buffers themselves are allocated aligned).
-pub(crate) fn check_alignment(problem: &Problem) -> Result<()> {
-    let t = problem.strides;
-    for (name, st) in [("q", t.q), ("k", t.k), ("v", t.v), ("o", t.o)] {
-        if [st.batch, st.head, st.seq].iter().any(|x| x % 8 != 0) {
-            return Err(Error::Stride {
-                tensor: name,
-                strides: st.to_string(),
-                what: "the cuda backend loads rows 16 bytes at a time: every stride must be a multiple of 8 elements"
-                    .into(),
-            });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use attn_core::Error;
     use attn_core::Shape;
 
     fn problem(d: usize, dtype: DType) -> Problem {

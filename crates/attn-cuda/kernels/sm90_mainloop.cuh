@@ -1,0 +1,541 @@
+// The work on K and V: the producer thread's loop (produce: hands each piece out, loads its Q,
+// then its K/V tiles into the ring of stages by TMA) and a consumer warpgroup's loop over a
+// piece's key tiles (S = Q K^T, the online softmax, O += P V): mainloop_overlapped
+// (software-pipelined, with the ping-pong turns and the speculative softmax), with the wgmma
+// issue helpers and the softmax's arithmetic (RowState).
+//
+// Contract with the others: included by flash_fwd_sm90.cu after the configuration, `Params`,
+// the shared-memory layout, sm90_trace.cuh and sm90_scheduler.cuh. K/V tile `it` (counted in the
+// same order by the producer and every consumer, across the CTA's pieces) is in stage
+// it % STAGES, whose barriers are in phase (it / STAGES) & 1: k_full / v_full complete on the
+// producer's arrival and the TMA bytes, k_empty / v_empty on one arrival per consumer warp
+// (Ctx::release). Q: the piece slots of sm90_scheduler.cuh, freed by Ctx::release_q at the
+// piece's last S (one slot) or by Ctx::free_prev_q under the next piece's first S (O_IN_Q).
+// Named barriers: 0 is __syncthreads', 1 + w consumer warpgroup w's own (128 threads), TURN + w
+// the ping-pong ring's (256). A consumer leaves sm90_epilogue.cuh the piece's O, not yet divided
+// by the row sums, and its RowState (finalized under the overlapped loop's last P V;
+// store_output finalizes it where it is not). Flags: D, BN, STAGES, CONSUMERS, CAUSAL,
+// Q_SLOTS (O_IN_Q), SPECULATE.
+#pragma once
+
+// ---- The producer: one thread of the producer warpgroup issues every copy.
+
+// Hands piece pc (of tile `tile`) out: names it in its Q slot and loads its Q there; a piece
+// past the last tile is the end, named without a Q.
+__device__ __forceinline__ void hand_out(const Params& p, const Smem& s, const Piece& pc, const Tile& tile, int& n) {
+    const int traced = n;  // this piece's row of the trace
+    trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCE, stamp());
+    const int q = announce(s, pc, tile, n);
+    trace_put(p, traced, PRODUCER_ROLE, P_ANNOUNCED, stamp());
+    if (pc.t >= p.tiles) {
+        sm90::mbar_arrive(s.q_full + q);  // no Q: the consumers read the slot and stop
+        return;
+    }
+    sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+        sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c, tile.m0, tile.h,
+                          tile.b);
+}
+
+// Hands out each piece, then loads its K/V tiles into the stages. With one Q slot the next
+// piece goes out after this piece's last K/V tile (its slot is free once this piece's last S
+// is done); with two, as soon as its slot is free while this piece's tiles go out (the slot
+// frees under this piece's first key tiles), so that its Q lands long before this piece ends
+// (handed out after the last tile, the next Q landed 1.5 key tiles after a consumer that wanted
+// it under this piece's last P V needed it, by the trace). The next unit is drawn from the
+// counter as this piece starts; the draw is waited for only when the next piece goes out.
+__device__ void produce(const Params& p, const Smem& s) {
+    sm90::tma_prefetch(&p.q_map);
+    sm90::tma_prefetch(&p.k_map);
+    sm90::tma_prefetch(&p.v_map);
+    int it = 0;  // K/V tiles issued so far: stage it % STAGES, phase (it / STAGES) & 1
+    int n = 0;   // pieces handed out so far
+    Piece pc = first_piece(p, blockIdx.x);
+    Tile tile = tile_or_none(p, pc);
+    hand_out(p, s, pc, tile, n);
+    while (pc.t < p.tiles) {
+        const int traced = n - 1;  // this piece's row of the trace
+        Piece next = pc;
+        const bool same_unit = next_piece(p, next);
+        const unsigned drawn = same_unit ? 0u : atomicAdd(p.schedule, 1u);
+        sum_set(PRODUCER_ROLE, SUM_K, 0);
+        sum_set(PRODUCER_ROLE, SUM_V, 0);
+        bool handed = false;  // the next piece
+        Tile upcoming;
+        const int g = tile.h / (p.heads_q / p.heads_kv);
+        for (int j = pc.j0; j < pc.j1; ++j, ++it) {
+            const int st = it % STAGES;
+            const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+            elem_t* k = s.k + st * (KV_BYTES / 2);
+            elem_t* v = s.v + st * (KV_BYTES / 2);
+            TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
+            sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+            TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
+            sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < D_BLOCKS; ++c)
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+            if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
+                if (!same_unit) next = first_piece(p, gridDim.x + drawn);
+                upcoming = tile_or_none(p, next);
+                hand_out(p, s, next, upcoming, n);
+                handed = true;
+            }
+        }
+        trace_put(p, traced, PRODUCER_ROLE, P_ISSUED, stamp());
+        trace_put(p, traced, PRODUCER_ROLE, P_K_WAIT, sum_get(PRODUCER_ROLE, SUM_K));
+        trace_put(p, traced, PRODUCER_ROLE, P_V_WAIT, sum_get(PRODUCER_ROLE, SUM_V));
+        trace_put(p, traced, PRODUCER_ROLE, P_PIECE, ((long long)pc.t << 32) | ((long long)pc.j0 << 16) | (long long)pc.j1);
+        if (!handed) {
+            if (!same_unit) next = first_piece(p, gridDim.x + drawn);
+            upcoming = tile_or_none(p, next);
+            hand_out(p, s, next, upcoming, n);
+        }
+        pc = next;
+        tile = upcoming;
+    }
+    __threadfence();  // this CTA's last draw from the counter, before it says so
+    if (atomicAdd(p.schedule + 1, 1u) == gridDim.x - 1) {
+        // Every CTA has run out: none will touch the counters again in this launch.
+        atomicExch(p.schedule, 0u);
+        atomicExch(p.schedule + 1, 0u);
+    }
+}
+
+// ---- The consumers' arithmetic. Thread (warp w of the warpgroup, lane) holds, of each 8-column
+// chunk c of an accumulator, the elements (row 16w + lane/4, columns 8c + 2(lane%4) + {0,1})
+// at [4c], [4c + 1] and the same columns of row + 8 at [4c + 2], [4c + 3].
+
+// Starts a batch of wgmma: what the registers the batch reads (O, P) were given must be done
+// before it (see sm90::fence_regs).
+__device__ __forceinline__ void begin_batch(float (&o)[NO], unsigned (&pa)[BN / 16][4]) {
+    sm90::fence_regs(o);
+    sm90::fence_regs(pa);
+    sm90::wgmma_fence();
+}
+
+// S = Q K^T for this warpgroup's 64 rows. `q` and `k` are the tiles' shared addresses.
+__device__ __forceinline__ void issue_qk(float (&s)[NS], unsigned q, unsigned k) {
+    const unsigned long long qd = sm90::sw128_desc(q, 0), kd = sm90::sw128_desc(k, 0);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned long long qa = sm90::desc_advance(qd, (kk / 4) * BM * 128 + (kk % 4) * 32);
+        const unsigned long long ka = sm90::desc_advance(kd, (kk / 4) * BN * 128 + (kk % 4) * 32);
+        wgmma_qk(s, qa, ka, kk > 0);
+    }
+    sm90::wgmma_commit();
+}
+
+// O += P V, P as BN / 16 A fragments; V's 64-column blocks are BN rows (BN * 128 bytes) apart.
+__device__ __forceinline__ void issue_pv(float (&o)[NO], unsigned (&pa)[BN / 16][4], unsigned v) {
+    const unsigned long long vd = sm90::sw128_desc(v, BN * 128);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv(o, pa[kk], sm90::desc_advance(vd, kk * 16 * 128), 1);
+    sm90::wgmma_commit();
+}
+
+// Ping-pong: a consumer warpgroup waits for its turn to issue products, and after issuing hands
+// the turn to the next in the ring (named barrier TURN + w is warpgroup w's, met by its 128
+// threads waiting and the previous warpgroup's 128 arriving). Barriers 1 + w are warpgroup w's
+// own (128 threads); 0 is __syncthreads'.
+constexpr int TURN = 1 + CONSUMERS;
+__device__ __forceinline__ void await_turn(int wg) {
+    sm90::named_sync(TURN + wg, 256);
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+    sm90::named_arrive(TURN + (wg + 1) % CONSUMERS, 256);
+}
+
+// Whether `x` holds in any thread of warpgroup wg (a reduction on its own named barrier, 1 + wg),
+// read through a vote so that ptxas knows every lane has the same answer.
+__device__ __forceinline__ bool warpgroup_any(int wg, bool x) {
+    unsigned any;
+    asm volatile(
+        "{\n"
+        ".reg .pred p, q;\n"
+        "setp.ne.u32 q, %1, 0;\n"
+        "bar.red.or.pred p, %2, 128, q;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(any)
+        : "r"(static_cast<unsigned>(x)), "r"(1 + wg)
+        : "memory");
+    return __any_sync(0xffffffffu, any != 0);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// 2^x in one MUFU.EX2 (2^-inf = 0).
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1 / x for a positive normal x on the FMA pipe, not MUFU's (which the other warpgroups'
+// exponentials keep busy while a warpgroup stores its O): an estimate from the bits and three
+// Newton steps, each of which squares the relative error (under 6% first; about 1 ulp after).
+__device__ __forceinline__ float reciprocal(float x) {
+    float y = __int_as_float(0x7ef311c3 - __float_as_int(x));
+#pragma unroll
+    for (int i = 0; i < 3; ++i) y = y * fmaf(-x, y, 2.f);
+    return y;
+}
+
+__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
+
+// A thread's row reductions (max, sum) run in CHAINS independent chains per row, element
+// (chunk c, e) in chain chain(c, e), combined pairwise at the end: ILP for the softmax, though
+// on the H100 it timed the same as one chain (bench/results/2026-11-25-h100-hopper-0fb8596).
+constexpr int CHAINS = 4;
+__device__ __forceinline__ int chain(int c, int e) { return (2 * c + (e & 1)) % CHAINS; }
+__device__ __forceinline__ float max_of(const float (&x)[CHAINS]) {
+    return fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+}
+__device__ __forceinline__ float sum_of(const float (&x)[CHAINS]) { return (x[0] + x[1]) + (x[2] + x[3]); }
+static_assert(CHAINS == 4, "max_of and sum_of combine four chains");
+
+// The running softmax state of this thread's two rows.
+struct RowState {
+    float max[2];    // log2 units, -inf before any visible key
+    float sum[2];    // this thread's part of the row sum (the quad's four parts add up at the end)
+    float total[2];  // once final: the quad's sums
+    float inv[2];    // and their inverses (0 where a row saw no key)
+    bool final;      // total and inv hold the sums as they are now
+};
+
+// The rows' sums added over the quad and inverted, once no tile is left to add to them: ahead of
+// the store, under the last P V (a chain of shuffles that costs a few hundred cycles when it
+// waits instead).
+__device__ __forceinline__ void finalize(RowState& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st.total[r] = quad_sum(st.sum[r]);
+        st.inv[r] = st.total[r] > 0.f ? reciprocal(st.total[r]) : 0.f;  // a row that sees no key: o = 0
+    }
+    st.final = true;
+}
+
+// Masks the scores of key columns past seq_k or (causal) past a row's diagonal to -inf.
+// `row` is this thread's first row, `n0` the tile's first key. Each row's last visible key is
+// found once, as an offset from this thread's first column, so that each score then takes one
+// compare against a constant and one select (not a column sum and two compares).
+__device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k, int shift) {
+    const int first_col = n0 + 2 * (threadIdx.x % 4);
+    int last[2];  // per row, the last visible column's offset from first_col
+#pragma unroll
+    for (int r = 0; r < 2; ++r) last[r] = (CAUSAL ? min(seq_k - 1, row + 8 * r + shift) : seq_k - 1) - first_col;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) > last[e >> 1]) s[4 * c + e] = NEG_INF;
+}
+
+// The new running max of a tile's scores; returns, per row, the factor by which the old sums
+// and O must be scaled (1 where the max did not move). The max moves only when some row of the
+// warp outgrew it by more than RESCALE_SLACK: until then probabilities stay below
+// 2^RESCALE_SLACK, which f32 sums and 16-bit P hold as well, and O / sum is unchanged.
+__device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, float sl2, float (&alpha)[2]) {
+    float part[2][CHAINS];  // per row, CHAINS running maxima instead of one BN / 4 long
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int k = 0; k < CHAINS; ++k) part[r][k] = NEG_INF;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float& m = part[e >> 1][chain(c, e)];
+            m = fmaxf(m, s[4 * c + e]);
+        }
+    const float tile_max[2] = {max_of(part[0]), max_of(part[1])};
+    float new_max[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m = quad_max(tile_max[r]);
+        new_max[r] = fmaxf(st.max[r], m == NEG_INF ? NEG_INF : m * sl2);
+        grow |= new_max[r] > st.max[r] + RESCALE_SLACK;
+    }
+    alpha[0] = alpha[1] = 1.f;
+    if (!__any_sync(0xffffffff, grow)) return false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        // A row with no visible key yet keeps -inf; exp2(-inf - 0) = 0, never NaN.
+        alpha[r] = exp2_fast(st.max[r] - (new_max[r] == NEG_INF ? 0.f : new_max[r]));
+        st.max[r] = new_max[r];
+        st.sum[r] *= alpha[r];
+    }
+    return true;
+}
+
+__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+        o[4 * c] *= alpha[0];
+        o[4 * c + 1] *= alpha[0];
+        o[4 * c + 2] *= alpha[1];
+        o[4 * c + 3] *= alpha[1];
+    }
+}
+
+// p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
+// (The same, with this thread's part of the tile's row sums returned in `sums`, not added.)
+__device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState& st, float sl2, float (&sums)[2]) {
+    const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
+    float part[2][CHAINS] = {};  // the tile's sums, in independent chains as the max
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * c + e] = exp2_fast(fmaf(s[4 * c + e], sl2, -base[e >> 1]));
+            part[e >> 1][chain(c, e)] += s[4 * c + e];
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) sums[r] = sum_of(part[r]);
+}
+
+__device__ __forceinline__ void exponentiate(float (&s)[NS], RowState& st, float sl2) {
+    float sums[2];
+    exponentiate_rows(s, st, sl2, sums);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.sum[r] += sums[r];
+}
+
+// The probabilities as 16-bit A fragments: key chunks 2kk and 2kk + 1 make fragment kk.
+__device__ __forceinline__ void to_fragments(const float (&s)[NS], unsigned (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = as_u32(pack2(s[8 * kk + 0], s[8 * kk + 1]));
+        pa[kk][1] = as_u32(pack2(s[8 * kk + 2], s[8 * kk + 3]));
+        pa[kk][2] = as_u32(pack2(s[8 * kk + 4], s[8 * kk + 5]));
+        pa[kk][3] = as_u32(pack2(s[8 * kk + 6], s[8 * kk + 7]));
+    }
+}
+
+// Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs sl2 > 0
+// (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by negating this
+// warpgroup's rows of Q in shared memory instead, and a zero scale runs as 1e-30: every score
+// times it then rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
+__device__ __forceinline__ void negate_q_rows(elem_t* q, int wg) {
+    const int t = threadIdx.x % 128;
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c)
+#pragma unroll
+        for (int i = t; i < 64 * 8; i += 128) {  // 64 rows of 8 16-byte chunks
+            uint4* x = reinterpret_cast<uint4*>(q + c * BM * 64 + (wg * 64) * 64) + i;
+            uint4 y = *x;
+            y.x ^= 0x80008000u, y.y ^= 0x80008000u, y.z ^= 0x80008000u, y.w ^= 0x80008000u;
+            *x = y;
+        }
+    sm90::fence_proxy_async();  // the generic writes, before wgmma (async proxy) reads them
+    sm90::named_sync(1 + wg, 128);
+}
+
+// ---- One consumer warpgroup's tiles.
+
+// What a consumer warpgroup's thread knows while it computes one tile.
+struct Ctx {
+    const Params& p;
+    const Smem& s;
+    int wg, lane;
+    float sl2;         // |scale| * log2(e), at least 1e-30 (see negate_q_rows)
+    int shift;         // seq_k - seq_q: row i sees keys j <= i + shift
+    int row0;          // this thread's first row (the other is row0 + 8)
+    int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
+    unsigned q_smem;   // this warpgroup's 64 rows of Q
+    int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
+    int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
+
+    __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
+    __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
+    // Producer and consumers count K/V tiles the same way: tile `it` sits in stage it % STAGES,
+    // whose barriers are in their (it / STAGES)-th phase.
+    __device__ static int stage(int it) { return it % STAGES; }
+    __device__ static unsigned phase(int it) { return (it / STAGES) & 1; }
+    // One arrival per warp on a K or V stage's "empty" barrier: this warp is done reading the
+    // stage (its wgmma, which reads shared memory asynchronously, has completed).
+    // The whole warp calls it: every lane is past its wait before lane 0 arrives.
+    __device__ void release(unsigned long long* bar) const {
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar);
+    }
+    // One arrival per thread on Q's "empty" barrier: this thread is done with Q and with the
+    // piece slot it read, and its own arrival (a release) orders that read before the producer's
+    // next write of the slot (racecheck found the per-warp arrival's ordering through
+    // __syncwarp wanting). Once per piece, at the piece's last S (so that a Q loads under the
+    // last P V); with O_IN_Q, see free_prev_q().
+    __device__ void release_q() const {
+        if (!O_IN_Q) sm90::mbar_arrive(s.q_empty);  // the one slot
+    }
+    // O_IN_Q: frees the last piece's Q slot, where its O was staged, under this piece's first S.
+    // Thread 0 issued that O's TMA store and waits until the store has read the slot (done long
+    // before now; waiting for it at the end of the last piece instead cost D=64 2-3.5%, 24ae121),
+    // then the warpgroup's threads arrive, as release_q's do.
+    __device__ void free_prev_q() const {
+        if (!O_IN_Q || q_prev < 0) return;
+        if (threadIdx.x % 128 == 0) sm90::bulk_wait_read();
+        sm90::named_sync(1 + wg, 128);
+        sm90::mbar_arrive(s.q_empty + q_prev);
+    }
+};
+
+// Masks, then exponentiates tile j's scores in place; returns whether O must be rescaled.
+__device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
+    const int n0 = j * BN;
+    if (n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift)) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    const bool moved = update_max(sc, st, c.sl2, alpha);
+    exponentiate(sc, st, c.sl2);
+    return moved;
+}
+
+// Key tile j's softmax against the running max as it stands, without finding the tile's own max
+// first: at D=64 that search (60 FMNMX and two shuffles a tile) is what the consumers wait on most,
+// and the kernel without it ran 4-12% faster (bench/results/2026-11-26-h100-hopper-speculate-*).
+// The running max moves only when a row outgrows it by RESCALE_SLACK anyway; as long as no row
+// did, every p is below 2^RESCALE_SLACK and so is each thread's part of a row's sum. Where a part
+// is above that (or is not a number), or a row has seen no key yet, the warpgroup issues S_j again
+// (K and Q are still in place: see next_tile) and takes the usual way, max first. Returns whether
+// O must be rescaled, as softmax_step does.
+__device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
+                                                    float (&sc)[NS], RowState& st, int j, unsigned k_smem,
+                                                    float (&alpha)[2]) {
+    const int n0 = j * BN;
+    const bool masked = n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift);
+    if (masked) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
+    float sums[2] = {0.f, 0.f};
+    if (!fresh) exponentiate_rows(sc, st, c.sl2, sums);
+    const bool outgrown = fresh || !(sums[0] <= RESCALE_LIMIT) || !(sums[1] <= RESCALE_LIMIT);
+    if (!warpgroup_any(c.wg, outgrown)) {
+        st.sum[0] += sums[0];
+        st.sum[1] += sums[1];
+        alpha[0] = alpha[1] = 1.f;
+        return false;
+    }
+    begin_batch(o, pa);
+    issue_qk(sc, c.q_smem, k_smem);
+    sm90::wgmma_wait<0>();  // S_j again, and the P V before it
+    sm90::fence_regs(sc);
+    sm90::fence_regs(o);
+    return softmax_step(c, sc, st, j, alpha);
+}
+
+// The piece's first S, alone in its turn, and its softmax (O is still 0: nothing to rescale);
+// P goes to `pa`. `it` is the piece's first K/V tile.
+__device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
+                                           float (&sc)[NS], RowState& st, int it) {
+    float alpha[2];
+    TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
+    begin_batch(o, pa);
+    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+    pass_turn(c.wg);
+    sum_set(c.wg, SUM_FIRST_ISSUED, stamp());
+    c.free_prev_q();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(sc);
+    sum_set(c.wg, SUM_FIRST_S, stamp());
+    c.release(c.s.k_empty + Ctx::stage(it));
+    if (c.j1 - c.j0 == 1) c.release_q();
+    softmax_step(c, sc, st, c.j0, alpha);
+    to_fragments(sc, pa);
+}
+
+// Key tile j: S_j issued with P_{j-1} V_{j-1} (tile `it`), S_j's softmax under that P V, then
+// O rescaled where the max moved and P_j packed; `it` moves on to tile j. SPECULATE: the softmax
+// against the running max (softmax_speculative), which may issue S_j again: not for the piece's
+// last tile, whose S frees Q for the next piece. K's stage is freed before it all the same: the
+// producer loads the stage's next K only after the V before that, into the stage that P_{j-1} V_{j-1}
+// frees once done, after this softmax (kernels/sm90_protocol.py checks the re-read).
+template <bool SPECULATE>
+__device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], float (&sc)[NS],
+                                          RowState& st, int& it, int j) {
+    float alpha[2];
+    const int prev = it++;
+    TIMED(c.wg, SUM_K, sm90::mbar_wait(c.s.k_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
+    begin_batch(o, pa);
+    issue_qk(sc, c.q_smem, c.k_smem(Ctx::stage(it)));
+    TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(prev), Ctx::phase(prev)));
+    begin_batch(o, pa);
+    issue_pv(o, pa, c.v_smem(Ctx::stage(prev)));
+    pass_turn(c.wg);
+    sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+    sm90::fence_regs(sc);
+    c.release(c.s.k_empty + Ctx::stage(it));
+    if (j + 1 == c.j1) c.release_q();
+    const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, j, c.k_smem(Ctx::stage(it)), alpha)
+                                 : softmax_step(c, sc, st, j, alpha);
+    sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
+    sm90::fence_regs(o);
+    c.release(c.s.v_empty + Ctx::stage(prev));
+    if (moved) rescale(o, alpha);
+    to_fragments(sc, pa);
+}
+
+// The piece's last P V, alone in its turn; `it` moves past it.
+__device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], RowState& st,
+                                       int& it) {
+    TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
+    TIMED(c.wg, SUM_TURN, await_turn(c.wg));
+    begin_batch(o, pa);
+    issue_pv(o, pa, c.v_smem(Ctx::stage(it)));
+    pass_turn(c.wg);
+    finalize(st);  // while the P V runs
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(o);
+    c.release(c.s.v_empty + Ctx::stage(it));
+    ++it;
+}
+
+// This warpgroup's key tiles of the piece, [j0, j1), software-pipelined inside the warpgroup:
+// S_j is issued together with P_{j-1} V_{j-1}, and
+// S_j's softmax runs while that P V is still on the tensor cores; only then is O rescaled and
+// P_j packed. The first S and the last P V
+// stand outside the loop, so that every path through it waits for the same groups (ptxas
+// serializes all wgmma of a kernel where it cannot tell a group is complete).
+__device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    unsigned pa[BN / 16][4];
+    float sc[NS];
+    first_tile(c, o, pa, sc, st, it);
+    // The piece's last tile frees Q (release_q) with its S, so only the tiles before it speculate.
+    int j = c.j0 + 1;
+    for (; j + 1 < c.j1; ++j) next_tile<SPECULATE>(c, o, pa, sc, st, it, j);
+    if (j < c.j1) next_tile<false>(c, o, pa, sc, st, it, j);
+    last_pv(c, o, pa, st, it);
+}
+
+// The piece for one consumer warpgroup: its key tiles computed (above).
+__device__ void mainloop_overlapped(const Ctx& c, float (&o)[NO], RowState& st, int& it) {
+    mainloop_computed(c, o, st, it);
+}
+
+// What consumer warpgroup wg's thread knows of piece n (pc, of tile `tile`).
+__device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, const Piece& pc, const Tile& tile, int n) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    return Ctx{p,
+               s,
+               wg,
+               lane,
+               fmaxf(fabsf(p.scale_log2), 1e-30f),
+               p.seq_k - p.seq_q,
+               tile.m0 + 64 * wg + 16 * warp + lane / 4,
+               tile.m0 + 64 * wg + 16 * warp,
+               sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
+               pc.j0,
+               pc.j1,
+               n > 0 ? (n - 1) % Q_SLOTS : -1};
+}

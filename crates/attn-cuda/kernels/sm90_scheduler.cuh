@@ -1,0 +1,137 @@
+// Which work a CTA does and how the producer hands it to the consumers: tiles (one query block
+// of one batch and head, numbered by tile_at so that neighbours share K/V in L2 and, under a
+// causal mask, the longest go first), pieces (key tiles [j0, j1) of a tile: without a mask the
+// tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
+// and next_piece), and the piece slots through which each piece travels from the producer
+// (announce, slot_free) to the consumers (take_piece).
+//
+// Contract with the others: included by flash_fwd_sm90.cu after the configuration (BN, BM,
+// CAUSAL, BOTTOM, Q_SLOTS, SPLIT_TAIL), `Params` (the shape, q_blocks, head_group, and the
+// split: whole, tail_units, tail_iters) and the shared-memory layout. Piece n of a CTA goes
+// through Q slot n % Q_SLOTS (`Smem::piece`, SLOT_INTS ints each): the producer waits for the
+// slot's q_empty (parity ((n / Q_SLOTS) & 1) ^ 1; every consumer thread arrives once it is done
+// with the slot: Ctx::release_q, Ctx::free_prev_q in sm90_mainloop.cuh), writes the piece and its
+// tile, and hand_out's q_full arrival (sm90_mainloop.cuh) publishes them with the slot's Q; the
+// consumers wait for q_full (parity (n / Q_SLOTS) & 1). Drawing units from the counter
+// (`Params::schedule`) is the producer's (produce), merging a split tile's pieces the epilogue's.
+#pragma once
+
+// The (batch * head, query block) of tile t, and how many key tiles it sees.
+struct Tile {
+    int b, h, m0, n_kv;
+};
+
+// The key tiles that query rows before `row_end` see under the bottom-right causal mask (row i
+// sees keys j <= i + seq_k - seq_q).
+__device__ __forceinline__ int visible_key_tiles(const Params& p, int row_end) {
+    const int n_end = min(p.seq_k, max(0, row_end + p.seq_k - p.seq_q));
+    return (n_end + BN - 1) / BN;
+}
+
+// Without a mask a head's query blocks are neighbours, so the CTAs running at once share K/V
+// in L2. Under a causal mask the longest tiles go first, but across all heads at once each
+// wave of CTAs would read every head's K/V (at S=2048, D=128: 128 MB, against 50 MB of L2) and
+// the next wave read them again: tiles go longest first within groups of `head_group` heads,
+// whose K/V the host sized to fit L2, one group after another.
+__device__ __forceinline__ Tile tile_at(const Params& p, int t) {
+    const int bh_total = p.batch * p.heads_q;
+    int bh, qb;
+    if (CAUSAL) {
+        const int group = t / (p.head_group * p.q_blocks), r = t % (p.head_group * p.q_blocks);
+        const int heads = min(p.head_group, bh_total - group * p.head_group);  // the last may be short
+        bh = group * p.head_group + r % heads;
+        qb = p.q_blocks - 1 - r / heads;
+    } else {
+        bh = t / p.q_blocks;
+        qb = t % p.q_blocks;
+    }
+    Tile tile;
+    tile.b = bh / p.heads_q;
+    tile.h = bh % p.heads_q;
+    // BOTTOM: the first block starts before row 0 where BM does not divide seq_q.
+    tile.m0 = BOTTOM ? p.seq_q - (p.q_blocks - qb) * BM : qb * BM;
+    tile.n_kv = CAUSAL ? visible_key_tiles(p, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
+    return tile;
+}
+
+// A piece of work: key tiles [j0, j1) of tile t. The units of work a CTA draws are whole tiles
+// (`unit` -1), then, past `whole`, the tail's units: without a mask every tile has the same
+// key tiles, and the tail's tail_iters of them, tile after tile, are dealt to tail_units units
+// in runs as even as integers allow. A run may cross from one tile into the next, so a unit is
+// one piece or more; a piece that is not its tile's whole range is partial. t >= p.tiles: no
+// work is left.
+struct Piece {
+    int t, j0, j1, unit;
+};
+
+__device__ __forceinline__ int key_tiles(const Params& p) { return (p.seq_k + BN - 1) / BN; }
+// The first key tile (counted over the tail) of tail unit g, and the unit that holds key tile x
+// (the host keeps tail_units * tail_iters under 2^31).
+__device__ __forceinline__ int unit_start(const Params& p, int g) { return g * p.tail_iters / p.tail_units; }
+__device__ __forceinline__ int unit_of(const Params& p, int x) { return ((x + 1) * p.tail_units - 1) / p.tail_iters; }
+
+// Tail unit g's piece that starts at the tail's key tile x: up to the unit's end or the tile's.
+__device__ __forceinline__ Piece run_at(const Params& p, int g, int x) {
+    const int nk = key_tiles(p), tail_tile = x / nk;
+    const int end = min(unit_start(p, g + 1), (tail_tile + 1) * nk);
+    return Piece{p.whole + tail_tile, x - tail_tile * nk, end - tail_tile * nk, g};
+}
+
+// The first piece of unit of work u.
+__device__ __forceinline__ Piece first_piece(const Params& p, int u) {
+    if (!SPLIT_TAIL || u < p.whole) return Piece{u, 0, u < p.tiles ? tile_at(p, u).n_kv : 0, -1};
+    const int g = u - p.whole;
+    if (g >= p.tail_units) return Piece{p.tiles, 0, 0, -1};
+    return run_at(p, g, unit_start(p, g));
+}
+
+// Moves `pc` on to the next piece of its unit; false when the unit has no more.
+__device__ __forceinline__ bool next_piece(const Params& p, Piece& pc) {
+    if (!SPLIT_TAIL || pc.unit < 0) return false;
+    const int x = (pc.t - p.whole) * key_tiles(p) + pc.j1;
+    if (x >= unit_start(p, pc.unit + 1)) return false;
+    pc = run_at(p, pc.unit, x);
+    return true;
+}
+
+// Piece pc's tile; none (zeros) for the piece past the last tile, which says the work is done.
+__device__ __forceinline__ Tile tile_or_none(const Params& p, const Piece& pc) {
+    return pc.t < p.tiles ? tile_at(p, pc.t) : Tile{0, 0, 0, 0};
+}
+
+// ---- The piece slots.
+
+// Waits until the consumers are done with the Q slot of piece n (they last used it for piece
+// n - Q_SLOTS), then names piece n and its tile in the slot (so that no consumer divides to
+// find the tile: its integer divisions would queue behind the exponentials on the MUFU pipe at
+// the piece's start) and returns the slot. The q_full arrival that follows releases the slot's
+// stores to the consumers that wait on it. `n` counts the pieces handed out.
+__device__ __forceinline__ int announce(const Smem& s, const Piece& pc, const Tile& tile, int& n) {
+    const int q = n % Q_SLOTS;
+    sm90::mbar_wait(s.q_empty + q, ((n++ / Q_SLOTS) & 1) ^ 1);
+    volatile int* slot = s.piece + SLOT_INTS * q;
+    slot[0] = pc.t;
+    slot[1] = pc.j0;
+    slot[2] = pc.j1;
+    slot[3] = pc.unit;
+    slot[4] = tile.b;
+    slot[5] = tile.h;
+    slot[6] = tile.m0;
+    slot[7] = tile.n_kv;
+    return q;
+}
+
+// Whether the Q slot of piece n is free (announce would not wait).
+__device__ __forceinline__ bool slot_free(const Smem& s, int n) {
+    return sm90::mbar_test(s.q_empty + n % Q_SLOTS, ((n / Q_SLOTS) & 1) ^ 1);
+}
+
+// Piece n of this CTA and its tile: its Q has landed in slot n % Q_SLOTS, and the slot names
+// them.
+__device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int n, Tile& tile) {
+    const int q = n % Q_SLOTS;
+    sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
+    const volatile int* slot = s.piece + SLOT_INTS * q;
+    tile = Tile{slot[4], slot[5], slot[6], slot[7]};
+    return Piece{slot[0], slot[1], slot[2], slot[3]};
+}

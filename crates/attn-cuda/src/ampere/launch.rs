@@ -1,0 +1,68 @@
+//! The Ampere/Ada kernel's parameter block.
+
+use crate::tensors::{DeviceTensors, strides};
+use attn_core::Problem;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+
+/// The kernel's only argument, passed by value (`__grid_constant__`). Must match `struct Params`
+/// in `kernels/flash_fwd.cu` field for field; `layout_matches_the_kernel` checks the size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    lse: u64,
+    q_strides: [i64; 3],
+    k_strides: [i64; 3],
+    v_strides: [i64; 3],
+    o_strides: [i64; 3],
+    batch: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    seq_q: i32,
+    seq_k: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
+unsafe impl DeviceRepr for KernelParams {}
+
+impl KernelParams {
+    /// The parameter block for `problem` over `tensors`.
+    pub fn new(tensors: &DeviceTensors, stream: &CudaStream, problem: &Problem) -> KernelParams {
+        let s = problem.shape;
+        let t = problem.strides;
+        // The pointers stay valid while `tensors` lives; the SyncOnDrop guards only matter for
+        // cudarc's multi-stream event tracking, which one stream does not need.
+        let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
+        KernelParams {
+            q: ptr(&tensors.q),
+            k: ptr(&tensors.k),
+            v: ptr(&tensors.v),
+            o: ptr(&tensors.o),
+            lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
+            q_strides: strides(t.q),
+            k_strides: strides(t.k),
+            v_strides: strides(t.v),
+            o_strides: strides(t.o),
+            batch: s.batch as i32,
+            heads_q: s.heads_q as i32,
+            heads_kv: s.heads_kv as i32,
+            seq_q: s.seq_q as i32,
+            seq_k: s.seq_k as i32,
+            scale_log2: problem.scale() * std::f32::consts::LOG2_E,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn layout_matches_the_kernel() {
+        // 5 pointers + 12 strides (8 bytes each) + 5 ints + 1 float = 160 bytes, no padding.
+        assert_eq!(std::mem::size_of::<super::KernelParams>(), 160);
+        assert_eq!(std::mem::align_of::<super::KernelParams>(), 8);
+    }
+}

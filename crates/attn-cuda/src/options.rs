@@ -1,0 +1,248 @@
+//! Every `ATTN_*` variable this crate reads ([`KNOBS`]), and [`Options`], the backend's settings
+//! parsed from them once: a value that cannot be read is an [`attn_core::Error::InvalidSetting`]
+//! when the options are built, never ignored and never left for a later plan to find.
+//!
+//! The library paths ([`NVRTC_LIB`], [`CUDA_INCLUDE`]) are defined and read where the libraries
+//! are looked for (`locate`), and listed here: NVRTC is loaded once per process, before and apart
+//! from any backend. The `ATTN_REQUIRE_*` knobs and [`CUOBJDUMP`] are read by the tests only.
+
+use crate::hopper;
+pub use crate::locate::{CUDA_INCLUDE, NVRTC_LIB};
+use crate::runtime::Lead;
+use attn_core::{Knob, Result};
+
+/// A kernel family of the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `kernels/flash_fwd.cu`: mma.sync, ldmatrix, cp.async; sm_80 to sm_90.
+    Ampere,
+    /// `kernels/flash_fwd_sm90.cu`: wgmma, TMA, mbarriers, warp specialization; sm_90 only.
+    Hopper,
+}
+
+/// `ATTN_CUDA_FAMILY`.
+pub const FAMILY: Knob = Knob {
+    name: "ATTN_CUDA_FAMILY",
+    allowed: "`ampere` | `hopper`",
+    default: "the Hopper family on compute capability 9.0 where it runs the problem (the plan says why where not), the Ampere/Ada family elsewhere",
+    purpose: "Forces one kernel family: the Ampere/Ada kernel on any device it runs on (Hopper too, to compare them), or the Hopper kernel, which then fails to plan what it cannot run instead of falling back.",
+};
+
+/// `ATTN_CUDA_RANK`.
+pub const RANK: Knob = Knob {
+    name: "ATTN_CUDA_RANK",
+    allowed: "`0`, `1`, `2`, ... (past a head dim's last: its last)",
+    default: "the first of the head dim's ranked tile configurations that fits the device",
+    purpose: "Forces the Ampere/Ada family's tile configuration of this rank (warps, row tiles, keys, stages), to time the ranks against each other or verify each one on a new GPU.",
+};
+
+/// `ATTN_CUDA_SM90_TILES`.
+pub const SM90_TILES: Knob = Knob {
+    name: "ATTN_CUDA_SM90_TILES",
+    allowed: "`<keys>:<stages>[:<consumers>]`, e.g. `176:2` or `64:3:3` (keys a multiple of 16 up to 256, 2 to 4 consumer warpgroups)",
+    default: "the head dim's measured tiles, longer key tiles for long sequences at D=128 and three consumers for short causal ones",
+    purpose: "Plans the Hopper kernel with these tiles (keys per tile, K/V stages, consumer warpgroups; the head dim's consumers unless given), to time others; a shape that does not compile or fit is a plan error.",
+};
+
+/// `ATTN_CUDA_SM90_GRID`.
+pub const SM90_GRID: Knob = Knob {
+    name: "ATTN_CUDA_SM90_GRID",
+    allowed: "`1`, `2`, ... (CTAs)",
+    default: "one CTA per SM",
+    purpose: "Caps the Hopper kernel's persistent grid, so that each CTA computes many tiles and splits: the path that verification takes on a GPU whose SMs outnumber a small problem's tiles.",
+};
+
+/// `ATTN_CUDA_SM90_SPLIT`.
+pub const SM90_SPLIT: Knob = Knob {
+    name: "ATTN_CUDA_SM90_SPLIT",
+    allowed: "`on` | `off`",
+    default: "`on`: without a mask the tiles past the last whole wave are cut into even runs of key tiles where that gains enough",
+    purpose: "`off` hands every tile out whole, to time the split tail against it on a GPU with another SM count.",
+};
+
+/// `ATTN_CUDA_SM90_QSLOTS`.
+pub const SM90_QSLOTS: Knob = Knob {
+    name: "ATTN_CUDA_SM90_QSLOTS",
+    allowed: "`1` | `2`",
+    default: "`2` at D=128 without a mask, else `1`",
+    purpose: "How many Q tiles the Hopper kernel keeps in shared memory (with two, the next piece's Q loads under this one's key tiles): a small measured gain to re-check on another GPU.",
+};
+
+/// `ATTN_CUDA_SM90_BLOCKS`.
+pub const SM90_BLOCKS: Knob = Knob {
+    name: "ATTN_CUDA_SM90_BLOCKS",
+    allowed: "`bottom` | `top`",
+    default: "`bottom` where it applies (causal, D=64 and 128), else `top`",
+    purpose: "Lays a causal head's query blocks from its last row (so that the block the sequence leaves short is the one with the fewest keys) or from row 0, to re-check the order on another GPU.",
+};
+
+/// `ATTN_CUDA_SM90_TRACE`.
+pub const SM90_TRACE: Knob = Knob {
+    name: "ATTN_CUDA_SM90_TRACE",
+    allowed: "a folder",
+    default: "no trace",
+    purpose: "Runs a traced build of the Hopper kernel that stamps each piece's steps in SM cycles and writes each prepared problem's last launch there as CSV when it is dropped (`bench/device/trace.py` reads it): a diagnostic, never timed as the kernel.",
+};
+
+/// `ATTN_CUDA_TIMING_LEAD`.
+pub const TIMING_LEAD: Knob = Knob {
+    name: "ATTN_CUDA_TIMING_LEAD",
+    allowed: "`repeat` | `idle` | `hold:<microseconds>`",
+    default: "`repeat`",
+    purpose: "What runs ahead of each launch a benchmark times: an untimed twin (steady state), nothing (the host's launch is counted, as PyTorch's own timings count it), or a wait (a rested device, faster than steady state).",
+};
+
+/// `ATTN_CUOBJDUMP`.
+pub const CUOBJDUMP: Knob = Knob {
+    name: "ATTN_CUOBJDUMP",
+    allowed: "a `cuobjdump` executable",
+    default: "the first `cuobjdump` on `PATH`",
+    purpose: "Tests: the disassembler that reads every Hopper variant's SASS (`cargo xtask test` sets it to the one it found).",
+};
+
+/// `ATTN_REQUIRE_NVRTC`.
+pub const REQUIRE_NVRTC: Knob = Knob {
+    name: "ATTN_REQUIRE_NVRTC",
+    allowed: "`on` | `off` (or `1` | `0`)",
+    default: "`off`: tests that need NVRTC (or cuobjdump) print `SKIPPED <test>: <reason>` without it",
+    purpose: "Tests: fail instead of skipping where NVRTC or cuobjdump is missing (`cargo xtask test` sets it).",
+};
+
+/// `ATTN_REQUIRE_CUDA`.
+pub const REQUIRE_CUDA: Knob = Knob {
+    name: "ATTN_REQUIRE_CUDA",
+    allowed: "`on` | `off` (or `1` | `0`)",
+    default: "`off`: tests that need a CUDA device print `SKIPPED <test>: <reason>` without one",
+    purpose: "Tests: fail instead of skipping where no CUDA device can be used, on a machine that has one.",
+};
+
+/// Every `ATTN_*` variable the crate reads (library, tests and examples), for `docs/tuning.md`.
+pub const KNOBS: &[Knob] = &[
+    FAMILY,
+    RANK,
+    SM90_TILES,
+    SM90_GRID,
+    SM90_SPLIT,
+    SM90_QSLOTS,
+    SM90_BLOCKS,
+    SM90_TRACE,
+    TIMING_LEAD,
+    NVRTC_LIB,
+    CUDA_INCLUDE,
+    CUOBJDUMP,
+    REQUIRE_NVRTC,
+    REQUIRE_CUDA,
+];
+
+/// The backend's settings (`Cuda::with_options`); [`Options::default`] is what an
+/// empty environment gives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Options {
+    /// [`FAMILY`]: a forced family.
+    pub family: Option<Family>,
+    /// [`RANK`]: a forced tile rank of the Ampere/Ada family.
+    pub rank: Option<usize>,
+    /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
+    /// problem it cannot run is an error rather than a silent run of the other family.
+    pub hopper: hopper::Settings,
+    /// [`TIMING_LEAD`]: what runs ahead of a timed launch.
+    pub timing_lead: Lead,
+}
+
+impl Options {
+    /// The options from the environment: every knob of [`KNOBS`] the backend reads, parsed.
+    pub fn from_env() -> Result<Options> {
+        let tiles = |t: &str| -> Option<hopper::plan::Tiles> {
+            let n: Vec<u32> = t.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+            match n[..] {
+                [block_n, stages] => {
+                    Some(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 })
+                }
+                [block_n, stages, consumers] => {
+                    Some(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
+                }
+                _ => None,
+            }
+        };
+        Ok(Options {
+            family: FAMILY.choice(&[("ampere", Family::Ampere), ("hopper", Family::Hopper)])?,
+            rank: RANK.parse(|r| r.parse().ok())?,
+            hopper: hopper::Settings {
+                tiles: SM90_TILES.parse(tiles)?,
+                grid: SM90_GRID.parse(|g| g.parse().ok().filter(|&n: &u32| n > 0))?,
+                split: SM90_SPLIT.on_off()?,
+                q_slots: SM90_QSLOTS.choice(&[("1", 1), ("2", 2)])?,
+                bottom: SM90_BLOCKS.choice(&[("bottom", true), ("top", false)])?,
+                trace: SM90_TRACE.value().map(Into::into),
+            },
+            timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_are_distinct_and_described() {
+        let mut names: Vec<&str> = KNOBS.iter().map(|k| k.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KNOBS.len());
+        for k in KNOBS {
+            assert!(k.name.starts_with("ATTN_"), "{}", k.name);
+            assert!(!k.allowed.is_empty() && !k.default.is_empty() && k.purpose.ends_with('.'), "{}", k.name);
+        }
+    }
+
+    #[test]
+    fn every_knob_defined_is_listed_and_none_is_read_around_them() {
+        // Every `Knob { name: "ATTN_..." }` in the crate's sources is in KNOBS, and no file reads
+        // an ATTN_* variable but through one.
+        let sources = [include_str!("options.rs"), include_str!("locate.rs")];
+        let defined: Vec<&str> = sources
+            .iter()
+            .flat_map(|s| s.split("name: \"").skip(1))
+            .filter_map(|rest| rest.split('"').next())
+            .filter(|name| name.starts_with("ATTN_") && !name.contains('.'))
+            .collect();
+        let listed: Vec<&str> = KNOBS.iter().map(|k| k.name).collect();
+        for name in &defined {
+            assert!(listed.contains(name), "{name} is defined but not in KNOBS");
+        }
+        assert_eq!(defined.len(), listed.len(), "{defined:?}");
+        let others = [
+            include_str!("backend.rs"),
+            include_str!("compile.rs"),
+            include_str!("probe.rs"),
+            include_str!("runtime.rs"),
+            include_str!("../tests/compile_variants.rs"),
+            include_str!("../tests/gpu_smoke.rs"),
+            include_str!("../examples/cubin.rs"),
+        ];
+        let read = ["env::var(\"ATTN_", "env::var_os(\"ATTN_"];
+        assert!(others.iter().chain(&sources).all(|s| !read.iter().any(|r| s.contains(r))));
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_read_names_the_variable() {
+        // Only this test sets these variables; nothing else in this binary reads them.
+        for (knob, bad) in
+            [(SM90_GRID, "0"), (SM90_TILES, "128:x"), (TIMING_LEAD, "hold:"), (FAMILY, "volta")]
+        {
+            // SAFETY: see above.
+            unsafe { std::env::set_var(knob.name, bad) };
+            let err = Options::from_env().unwrap_err();
+            unsafe { std::env::remove_var(knob.name) };
+            assert!(
+                matches!(&err, attn_core::Error::InvalidSetting { name, .. } if *name == knob.name),
+                "{err}"
+            );
+        }
+        unsafe { std::env::set_var(SM90_TILES.name, "176:2") };
+        let tiles = Options::from_env().map(|o| o.hopper.tiles);
+        unsafe { std::env::remove_var(SM90_TILES.name) };
+        assert_eq!(tiles.unwrap(), Some(hopper::plan::Tiles { block_n: 176, stages: 2, consumers: 0 }));
+    }
+}
