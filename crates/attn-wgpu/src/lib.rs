@@ -99,3 +99,5 @@ pub mod wide;
 
 pub use backend::Wgpu;
 pub use plan::{AdapterCaps, Kernel, Variant};
+#[cfg(test)]
+mod wgsl_dump;
