@@ -28,7 +28,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let dims = args.get(1).map_or("64,128", String::as_str).to_string();
     let part = args.get(2).cloned().unwrap_or_default();
     let causal = args.get(3).is_some_and(|m| m == "causal");
-    let gpu = match Gpu::open() {
+    let options = attn_wgpu::Options::from_env()?;
+    let gpu = match Gpu::open(&options) {
         Ok(gpu) => gpu,
         Err(reason) => {
             println!("SKIPPED pipeline_stats: {reason}");
@@ -57,9 +58,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 problem = problem.causal();
             }
             let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
-            for v in
-                plan::candidates(ty, d, causal, caps.subgroup_min).chain(plan::wide_candidates(ty, d, causal))
-            {
+            for v in plan::candidates(ty, d, causal, caps.subgroup_min) {
                 if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
                     continue;
                 }
@@ -68,7 +67,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 }
                 let mark = if Some(v) == chosen { "*" } else { " " };
                 // SAFETY: `vulkan` owns a live device; the SPIR-V comes from a validated module.
-                let stats = unsafe { vulkan.statistics(&spirv(&v)?, &v.name())? };
+                let stats = unsafe { vulkan.statistics(&spirv(&v)?, &v.name(), options.ir_dir.as_deref())? };
                 println!("{mark} {:<44} {:>6} B  {stats}", v.name(), v.shared_bytes());
             }
         }
@@ -78,7 +77,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
 /// The variant's WGSL as SPIR-V, with the options the backend's shaders are built with.
 fn spirv(v: &Variant) -> Result<Vec<u32>, Box<dyn Error>> {
-    Ok(attn_wgpu::spirv::compile(&shader::generate(v), attn_wgpu::runtime::Checks::None, (1, 3))?)
+    Ok(attn_wgpu::spirv::compile(&shader::generate(v), attn_wgpu::options::Checks::None, (1, 3))?)
 }
 
 /// A Vulkan device with pipeline statistics enabled, and the one layout every variant uses.
@@ -181,8 +180,12 @@ impl Vulkan {
 
     /// Compiles `words` into a compute pipeline and returns the driver's statistics, one line;
     /// with `ATTN_WGPU_IR_DIR` set, writes the internal representations there under `name`.
-    unsafe fn statistics(&self, words: &[u32], name: &str) -> Result<String, Box<dyn Error>> {
-        let ir_dir = std::env::var("ATTN_WGPU_IR_DIR").ok();
+    unsafe fn statistics(
+        &self,
+        words: &[u32],
+        name: &str,
+        ir_dir: Option<&std::path::Path>,
+    ) -> Result<String, Box<dyn Error>> {
         // SAFETY (whole body): the module and pipeline are created, queried and destroyed here.
         unsafe {
             let module =
@@ -239,7 +242,7 @@ impl Vulkan {
     unsafe fn write_representations(
         &self,
         which: &vk::PipelineExecutableInfoKHR,
-        dir: &str,
+        dir: &std::path::Path,
         stem: &str,
     ) -> Result<usize, Box<dyn Error>> {
         // SAFETY: the two-call idiom of vkGetPipelineExecutableInternalRepresentationsKHR: the
@@ -271,7 +274,7 @@ impl Vulkan {
                     .map(|c| c.to_string_lossy().replace([' ', '/'], "_"))
                     .unwrap_or_default();
                 let text: Vec<u8> = bytes.iter().copied().take_while(|&b| b != 0 || r.is_text == 0).collect();
-                std::fs::write(format!("{dir}/{stem}.{n}.{name}.txt"), text)?;
+                std::fs::write(dir.join(format!("{stem}.{n}.{name}.txt")), text)?;
             }
             Ok(reps.len())
         }

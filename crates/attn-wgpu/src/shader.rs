@@ -30,16 +30,12 @@ pub fn generate(variant: &Variant) -> String {
     if variant.kernel == Kernel::Coop {
         return crate::coop::generate(variant);
     }
-    if variant.kernel == Kernel::Wide {
-        return crate::wide::generate(variant);
-    }
     let (et, enable) = match variant.ty {
         crate::plan::KernelType::F32 => ("f32", ""),
         crate::plan::KernelType::F16 => ("f16", "enable f16;"),
     };
-    let ablate = Ablation::current();
     let rows = Reductions::new(variant);
-    let scores = Scores::new(variant, ablate);
+    let scores = Scores::new(variant);
     let out = Output::new(variant);
     let staging = Staging::new(variant);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
@@ -80,19 +76,19 @@ pub fn generate(variant: &Variant) -> String {
         ("{{IL}}", variant.interleave.to_string()),
         ("{{KG}}", variant.key_groups.to_string()),
         ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{STAGES}}", variant.stages.to_string()),
+        ("{{STAGES}}", "1".into()),
         ("{{BARRIER_BEFORE_STORE}}", barrier_before_store(variant, "            ")),
         ("{{KV_DECL}}", kv_decl(variant).into()),
         (
             "{{BARRIER_AFTER_Q}}",
-            if variant.k_direct { "    workgroupBarrier();".into() } else { String::new() },
+            if variant.direct { "    workgroupBarrier();".into() } else { String::new() },
         ),
         ("{{STAGES_SEEN}}", stages_seen(variant)),
         ("{{K_STAGES}}", (if variant.skip_unseen { "stages_seen" } else { "NCH" }).into()),
         ("{{K_BASE}}", k_base(variant).into()),
         (
             "{{BARRIER_AFTER_STORE}}",
-            if variant.k_direct { String::new() } else { "            workgroupBarrier();".into() },
+            if variant.direct { String::new() } else { "            workgroupBarrier();".into() },
         ),
         ("{{RED_DECL}}", rows.decl),
         ("{{REDUCE_MAX}}", rows.max),
@@ -103,8 +99,8 @@ pub fn generate(variant: &Variant) -> String {
         ("{{ROW_LANE0}}", row_lane0),
         ("{{PRE_DECL}}", staging.declare("    ")),
         ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
-        ("{{FETCH_K_NEXT}}", ablate.fetch(staging.fetch_k("                ", "n0", "c + 1u"))),
-        ("{{FETCH_V_FIRST}}", ablate.fetch(after_last_k_chunk(variant, &staging))),
+        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
+        ("{{FETCH_V_FIRST}}", after_last_k_chunk(variant, &staging)),
         ("{{STORE_K}}", staging.store_k("            ")),
         ("{{S_DECL}}", scores.decl),
         ("{{S_FMA}}", scores.fma),
@@ -115,158 +111,18 @@ pub fn generate(variant: &Variant) -> String {
         ("{{P_STORE}}", scores.p_store),
         ("{{O_DECL}}", out.decl),
         ("{{O_RESCALE}}", out.rescale),
-        ("{{PV}}", pv(variant, &staging, ablate)),
+        ("{{PV}}", pv(variant, &staging)),
         ("{{O_STORE}}", out.store),
     ] {
         src = src.replace(key, &value);
     }
-    if ablate.barrier {
-        src = without_loop_barriers(&src);
-    }
-    format!("// {}{}\n{}", variant.name(), ablate.comment(), with_padding(src))
-}
-
-/// `src` without any barrier from the tile loop on, for the `barrier` ablation (barriers in
-/// functions above the loop, such as the 4x8 kernel's workgroup-memory reductions', stay; the
-/// 8x8 kernel's reductions are written in its loop, so theirs go too).
-pub(crate) fn without_loop_barriers(src: &str) -> String {
-    let at = src.find("for (var t = 0u").expect("the template's tile loop");
-    format!("{}{}", &src[..at], src[at..].replace("workgroupBarrier();", ""))
-}
-
-/// `ATTN_WGPU_PAD_SHARED=<bytes>` (a multiple of 16), for one timing experiment only: how
-/// workgroup memory limits residency. The FMA kernels then declare that much more workgroup
-/// memory, used only behind a parameter that is always 0 (so that no compiler drops it); the
-/// results are unchanged, the plan says so, and [`Variant::shared_bytes`] does not count it.
-/// Read once per process.
-pub fn padding_bytes() -> u32 {
-    static BYTES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        std::env::var("ATTN_WGPU_PAD_SHARED").ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(0)
-            / 16
-            * 16
-    })
-}
-
-/// `src` (an FMA kernel) with the padding of [`padding_bytes`], where there is any.
-pub(crate) fn with_padding(src: String) -> String {
-    let n = padding_bytes() / 16;
-    if n == 0 {
-        return src;
-    }
-    let at = "    let bh_grid = wid.y + wid.z * P.grid_y;\n";
-    let used = format!(
-        "{at}    if (P.pad == 1u) {{\n        pad_shared[lid % {n}u] = vec4<f32>(1.0);\n        \
-         o[0] = vec4<ET>(pad_shared[(lid + 1u) % {n}u]);\n    }}\n"
-    );
-    assert!(src.contains(at), "the FMA kernels compute bh");
-    format!(
-        "{}\n// ATTN_WGPU_PAD_SHARED: timing experiment only.\nvar<workgroup> pad_shared: array<vec4<f32>, {n}>;\n",
-        src.replacen(at, &used, 1)
-    )
-}
-
-/// `ATTN_WGPU_ABLATE`, a list separated by `,` or `+`, for timing only: each named part of the FMA kernel
-/// is taken out, so that the time it costs is the difference to the whole kernel. The results
-/// are wrong (the plan says so). `qk`: of the 16·KG FMAs per head-dim step of S = Q·Kᵀ only
-/// one vec4 add per key group remains (the K loads stay, Q's go); `exp`: probabilities are the
-/// shifted scores, without exp2; `shuffle`: P·V uses the invocation's own probabilities, not
-/// shuffled ones; `pv`: no P·V at all (V is still staged, or, read straight from its buffer, not
-/// read); `barrier`: no barrier inside the tile loop (races); `load`: no global loads of the K
-/// and V stages (stale stages are used; V read straight from its buffer is still read). Other
-/// words are ignored; the plan's note lists the parts taken out. The 8x8 kernel ([`crate::wide`])
-/// honours all but `shuffle` (it has none). Measured on the H100:
-/// bench/results/2026-11-23-h100-wgpu-f32-ablation. The cooperative-matrix kernel
-/// ([`crate::coop`]) honours `qk` (no S products nor K loads: S is the zero matrix), `exp`, `pv`
-/// (no P·V, nor its P and V loads), `barrier` (no barrier, flag nor rescale in the tile loop)
-/// and `softmax`, its own: S is not stored to workgroup memory, nor the softmax run over it (P·V
-/// reads stale probabilities).
-pub struct Ablation {
-    /// S = Q·Kᵀ reduced to one vec4 add per K load.
-    pub qk: bool,
-    /// No exp2 in the softmax.
-    pub exp: bool,
-    /// P·V without the probability shuffles.
-    pub shuffle: bool,
-    /// No P·V.
-    pub pv: bool,
-    /// No workgroup barriers inside the tile loop (races: timing only).
-    pub barrier: bool,
-    /// No global loads of K and V (stale stages are used).
-    pub load: bool,
-    /// Cooperative-matrix kernel: no store of S, nor softmax.
-    pub softmax: bool,
-}
-
-impl Ablation {
-    /// The parts `ATTN_WGPU_ABLATE` names, read once per process, so that the plans and the
-    /// shaders agree and planning does not read the environment each time.
-    pub fn current() -> &'static Ablation {
-        static CURRENT: std::sync::OnceLock<Ablation> = std::sync::OnceLock::new();
-        CURRENT.get_or_init(Ablation::from_env)
-    }
-
-    /// The parts `ATTN_WGPU_ABLATE` names (none where it is unset).
-    fn from_env() -> Self {
-        let mut a = Ablation {
-            qk: false,
-            exp: false,
-            shuffle: false,
-            pv: false,
-            barrier: false,
-            load: false,
-            softmax: false,
-        };
-        for part in std::env::var("ATTN_WGPU_ABLATE").unwrap_or_default().split([',', '+']) {
-            match part.trim() {
-                "qk" => a.qk = true,
-                "exp" => a.exp = true,
-                "shuffle" => a.shuffle = true,
-                "pv" => a.pv = true,
-                "barrier" => a.barrier = true,
-                "load" => a.load = true,
-                "softmax" => a.softmax = true,
-                _ => {}
-            }
-        }
-        a
-    }
-
-    /// The parts taken out, by name (empty where none is).
-    pub fn parts(&self) -> Vec<&'static str> {
-        [
-            (self.qk, "qk"),
-            (self.exp, "exp"),
-            (self.shuffle, "shuffle"),
-            (self.pv, "pv"),
-            (self.barrier, "barrier"),
-            (self.load, "load"),
-            (self.softmax, "softmax"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect()
-    }
-
-    /// Whether any part is taken out.
-    pub fn any(&self) -> bool {
-        !self.parts().is_empty()
-    }
-
-    /// `code` (global loads of a K or V stage), or nothing under `load`.
-    pub(crate) fn fetch(&self, code: String) -> String {
-        if self.load { String::new() } else { code }
-    }
-
-    pub(crate) fn comment(&self) -> String {
-        if self.any() { " (ATTN_WGPU_ABLATE: parts taken out, results wrong)".into() } else { String::new() }
-    }
+    format!("// {}\n{}", variant.name(), src)
 }
 
 /// The K/V stage buffers in workgroup memory, or (K and V read straight from their buffers)
 /// none.
 fn kv_decl(variant: &Variant) -> &'static str {
-    if variant.k_direct {
+    if variant.direct {
         "// K (packed transposed per tile) and V are read straight from their buffers."
     } else {
         "// A K chunk transposed (kv[d·BN4 + n/4]: keys n..n+3 at dim d) or a V chunk (kv[n·DC4 + d/4];\n\
@@ -310,48 +166,16 @@ fn stage_q(variant: &Variant) -> String {
 }
 
 /// The S = Q·Kᵀ loop over this K chunk's dims `d` (`{{S_FMA}}` its body, with `a` the four
-/// rows' Q at dim `d` of the chunk): from Qᵀ in workgroup memory, or ([`Variant::q_regs`])
-/// shuffled from the row's lane that holds it, one lane at a time. In registers, chunk `c`'s dims
-/// are `q{k}_*` for `k` in `c·DC/(4·TX)..`: a `switch` on `c` picks that code where there are
-/// several chunks, so that no register is indexed at run time.
+/// rows' Q at dim `d` of the chunk), from Qᵀ in workgroup memory; or, where Q is in registers
+/// (the measured shapes), S split over the head dim ([`split_qk`]).
 fn qk(variant: &Variant) -> String {
     if variant.split_d {
         return split_qk(variant);
     }
-    if !variant.q_regs {
-        return "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
-                let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
-            .into();
-    }
-    let per_chunk = variant.chunk / 4 / variant.row_threads; // q{k}_* of each chunk
-    let chunks = variant.head_dim / variant.chunk;
-    let chunk_loop = |c: u32, ind: &str| -> String {
-        let mut s = format!("{ind}for (var src = 0u; src < TX; src++) {{\n");
-        let _ = writeln!(s, "{ind}    let owner = row_lane0 + src * IL;");
-        for k in 0..per_chunk {
-            for comp in 0..4 {
-                let _ = writeln!(s, "{ind}    {{");
-                let _ = writeln!(s, "{ind}    let d = ({k}u * TX + src) * 4u + {comp}u;");
-                let _ =
-                    writeln!(s, "{ind}    let a = subgroupShuffle(q{}_{comp}, owner);", c * per_chunk + k);
-                s.push_str("{{S_FMA}}\n");
-                let _ = writeln!(s, "{ind}    }}");
-            }
-        }
-        s + ind + "}"
-    };
-    if chunks == 1 {
-        return chunk_loop(0, "            ");
-    }
-    let mut s = String::from("            switch c {\n");
-    for c in 0..chunks {
-        let _ = writeln!(
-            s,
-            "                case {c}u: {{\n{}\n                }}",
-            chunk_loop(c, "                    ")
-        );
-    }
-    s + "                default: {}\n            }"
+    assert!(!variant.q_regs, "{}: Q in registers comes with S split over the head dim", variant.name());
+    "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
+     let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
+        .into()
 }
 
 /// Where lane `tx`'s register `r{i}` finds its key's row in a K stage staged by keys
@@ -384,11 +208,7 @@ fn split_qk(variant: &Variant) -> String {
     let stages = variant.head_dim / variant.chunk;
     let per_stage = variant.key_groups / stages;
     assert!(
-        variant.q_regs
-            && variant.v_by_keys
-            && variant.stages == 1
-            && per_stage * stages == variant.key_groups
-            && tx >= 4,
+        variant.q_regs && variant.v_by_keys && per_stage * stages == variant.key_groups && tx >= 4,
         "{}: S split over the head dim needs Q in registers, stages by keys, one stage buffer, \
          whole key groups per stage and at least 4 invocations per row",
         variant.name()
@@ -479,7 +299,7 @@ fn stages_seen(variant: &Variant) -> String {
 /// `kb`, where the S = Q·Kᵀ loop finds Kᵀ (`{kb + d·BN4 + n/4}`: keys n..n+3 at dim d): this
 /// chunk's stage buffer, or this tile's block of the K buffer, which packing transposed per tile.
 fn k_base(variant: &Variant) -> &'static str {
-    if variant.k_direct {
+    if variant.direct {
         concat!(
             "            // This tile's Kᵀ block of the buffer (packed transposed per tile, rows padded).\n",
             "            let kb = kv_base + n0 * D4;"
@@ -492,20 +312,14 @@ fn k_base(variant: &Variant) -> &'static str {
     }
 }
 
-/// What the last K chunk's stage loads next: the first V chunk, or, where P·V reads V straight
-/// from its buffer, the next tile's first K chunk.
+/// What the last K chunk's stage loads next: the first V chunk (nothing where K and V are read
+/// straight from their buffers).
 fn after_last_k_chunk(variant: &Variant, staging: &Staging) -> String {
-    if variant.k_direct {
-        String::new()
-    } else if variant.v_direct {
-        next_tile_first_k(staging, "                ")
-    } else {
-        staging.fetch_v("                ", "n0", "0u")
-    }
+    if variant.direct { String::new() } else { staging.fetch_v("                ", "n0", "0u") }
 }
 
 /// The next tile's first K chunk into the staging registers, where there is a next tile: what
-/// the tile's last stage loads (the last V chunk's, or the last K chunk's where V is not staged).
+/// the tile's last stage (its last V chunk's) loads.
 fn next_tile_first_k(staging: &Staging, ind: &str) -> String {
     format!(
         "{ind}if (t + 1u < n_tiles) {{\n{}{ind}}}\n",
@@ -569,16 +383,16 @@ struct Scores {
 }
 
 impl Scores {
-    fn new(variant: &Variant, ablate: &Ablation) -> Self {
+    fn new(variant: &Variant) -> Self {
         if variant.split_d {
-            return Scores::split(variant, ablate);
+            return Scores::split(variant);
         }
         let groups = variant.key_groups;
         let mut c = Scores::default();
         for g in 0..groups {
-            // Kᵀ at `kb`: the stage buffer, or the K buffer itself (`k_direct`).
+            // Kᵀ at `kb`: the stage buffer, or the K buffer itself (`direct`).
             let at = format!("kb + d * BN4 + {g}u * TX + tx");
-            let load = if variant.k_direct { format!("vec4<f32>(k[{at}])") } else { format!("kv[{at}]") };
+            let load = if variant.direct { format!("vec4<f32>(k[{at}])") } else { format!("kv[{at}]") };
             let _ = writeln!(c.fma, "                let k{g} = {load};");
             let _ = writeln!(
                 c.mask,
@@ -597,18 +411,12 @@ impl Scores {
             }
             for (i, l) in LANE.iter().enumerate() {
                 let _ = writeln!(c.decl, "        var s{i}_{g} = vec4<f32>(0.0);");
-                if !ablate.qk {
-                    let _ =
-                        writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
-                } else if i == 0 {
-                    let _ = writeln!(c.fma, "                s{i}_{g} = s{i}_{g} + k{g};");
-                }
+                let _ = writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
                 let _ = writeln!(
                     c.mask,
                     "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{l}));"
                 );
-                let exp = if ablate.exp { "" } else { "exp2" };
-                let _ = writeln!(c.exp, "        let p{i}_{g} = {exp}(s{i}_{g} - vec4<f32>(m_use.{l}));");
+                let _ = writeln!(c.exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{l}));");
             }
         }
         // Per-row reductions over the invocation's own keys: vec4(row 0, .., row 3).
@@ -630,11 +438,10 @@ impl Scores {
 impl Scores {
     /// With S split over the head dim ([`Variant::split_d`]), the scores come out transposed:
     /// st{g}_{j} holds the four rows' scores of key 4·(g·TX + tx) + j, and the probabilities
-    /// pt{g}_{j} are already what P·V shuffles (or, without shuffles, stores as Pᵀ). The row max
-    /// and sum are vec4 operations over them.
-    fn split(variant: &Variant, ablate: &Ablation) -> Self {
+    /// pt{g}_{j} are already what P·V shuffles. The row max and sum are vec4 operations over
+    /// them.
+    fn split(variant: &Variant) -> Self {
         let mut c = Scores::default();
-        let exp = if ablate.exp { "" } else { "exp2" };
         let mut names = Vec::new();
         for g in 0..variant.key_groups {
             for j in 0..4 {
@@ -643,15 +450,7 @@ impl Scores {
                     c.mask,
                     "            st{g}_{j} = select(vec4<f32>(NEG), st{g}_{j}, vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u)) < lim);"
                 );
-                let _ = writeln!(c.exp, "        let pt{g}_{j} = {exp}(st{g}_{j} - m_use);");
-                if !variant.p_shuffle {
-                    // Pᵀ: key 4·(g·TX + tx) + j's four rows, read back by the row's other lanes
-                    // after the first V stage's barrier.
-                    let _ = writeln!(
-                        c.p_store,
-                        "        ps[(({g}u * TX + tx) * 4u + {j}u) * TY + ty] = pt{g}_{j};"
-                    );
-                }
+                let _ = writeln!(c.exp, "        let pt{g}_{j} = exp2(st{g}_{j} - m_use);");
                 names.push((format!("st{g}_{j}"), format!("pt{g}_{j}")));
             }
         }
@@ -691,9 +490,9 @@ impl Output {
 
 /// O += P·V, one V chunk at a time: store the staged chunk, start loading the next stage (the
 /// next V chunk, or the next tile's first K chunk), then the FMAs over this chunk's columns.
-fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
-    if variant.v_direct {
-        return pv_direct(variant, ablate);
+fn pv(variant: &Variant, staging: &Staging) -> String {
+    if variant.direct {
+        return pv_direct(variant);
     }
     let per_chunk = variant.chunk / 4 / variant.row_threads;
     let chunks = variant.head_dim / variant.chunk;
@@ -707,8 +506,8 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     );
     let mut pv = String::new();
     for chunk in 0..chunks {
-        // Stage `chunks + chunk` of the tile (after its K chunks): a buffer known here.
-        let buf = format!("{}u", (chunks + chunk) % variant.stages * variant.chunk * variant.block_n() / 4);
+        // The one stage buffer, at the start of `kv`.
+        let buf = "0u";
         let stage_quads = chunk * per_stage..(chunk + 1) * per_stage;
         let first_key = stage_quads.start * MICRO;
         if variant.v_by_keys {
@@ -725,17 +524,17 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
             let _ = writeln!(pv, "        if ({chunk}u < stages_seen) {{");
         }
         pv.push_str(&barrier_before_store(variant, "        "));
-        pv.push_str(&staging.store_v("        ", &buf));
+        pv.push_str(&staging.store_v("        ", buf));
         let _ = writeln!(pv, "        workgroupBarrier();");
         if chunk + 1 < chunks {
-            let fetch = ablate.fetch(staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1)));
+            let fetch = staging.fetch_v("        ", "n0", &format!("{}u", chunk + 1));
             if skip {
                 let _ = writeln!(pv, "        if ({}u < stages_seen) {{\n{fetch}        }}", chunk + 1);
             } else {
                 pv.push_str(&fetch);
             }
         } else {
-            pv.push_str(&ablate.fetch(next_tile_first_k(staging, "        ")));
+            pv.push_str(&next_tile_first_k(staging, "        "));
         }
         // Where this stage's V row `n` starts, which O columns it feeds, and its keys (in
         // quads of the tile: key 4·q + j, j < 4).
@@ -748,21 +547,13 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
                 0..variant.block_n() / MICRO,
             )
         };
-        let fmas =
-            |ind: &str| v_row_fmas(ind, &row, &|lc| format!("kv[vb + {lc}u * TX]"), columns.clone(), ablate);
+        let fmas = |ind: &str| v_row_fmas(ind, &row, &|lc| format!("kv[vb + {lc}u * TX]"), columns.clone());
         if variant.p_shuffle {
-            pv.push_str(&shuffled_keys(variant, ablate, quads, &fmas));
+            pv.push_str(&shuffled_keys(variant, quads, &fmas));
         } else {
-            let _ = if variant.v_by_keys {
-                writeln!(
-                    pv,
-                    "        for (var n = {}u; n < {}u; n++) {{",
-                    quads.start * MICRO,
-                    quads.end * MICRO
-                )
-            } else {
-                writeln!(pv, "        for (var n = 0u; n < BN; n++) {{")
-            };
+            // Pᵀ in workgroup memory (V staged by columns: only the measured shapes, which
+            // shuffle, stage it by keys).
+            let _ = writeln!(pv, "        for (var n = 0u; n < BN; n++) {{");
             let _ = writeln!(pv, "            let pv = ps[n * TY + ty];");
             pv.push_str(&fmas("            "));
             let _ = writeln!(pv, "        }}");
@@ -774,35 +565,26 @@ fn pv(variant: &Variant, staging: &Staging, ablate: &Ablation) -> String {
     pv
 }
 
-/// O += P·V with V read straight from its buffer (`Variant::v_direct`): no stages and no
+/// O += P·V with V read straight from its buffer (`Variant::direct`): no stages and no
 /// barriers; for each key, one shuffle of its four rows' probabilities, then all of the
 /// invocation's `D/(4·TX)` vec4 columns of that V row (the row's TX invocations read consecutive
 /// vec4s; the subgroup's other rows read the same ones).
-fn pv_direct(variant: &Variant, ablate: &Ablation) -> String {
+fn pv_direct(variant: &Variant) -> String {
     let per_row = variant.head_dim / 4 / variant.row_threads;
     let fmas = |ind: &str| {
-        v_row_fmas(ind, "vrow0 + n * D4", &|c| format!("vec4<f32>(v[vb + {c}u * TX])"), 0..per_row, ablate)
+        v_row_fmas(ind, "vrow0 + n * D4", &|c| format!("vec4<f32>(v[vb + {c}u * TX])"), 0..per_row)
     };
     let mut pv =
         String::from("        // V rows n0..n0+BN, straight from the buffer (padded to whole tiles).\n");
     pv += "        let vrow0 = kv_base + n0 * D4 + tx;\n";
-    pv + &shuffled_keys(variant, ablate, 0..variant.block_n() / MICRO, &fmas)
+    pv + &shuffled_keys(variant, 0..variant.block_n() / MICRO, &fmas)
 }
 
 /// O += P·V for key `n`, with its four rows' probabilities in `pv`: `vb` = `row` (where the
 /// invocation's first vec4 of V's row `n` is), the vec4s `v{j} = load(j)`, j = 0, 1, .., each
-/// times `pv` into O's columns `columns` (vec4 units, in order); nothing under the `pv` ablation.
-fn v_row_fmas(
-    ind: &str,
-    row: &str,
-    load: &dyn Fn(u32) -> String,
-    columns: std::ops::Range<u32>,
-    ablate: &Ablation,
-) -> String {
+/// times `pv` into O's columns `columns` (vec4 units, in order).
+fn v_row_fmas(ind: &str, row: &str, load: &dyn Fn(u32) -> String, columns: std::ops::Range<u32>) -> String {
     let mut s = String::new();
-    if ablate.pv {
-        return s;
-    }
     let _ = writeln!(s, "{ind}let vb = {row};");
     for j in 0..columns.len() as u32 {
         let _ = writeln!(s, "{ind}let v{j} = {};", load(j));
@@ -821,12 +603,7 @@ fn v_row_fmas(
 /// and `body` (indented as given) uses them. `quads` is whole key groups (one loop over all
 /// lanes, every group in it), or lanes of one group (V staged by keys in stages smaller than a
 /// group).
-fn shuffled_keys(
-    variant: &Variant,
-    ablate: &Ablation,
-    quads: std::ops::Range<u32>,
-    body: &dyn Fn(&str) -> String,
-) -> String {
+fn shuffled_keys(variant: &Variant, quads: std::ops::Range<u32>, body: &dyn Fn(&str) -> String) -> String {
     let tx = variant.row_threads;
     let mut s = String::new();
     let groups = if quads.start.is_multiple_of(tx) && quads.end.is_multiple_of(tx) {
@@ -848,11 +625,7 @@ fn shuffled_keys(
         for j in 0..4 {
             let _ = writeln!(s, "            {{");
             let _ = writeln!(s, "                let n = ({g}u * TX + src) * 4u + {j}u;");
-            let _ = if ablate.shuffle {
-                writeln!(s, "                let pv = pt{g}_{j};")
-            } else {
-                writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);")
-            };
+            let _ = writeln!(s, "                let pv = subgroupShuffle(pt{g}_{j}, owner);");
             s.push_str(&body("                "));
             let _ = writeln!(s, "            }}");
         }
@@ -889,12 +662,12 @@ struct Staging {
 impl Staging {
     fn new(v: &Variant) -> Self {
         let t = v.threads();
-        let k_total = match (v.k_direct, v.split_d) {
+        let k_total = match (v.direct, v.split_d) {
             (true, _) => 0,
             (false, false) => v.block_n() / 4 * v.chunk / 4,
             (false, true) => v.block_n() * v.chunk / 4,
         };
-        let v_total = if v.v_direct { 0 } else { v.block_n() * v.chunk / 4 };
+        let v_total = if v.direct { 0 } else { v.block_n() * v.chunk / 4 };
         Staging {
             k_blocks: k_total.div_ceil(t),
             k_total,
@@ -1025,19 +798,11 @@ pub(crate) fn per_item(
     s
 }
 
-/// The barrier before a stage is stored: with one buffer, every invocation must first be done
-/// reading the previous stage from it. With two, none is needed: the buffer was last read two
-/// stages ago, and every invocation has since passed the previous stage's barrier after its store.
-/// Buffers alternate by stage, and a tile has an even number of stages (NCH for K, NCH for V), so
-/// a stage's buffer depends only on its place in the tile: K chunk `c` uses `c % 2` (computed in
-/// the kernel), V chunk `c` uses `(NCH + c) % 2` (a constant in `pv`). Pᵀ (`ps`) and the
-/// reduction scratch (`red`) rely only on the barrier after each store, which both forms keep.
+/// The barrier before a stage is stored: every invocation must first be done reading the
+/// previous stage from the one stage buffer (none where K and V are not staged). Pᵀ (`ps`) and
+/// the reduction scratch (`red`) rely only on the barrier after each store.
 fn barrier_before_store(variant: &Variant, ind: &str) -> String {
-    if variant.stages == 1 && !variant.k_direct {
-        format!("{ind}workgroupBarrier();\n")
-    } else {
-        String::new()
-    }
+    if !variant.direct { format!("{ind}workgroupBarrier();\n") } else { String::new() }
 }
 
 /// A butterfly over the `TX` lanes of a row (`IL` apart, [`Variant::interleave`]): `step`
@@ -1095,8 +860,7 @@ mod tests {
                     let coop = crate::plan::coop_candidates(d, causal)
                         .filter(|_| ty == KernelType::F16 && subgroup_min == Some(32));
                     // The 8x8 kernel's shapes (the same for every subgroup size).
-                    let wide = crate::plan::wide_candidates(ty, d, causal);
-                    let all = coop.chain(candidates(ty, d, causal, subgroup_min)).chain(wide);
+                    let all = coop.chain(candidates(ty, d, causal, subgroup_min));
                     variants.extend(all.filter(|v| seen.insert(*v)));
                 }
             }

@@ -3,7 +3,7 @@
 //! generators can be shown to leave every shipped kernel's text unchanged
 //! (`WGSL_DUMP_DIR=/tmp/x cargo test -p attn-wgpu wgsl_dump -- --ignored`, then `sha256sum`).
 
-use crate::plan::{AdapterCaps, KernelType, Variant, candidates, choose, coop_candidates, wide_candidates};
+use crate::plan::{AdapterCaps, KernelType, Variant, candidates, choose, coop_candidates};
 use attn_core::{DType, DeviceKind, Problem, Shape};
 use std::collections::BTreeSet;
 
@@ -15,9 +15,7 @@ fn every_variant() -> Vec<Variant> {
             for causal in [false, true] {
                 for subgroup_min in [None, Some(4), Some(8), Some(16), Some(32), Some(64)] {
                     let coop = coop_candidates(d, causal).filter(|_| ty == KernelType::F16);
-                    let list = coop
-                        .chain(candidates(ty, d, causal, subgroup_min))
-                        .chain(wide_candidates(ty, d, causal));
+                    let list = coop.chain(candidates(ty, d, causal, subgroup_min));
                     all.extend(list.filter(|v| seen.insert(*v)));
                 }
             }

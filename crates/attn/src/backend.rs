@@ -23,7 +23,8 @@ impl Backend {
     pub fn all() -> Vec<Box<dyn Attention>> {
         vec![
             Box::new(attn_cuda::Cuda::from_env()),
-            Box::new(attn_wgpu::Wgpu::from_env()),
+            // On merge with `all() -> Result`: `attn_wgpu::Wgpu::from_env()?`.
+            Box::new(attn_wgpu::Wgpu::from_env().unwrap_or_else(|e| panic!("{e}"))),
             Box::new(cpu_flash()),
             Box::new(attn_cpu::Reference),
         ]
