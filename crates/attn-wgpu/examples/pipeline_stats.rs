@@ -16,10 +16,8 @@
 //! gives for each printed variant (`<dir>/<variant>.<n>.<name>.txt`; none is a valid answer).
 
 use ash::vk;
-use attn_core::{DType, Problem, Shape};
-use attn_wgpu::plan::{self, KernelType, Variant};
-use attn_wgpu::runtime::Gpu;
-use attn_wgpu::shader;
+use attn_core::DType;
+use attn_wgpu::inspect;
 use std::error::Error;
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -29,14 +27,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     let part = args.get(2).cloned().unwrap_or_default();
     let causal = args.get(3).is_some_and(|m| m == "causal");
     let options = attn_wgpu::Options::from_env()?;
-    let gpu = match Gpu::open(&options) {
-        Ok(gpu) => gpu,
+    let caps = match inspect::adapter(&options) {
+        Ok(caps) => caps,
         Err(reason) => {
             println!("SKIPPED pipeline_stats: {reason}");
             return Ok(());
         }
     };
-    let caps = gpu.caps.clone();
     // SAFETY: loading the system's Vulkan loader; it stays loaded for the life of `entry`.
     let vulkan = match unsafe { Vulkan::open(&caps.name) } {
         Ok(v) => v,
@@ -47,37 +44,20 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     println!("adapter {} ({} B of workgroup memory)", caps.name, caps.workgroup_storage);
     for dtype in dtypes.split(',') {
-        let (ty, dt) = match dtype {
-            "f16" => (KernelType::F16, DType::F16),
-            _ => (KernelType::F32, DType::F32),
-        };
+        let dtype = if dtype == "f16" { DType::F16 } else { DType::F32 };
         for d in dims.split(',').map(str::parse::<u32>) {
-            let d = d?;
-            let mut problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
-            if causal {
-                problem = problem.causal();
-            }
-            let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
-            for v in plan::candidates(ty, d, causal, caps.subgroup_min) {
-                if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
+            for k in inspect::fma_kernels(&caps, dtype, d?, causal) {
+                if !k.chosen && !k.name.contains(&part) {
                     continue;
                 }
-                if Some(v) != chosen && !v.name().contains(&part) {
-                    continue;
-                }
-                let mark = if Some(v) == chosen { "*" } else { " " };
+                let mark = if k.chosen { "*" } else { " " };
                 // SAFETY: `vulkan` owns a live device; the SPIR-V comes from a validated module.
-                let stats = unsafe { vulkan.statistics(&spirv(&v)?, &v.name(), options.ir_dir.as_deref())? };
-                println!("{mark} {:<44} {:>6} B  {stats}", v.name(), v.shared_bytes());
+                let stats = unsafe { vulkan.statistics(&k.spirv()?, &k.name, options.ir_dir.as_deref())? };
+                println!("{mark} {:<44} {:>6} B  {stats}", k.name, k.shared_bytes);
             }
         }
     }
     Ok(())
-}
-
-/// The variant's WGSL as SPIR-V, with the options the backend's shaders are built with.
-fn spirv(v: &Variant) -> Result<Vec<u32>, Box<dyn Error>> {
-    Ok(attn_wgpu::spirv::compile(&shader::generate(v), attn_wgpu::options::Checks::None, (1, 3))?)
 }
 
 /// A Vulkan device with pipeline statistics enabled, and the one layout every variant uses.

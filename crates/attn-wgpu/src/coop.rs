@@ -31,16 +31,17 @@
 //!   softmax was no faster.
 
 use crate::plan::Variant;
+use crate::wgsl::BINDINGS;
 use std::fmt::Write;
 
 /// The kernel template.
-pub const TEMPLATE: &str = include_str!("../kernels/flash_coop.wgsl");
+const TEMPLATE: &str = include_str!("../kernels/flash_coop.wgsl");
 
 /// Side of the cooperative matrices.
 const M: u32 = 16;
 
 /// The WGSL source of `variant` (a `coop` one).
-pub fn generate(variant: &Variant) -> String {
+pub(crate) fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);
@@ -96,7 +97,7 @@ pub fn generate(variant: &Variant) -> String {
 
     let mut src = TEMPLATE.to_string();
     for (key, value) in [
-        ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
+        ("{{BINDINGS}}", BINDINGS.to_string()),
         ("{{D}}", d.to_string()),
         ("{{BM}}", variant.block_m().to_string()),
         ("{{BN}}", bn.to_string()),
@@ -138,14 +139,6 @@ fn s_stores(n_blocks: u32) -> String {
         let _ = writeln!(s, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
     }
     s
-}
-
-/// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
-/// kernel (`rot`); the walk visits column `(e + rot) % (block_n / 2)` at step `e`. Chosen so that
-/// at every step the 32 lanes read f32 scores, and write f16 probabilities, in 32 different
-/// banks of 4 bytes (checked by a test).
-pub fn start_column(lane: u32, block_n: u32) -> u32 {
-    lane * (block_n / 2) / 32
 }
 
 /// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
@@ -211,6 +204,14 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
+    /// kernel (`rot`); the walk visits column `(e + rot) % (block_n / 2)` at step `e`. Chosen so that
+    /// at every step the 32 lanes read f32 scores, and write f16 probabilities, in 32 different
+    /// banks of 4 bytes (checked by a test).
+    fn start_column(lane: u32, block_n: u32) -> u32 {
+        lane * (block_n / 2) / 32
+    }
 
     /// At every step of the softmax walk, the 32 lanes (row = lane / 2, half = lane % 2) touch
     /// 32 different 4-byte banks, both reading scores (f32) and writing probabilities (f16; two

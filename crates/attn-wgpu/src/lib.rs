@@ -16,11 +16,12 @@
 //! softmax uses exp2. Rows that see no key give 0 and an LSE of -inf, never NaN.
 //!
 //! ## Shape of the work
-//! [`plan`] picks the tiles from the adapter's limits (workgroup memory, invocations, binding
-//! sizes) and refuses with a typed error what cannot run; [`shader`] generates the WGSL of each
-//! specialisation from `kernels/flash.wgsl`, [`coop`] the cooperative-matrix kernel's from
-//! `kernels/flash_coop.wgsl`; [`runtime`] opens the adapter with its real limits, and compiles
-//! each pipeline once per process. Where the adapter has `SUBGROUP` (subgroups of 8 or more), row
+//! `plan` picks the tiles from the adapter's limits (workgroup memory, invocations, binding
+//! sizes) and refuses with a typed error what cannot run; `fma` generates the WGSL of each
+//! specialisation from `kernels/flash.wgsl`, `coop` the cooperative-matrix kernel's from
+//! `kernels/flash_coop.wgsl` (both on the pieces of `wgsl`, `shader` picks between them);
+//! `runtime` opens the adapter with its real limits, and compiles each pipeline once per
+//! process. Where the adapter has `SUBGROUP` (subgroups of 8 or more), row
 //! reductions and the hand-over of probabilities from the invocation that computed them to its
 //! row's others use subgroup shuffles, otherwise workgroup memory; f32's measured shapes (D=64,
 //! D=128) also hold Q in registers, stage V by keys and split S = Q·Kᵀ over the head dim. Kernel
@@ -43,16 +44,20 @@
 //! sets), where they fail.
 
 mod backend;
-pub mod coop;
+mod coop;
+mod fma;
+pub mod inspect;
 pub mod options;
 mod pack;
-pub mod plan;
-pub mod runtime;
-pub mod shader;
-pub mod spirv;
+mod plan;
+mod runtime;
+mod shader;
+mod spirv;
+mod wgsl;
 
 pub use backend::Wgpu;
 pub use options::{KNOBS, Options};
-pub use plan::{AdapterCaps, Kernel, Variant};
+pub use plan::AdapterCaps;
+
 #[cfg(test)]
 mod wgsl_dump;
