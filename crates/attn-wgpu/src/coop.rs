@@ -31,7 +31,7 @@
 //!   softmax was no faster.
 
 use crate::plan::Variant;
-use crate::wgsl::BINDINGS;
+use crate::wgsl::{BINDINGS, fill};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -95,25 +95,27 @@ pub(crate) fn generate(variant: &Variant) -> String {
         }
     }
 
-    let mut src = TEMPLATE.to_string();
-    for (key, value) in [
-        ("{{BINDINGS}}", BINDINGS.to_string()),
-        ("{{D}}", d.to_string()),
-        ("{{BM}}", variant.block_m().to_string()),
-        ("{{BN}}", bn.to_string()),
-        ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{DUMP_TILE}}", String::new()),
-        ("{{Q_LOAD}}", q_load),
-        ("{{O_DECL}}", o_decl),
-        ("{{S_MMA}}", s_mma),
-        ("{{S_READ}}", s_read),
-        ("{{P_WRITE}}", p_write),
-        ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
-        ("{{PV_MMA}}", pv),
-        ("{{O_STORE}}", through_scratch(variant, "    ", "", false)),
-    ] {
-        src = src.replace(key, &value);
-    }
+    let src = fill(
+        TEMPLATE,
+        &[
+            ("D", &d.to_string()),
+            ("BM", &variant.block_m().to_string()),
+            ("BN", &bn.to_string()),
+            ("CAUSAL", &variant.causal.to_string()),
+            ("BINDINGS", BINDINGS),
+            ("Q_LOAD", &q_load),
+            ("O_DECL", &o_decl),
+            ("S_MMA", &s_mma),
+            ("S_READ", &s_read),
+            ("P_WRITE", &p_write),
+            (
+                "O_RESCALE",
+                &through_scratch(variant, "            ", Some(&|x: &str| format!("{x} = {x} * alpha;"))),
+            ),
+            ("PV_MMA", &pv),
+            ("O_STORE", &through_scratch(variant, "    ", None)),
+        ],
+    );
     format!("// {}\n{src}", variant.name())
 }
 
@@ -145,10 +147,11 @@ fn s_stores(n_blocks: u32) -> String {
 /// lane works on its half of its row. The hand-overs take workgroup barriers although the data is
 /// the subgroup's own: a subgroup barrier does not order workgroup memory under Vulkan (naga
 /// emits it with SubgroupMemory semantics, which Vulkan ignores). Both callers are in uniform
-/// control flow, and neither runs often (a rescale, or once at the end). `reload`: the lanes
-/// apply `update` (with `{x}` the element) and the blocks are loaded back (the rescale);
+/// control flow, and neither runs often (a rescale, or once at the end). With `update`: the lanes
+/// apply it to each element (its code for the element `x`) and the blocks are loaded back (the
+/// rescale);
 /// otherwise the lanes write their elements to the output, normalised (the end).
-fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> String {
+fn through_scratch(variant: &Variant, ind: &str, update: Option<&dyn Fn(&str) -> String>) -> String {
     let (d_blocks, n_blocks) = (variant.head_dim / M, variant.block_n() / M);
     let mut s = String::new();
     let mut first = 0;
@@ -166,10 +169,10 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
             width / 2,
             width / 2
         );
-        if reload {
+        if let Some(update) = update {
             for e in 0..4 {
                 let x = format!("scratch[sc + row * BN + c + {e}u]");
-                let _ = writeln!(s, "{ind}    {}", update.replace("{x}", &x));
+                let _ = writeln!(s, "{ind}    {}", update(&x));
             }
         } else {
             let _ = writeln!(s, "{ind}    if (q_row < P.seq_q) {{");
@@ -185,7 +188,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
         }
         let _ = writeln!(s, "{ind}}}");
         let _ = writeln!(s, "{ind}workgroupBarrier();");
-        if reload {
+        if update.is_some() {
             for i in 0..count {
                 let _ = writeln!(
                     s,

@@ -7,18 +7,17 @@
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
 use crate::plan::{MICRO, Variant};
-use crate::wgsl::BINDINGS;
+use crate::wgsl::{BINDINGS, fill};
 use std::fmt::Write;
 
 /// The kernel template.
 const TEMPLATE: &str = include_str!("../kernels/flash.wgsl");
 /// Guarded Q/K/V loads and vec4 reductions.
 const LOADS: &str = include_str!("../kernels/loads.wgsl");
-/// The block set-up (`{{BLOCK}}`: which block, its key tiles, the first K stage's
-/// loads, Qᵀ staged), with `{{Q_QUADS}}` for the WGSL constant that counts the block's quads of
-/// query rows.
+/// The block set-up (hook `BLOCK`: which block, its key tiles, the first K stage's loads, Qᵀ
+/// staged).
 const FMA_BLOCK: &str = include_str!("../kernels/fma_block.wgsl");
-/// Qᵀ staged into workgroup memory (`{{STAGE_Q}}` of [`FMA_BLOCK`]), with `{{Q_QUADS}}` as there.
+/// Qᵀ staged into workgroup memory (hook `STAGE_Q` of [`FMA_BLOCK`]).
 const STAGE_Q: &str = include_str!("../kernels/stage_q.wgsl");
 
 /// Components of a vec4, by row of the micro-tile.
@@ -54,65 +53,63 @@ pub(crate) fn generate(variant: &Variant) -> String {
         row_lane0.push_str(&split_offsets(variant));
     }
 
-    let mut src = TEMPLATE.to_string();
-    for (key, value) in [
-        // First: the block set-up and the S = Q·Kᵀ loop hold markers that the entries after
-        // them fill.
-        ("{{BLOCK}}", FMA_BLOCK.to_string()),
-        ("{{STAGE_Q}}", stage_q(variant)),
-        ("{{QK}}", qk(variant)),
-        ("{{QS_DECL}}", qs_decl(variant).into()),
-        ("{{BINDINGS}}", BINDINGS.to_string()),
-        ("{{LOADS}}", LOADS.to_string()),
-        ("{{ENABLE}}", enable.to_string()),
-        ("{{ET}}", et.to_string()),
-        ("{{D}}", variant.head_dim.to_string()),
-        ("{{DC}}", variant.chunk.to_string()),
-        ("{{TY}}", variant.row_groups.to_string()),
-        ("{{TX}}", variant.row_threads.to_string()),
-        ("{{IL}}", variant.interleave.to_string()),
-        ("{{KG}}", variant.key_groups.to_string()),
-        ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{STAGES}}", "1".into()),
-        ("{{BARRIER_BEFORE_STORE}}", barrier_before_store(variant, "            ")),
-        ("{{KV_DECL}}", kv_decl(variant).into()),
-        (
-            "{{BARRIER_AFTER_Q}}",
-            if variant.direct { "    workgroupBarrier();".into() } else { String::new() },
-        ),
-        ("{{STAGES_SEEN}}", stages_seen(variant)),
-        ("{{K_STAGES}}", (if variant.skip_unseen { "stages_seen" } else { "NCH" }).into()),
-        ("{{K_BASE}}", k_base(variant).into()),
-        (
-            "{{BARRIER_AFTER_STORE}}",
-            if variant.direct { String::new() } else { "            workgroupBarrier();".into() },
-        ),
-        ("{{RED_DECL}}", rows.decl),
-        ("{{REDUCE_MAX}}", rows.max),
-        ("{{REDUCE_SUM}}", rows.sum),
-        ("{{SG_ARGS}}", rows.args),
-        ("{{LID}}", rows.lid.to_string()),
-        ("{{PS_DECL}}", ps_decl),
-        ("{{ROW_LANE0}}", row_lane0),
-        ("{{PRE_DECL}}", staging.declare("    ")),
-        ("{{FETCH_K_FIRST}}", staging.fetch_k("        ", "0u", "0u")),
-        ("{{FETCH_K_NEXT}}", staging.fetch_k("                ", "n0", "c + 1u")),
-        ("{{FETCH_V_FIRST}}", after_last_k_chunk(variant, &staging)),
-        ("{{STORE_K}}", staging.store_k("            ")),
-        ("{{S_DECL}}", scores.decl),
-        ("{{S_FMA}}", scores.fma),
-        ("{{S_MASK}}", scores.mask),
-        ("{{S_ROWMAX}}", scores.row_max),
-        ("{{S_EXP}}", scores.exp),
-        ("{{S_ROWSUM}}", scores.row_sum),
-        ("{{P_STORE}}", scores.p_store),
-        ("{{O_DECL}}", out.decl),
-        ("{{O_RESCALE}}", out.rescale),
-        ("{{PV}}", pv(variant, &staging)),
-        ("{{O_STORE}}", out.store),
-    ] {
-        src = src.replace(key, &value);
-    }
+    let block = fill(
+        FMA_BLOCK,
+        &[
+            ("PRE_DECL", &staging.declare("    ")),
+            ("FETCH_K_FIRST", &staging.fetch_k("        ", "0u", "0u")),
+            ("STAGE_Q", &stage_q(variant)),
+        ],
+    );
+    let k_stages = if variant.skip_unseen { "stages_seen" } else { "NCH" };
+    let src = fill(
+        TEMPLATE,
+        &[
+            ("ENABLE", enable),
+            ("ET", et),
+            ("D", &variant.head_dim.to_string()),
+            ("DC", &variant.chunk.to_string()),
+            ("TY", &variant.row_groups.to_string()),
+            ("TX", &variant.row_threads.to_string()),
+            ("IL", &variant.interleave.to_string()),
+            ("KG", &variant.key_groups.to_string()),
+            ("CAUSAL", &variant.causal.to_string()),
+            ("STAGES", "1"),
+            ("BINDINGS", BINDINGS),
+            ("QS_DECL", qs_decl(variant)),
+            ("KV_DECL", kv_decl(variant)),
+            ("PS_DECL", &ps_decl),
+            ("RED_DECL", &rows.decl),
+            ("LOADS", LOADS),
+            ("REDUCE_MAX", &rows.max),
+            ("REDUCE_SUM", &rows.sum),
+            ("SG_ARGS", &rows.args),
+            ("LID", rows.lid),
+            ("ROW_LANE0", &row_lane0),
+            ("BLOCK", &block),
+            ("BARRIER_AFTER_Q", if variant.direct { "    workgroupBarrier();" } else { "" }),
+            ("O_DECL", &out.decl),
+            ("STAGES_SEEN", &stages_seen(variant)),
+            ("S_DECL", &scores.decl),
+            ("K_STAGES_LOOP", k_stages),
+            ("K_BASE", k_base(variant)),
+            ("BARRIER_BEFORE_STORE", &barrier_before_store(variant, "            ")),
+            ("STORE_K", &staging.store_k("            ")),
+            ("BARRIER_AFTER_STORE", if variant.direct { "" } else { "            workgroupBarrier();" }),
+            ("K_STAGES_NEXT", k_stages),
+            ("FETCH_K_NEXT", &staging.fetch_k("                ", "n0", "c + 1u")),
+            ("FETCH_V_FIRST", &after_last_k_chunk(variant, &staging)),
+            ("QK", &qk(variant, &scores.fma)),
+            ("S_MASK", &scores.mask),
+            ("S_ROWMAX", &scores.row_max),
+            ("S_EXP", &scores.exp),
+            ("S_ROWSUM", &scores.row_sum),
+            ("P_STORE", &scores.p_store),
+            ("O_RESCALE", &out.rescale),
+            ("PV", &pv(variant, &staging)),
+            ("O_STORE", &out.store),
+        ],
+    );
     format!("// {}\n{}", variant.name(), src)
 }
 
@@ -131,7 +128,7 @@ fn kv_decl(variant: &Variant) -> &'static str {
 /// Qᵀ of the block in workgroup memory, or (Q in registers) nothing.
 fn qs_decl(variant: &Variant) -> &'static str {
     if variant.q_regs {
-        "// Q is held in registers (q{k}_{c}), not in workgroup memory: see `shader::stage_q`."
+        "// Q is held in registers (q{k}_{c}), not in workgroup memory: see `fma::stage_q`."
     } else {
         "// Qᵀ of the block, scaled: qs[d·TY + m/4] holds rows m..m+3 at dim d.\n\
          var<workgroup> qs: array<vec4<f32>, D * TY>;"
@@ -142,7 +139,7 @@ fn qs_decl(variant: &Variant) -> &'static str {
 /// registers: `q{k}_{c}` holds the invocation's four rows at dim `4·(k·TX + tx) + c`.
 fn stage_q(variant: &Variant) -> String {
     if !variant.q_regs {
-        return STAGE_Q.replace("{{Q_QUADS}}", "TY");
+        return STAGE_Q.into();
     }
     let mut s = String::from(
         "    // Q into registers: q{k}_{c} holds rows 4·ty..4·ty+3 at dim 4·(k·TX + tx) + c, scaled.\n",
@@ -162,17 +159,18 @@ fn stage_q(variant: &Variant) -> String {
     s
 }
 
-/// The S = Q·Kᵀ loop over this K chunk's dims `d` (`{{S_FMA}}` its body, with `a` the four
-/// rows' Q at dim `d` of the chunk), from Qᵀ in workgroup memory; or, where Q is in registers
-/// (the measured shapes), S split over the head dim ([`split_qk`]).
-fn qk(variant: &Variant) -> String {
+/// The S = Q·Kᵀ loop over this K chunk's dims `d` (`fma` its body, with `a` the four rows' Q at
+/// dim `d` of the chunk), from Qᵀ in workgroup memory; or, where Q is in registers (the measured
+/// shapes), S split over the head dim ([`split_qk`]).
+fn qk(variant: &Variant, fma: &str) -> String {
     if variant.split_d {
         return split_qk(variant);
     }
     assert!(!variant.q_regs, "{}: Q in registers comes with S split over the head dim", variant.name());
-    "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {\n                \
-     let a = qs[qd + d * TY];\n{{S_FMA}}\n            }"
-        .into()
+    format!(
+        "            let qd = c * DC * TY + ty;\n            for (var d = 0u; d < DC; d++) {{\n                \
+         let a = qs[qd + d * TY];\n{fma}\n            }}"
+    )
 }
 
 /// Where lane `tx`'s register `r{i}` finds its key's row in a K stage staged by keys
@@ -340,8 +338,8 @@ impl Reductions {
         if variant.subgroup {
             Reductions {
                 decl: String::new(),
-                max: shuffle_reduce("max(r, subgroupShuffleXor(r, MASK))", variant),
-                sum: shuffle_reduce("r + subgroupShuffleXor(r, MASK)", variant),
+                max: shuffle_reduce(|mask| format!("max(r, subgroupShuffleXor(r, {mask}u))"), variant),
+                sum: shuffle_reduce(|mask| format!("r + subgroupShuffleXor(r, {mask}u)"), variant),
                 args:
                     "    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_size) sg_size: u32,\n    \
                        @builtin(subgroup_invocation_id) sg_lane: u32,"
@@ -802,12 +800,12 @@ fn barrier_before_store(variant: &Variant, ind: &str) -> String {
     if !variant.direct { format!("{ind}workgroupBarrier();\n") } else { String::new() }
 }
 
-/// A butterfly over the `TX` lanes of a row (`IL` apart, [`Variant::interleave`]): `step`
-/// combines `r` with its partner `MASK` away.
-fn shuffle_reduce(step: &str, variant: &Variant) -> String {
+/// A butterfly over the `TX` lanes of a row (`IL` apart, [`Variant::interleave`]): `step(mask)`
+/// combines `r` with its partner `mask` lanes away.
+fn shuffle_reduce(step: impl Fn(u32) -> String, variant: &Variant) -> String {
     let mut s = String::from("    var r = x;\n");
     for mask in (0..variant.row_threads.trailing_zeros()).map(|b| variant.interleave << b) {
-        let _ = writeln!(s, "    r = {};", step.replace("MASK", &format!("{mask}u")));
+        let _ = writeln!(s, "    r = {};", step(mask));
     }
     s.push_str("    return r;");
     s
