@@ -5,8 +5,8 @@ use crate::pack::{pack_inputs, unpack_output};
 use crate::plan::{self, AdapterCaps, Variant};
 use crate::runtime::Gpu;
 use attn_core::{
-    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared, Problem,
-    Result,
+    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Payload, Plan, Prepared,
+    Problem, Result,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -78,27 +78,19 @@ impl Wgpu {
     }
 
     /// The open device, or why there is none.
-    pub fn gpu(&self) -> Result<Arc<Gpu>> {
+    fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu
             .get_or_init(|| Gpu::open(&self.options).map(Arc::new))
             .clone()
             .map_err(|reason| Error::Unavailable { backend: "wgpu".into(), reason })
     }
+}
 
-    /// The variant and launch the plan names, recomputed (planning is deterministic).
-    fn variant_of(&self, gpu: &Gpu, plan: &Plan) -> Result<(Variant, [u32; 3])> {
-        let choice = self.choose(&plan.problem, &self.caps(gpu))?;
-        if choice.variant.name() != plan.kernel {
-            return Err(Error::PlanMismatch {
-                what: format!(
-                    "`{}` is not what the wgpu backend plans here ({})",
-                    plan.kernel,
-                    choice.variant.name()
-                ),
-            });
-        }
-        Ok((choice.variant, choice.launch.grid))
-    }
+/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel and its grid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Chosen {
+    variant: Variant,
+    grid: [u32; 3],
 }
 
 impl Attention for Wgpu {
@@ -131,6 +123,7 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
+        let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid };
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),
@@ -138,7 +131,7 @@ impl Attention for Wgpu {
             tiles: choice.tiles,
             execution: Execution::Gpu(choice.launch),
             notes: choice.notes,
-            payload: Default::default(),
+            payload: Payload::new(chosen),
         })
     }
 
@@ -147,7 +140,7 @@ impl Attention for Wgpu {
         let problem = plan.problem;
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
-        let (variant, grid) = self.variant_of(&gpu, plan)?;
+        let &Chosen { variant, grid } = plan.payload::<Chosen>()?;
         let pipeline = gpu.pipeline(&variant)?;
         let s = problem.shape;
         let d = variant.head_dim as usize;

@@ -9,7 +9,8 @@
 
 use attn_core::rng::{SplitMix64, normal_buffer};
 use attn_core::{
-    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Problem, Shape, Strides, TensorStrides,
+    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Plan, Problem, Shape, Strides,
+    TensorStrides,
 };
 use attn_cpu::Reference;
 use attn_wgpu::options::REQUIRE_WGPU;
@@ -195,6 +196,14 @@ fn plans_name_the_variant_and_reuse_the_pipeline() {
     assert_eq!(b.plan(&p).unwrap(), plan);
     // The second plan finds the compiled pipeline in the cache: no compile, well under a second.
     assert!(t.elapsed().as_secs_f64() < 1.0, "{:?}", t.elapsed());
+    // `prepare` takes the kernel from the plan's payload, not from its name: a plan without
+    // the payload is refused.
+    let [q_len, k_len, v_len, _] = p.required_lens().map(|(_, n)| n);
+    let [q, k, v] = [q_len, k_len, v_len].map(|n| Buffer::zeros(p.dtype, n));
+    let inputs = || Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    assert!(b.prepare(&plan, inputs()).is_ok());
+    let bare = Plan { payload: Default::default(), ..plan };
+    assert!(matches!(b.prepare(&bare, inputs()), Err(attn_core::Error::PlanMismatch { .. })));
 }
 
 /// The backend with `options` (a device of its own).
