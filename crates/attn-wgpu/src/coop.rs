@@ -58,13 +58,13 @@ pub(crate) fn generate(variant: &Variant) -> String {
     // O starts from the zero matrix, and each tile's S from a product whose accumulator operand
     // is zero. (Until 65b11f8 O's zero blocks were loaded from scratch, a workaround for a
     // suspicion that proved wrong; the two ran equally fast, and loading the next tile's K blocks
-    // ahead of the softmax was slower: bench/results/2026-11-24-h100-wgpu-coop-zero-65b11f8.)
+    // ahead of the softmax was slower: measured, see docs/experiments.md.)
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
     // S: the tile's products, then its store to scratch. (Issuing the next tile's products
-    // before this tile's softmax, stored after its P·V, was timed no faster and removed:
-    // bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2.)
+    // before this tile's softmax, stored after its P·V, was timed no faster and removed: see
+    // docs/experiments.md.)
     for n in 0..n_blocks {
         let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
     }

@@ -258,7 +258,7 @@ fn split_qk(variant: &Variant) -> String {
                 // multiplied, then sent, and what arrives starts registers 0..h (no add at the
                 // first step); then r1 and r0, and the last step. On the H100 0.6% (D=128) to 3%
                 // (D=64) faster than all TX multiplied first, causal D=128 0.2% slower
-                // (bench/results/2026-11-26-h100-wgpu-guard-a9fa2c0).
+                // (measured, see docs/experiments.md).
                 let mut h = tx / 2;
                 for i in h..tx {
                     let _ = writeln!(s, "{ind}var r{i} = vec4<f32>(0.0);");
@@ -698,7 +698,7 @@ impl Staging {
 
     /// Which K block `blk` is: its key quad `nb` and dim quad `db` within the stage (a warp's
     /// 32 blocks are 32 key quads at one dim quad; 8 key quads × 4 dim quads was slower on the
-    /// H100, bench/results/2026-11-24-h100-wgpu-kfetch-924e55f).
+    /// H100: measured, see docs/experiments.md).
     fn k_block(&self) -> Vec<String> {
         vec!["let nb = blk % BN4;".into(), "let db = blk / BN4;".into()]
     }

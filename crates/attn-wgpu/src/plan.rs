@@ -29,62 +29,22 @@ pub const MICRO: u32 = 4;
 /// reaches it on its own), except f32 D=64's measured shape (with Q in registers, faster).
 pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
-/// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for D=128 (128 with either mask) and D=64 causal
-/// (128; both below). Timed with f32, from the 2026-11-23/24 runs named below; f16 on the FMA
-/// kernel (where the adapter has no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes the same
-/// shapes, timed so with the experiment of db5eb38: on the H100 12-24% faster at D=64 and
-/// 42-51% at D=128 than the shapes measured for it on 2026-11-22
-/// (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048 32.9 / 30.0 against 27.1 /
-/// 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 / 20.5 at D=128
-/// (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
-/// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
-///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
-///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
-///   workgroup memory and V by columns in the same run
-///   (bench/results/2026-11-24-h100-wgpu-d64-34b98ae). None of the three changes was faster
-///   alone: 4x16 with Qᵀ 6-11% slower (bench/results/2026-11-23-h100-wgpu-levers-10d56fb), V by
-///   keys 3% slower (bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f), Q in registers the same
-///   (bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
-/// - (f16 D=64 before: shuffled, 4x4, 64 columns: 27.6, the f32 choice then 26.7;)
-/// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
-///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
-///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
-///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
-/// - (f16 D=128 before: through workgroup memory, 4x4, 64 columns: 23.9, shuffled at best
-///   22.7.)
-///
-/// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
-/// subgroups span 16 lanes: 4-7.5% faster on every row at both head dims, S=2048-8192, four no
-/// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a). f32 D=128
-/// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
-/// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
-/// (bench/results/2026-11-24-h100-wgpu-small-623af6f). Both split S = Q·Kᵀ over the head dim
-/// ([`Variant::split_d`]): at S=2048-8192, 7-8% faster non-causal at both head dims (D=64
-/// 33.4-33.7 against 31.2-31.6, D=128 33.0-33.2 against 30.5-30.8) and 1-5% faster causal at
-/// D=128 (bench/results/2026-11-24-h100-wgpu-split-ce51381). At D=64 causal, split with 64 rows
-/// was 3% slower at S=2048 and 4096, and with 128 rows 0.6%, 4% and 6% faster than Q shuffled
-/// at S=512, 2048 and 8192 (23.6, 29.9, 32.3; bench/results/2026-11-24-h100-wgpu-causal-rows-
-/// f30fa7b), so D=64 causal took 128 rows (at D=128 causal 128 rows were 5% slower at S=512).
-/// Since causal blocks start longest first across heads (b2ae7c7), 64 rows are faster at every
-/// length: 24.3, 28.1, 30.5, 32.1, 33.0 against 23.5, 27.4, 29.9, 31.2, 32.2 TFLOP/s at
-/// S=512-8192, two interleaved rounds within 0.3% (bench/results/2026-11-25-h100-wgpu-d64-rows-
-/// 1678343), so f32 D=64 takes 64 rows with either mask.
-///
-/// f32 D=128 skips the stages no row sees ([`Variant::skip_unseen`]) and takes 128 rows with
-/// either mask (bench/results/2026-11-26-h100-wgpu-skip-8f340b3): the driver then compiles it to
-/// 249 registers and no spill, where the form without the skip takes 255 and spills 5 KiB (64
-/// rows causal: 255, 7.5 KiB and 96 B of local memory). Non-causal, where nothing is skipped,
-/// 3.1-3.4% faster at S=512-8192 (33.9-34.1 against 32.8-33.0 at S >= 2048); causal 0.4% faster
-/// at S=2048 (31.78 against 31.65), 3.0% at 4096 and 4.0% at 8192, 0.3% slower at 1024. At D=64
-/// the same change made the driver's code 5-7% slower with either mask (its form without it
-/// does not spill), so D=64 keeps it off.
-///
-/// Since K/V loads are unguarded and the split butterfly sends early (98d3335), f32 D=64 causal
-/// takes 128 rows: 25.7, 30.0, 32.7, 34.2, 35.1 against 25.3, 29.3, 31.8, 33.3, 34.0 TFLOP/s at
-/// S=512-8192, where without a mask 64 rows stay 0.7-0.9% faster. The skip at D=64: with 64 rows
-/// 30.5, 32.2, 33.1, 33.5 at S=1024-8192 (faster than 128 rows only at 1024), with 128 rows 4-5%
-/// slower than without (bench/results/2026-11-26-h100-wgpu-d64-rows-98d3335).
+/// grid's head dims, tried before the generic order of [`candidates`] where it fits; f32's, which
+/// f16 on the FMA kernel (no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes too (12-24%
+/// faster at D=64 and 42-51% at D=128 than the shapes measured for f16 before). Each choice was
+/// timed against its alternatives (measured, see docs/experiments.md; the commits are named
+/// there):
+/// - both head dims: 8 invocations per row, probabilities shuffled, V staged by keys, Q in
+///   registers (16 KiB of workgroup memory), two row groups' lanes interleaved where subgroups
+///   span 16 lanes (4-7.5% faster than one, four no faster than two), S = Q·Kᵀ split over the
+///   head dim (7-8% faster non-causal than Q shuffled);
+/// - f32 D=64: 4x16 micro-tiles (128-key tiles), K in 32-column stages (with V by keys and Q in
+///   registers 3-8% faster than the 4x8 shape; none of the three faster alone), 64 rows without a
+///   mask, 128 causal (since unguarded K/V loads, 25.7-35.1 against 25.3-34.0 TFLOP/s at
+///   S=512-8192), no skip of unseen stages (4-5% slower with it);
+/// - f32 D=128: 4x8 micro-tiles, K in 64-column stages, 128 rows, the stages no row sees
+///   skipped ([`Variant::skip_unseen`]): the driver then keeps it in 249 registers without
+///   spills, 3.1-3.4% faster non-causal (short causal problems: [`SHORT_CAUSAL_MAX_KEYS`]).
 fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
     // Rows, 4-key groups per invocation and row, head-dim columns per K stage, the skip.
     let (rows, key_groups, chunk, skip_unseen) = match head_dim {
@@ -108,12 +68,9 @@ fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
 }
 
 /// The longest causal key length (`seq_k`) for which f32 D=128 takes its measured shape's
-/// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): on the H100
-/// the 128-row form was 5% slower at S=512 (25.1 against 26.4-26.6 TFLOP/s) and 0.4% at 1024
-/// (29.26 against 29.37), three interleaved rounds (bench/results/2026-11-26-h100-wgpu-short-9a0b333),
-/// and 0.4% faster at 2048 (bench/results/2026-11-26-h100-wgpu-skip-8f340b3); after the
-/// unguarded loads 6.4% slower at S=512 and 1.8% at 1024 (26.6 and 30.9 against 28.4 and 31.4;
-/// bench/results/2026-11-26-h100-wgpu-short-81d8ebc).
+/// 64-row form without `skip_unseen` instead: on the H100, after the unguarded loads, the
+/// 128-row form was 6.4% slower at S=512 and 1.8% at 1024 (26.6 and 30.9 against 28.4 and 31.4
+/// TFLOP/s), and faster from 2048 on (measured, see docs/experiments.md).
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
 
 /// The [`Variant`] fields that [`measured_best`] sets.
@@ -285,9 +242,8 @@ pub struct Variant {
     /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
-    /// whole key groups per stage; with `p_shuffle` off, the probabilities go through Pᵀ in
-    /// workgroup memory (knob-only: 7-9% slower on the H100 at f32 D=128,
-    /// bench/results/2026-11-26-h100-wgpu-pmem-8be65e5). On the H100 7-8% faster for f32's
+    /// whole key groups per stage, and `p_shuffle` (probabilities through Pᵀ instead were 7-9%
+    /// slower on the H100 at f32 D=128, and are retired). On the H100 7-8% faster for f32's
     /// measured shapes non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,
@@ -843,10 +799,9 @@ mod tests {
         }
     }
 
-    /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers or interleaved lanes other than f32's measured shapes) are the
-    /// planner's own choice only where no other shape fits the adapter (at D=256 with 16 KiB,
-    /// only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
+    /// K and V read straight from their buffers, and 128 rows or Q in registers outside f32's
+    /// measured shapes, are the planner's choice only where no other shape fits the adapter (at
+    /// D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
         let mut chosen_alone = 0;
