@@ -36,7 +36,7 @@ pub(crate) fn generate(variant: &Variant) -> String {
     let staging = Staging::new(variant);
     // Probabilities travel from the invocation that computed them to the row's other TX - 1
     // either through workgroup memory (Pᵀ in `ps`) or, on the subgroup path, by shuffles.
-    let ps_decl = if variant.p_shuffle {
+    let ps_decl = if variant.p_shuffle() {
         String::new()
     } else {
         "// Pᵀ: ps[n·TY + m/4] holds the probabilities of rows m..m+3 for key n.\n\
@@ -44,7 +44,7 @@ pub(crate) fn generate(variant: &Variant) -> String {
             .to_string()
     };
     // The row's first lane, for shuffles from the row's lanes (of P, or of Q in registers).
-    let mut row_lane0 = if variant.p_shuffle || variant.q_regs {
+    let mut row_lane0 = if variant.p_shuffle() || variant.q_regs {
         "    let row_lane0 = sg_lane & ~((TX - 1u) * IL);".to_string()
     } else {
         String::new()
@@ -393,12 +393,12 @@ impl Scores {
                 c.mask,
                 "            let key{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
             );
-            if !variant.p_shuffle {
+            if !variant.p_shuffle() {
                 let _ = writeln!(c.p_store, "        let pn{g} = ({g}u * TX + tx) * 4u * TY + ty;");
             }
             for (j, l) in LANE.iter().enumerate() {
                 let value = format!("vec4<f32>(p0_{g}.{l}, p1_{g}.{l}, p2_{g}.{l}, p3_{g}.{l})");
-                let _ = if variant.p_shuffle {
+                let _ = if variant.p_shuffle() {
                     writeln!(c.p_store, "        let pt{g}_{j} = {value};")
                 } else {
                     writeln!(c.p_store, "        ps[pn{g} + {j}u * TY] = {value};")
@@ -543,7 +543,7 @@ fn pv(variant: &Variant, staging: &Staging) -> String {
             )
         };
         let fmas = |ind: &str| v_row_fmas(ind, &row, &|lc| format!("kv[vb + {lc}u * TX]"), columns.clone());
-        if variant.p_shuffle {
+        if variant.p_shuffle() {
             pv.push_str(&shuffled_keys(variant, quads, &fmas));
         } else {
             // Pᵀ in workgroup memory (V staged by columns: only the measured shapes, which

@@ -52,11 +52,10 @@ fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
         128 => (128, 2, 64, true),
         _ => return None,
     };
-    // Both: probabilities shuffled, V staged by keys, Q in registers, two row groups' lanes
-    // interleaved, S split over the head dim.
+    // Both: V staged by keys, Q in registers, two row groups' lanes interleaved, S split over
+    // the head dim (all with probabilities shuffled: they need subgroups spanning a row).
     Some(Measured {
         rows,
-        p_shuffle: true,
         key_groups,
         chunk,
         v_by_keys: true,
@@ -77,7 +76,6 @@ pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
 struct Measured {
     /// Query rows per workgroup (64 or 128).
     rows: u32,
-    p_shuffle: bool,
     key_groups: u32,
     chunk: u32,
     v_by_keys: bool,
@@ -194,11 +192,10 @@ pub struct Variant {
     pub chunk: u32,
     /// Bottom-right causal mask.
     pub causal: bool,
-    /// Row reductions with subgroup shuffles instead of workgroup memory.
+    /// Row reductions, and (FMA kernel, [`Variant::p_shuffle`]) the hand-over of probabilities
+    /// to the row's other invocations, by subgroup shuffles instead of through workgroup memory
+    /// (the reduction scratch and Pᵀ).
     pub subgroup: bool,
-    /// Probabilities handed to the row's other invocations by subgroup shuffles instead of
-    /// through workgroup memory (Pᵀ); needs `subgroup`.
-    pub p_shuffle: bool,
     /// V is staged by keys rather than by head-dim columns: stage `c` of a tile's `NCH = D/DC`
     /// V stages holds keys `c·BN/NCH..(c+1)·BN/NCH` with all `D` columns (the same stage
     /// memory as `BN` keys × `DC` columns), so each key's probabilities are shuffled (or read
@@ -221,7 +218,7 @@ pub struct Variant {
     /// of `BN` keys (`pack::pack_inputs`), and P·V reads V rows (each head's K/V rows zero-padded
     /// to whole tiles), one probability shuffle per key for all of the head dim. No stages and no
     /// barriers in the tile loop; workgroup memory holds only Qᵀ (and Pᵀ or the reduction
-    /// scratch where used). Needs `p_shuffle` and `chunk == head_dim`. What an adapter with
+    /// scratch where used). Needs `subgroup` and `chunk == head_dim`. What an adapter with
     /// WebGPU's 16 KiB of workgroup memory gets at D=256, where no staged shape fits.
     pub direct: bool,
     /// Row groups whose lanes interleave in a subgroup (1, 2 or 4): invocation `lid` takes
@@ -242,7 +239,7 @@ pub struct Variant {
     /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
-    /// whole key groups per stage, and `p_shuffle` (probabilities through Pᵀ instead were 7-9%
+    /// whole key groups per stage, and `subgroup` (probabilities through Pᵀ instead were 7-9%
     /// slower on the H100 at f32 D=128, and are retired). On the H100 7-8% faster for f32's
     /// measured shapes non-causal, and their default (see `measured_best`).
     pub split_d: bool,
@@ -285,7 +282,6 @@ impl Variant {
             chunk: head_dim,
             causal,
             subgroup: false,
-            p_shuffle: false,
             v_by_keys: false,
             q_regs: false,
             direct: false,
@@ -294,6 +290,13 @@ impl Variant {
             skip_unseen: false,
             kernel,
         }
+    }
+
+    /// Probabilities handed to the row's other invocations by subgroup shuffles (the FMA kernel
+    /// with subgroups; through Pᵀ in workgroup memory even where subgroups could shuffle them,
+    /// they need more of it and were no faster, see docs/experiments.md).
+    pub fn p_shuffle(&self) -> bool {
+        self.subgroup && self.kernel == Kernel::Fma
     }
 
     /// Invocations per workgroup.
@@ -339,7 +342,7 @@ impl Variant {
             return bm * bn * (4 + 2) + 16;
         }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
-        let p = if self.p_shuffle { 0 } else { bn * bm };
+        let p = if self.p_shuffle() { 0 } else { bn * bm };
         let kv = if self.direct { 0 } else { bn * self.chunk };
         let q = if self.q_regs { 0 } else { bm * self.head_dim };
         4 * (q + kv + p + red)
@@ -363,7 +366,7 @@ impl Variant {
             self.chunk,
             if self.causal { "causal" } else { "full" },
             if self.subgroup { "sg" } else { "wgmem" },
-            if self.p_shuffle { "_pshfl" } else { "" },
+            if self.p_shuffle() { "_pshfl" } else { "" },
             if self.row_threads == ROW_THREADS[0] {
                 String::new()
             } else {
@@ -614,7 +617,7 @@ pub fn choose_among(
                 variant.row_threads
             )
         });
-        notes.push(if variant.p_shuffle {
+        notes.push(if variant.p_shuffle() {
             "probabilities handed to the row's other invocations by subgroup shuffles".into()
         } else {
             format!(
@@ -678,13 +681,12 @@ pub fn candidates(
     subgroup_min: Option<u32>,
 ) -> impl Iterator<Item = Variant> {
     let spans = move |row_threads: u32| subgroup_min.is_some_and(|m| m >= row_threads);
-    let variant = move |p_shuffle, row_threads, row_groups, key_groups, chunk| Variant {
+    let variant = move |row_threads, row_groups, key_groups, chunk| Variant {
         row_groups,
         row_threads,
         key_groups,
         chunk,
         subgroup: spans(row_threads),
-        p_shuffle,
         ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
     // The measured shape, with its lanes interleaved where a subgroup spans them; then its form
@@ -693,16 +695,14 @@ pub fn candidates(
     // every stage (f32 D=128's choice for short causal problems).
     let other_rows = |groups: u32| if groups == ROW_GROUPS[0] { 2 * ROW_GROUPS[0] } else { ROW_GROUPS[0] };
     let mut all: Vec<Variant> = Vec::new();
-    if let Some(m) =
-        measured_best(head_dim, causal).filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
-    {
+    if let Some(m) = measured_best(head_dim, causal).filter(|_| spans(ROW_THREADS[0])) {
         let v = Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
             interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
             split_d: m.split_d,
             skip_unseen: m.skip_unseen,
-            ..variant(m.p_shuffle, ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
+            ..variant(ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
         };
         all.push(v);
         let other = Variant { row_groups: other_rows(v.row_groups), ..v };
@@ -715,9 +715,6 @@ pub fn candidates(
     }
     let measured = all.len().min(1);
     for row_threads in ROW_THREADS {
-        // Probabilities shuffled wherever subgroups span the row (through Pᵀ in workgroup
-        // memory instead, they need more of it and were no faster).
-        let p_shuffle = spans(row_threads);
         // Stages of whole vec4s of O per invocation and row, dividing the head dim.
         let chunks: Vec<u32> = (1..=head_dim / 32)
             .rev()
@@ -727,7 +724,7 @@ pub fn candidates(
         for row_groups in ROW_GROUPS {
             for key_groups in KEY_GROUPS {
                 for &chunk in &chunks {
-                    let v = variant(p_shuffle, row_threads, row_groups, key_groups, chunk);
+                    let v = variant(row_threads, row_groups, key_groups, chunk);
                     // The measured shape is already first.
                     if !all[..measured].contains(&v) {
                         all.push(v);
@@ -740,7 +737,7 @@ pub fn candidates(
     // with the whole head dim in one pass and Qᵀ in workgroup memory.
     let direct: Vec<Variant> = all
         .iter()
-        .filter(|v| v.p_shuffle && v.row_threads == ROW_THREADS[0])
+        .filter(|v| v.p_shuffle() && v.row_threads == ROW_THREADS[0])
         .map(|&v| Variant {
             direct: true,
             v_by_keys: false,
@@ -899,7 +896,6 @@ mod tests {
                                 row_groups: first.row_groups,
                                 split_d: first.split_d,
                                 skip_unseen: first.skip_unseen,
-                                p_shuffle: first.p_shuffle,
                                 ..*v
                             };
                             assert!(!v.skip_unseen || v.split_d, "{}", v.name());
@@ -990,7 +986,7 @@ mod tests {
             };
             let v = choose(&p, &caps).unwrap().variant;
             assert!(v.shared_bytes() <= kib * 1024, "{}", v.name());
-            (v.block_m(), v.block_n(), v.chunk, v.p_shuffle)
+            (v.block_m(), v.block_n(), v.chunk, v.p_shuffle())
         };
         // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 and D=64 get
         // their measured tiles with Q in registers wherever their K/V chunk (16 KiB: 64 keys x
@@ -1006,7 +1002,7 @@ mod tests {
         let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
         let caps = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
         let v = choose(&p, &caps).unwrap().variant;
-        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle), (128, 64, 64, true));
+        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle()), (128, 64, 64, true));
     }
 
     #[test]
@@ -1016,11 +1012,11 @@ mod tests {
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
         // Twice the keys: K/V 64x64, Pᵀ 64x32.
-        let two_groups = Variant { key_groups: 2, subgroup: true, ..v };
+        let two_groups = Variant { key_groups: 2, ..v };
         assert_eq!(two_groups.block_n(), 64);
-        assert_eq!(two_groups.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
-        // P shuffled: no Pᵀ.
-        let shuffled = Variant { p_shuffle: true, ..two_groups };
+        assert_eq!(two_groups.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32 + 8 * 32));
+        // Subgroups: P shuffled and the rows reduced by shuffles, so neither Pᵀ nor the scratch.
+        let shuffled = Variant { subgroup: true, ..two_groups };
         assert_eq!(shuffled.shared_bytes(), 4 * (32 * 64 + 64 * 64));
     }
 
