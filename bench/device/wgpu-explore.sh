@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the wgpu kernel's tuning knobs against each other, bench step only
 # (f32 and f16 or $DTYPES, D=64/128 or $DIMS, S=$SEQS). CONFIGS lists configurations, each a comma-separated list of
-# knob settings (see attn-wgpu's crate docs), e.g.
-#   CONFIGS="ATTN_WGPU_KEY_GROUPS=1,ATTN_WGPU_CHECKS=bounds ATTN_WGPU_P_SHUFFLE=0 default"
+# knob settings (docs/tuning.md), e.g.
+#   CONFIGS="ATTN_WGPU_KEY_GROUPS=1,ATTN_WGPU_CHECKS=bounds ATTN_WGPU_ROW_THREADS=16 default"
 # One line per shape and configuration; files under $OUT/<configuration>/.
 # Carry .device and .gl as for wgpu.sh; about 60 s per configuration at one sequence length.
 set -u

@@ -3,7 +3,7 @@
 //!
 //! Every invocation runs eight independent vec4 FMA chains (32 FMAs, 64 FLOPs per step) for
 //! `STEPS` steps, and writes their sum so that nothing is optimised away. The shader is built
-//! without naga's loop caps (as the backend's kernels are: see `attn_wgpu::runtime::Checks`),
+//! without naga's loop caps (as the backend's kernels are: see `attn_wgpu::options::Checks`),
 //! which would otherwise add a counter and a test to every step. Timed with GPU timestamps where
 //! the adapter has them, else the host clock; prints the median of the timed runs.
 //!

@@ -16,10 +16,8 @@
 //! gives for each printed variant (`<dir>/<variant>.<n>.<name>.txt`; none is a valid answer).
 
 use ash::vk;
-use attn_core::{DType, Problem, Shape};
-use attn_wgpu::plan::{self, KernelType, Variant};
-use attn_wgpu::runtime::Gpu;
-use attn_wgpu::shader;
+use attn_core::DType;
+use attn_wgpu::inspect;
 use std::error::Error;
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -28,14 +26,14 @@ fn main() -> Result<(), Box<dyn Error>> {
     let dims = args.get(1).map_or("64,128", String::as_str).to_string();
     let part = args.get(2).cloned().unwrap_or_default();
     let causal = args.get(3).is_some_and(|m| m == "causal");
-    let gpu = match Gpu::open() {
-        Ok(gpu) => gpu,
+    let options = attn_wgpu::Options::from_env()?;
+    let caps = match inspect::adapter(&options) {
+        Ok(caps) => caps,
         Err(reason) => {
             println!("SKIPPED pipeline_stats: {reason}");
             return Ok(());
         }
     };
-    let caps = gpu.caps.clone();
     // SAFETY: loading the system's Vulkan loader; it stays loaded for the life of `entry`.
     let vulkan = match unsafe { Vulkan::open(&caps.name) } {
         Ok(v) => v,
@@ -46,39 +44,20 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     println!("adapter {} ({} B of workgroup memory)", caps.name, caps.workgroup_storage);
     for dtype in dtypes.split(',') {
-        let (ty, dt) = match dtype {
-            "f16" => (KernelType::F16, DType::F16),
-            _ => (KernelType::F32, DType::F32),
-        };
+        let dtype = if dtype == "f16" { DType::F16 } else { DType::F32 };
         for d in dims.split(',').map(str::parse::<u32>) {
-            let d = d?;
-            let mut problem = Problem::new(Shape::new(1, 1, 4096, d as usize), dt);
-            if causal {
-                problem = problem.causal();
-            }
-            let chosen = plan::choose(&problem, &caps).map(|c| c.variant).ok();
-            for v in
-                plan::candidates(ty, d, causal, caps.subgroup_min).chain(plan::wide_candidates(ty, d, causal))
-            {
-                if v.shared_bytes() > caps.workgroup_storage || v.threads() > caps.invocations {
+            for k in inspect::fma_kernels(&caps, dtype, d?, causal) {
+                if !k.chosen && !k.name.contains(&part) {
                     continue;
                 }
-                if Some(v) != chosen && !v.name().contains(&part) {
-                    continue;
-                }
-                let mark = if Some(v) == chosen { "*" } else { " " };
+                let mark = if k.chosen { "*" } else { " " };
                 // SAFETY: `vulkan` owns a live device; the SPIR-V comes from a validated module.
-                let stats = unsafe { vulkan.statistics(&spirv(&v)?, &v.name())? };
-                println!("{mark} {:<44} {:>6} B  {stats}", v.name(), v.shared_bytes());
+                let stats = unsafe { vulkan.statistics(&k.spirv()?, &k.name, options.ir_dir.as_deref())? };
+                println!("{mark} {:<44} {:>6} B  {stats}", k.name, k.shared_bytes);
             }
         }
     }
     Ok(())
-}
-
-/// The variant's WGSL as SPIR-V, with the options the backend's shaders are built with.
-fn spirv(v: &Variant) -> Result<Vec<u32>, Box<dyn Error>> {
-    Ok(attn_wgpu::spirv::compile(&shader::generate(v), attn_wgpu::runtime::Checks::None, (1, 3))?)
 }
 
 /// A Vulkan device with pipeline statistics enabled, and the one layout every variant uses.
@@ -181,8 +160,12 @@ impl Vulkan {
 
     /// Compiles `words` into a compute pipeline and returns the driver's statistics, one line;
     /// with `ATTN_WGPU_IR_DIR` set, writes the internal representations there under `name`.
-    unsafe fn statistics(&self, words: &[u32], name: &str) -> Result<String, Box<dyn Error>> {
-        let ir_dir = std::env::var("ATTN_WGPU_IR_DIR").ok();
+    unsafe fn statistics(
+        &self,
+        words: &[u32],
+        name: &str,
+        ir_dir: Option<&std::path::Path>,
+    ) -> Result<String, Box<dyn Error>> {
         // SAFETY (whole body): the module and pipeline are created, queried and destroyed here.
         unsafe {
             let module =
@@ -239,7 +222,7 @@ impl Vulkan {
     unsafe fn write_representations(
         &self,
         which: &vk::PipelineExecutableInfoKHR,
-        dir: &str,
+        dir: &std::path::Path,
         stem: &str,
     ) -> Result<usize, Box<dyn Error>> {
         // SAFETY: the two-call idiom of vkGetPipelineExecutableInternalRepresentationsKHR: the
@@ -271,7 +254,7 @@ impl Vulkan {
                     .map(|c| c.to_string_lossy().replace([' ', '/'], "_"))
                     .unwrap_or_default();
                 let text: Vec<u8> = bytes.iter().copied().take_while(|&b| b != 0 || r.is_text == 0).collect();
-                std::fs::write(format!("{dir}/{stem}.{n}.{name}.txt"), text)?;
+                std::fs::write(dir.join(format!("{stem}.{n}.{name}.txt")), text)?;
             }
             Ok(reps.len())
         }

@@ -40,7 +40,7 @@ const LN2: f32 = 0.6931471805599453;
 {{BINDINGS}}
 
 // Indices stay in bounds by construction (the shader is compiled without naga's clamps, see
-// runtime::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[buf + d·BN4 + n/4] (K) with d < DC,
+// options::Checks): qs[d·TY + m/4] with d < D, m/4 < TY; kv[buf + d·BN4 + n/4] (K) with d < DC,
 // n/4 < BN4, or kv[buf + n·DC4 + d/4] (V) with n < BN, d/4 < DC4, or (V by keys, stage c)
 // kv[buf + (n - c·BN/NCH)·D4 + d/4] with c·BN/NCH <= n < (c+1)·BN/NCH, d/4 < D4, buf = s·KV_STAGE
 // with s < STAGES; ps[n·TY + m/4] with n < BN; the
@@ -87,12 +87,12 @@ fn main(
         let n0 = t * BN;
 {{STAGES_SEEN}}
 {{S_DECL}}
-        for (var c = 0u; c < {{K_STAGES}}; c++) {
+        for (var c = 0u; c < {{K_STAGES_LOOP}}; c++) {
 {{K_BASE}}
 {{BARRIER_BEFORE_STORE}}
 {{STORE_K}}
 {{BARRIER_AFTER_STORE}}
-            if (c + 1u < {{K_STAGES}}) {
+            if (c + 1u < {{K_STAGES_NEXT}}) {
 {{FETCH_K_NEXT}}
             } else {
 {{FETCH_V_FIRST}}

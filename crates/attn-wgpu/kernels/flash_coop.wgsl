@@ -121,7 +121,6 @@ fn main(
         }
         // A barrier (P now visible) that also makes the flag uniform.
         let any_raise = workgroupUniformLoad(&rescale_any[t % 2u]);
-{{DUMP_TILE}}
         if (lid == 0u) {
             atomicStore(&rescale_any[(t + 1u) % 2u], 0u);
         }

@@ -1,11 +1,12 @@
 //! The `wgpu` backend: [`Attention`] over the WGSL kernel, with device-resident inputs.
 
+use crate::options::Options;
 use crate::pack::{pack_inputs, unpack_output};
-use crate::plan::{self, AdapterCaps, Kernel, Variant};
+use crate::plan::{self, AdapterCaps, Variant};
 use crate::runtime::Gpu;
 use attn_core::{
-    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Plan, Prepared, Problem,
-    Result,
+    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Payload, Plan, Prepared,
+    Problem, Result,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -34,274 +35,62 @@ struct Params {
 #[derive(Default)]
 pub struct Wgpu {
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
-    /// Plan as if the adapter had no `SUBGROUP` (the workgroup-memory reductions).
-    no_subgroups: bool,
-    /// Only this micro-tile width (key groups per invocation), where set.
-    key_groups: Option<u32>,
-    /// Only this K/V chunk width (head-dim columns per stage), where set.
-    chunk: Option<u32>,
-    /// Only this many invocations per query row (8 or 16), where set.
-    row_threads: Option<u32>,
-    /// Only this many K/V stage buffers (1 or 2), where set.
-    stages: Option<u32>,
-    /// Only cooperative-matrix shapes of this many rows (16, 32 or 64), where set.
-    coop_rows: Option<u32>,
-    /// Only cooperative-matrix shapes with tiles of this many keys (32, or 16 or 64, which the
-    /// planner never picks on its own: see `plan::coop_candidates`), where set.
-    coop_keys: Option<u32>,
-    /// Only this way of handing probabilities around (shuffles or workgroup memory), where set.
-    p_shuffle: Option<bool>,
-    /// Only variants that read V straight from its buffer (`true`) or stage it (`false`), where
-    /// set.
-    v_direct: Option<bool>,
-    /// Only variants that stage V by keys (`true`) or by head-dim columns (`false`), where set.
-    v_by_keys: Option<bool>,
-    /// Only variants that hold Q in registers (`true`) or stage Qᵀ (`false`), where set.
-    q_regs: Option<bool>,
-    /// Only variants that read K straight from its buffer too (`true`), or not (`false`), where
-    /// set.
-    k_direct: Option<bool>,
-    /// Only FMA-kernel variants with this many row groups' lanes interleaved (1, 2 or 4), where
-    /// set.
-    interleave: Option<u32>,
-    /// Only variants that split S over the head dim (`true`), or not (`false`), where set.
-    split_d: Option<bool>,
-    /// Only variants that skip what no row sees (`true`), or not (`false`), where set.
-    skip_unseen: Option<bool>,
-    /// Only FMA-kernel variants with this many query rows per workgroup, where set.
-    rows: Option<u32>,
-    /// Only the 8x8 FMA kernel (`true`), or never it (`false`), where set.
-    wide: Option<bool>,
+    options: Options,
 }
 
 impl Wgpu {
-    /// The backend (nothing is opened until it is used).
+    /// The backend with every option at its default (nothing is opened until it is used).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Uses the reductions through workgroup memory even where subgroups exist: to verify that
-    /// path on adapters that have both.
-    pub fn without_subgroups(mut self) -> Self {
-        self.no_subgroups = true;
-        self
+    /// The backend with `options` (tile pins, subgroups, cooperative matrices, naga's checks).
+    pub fn with_options(options: Options) -> Self {
+        Wgpu { gpu: OnceLock::new(), options }
     }
 
-    /// Plans only with micro-tiles of `groups` key groups (1: 4x4, 2: 4x8, 4: 4x16, f32 D=64's
-    /// default): to time one width against another. A problem that no variant of that width
-    /// fits is a plan error.
-    pub fn with_key_groups(mut self, groups: u32) -> Self {
-        self.key_groups = Some(groups);
-        self
+    /// The backend with the options the `ATTN_WGPU_*` variables set ([`Options::from_env`]); a
+    /// value a variable does not allow is an error.
+    pub fn from_env() -> Result<Self> {
+        Ok(Self::with_options(Options::from_env()?))
     }
 
-    /// Plans only with K/V chunks of `columns` head-dim columns (a multiple of 32): to time
-    /// smaller stages (less workgroup memory, more barriers) against larger ones.
-    pub fn with_chunk(mut self, columns: u32) -> Self {
-        self.chunk = Some(columns);
-        self
+    /// What this backend was built with.
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 
-    /// Plans only with `threads` invocations per query row (8 or 16; 16 needs subgroups of 16
-    /// or more where subgroups are used): to time one against the other.
-    pub fn with_row_threads(mut self, threads: u32) -> Self {
-        self.row_threads = Some(threads);
-        self
-    }
-
-    /// Plans only with `stages` K/V stage buffers (1 or 2; 2 saves a barrier per stage for twice
-    /// the chunk's workgroup memory): to time one against the other.
-    pub fn with_stages(mut self, stages: u32) -> Self {
-        self.stages = Some(stages);
-        self
-    }
-
-    /// Plans only with V read straight from its buffer by P·V (`true`) or staged through
-    /// workgroup memory (`false`): to time one against the other.
-    pub fn with_v_direct(mut self, direct: bool) -> Self {
-        self.v_direct = Some(direct);
-        self
-    }
-
-    /// Plans only with V staged by keys, all columns at a time (`true`,
-    /// [`crate::plan::Variant::v_by_keys`]), or never (`false`): to time it against V staged by
-    /// head-dim columns.
-    pub fn with_v_by_keys(mut self, by_keys: bool) -> Self {
-        self.v_by_keys = Some(by_keys);
-        self
-    }
-
-    /// Plans only with Q held in registers and shuffled (`true`,
-    /// [`crate::plan::Variant::q_regs`]), or with Qᵀ in workgroup memory (`false`): to time one
-    /// against the other.
-    pub fn with_q_regs(mut self, regs: bool) -> Self {
-        self.q_regs = Some(regs);
-        self
-    }
-
-    /// Plans only with K read straight from its buffer (packed transposed per tile) as well as V
-    /// (`true`), or never (`false`): to time one against the other.
-    pub fn with_k_direct(mut self, direct: bool) -> Self {
-        self.k_direct = Some(direct);
-        self
-    }
-
-    /// Plans only with workgroups of `rows` query rows (FMA kernel: 16 to 128): to time one
-    /// height against another.
-    pub fn with_rows(mut self, rows: u32) -> Self {
-        self.rows = Some(rows);
-        self
-    }
-
-    /// Plans only with `groups` row groups' lanes interleaved (1, 2 or 4,
-    /// [`crate::plan::Variant::interleave`]): to time paired workgroup-memory loads against
-    /// neighbouring ones.
-    pub fn with_interleave(mut self, groups: u32) -> Self {
-        self.interleave = Some(groups);
-        self
-    }
-
-    /// Plans only with S = Q·Kᵀ split over the head dim and reduced across the row's lanes
-    /// (`true`, [`crate::plan::Variant::split_d`]), or with Q shuffled (`false`): to time one
-    /// against the other.
-    pub fn with_split_d(mut self, split: bool) -> Self {
-        self.split_d = Some(split);
-        self
-    }
-
-    /// Plans only with the K/V stages that no row sees skipped (`true`,
-    /// [`crate::plan::Variant::skip_unseen`]), or loaded, computed and masked (`false`): to time
-    /// one against the other.
-    pub fn with_skip_unseen(mut self, skip: bool) -> Self {
-        self.skip_unseen = Some(skip);
-        self
-    }
-
-    /// Plans only with the FMA kernel of 8x8 register tiles (`true`, [`Kernel::Wide`]) or never
-    /// with it (`false`): to time it against the 4x8 kernel.
-    pub fn with_wide(mut self, wide: bool) -> Self {
-        self.wide = Some(wide);
-        self
-    }
-
-    /// Plans only with probabilities exchanged by subgroup shuffles (`true`) or through
-    /// workgroup memory (`false`): to time one against the other.
-    pub fn with_p_shuffle(mut self, shuffle: bool) -> Self {
-        self.p_shuffle = Some(shuffle);
-        self
-    }
-
-    /// [`Wgpu::new`], with [`Wgpu::without_subgroups`] when `ATTN_WGPU_SUBGROUPS=0`,
-    /// [`Wgpu::with_key_groups`] from `ATTN_WGPU_KEY_GROUPS` (1 or 2), [`Wgpu::with_chunk`]
-    /// from `ATTN_WGPU_CHUNK`, [`Wgpu::with_row_threads`] from `ATTN_WGPU_ROW_THREADS` (8, 16 or 4),
-    /// [`Wgpu::with_stages`] from `ATTN_WGPU_STAGES` (1 or 2), [`Wgpu::with_p_shuffle`] from
-    /// `ATTN_WGPU_P_SHUFFLE` (0 or 1), [`Wgpu::with_v_direct`] from `ATTN_WGPU_V_DIRECT` (0
-    /// or 1), [`Wgpu::with_v_by_keys`] from `ATTN_WGPU_V_KEYS` (0 or 1), [`Wgpu::with_q_regs`]
-    /// from `ATTN_WGPU_Q_REGS` (0 or 1), [`Wgpu::with_k_direct`] from `ATTN_WGPU_K_DIRECT` (0 or
-    /// 1), [`Wgpu::with_interleave`] from `ATTN_WGPU_INTERLEAVE` (1, 2 or 4),
-    /// [`Wgpu::with_split_d`] from `ATTN_WGPU_SPLIT_D` (0 or 1), [`Wgpu::with_skip_unseen`] from
-    /// `ATTN_WGPU_SKIP_UNSEEN` (0 or 1), [`Wgpu::with_rows`] from
-    /// `ATTN_WGPU_ROWS` and [`Wgpu::with_wide`] from
-    /// `ATTN_WGPU_WIDE` (0 or 1), all for the FMA kernels;
-    /// `ATTN_WGPU_COOP_ROWS` (16, 32 or 64) and `ATTN_WGPU_COOP_KEYS` (16, 32 or 64) keep the
-    /// cooperative-matrix kernel's shapes with that many rows per workgroup or keys per tile.
-    pub fn from_env() -> Self {
-        let var = |name| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
-        let off = std::env::var("ATTN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
-        Wgpu {
-            no_subgroups: off,
-            key_groups: var("ATTN_WGPU_KEY_GROUPS"),
-            chunk: var("ATTN_WGPU_CHUNK"),
-            row_threads: var("ATTN_WGPU_ROW_THREADS"),
-            stages: var("ATTN_WGPU_STAGES"),
-            coop_rows: var("ATTN_WGPU_COOP_ROWS"),
-            coop_keys: var("ATTN_WGPU_COOP_KEYS"),
-            p_shuffle: var("ATTN_WGPU_P_SHUFFLE").map(|v| v != 0),
-            v_direct: var("ATTN_WGPU_V_DIRECT").map(|v| v != 0),
-            v_by_keys: var("ATTN_WGPU_V_KEYS").map(|v| v != 0),
-            q_regs: var("ATTN_WGPU_Q_REGS").map(|v| v != 0),
-            rows: var("ATTN_WGPU_ROWS"),
-            interleave: var("ATTN_WGPU_INTERLEAVE"),
-            split_d: var("ATTN_WGPU_SPLIT_D").map(|v| v != 0),
-            skip_unseen: var("ATTN_WGPU_SKIP_UNSEEN").map(|v| v != 0),
-            k_direct: var("ATTN_WGPU_K_DIRECT").map(|v| v != 0),
-            wide: var("ATTN_WGPU_WIDE").map(|v| v != 0),
-            ..Self::default()
-        }
-    }
-
-    /// [`plan::choose`], limited to this backend's tile knobs where it has them: each kernel's
-    /// knobs filter only that kernel's shapes, so that timing one never moves a dtype to the
-    /// other (`ATTN_WGPU_COOP=0` is how f16 gets the FMA kernel where both exist).
-    fn choose(&self, problem: &attn_core::Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
-        let allowed = |v: &Variant| {
-            if v.kernel == Kernel::Coop {
-                self.coop_rows.is_none_or(|r| v.block_m() == r)
-                    && self.coop_keys.is_none_or(|n| v.block_n() == n)
-            } else {
-                self.key_groups.is_none_or(|g| v.key_groups == g)
-                    && self.chunk.is_none_or(|c| v.chunk == c)
-                    && self.row_threads.is_none_or(|t| v.row_threads == t)
-                    && self.stages.is_none_or(|n| v.stages == n)
-                    && self.p_shuffle.is_none_or(|p| v.p_shuffle == p)
-                    && self.v_direct.is_none_or(|d| v.v_direct == d)
-                    && self.v_by_keys.is_none_or(|k| v.v_by_keys == k)
-                    && self.q_regs.is_none_or(|q| v.q_regs == q)
-                    && self.rows.is_none_or(|r| v.block_m() == r)
-                    && self.interleave.is_none_or(|i| v.interleave == i)
-                    && self.split_d.is_none_or(|s| v.split_d == s)
-                    && self.skip_unseen.is_none_or(|s| v.skip_unseen == s)
-                    && self.k_direct.is_none_or(|d| v.k_direct == d)
-                    && self.wide.is_none_or(|w| (v.kernel == Kernel::Wide) == w)
-            }
-        };
-        let choice = plan::choose_among(problem, caps, &allowed)?;
-        // The timing experiment's unused workgroup memory counts against the limit too: the
-        // driver hung, rather than refused, a kernel declared over it.
-        let padded = choice.variant.shared_bytes() + crate::shader::padding_bytes();
-        if padded > caps.workgroup_storage {
-            return Err(Error::OverDeviceLimit {
-                kernel: choice.variant.name(),
-                resource: "workgroup storage with ATTN_WGPU_PAD_SHARED (bytes)",
-                needed: padded as u64,
-                allowed: caps.workgroup_storage as u64,
-                device: caps.name.clone(),
-            });
-        }
-        Ok(choice)
+    /// The planner's choice under this backend's tile pins.
+    fn choose(&self, problem: &Problem, caps: &AdapterCaps) -> Result<plan::Choice> {
+        plan::choose_among(problem, caps, &|v| self.options.allows(v))
     }
 
     /// The adapter's capabilities as this backend plans with them.
     fn caps(&self, gpu: &Gpu) -> AdapterCaps {
         let mut caps = gpu.caps.clone();
-        if self.no_subgroups {
+        if self.options.no_subgroups {
             caps.subgroup_min = None;
+        }
+        if let Some(bytes) = self.options.workgroup_storage {
+            caps.workgroup_storage = caps.workgroup_storage.min(bytes);
         }
         caps
     }
 
     /// The open device, or why there is none.
-    pub fn gpu(&self) -> Result<Arc<Gpu>> {
+    fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu
-            .get_or_init(|| Gpu::open().map(Arc::new))
+            .get_or_init(|| Gpu::open(&self.options).map(Arc::new))
             .clone()
             .map_err(|reason| Error::Unavailable { backend: "wgpu".into(), reason })
     }
+}
 
-    /// The variant and launch the plan names, recomputed (planning is deterministic).
-    fn variant_of(&self, gpu: &Gpu, plan: &Plan) -> Result<(Variant, [u32; 3])> {
-        let choice = self.choose(&plan.problem, &self.caps(gpu))?;
-        if choice.variant.name() != plan.kernel {
-            return Err(Error::PlanMismatch {
-                what: format!(
-                    "`{}` is not what the wgpu backend plans here ({})",
-                    plan.kernel,
-                    choice.variant.name()
-                ),
-            });
-        }
-        Ok((choice.variant, choice.launch.grid))
-    }
+/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel and its grid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Chosen {
+    variant: Variant,
+    grid: [u32; 3],
 }
 
 impl Attention for Wgpu {
@@ -334,19 +123,7 @@ impl Attention for Wgpu {
         gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
-        let padding = crate::shader::padding_bytes();
-        if choice.variant.kernel != Kernel::Coop && padding > 0 {
-            choice.notes.push(format!(
-                "ATTN_WGPU_PAD_SHARED: {padding} B more workgroup memory declared (unused) for a timing experiment"
-            ));
-        }
-        let ablated = crate::shader::Ablation::current().parts();
-        if !ablated.is_empty() {
-            choice.notes.push(format!(
-                "ATTN_WGPU_ABLATE: {} taken out of the kernel for timing; RESULTS ARE WRONG",
-                ablated.join(", ")
-            ));
-        }
+        let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid };
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),
@@ -354,7 +131,7 @@ impl Attention for Wgpu {
             tiles: choice.tiles,
             execution: Execution::Gpu(choice.launch),
             notes: choice.notes,
-            payload: Default::default(),
+            payload: Payload::new(chosen),
         })
     }
 
@@ -363,12 +140,12 @@ impl Attention for Wgpu {
         let problem = plan.problem;
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
-        let (variant, grid) = self.variant_of(&gpu, plan)?;
+        let &Chosen { variant, grid } = plan.payload::<Chosen>()?;
         let pipeline = gpu.pipeline(&variant)?;
         let s = problem.shape;
         let d = variant.head_dim as usize;
         let rows = plan::padded_rows(&variant, s.seq_q, s.seq_k);
-        let k_tiles = variant.k_direct.then_some(variant.block_n() as usize);
+        let k_tiles = variant.direct.then_some(variant.block_n() as usize);
         let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows, k_tiles);
         let params = Params {
             seq_q: s.seq_q as u32,

@@ -8,42 +8,41 @@
 //! (C); `pa{kk}`, P's 16-key blocks (A). K and V blocks are loaded from the storage buffers as B
 //! matrices where they are used.
 //!
-//! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` (55 of 55) with 16- and 32-key
-//! tiles. How it got there, each step measured (bench/results/2026-11-2{3,4}-h100-wgpu-coop-*):
+//! **Status** (H100, NVIDIA 580.159.04): passes `attn verify` with 16- and 32-key tiles. How it
+//! got there, each step measured (see docs/experiments.md):
 //! - The first version failed every f16 case with random data. Naga's Vulkan memory model was
-//!   suspected and ruled out ([`crate::spirv`] moves the module to GLSL450; same failures, same
-//!   values). First-tile dumps (`ATTN_WGPU_COOP_DUMP`) then showed Q·Kᵀ already wrong, and the
-//!   cause was alignment: an 8-byte workgroup variable (two flags) had shifted the matrices off
-//!   16-byte boundaries. Every workgroup variable is now a multiple of 16 bytes.
+//!   suspected and ruled out (the module moved to GLSL450: same failures, same values).
+//!   First-tile dumps then showed Q·Kᵀ already wrong, and the cause was alignment: an 8-byte
+//!   workgroup variable (two flags) had shifted the matrices off 16-byte boundaries. Every
+//!   workgroup variable is now a multiple of 16 bytes.
 //! - The second version loads K, V and Q straight from the buffers (rows padded per head), with
 //!   three barriers per tile instead of five and a softmax free of bank conflicts: 33-37 TFLOP/s
 //!   at S=4096 where the first ran 10-24.
 //! - With 64-key tiles it fails in causal cases with large scores, where a tile after the first
-//!   rescales O (outputs of 0 in the second query block); 32-key tiles pass the same grid and
-//!   are as fast, so only they are planned. The cause is not known.
-//! - Timed with parts taken out (`ATTN_WGPU_ABLATE`, S=4096): without S's store to scratch and
-//!   the softmax over it, 3.2x faster at D=64 (108 against 34 TFLOP/s), although those parts
-//!   alone (no products) take 2.1 of the 16.2 ms; without exp2 or the barriers, no faster. So
-//!   the chain of products, scratch and softmax in each subgroup is latency-bound, and the
-//!   subgroups an SM holds are too few to hide it: the driver keeps 48 KiB of workgroup memory
-//!   resident per SM, 15 workgroups of 3 KiB with 32-key tiles. 16-key tiles (1.5 KiB) are
-//!   7-18% faster at D=64 and 2-11% at D=128, the default now; issuing the next tile's S
-//!   products before the softmax was no faster.
+//!   rescales O (outputs of 0 in the second query block); 32-key tiles pass the same grid. The
+//!   cause is not known, and those tiles are not planned.
+//! - Timed with parts taken out (S=4096): without S's store to scratch and the softmax over it,
+//!   3.2x faster at D=64 (108 against 34 TFLOP/s), although those parts alone (no products) take
+//!   2.1 of the 16.2 ms; without exp2 or the barriers, no faster. So the chain of products,
+//!   scratch and softmax in each subgroup is latency-bound, and the subgroups an SM holds are
+//!   too few to hide it: the driver keeps 48 KiB of workgroup memory resident per SM, 15
+//!   workgroups of 3 KiB with 32-key tiles. 16-key tiles (1.5 KiB) are 7-18% faster at D=64 and
+//!   2-11% at D=128, the one shape planned now; issuing the next tile's S products before the
+//!   softmax was no faster.
 
 use crate::plan::Variant;
-use crate::shader::Ablation;
+use crate::wgsl::{BINDINGS, fill};
 use std::fmt::Write;
 
 /// The kernel template.
-pub const TEMPLATE: &str = include_str!("../kernels/flash_coop.wgsl");
+const TEMPLATE: &str = include_str!("../kernels/flash_coop.wgsl");
 
 /// Side of the cooperative matrices.
 const M: u32 = 16;
 
 /// The WGSL source of `variant` (a `coop` one).
-pub fn generate(variant: &Variant) -> String {
+pub(crate) fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
-    let ablate = crate::shader::Ablation::current();
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);
     let mut q_load = String::new();
@@ -59,37 +58,36 @@ pub fn generate(variant: &Variant) -> String {
     // O starts from the zero matrix, and each tile's S from a product whose accumulator operand
     // is zero. (Until 65b11f8 O's zero blocks were loaded from scratch, a workaround for a
     // suspicion that proved wrong; the two ran equally fast, and loading the next tile's K blocks
-    // ahead of the softmax was slower: bench/results/2026-11-24-h100-wgpu-coop-zero-65b11f8.)
+    // ahead of the softmax was slower: measured, see docs/experiments.md.)
     for j in 0..d_blocks {
         let _ = writeln!(o_decl, "    var o{j} = coop_mat16x16<f32, C>();");
     }
     // S: the tile's products, then its store to scratch. (Issuing the next tile's products
-    // before this tile's softmax, stored after its P·V, was timed no faster and removed:
-    // bench/results/2026-11-24-h100-wgpu-coop-ahead-33760d2.)
+    // before this tile's softmax, stored after its P·V, was timed no faster and removed: see
+    // docs/experiments.md.)
     for n in 0..n_blocks {
         let _ = writeln!(s_mma, "        var s{n} = coop_mat16x16<f32, C>();");
     }
-    s_mma += &s_products(n_blocks, d_blocks, ablate);
-    s_mma += &s_stores(n_blocks, ablate);
+    s_mma += &s_products(n_blocks, d_blocks);
+    s_mma += &s_stores(n_blocks);
     let _ = writeln!(s_mma, "        workgroupBarrier(); // S in scratch");
-    let exp = if ablate.exp { "" } else { "exp2" };
     // The lane's W = BN/2 scores, held in registers between the two passes.
-    for e in (0..bn / 2).filter(|_| !ablate.softmax) {
+    for e in 0..bn / 2 {
         let _ = writeln!(s_read, "        let c{e} = ({e}u + rot) % W;");
         let _ = writeln!(
             s_read,
             "        let x{e} = select(NEG, scratch[mine + c{e}], first + i32(c{e}) < lim);"
         );
         let _ = writeln!(s_read, "        tmax = max(tmax, x{e});");
-        let _ = writeln!(p_write, "        let p{e} = {exp}(x{e} - offset);");
+        let _ = writeln!(p_write, "        let p{e} = exp2(x{e} - offset);");
         let _ = writeln!(p_write, "        l_run += p{e};");
         let _ = writeln!(p_write, "        ps[mine + c{e}] = f16(p{e});");
     }
-    for kk in (0..n_blocks).filter(|_| !ablate.pv) {
+    for kk in 0..n_blocks {
         let _ =
             writeln!(pv, "        let pa{kk} = coopLoadT<coop_mat16x16<f16, A>>(&ps[sc + {}u], BN);", kk * M);
     }
-    for kk in (0..n_blocks).filter(|_| !ablate.pv) {
+    for kk in 0..n_blocks {
         for j in 0..d_blocks {
             let v_block =
                 format!("coopLoadT<coop_mat16x16<f16, B>>(&v[k_at + {}u * D + {}u], D)", kk * M, j * M);
@@ -97,40 +95,35 @@ pub fn generate(variant: &Variant) -> String {
         }
     }
 
-    let mut src = TEMPLATE.to_string();
-    for (key, value) in [
-        ("{{BINDINGS}}", crate::shader::BINDINGS.to_string()),
-        ("{{D}}", d.to_string()),
-        ("{{BM}}", variant.block_m().to_string()),
-        ("{{BN}}", bn.to_string()),
-        ("{{CAUSAL}}", variant.causal.to_string()),
-        ("{{DUMP_TILE}}", dump_tile()),
-        ("{{Q_LOAD}}", q_load),
-        ("{{O_DECL}}", o_decl),
-        ("{{S_MMA}}", s_mma),
-        ("{{S_READ}}", s_read),
-        ("{{P_WRITE}}", p_write),
-        ("{{O_RESCALE}}", through_scratch(variant, "            ", "{x} = {x} * alpha;", true)),
-        ("{{PV_MMA}}", pv),
-        ("{{O_STORE}}", through_scratch(variant, "    ", "", false)),
-    ] {
-        src = src.replace(key, &value);
-    }
-    if ablate.barrier {
-        // No barrier or flag in the tile loop, and so no rescale (timing only: races).
-        src = src
-            .replace("        workgroupBarrier(); // S in scratch\n", "")
-            .replace("workgroupUniformLoad(&rescale_any[t % 2u])", "0u");
-    }
-    format!("// {}{}\n{src}", variant.name(), ablate.comment())
+    let src = fill(
+        TEMPLATE,
+        &[
+            ("D", &d.to_string()),
+            ("BM", &variant.block_m().to_string()),
+            ("BN", &bn.to_string()),
+            ("CAUSAL", &variant.causal.to_string()),
+            ("BINDINGS", BINDINGS),
+            ("Q_LOAD", &q_load),
+            ("O_DECL", &o_decl),
+            ("S_MMA", &s_mma),
+            ("S_READ", &s_read),
+            ("P_WRITE", &p_write),
+            (
+                "O_RESCALE",
+                &through_scratch(variant, "            ", Some(&|x: &str| format!("{x} = {x} * alpha;"))),
+            ),
+            ("PV_MMA", &pv),
+            ("O_STORE", &through_scratch(variant, "    ", None)),
+        ],
+    );
+    format!("// {}\n{src}", variant.name())
 }
 
 /// S = Q·Kᵀ for the tile's keys (K rows from `k_at`), into the matrices `s{n}` (declared before):
-/// the k-blocks outermost, so that the `BN/16` products in flight are independent. None under
-/// the `qk` ablation (S stays zero).
-fn s_products(n_blocks: u32, d_blocks: u32, ablate: &Ablation) -> String {
+/// the k-blocks outermost, so that the `BN/16` products in flight are independent.
+fn s_products(n_blocks: u32, d_blocks: u32) -> String {
     let mut s = String::new();
-    for kb in (0..d_blocks).filter(|_| !ablate.qk) {
+    for kb in 0..d_blocks {
         for n in 0..n_blocks {
             let k_block =
                 format!("coopLoad<coop_mat16x16<f16, B>>(&k[k_at + {}u * D + {}u], D)", n * M, kb * M);
@@ -141,56 +134,24 @@ fn s_products(n_blocks: u32, d_blocks: u32, ablate: &Ablation) -> String {
     s
 }
 
-/// The matrices `s{n}`, scaled to log2 units, stored row by row to the subgroup's scratch (none
-/// under the `softmax` ablation).
-fn s_stores(n_blocks: u32, ablate: &Ablation) -> String {
+/// The matrices `s{n}`, scaled to log2 units, stored row by row to the subgroup's scratch.
+fn s_stores(n_blocks: u32) -> String {
     let mut s = String::new();
-    for n in (0..n_blocks).filter(|_| !ablate.softmax) {
+    for n in 0..n_blocks {
         let _ = writeln!(s, "        coopStoreT(P.scale_log2 * s{n}, &scratch[sc + {}u], BN);", n * M);
     }
     s
-}
-
-/// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
-/// kernel (`rot`); the walk visits column `(e + rot) % (block_n / 2)` at step `e`. Chosen so that
-/// at every step the 32 lanes read f32 scores, and write f16 probabilities, in 32 different
-/// banks of 4 bytes (checked by a test).
-pub fn start_column(lane: u32, block_n: u32) -> u32 {
-    lane * (block_n / 2) / 32
-}
-
-/// `ATTN_WGPU_COOP_DUMP=s|p`, for debugging the kernel only: code that writes the first key
-/// tile's masked scores (`s`) or probabilities (`p`) where O would go (columns up to the head
-/// dim) and stops; nothing otherwise. Read where the shader is generated, so set it before the
-/// first f16 call.
-fn dump_tile() -> String {
-    let source = match std::env::var("ATTN_WGPU_COOP_DUMP").as_deref().map(str::trim) {
-        Ok("s") => "vec4<f32>(scratch[x], scratch[x + 1u], scratch[x + 2u], scratch[x + 3u])",
-        Ok("p") => "vec4<f32>(f32(ps[x]), f32(ps[x + 1u]), f32(ps[x + 2u]), f32(ps[x + 3u]))",
-        _ => return String::new(),
-    };
-    [
-        "        // Debugging only (ATTN_WGPU_COOP_DUMP): this tile's S or P where O would go.",
-        "        for (var c = half * W; c < (half + 1u) * W; c += 4u) {",
-        "            if (q_row < P.seq_q && c < D) {",
-        "                let x = sc + row * BN + c;",
-        &format!("                let y = {source};"),
-        "                o[(bh * P.seq_q + q_row) * D4 + c / 4u] = vec4<f16>(max(y, vec4<f32>(-60000.0)));",
-        "            }",
-        "        }",
-        "        return;",
-    ]
-    .join("\n")
 }
 
 /// O's blocks through the subgroup's scratch, `BN/16` at a time: stored row-major, then each
 /// lane works on its half of its row. The hand-overs take workgroup barriers although the data is
 /// the subgroup's own: a subgroup barrier does not order workgroup memory under Vulkan (naga
 /// emits it with SubgroupMemory semantics, which Vulkan ignores). Both callers are in uniform
-/// control flow, and neither runs often (a rescale, or once at the end). `reload`: the lanes
-/// apply `update` (with `{x}` the element) and the blocks are loaded back (the rescale);
+/// control flow, and neither runs often (a rescale, or once at the end). With `update`: the lanes
+/// apply it to each element (its code for the element `x`) and the blocks are loaded back (the
+/// rescale);
 /// otherwise the lanes write their elements to the output, normalised (the end).
-fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> String {
+fn through_scratch(variant: &Variant, ind: &str, update: Option<&dyn Fn(&str) -> String>) -> String {
     let (d_blocks, n_blocks) = (variant.head_dim / M, variant.block_n() / M);
     let mut s = String::new();
     let mut first = 0;
@@ -208,10 +169,10 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
             width / 2,
             width / 2
         );
-        if reload {
+        if let Some(update) = update {
             for e in 0..4 {
                 let x = format!("scratch[sc + row * BN + c + {e}u]");
-                let _ = writeln!(s, "{ind}    {}", update.replace("{x}", &x));
+                let _ = writeln!(s, "{ind}    {}", update(&x));
             }
         } else {
             let _ = writeln!(s, "{ind}    if (q_row < P.seq_q) {{");
@@ -227,7 +188,7 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
         }
         let _ = writeln!(s, "{ind}}}");
         let _ = writeln!(s, "{ind}workgroupBarrier();");
-        if reload {
+        if update.is_some() {
             for i in 0..count {
                 let _ = writeln!(
                     s,
@@ -246,6 +207,14 @@ fn through_scratch(variant: &Variant, ind: &str, update: &str, reload: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where lane `lane` (of 32) starts its walk over its half row of a `block_n`-key tile in the
+    /// kernel (`rot`); the walk visits column `(e + rot) % (block_n / 2)` at step `e`. Chosen so that
+    /// at every step the 32 lanes read f32 scores, and write f16 probabilities, in 32 different
+    /// banks of 4 bytes (checked by a test).
+    fn start_column(lane: u32, block_n: u32) -> u32 {
+        lane * (block_n / 2) / 32
+    }
 
     /// At every step of the softmax walk, the 32 lanes (row = lane / 2, half = lane % 2) touch
     /// 32 different 4-byte banks, both reading scores (f32) and writing probabilities (f16; two

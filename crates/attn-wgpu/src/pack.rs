@@ -14,7 +14,7 @@ use half::f16;
 /// `rows` (q, then k and v; [`crate::plan::padded_rows`]). With `k_tiles` = `Some(bn)` (which
 /// `rows.1` is a multiple of), K is laid out transposed per tile of `bn` keys: each head's
 /// tile `t` is a `d_pad × bn` block, element (key `t·bn + n`, dim `d`) at `d·bn + n`, so that
-/// four consecutive keys at one dim are one vec4 (`Variant::k_direct`).
+/// four consecutive keys at one dim are one vec4 (`Variant::direct`).
 pub fn pack_inputs(
     problem: &Problem,
     inputs: &Inputs<'_>,

@@ -17,9 +17,8 @@ use attn_core::{
 /// the subgroup path needs subgroups at least this wide. 16 halves each invocation's share of O
 /// (and its registers) for twice the invocations per row (measured no faster on the H100). 4
 /// doubles it and halves the probability shuffles per FMA of P·V, but measured slower on the H100
-/// (229-255 registers, some spilled; bench/results/2026-11-23-h100-wgpu-levers-10d56fb); it
-/// comes last, so that only `ATTN_WGPU_ROW_THREADS=4` picks it (or an adapter too small for the
-/// others).
+/// (229-255 registers, some spilled; measured, see docs/experiments.md); it comes last, so that
+/// only `ATTN_WGPU_ROW_THREADS=4` picks it (or an adapter too small for the others).
 pub const ROW_THREADS: [u32; 3] = [8, 16, 4];
 /// Rows of each invocation's score micro-tile, and keys per key group.
 pub const MICRO: u32 = 4;
@@ -29,67 +28,23 @@ pub const MICRO: u32 = 4;
 /// `ATTN_WGPU_KEY_GROUPS=4` picks it (it needs more memory than the others, so the planner never
 /// reaches it on its own), except f32 D=64's measured shape (with Q in registers, faster).
 pub const KEY_GROUPS: [u32; 3] = [2, 1, 4];
-/// K/V stage buffers, fewest first: with 2, a stage is stored while the previous one is still
-/// being read, which saves one of each stage's two barriers for twice the chunk's memory.
-pub const STAGES: [u32; 2] = [1, 2];
-
 /// The shape measured fastest on the H100 (48 KiB of workgroup memory, subgroups of 32) for the
-/// grid's head dims: tried before the generic order of [`candidates`], where it fits; 8
-/// invocations per row each, and 64 rows but for D=128 (128 with either mask) and D=64 causal
-/// (128; both below). Timed with f32, from the 2026-11-23/24 runs named below; f16 on the FMA
-/// kernel (where the adapter has no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes the same
-/// shapes, timed so with the experiment of db5eb38: on the H100 12-24% faster at D=64 and
-/// 42-51% at D=128 than the shapes measured for it on 2026-11-22
-/// (bench/results/2026-11-22-h100-wgpu-explore, below), e.g. S=2048 32.9 / 30.0 against 27.1 /
-/// 24.2 TFLOP/s at D=64 (none / causal) and 33.2 / 30.9 against 23.3 / 20.5 at D=128
-/// (bench/results/2026-11-26-h100-wgpu-f16-fma-db5eb38).
-/// - f32 D=64: shuffled, 4x16 (128-key tiles), K in 32-column stages, V staged by keys (64 keys
-///   × 64 columns), Q in registers (16 KiB of workgroup memory): 29.4-29.6 non-causal, 27.0-28.7
-///   causal at S=2048-8192, against 27.1-27.3 and 26.1-27.2 for the 4x8 shape with Qᵀ in
-///   workgroup memory and V by columns in the same run
-///   (bench/results/2026-11-24-h100-wgpu-d64-34b98ae). None of the three changes was faster
-///   alone: 4x16 with Qᵀ 6-11% slower (bench/results/2026-11-23-h100-wgpu-levers-10d56fb), V by
-///   keys 3% slower (bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f), Q in registers the same
-///   (bench/results/2026-11-24-h100-wgpu-qregs-36126a5);
-/// - (f16 D=64 before: shuffled, 4x4, 64 columns: 27.6, the f32 choice then 26.7;)
-/// - f32 D=128: shuffled, 4x8, K in 64-column stages, V staged by keys (32 keys × 128 columns),
-///   Q in registers (16 KiB of workgroup memory): 28.5 non-causal, 28.6 causal, against 26.3 and
-///   25.6 with Qᵀ in workgroup memory in the same run (bench/results/2026-11-24-h100-wgpu-qregs-36126a5;
-///   V in 64-column stages 24.9, bench/results/2026-11-23-h100-wgpu-vkeys-f3ab45f);
-/// - (f16 D=128 before: through workgroup memory, 4x4, 64 columns: 23.9, shuffled at best
-///   22.7.)
-///
-/// f32's two shapes also interleave two row groups' lanes ([`Variant::interleave`]) where
-/// subgroups span 16 lanes: 4-7.5% faster on every row at both head dims, S=2048-8192, four no
-/// faster than two (bench/results/2026-11-24-h100-wgpu-interleave-2c3543a). f32 D=128
-/// non-causal takes 128 rows (243 registers, against 255 with spills for 64): 29.62 and 30.62
-/// against 29.07 and 29.74 at S=512 and 4096; causal 8-16% slower with 128, so it keeps 64
-/// (bench/results/2026-11-24-h100-wgpu-small-623af6f). Both split S = Q·Kᵀ over the head dim
-/// ([`Variant::split_d`]): at S=2048-8192, 7-8% faster non-causal at both head dims (D=64
-/// 33.4-33.7 against 31.2-31.6, D=128 33.0-33.2 against 30.5-30.8) and 1-5% faster causal at
-/// D=128 (bench/results/2026-11-24-h100-wgpu-split-ce51381). At D=64 causal, split with 64 rows
-/// was 3% slower at S=2048 and 4096, and with 128 rows 0.6%, 4% and 6% faster than Q shuffled
-/// at S=512, 2048 and 8192 (23.6, 29.9, 32.3; bench/results/2026-11-24-h100-wgpu-causal-rows-
-/// f30fa7b), so D=64 causal took 128 rows (at D=128 causal 128 rows were 5% slower at S=512).
-/// Since causal blocks start longest first across heads (b2ae7c7), 64 rows are faster at every
-/// length: 24.3, 28.1, 30.5, 32.1, 33.0 against 23.5, 27.4, 29.9, 31.2, 32.2 TFLOP/s at
-/// S=512-8192, two interleaved rounds within 0.3% (bench/results/2026-11-25-h100-wgpu-d64-rows-
-/// 1678343), so f32 D=64 takes 64 rows with either mask.
-///
-/// f32 D=128 skips the stages no row sees ([`Variant::skip_unseen`]) and takes 128 rows with
-/// either mask (bench/results/2026-11-26-h100-wgpu-skip-8f340b3): the driver then compiles it to
-/// 249 registers and no spill, where the form without the skip takes 255 and spills 5 KiB (64
-/// rows causal: 255, 7.5 KiB and 96 B of local memory). Non-causal, where nothing is skipped,
-/// 3.1-3.4% faster at S=512-8192 (33.9-34.1 against 32.8-33.0 at S >= 2048); causal 0.4% faster
-/// at S=2048 (31.78 against 31.65), 3.0% at 4096 and 4.0% at 8192, 0.3% slower at 1024. At D=64
-/// the same change made the driver's code 5-7% slower with either mask (its form without it
-/// does not spill), so D=64 keeps it off.
-///
-/// Since K/V loads are unguarded and the split butterfly sends early (98d3335), f32 D=64 causal
-/// takes 128 rows: 25.7, 30.0, 32.7, 34.2, 35.1 against 25.3, 29.3, 31.8, 33.3, 34.0 TFLOP/s at
-/// S=512-8192, where without a mask 64 rows stay 0.7-0.9% faster. The skip at D=64: with 64 rows
-/// 30.5, 32.2, 33.1, 33.5 at S=1024-8192 (faster than 128 rows only at 1024), with 128 rows 4-5%
-/// slower than without (bench/results/2026-11-26-h100-wgpu-d64-rows-98d3335).
+/// grid's head dims, tried before the generic order of [`candidates`] where it fits; f32's, which
+/// f16 on the FMA kernel (no cooperative matrices, or `ATTN_WGPU_COOP=0`) takes too (12-24%
+/// faster at D=64 and 42-51% at D=128 than the shapes measured for f16 before). Each choice was
+/// timed against its alternatives (measured, see docs/experiments.md; the commits are named
+/// there):
+/// - both head dims: 8 invocations per row, probabilities shuffled, V staged by keys, Q in
+///   registers (16 KiB of workgroup memory), two row groups' lanes interleaved where subgroups
+///   span 16 lanes (4-7.5% faster than one, four no faster than two), S = Q·Kᵀ split over the
+///   head dim (7-8% faster non-causal than Q shuffled);
+/// - f32 D=64: 4x16 micro-tiles (128-key tiles), K in 32-column stages (with V by keys and Q in
+///   registers 3-8% faster than the 4x8 shape; none of the three faster alone), 64 rows without a
+///   mask, 128 causal (since unguarded K/V loads, 25.7-35.1 against 25.3-34.0 TFLOP/s at
+///   S=512-8192), no skip of unseen stages (4-5% slower with it);
+/// - f32 D=128: 4x8 micro-tiles, K in 64-column stages, 128 rows, the stages no row sees
+///   skipped ([`Variant::skip_unseen`]): the driver then keeps it in 249 registers without
+///   spills, 3.1-3.4% faster non-causal (short causal problems: [`SHORT_CAUSAL_MAX_KEYS`]).
 fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
     // Rows, 4-key groups per invocation and row, head-dim columns per K stage, the skip.
     let (rows, key_groups, chunk, skip_unseen) = match head_dim {
@@ -97,11 +52,10 @@ fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
         128 => (128, 2, 64, true),
         _ => return None,
     };
-    // Both: probabilities shuffled, V staged by keys, Q in registers, two row groups' lanes
-    // interleaved, S split over the head dim.
+    // Both: V staged by keys, Q in registers, two row groups' lanes interleaved, S split over
+    // the head dim (all with probabilities shuffled: they need subgroups spanning a row).
     Some(Measured {
         rows,
-        p_shuffle: true,
         key_groups,
         chunk,
         v_by_keys: true,
@@ -113,19 +67,15 @@ fn measured_best(head_dim: u32, causal: bool) -> Option<Measured> {
 }
 
 /// The longest causal key length (`seq_k`) for which f32 D=128 takes its measured shape's
-/// 64-row form without `skip_unseen` instead (the planner's choice before 844ad52): on the H100
-/// the 128-row form was 5% slower at S=512 (25.1 against 26.4-26.6 TFLOP/s) and 0.4% at 1024
-/// (29.26 against 29.37), three interleaved rounds (bench/results/2026-11-26-h100-wgpu-short-9a0b333),
-/// and 0.4% faster at 2048 (bench/results/2026-11-26-h100-wgpu-skip-8f340b3); after the
-/// unguarded loads 6.4% slower at S=512 and 1.8% at 1024 (26.6 and 30.9 against 28.4 and 31.4;
-/// bench/results/2026-11-26-h100-wgpu-short-81d8ebc).
+/// 64-row form without `skip_unseen` instead: on the H100, after the unguarded loads, the
+/// 128-row form was 6.4% slower at S=512 and 1.8% at 1024 (26.6 and 30.9 against 28.4 and 31.4
+/// TFLOP/s), and faster from 2048 on (measured, see docs/experiments.md).
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 1024;
 
 /// The [`Variant`] fields that [`measured_best`] sets.
 struct Measured {
     /// Query rows per workgroup (64 or 128).
     rows: u32,
-    p_shuffle: bool,
     key_groups: u32,
     chunk: u32,
     v_by_keys: bool,
@@ -240,26 +190,18 @@ pub struct Variant {
     pub key_groups: u32,
     /// Head-dim columns of K or V staged at once; divides `head_dim`, multiple of 32.
     pub chunk: u32,
-    /// K/V stage buffers in workgroup memory (one of [`STAGES`]).
-    pub stages: u32,
     /// Bottom-right causal mask.
     pub causal: bool,
-    /// Row reductions with subgroup shuffles instead of workgroup memory.
+    /// Row reductions, and (FMA kernel, [`Variant::p_shuffle`]) the hand-over of probabilities
+    /// to the row's other invocations, by subgroup shuffles instead of through workgroup memory
+    /// (the reduction scratch and Pᵀ).
     pub subgroup: bool,
-    /// Probabilities handed to the row's other invocations by subgroup shuffles instead of
-    /// through workgroup memory (Pᵀ); needs `subgroup`.
-    pub p_shuffle: bool,
-    /// P·V reads V straight from its buffer (each head's K/V rows zero-padded to whole tiles)
-    /// instead of staging it through workgroup memory: no V stage barriers, and each key's
-    /// probabilities are shuffled once for all of the head dim rather than once per chunk.
-    /// Needs `p_shuffle`.
-    pub v_direct: bool,
     /// V is staged by keys rather than by head-dim columns: stage `c` of a tile's `NCH = D/DC`
     /// V stages holds keys `c·BN/NCH..(c+1)·BN/NCH` with all `D` columns (the same stage
     /// memory as `BN` keys × `DC` columns), so each key's probabilities are shuffled (or read
     /// from Pᵀ) once per tile for all of the head dim rather than once per chunk, and each
     /// stage's global loads are one contiguous run of V rows. Needs `chunk < head_dim` and `NCH`
-    /// dividing the tile's `BN/4` key quads; not with `v_direct`. On the H100: 5% faster at f32
+    /// dividing the tile's `BN/4` key quads; not with `direct`. On the H100: 5% faster at f32
     /// D=128 alone, 3% slower at D=64 alone; with Q in registers the default at both (see
     /// `measured_best`).
     pub v_by_keys: bool,
@@ -267,15 +209,18 @@ pub struct Variant {
     /// its four rows at dims `4·(k·TX + tx)..+3`, and S = Q·Kᵀ shuffles each dim's four values
     /// from the lane that holds it (one shuffle per dim, where Qᵀ costs one workgroup-memory
     /// load). Frees `BM·D` floats of workgroup memory, of which the driver keeps only 48 KiB
-    /// resident per SM. Needs `subgroup`; not with `k_direct`. On the H100: 8-12% faster at f32
+    /// resident per SM. Needs `subgroup`; not with `direct`. On the H100: 8-12% faster at f32
     /// D=128 (the default there, see `measured_best`); at D=64 the same alone, and 3-8% faster
     /// with V by keys and 4x16 micro-tiles (the default there).
     pub q_regs: bool,
-    /// S = Q·Kᵀ reads Kᵀ straight from the K buffer too, which packing lays out transposed per
-    /// tile of `BN` keys (`pack::pack_inputs`): no stages and no barriers in the tile loop at all,
-    /// and workgroup memory holds only Qᵀ (and Pᵀ or the reduction scratch where used). Comes
-    /// with `v_direct` and `chunk == head_dim`.
-    pub k_direct: bool,
+    /// K and V are read straight from their buffers instead of staged through workgroup
+    /// memory: S = Q·Kᵀ reads Kᵀ from the K buffer, which packing lays out transposed per tile
+    /// of `BN` keys (`pack::pack_inputs`), and P·V reads V rows (each head's K/V rows zero-padded
+    /// to whole tiles), one probability shuffle per key for all of the head dim. No stages and no
+    /// barriers in the tile loop; workgroup memory holds only Qᵀ (and Pᵀ or the reduction
+    /// scratch where used). Needs `subgroup` and `chunk == head_dim`. What an adapter with
+    /// WebGPU's 16 KiB of workgroup memory gets at D=256, where no staged shape fits.
+    pub direct: bool,
     /// Row groups whose lanes interleave in a subgroup (1, 2 or 4): invocation `lid` takes
     /// `tx = (lid / IL) % TX` and `ty = lid / (TX·IL) · IL + lid % IL`, so that the lanes `2k` and
     /// `2k + 1` (and, with 4, `k` and `k ^ 2`) belong to different row groups with the same `tx`
@@ -294,9 +239,8 @@ pub struct Variant {
     /// like V (`v_by_keys`), so that a stage holds whole rows of K. Lane `tx` accumulates key
     /// `j ^ tx` of each run in its register `j`, so that every lane sends the same register at
     /// every step and no select is needed. Needs `q_regs`, `v_by_keys`, one stage buffer and
-    /// whole key groups per stage; with `p_shuffle` off, the probabilities go through Pᵀ in
-    /// workgroup memory (knob-only: 7-9% slower on the H100 at f32 D=128,
-    /// bench/results/2026-11-26-h100-wgpu-pmem-8be65e5). On the H100 7-8% faster for f32's
+    /// whole key groups per stage, and `subgroup` (probabilities through Pᵀ instead were 7-9%
+    /// slower on the H100 at f32 D=128, and are retired). On the H100 7-8% faster for f32's
     /// measured shapes non-causal, and their default (see `measured_best`).
     pub split_d: bool,
     /// A tile's K and V stages (staged by keys) that hold no key the block sees (past `seq_k`,
@@ -317,15 +261,9 @@ pub enum Kernel {
     /// `kernels/flash.wgsl` ([`crate::shader`]): FMAs on 4 x 4·KG score micro-tiles; the f32
     /// kernel, and f16's where there are no cooperative matrices.
     Fma,
-    /// `kernels/flash_wide.wgsl` ([`crate::wide`]): FMAs on 8x8 register tiles, each invocation
-    /// 8 query rows × 8 keys of S and 8 rows × 8 columns of O, probabilities through workgroup
-    /// memory, no subgroup operations. `row_threads` is `D/8` (`BN = D`), `key_groups` 2,
-    /// `chunk` the head-dim columns of each K stage (V is staged by as many keys as fill the same
-    /// buffer), `BM = 8·row_groups`. Picked only by `ATTN_WGPU_WIDE=1` (timed slower).
-    Wide,
     /// `kernels/flash_coop.wgsl` ([`crate::coop`], f16 only): cooperative matrices, one
     /// subgroup of 32 per 16 query rows, `key_groups` 16-key blocks per tile; `row_threads`,
-    /// `chunk` and `stages` do not apply (8, the head dim, 1).
+    /// and `chunk` do not apply (8, the head dim).
     Coop,
 }
 
@@ -342,19 +280,23 @@ impl Variant {
             row_threads: ROW_THREADS[0],
             key_groups: 1,
             chunk: head_dim,
-            stages: 1,
             causal,
             subgroup: false,
-            p_shuffle: false,
-            v_direct: false,
             v_by_keys: false,
             q_regs: false,
-            k_direct: false,
+            direct: false,
             interleave: 1,
             split_d: false,
             skip_unseen: false,
             kernel,
         }
+    }
+
+    /// Probabilities handed to the row's other invocations by subgroup shuffles (the FMA kernel
+    /// with subgroups; through Pᵀ in workgroup memory even where subgroups could shuffle them,
+    /// they need more of it and were no faster, see docs/experiments.md).
+    pub fn p_shuffle(&self) -> bool {
+        self.subgroup && self.kernel == Kernel::Fma
     }
 
     /// Invocations per workgroup.
@@ -367,9 +309,6 @@ impl Variant {
 
     /// Query rows per workgroup.
     pub fn block_m(&self) -> u32 {
-        if self.kernel == Kernel::Wide {
-            return 8 * self.row_groups;
-        }
         self.row_groups * MICRO
     }
 
@@ -402,51 +341,45 @@ impl Variant {
             // S (f32) and P (f16) per 16 rows, the rescale flags (two, in 16 bytes).
             return bm * bn * (4 + 2) + 16;
         }
-        if self.kernel == Kernel::Wide {
-            // Qᵀ, one K/V stage, Pᵀ with its rows padded by a vec4, the reduction scratch (two
-            // vec4s per invocation).
-            return 4 * (bm * self.head_dim + bn * self.chunk + bn * (bm + 4) + 8 * self.threads());
-        }
         let red = if self.subgroup { 0 } else { self.row_threads * bm };
-        let p = if self.p_shuffle { 0 } else { bn * bm };
-        let kv = if self.k_direct { 0 } else { bn * self.chunk * self.stages };
+        let p = if self.p_shuffle() { 0 } else { bn * bm };
+        let kv = if self.direct { 0 } else { bn * self.chunk };
         let q = if self.q_regs { 0 } else { bm * self.head_dim };
         4 * (q + kv + p + red)
     }
 
     /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row, `_db` for two stage buffers, `_vd` for V read
-    /// straight from its buffer, `_vk` for V staged by keys, `_qr` for Q held in registers, `_kd`
-    /// for K straight from its buffer too, `_sd` for S split over the head dim).
+    /// `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
+    /// their buffers, `_vk` for V staged by keys, `_qr` for Q held in registers, `_il2` for two
+    /// row groups' lanes interleaved, `_sd` for S split over the head dim, `_sk` for unseen stages
+    /// skipped).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
             KernelType::F16 => "f16",
         };
         format!(
-            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}{}{}",
+            "flash_{ty}_d{}_m{}n{}_c{}_{}_{}{}{}",
             self.head_dim,
             self.block_m(),
             self.block_n(),
             self.chunk,
             if self.causal { "causal" } else { "full" },
             if self.subgroup { "sg" } else { "wgmem" },
-            if self.p_shuffle { "_pshfl" } else { "" },
+            if self.p_shuffle() { "_pshfl" } else { "" },
             if self.row_threads == ROW_THREADS[0] {
                 String::new()
             } else {
                 format!("_tx{}", self.row_threads)
             },
-            if self.stages == 2 { "_db" } else { "" },
-        ) + if self.v_direct { "_vd" } else { "" }
+        ) + if self.direct { "_vd" } else { "" }
             + if self.v_by_keys { "_vk" } else { "" }
             + if self.q_regs { "_qr" } else { "" }
-            + if self.k_direct { "_kd" } else { "" }
+            + if self.direct { "_kd" } else { "" }
             + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
             + if self.split_d { "_sd" } else { "" }
             + if self.skip_unseen { "_sk" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
-            + if self.kernel == Kernel::Wide { "_wide" } else { "" }
     }
 }
 
@@ -515,7 +448,6 @@ pub fn choose_among(
     let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
     let mut wanted: Vec<Variant> = coop
         .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
-        .chain(wide_candidates(ty, d, problem.is_causal()))
         .filter(|v| allowed(v))
         .collect();
     // Short causal problems at f32 D=128 take the measured shape's 64-row form, every stage
@@ -535,8 +467,8 @@ pub fn choose_among(
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
             what: format!(
-                "no {ty:?} kernel for head dim {d} matches the tile knobs (ATTN_WGPU_* or Wgpu::with_*) \
-                 on {}",
+                "no {ty:?} kernel for head dim {d} matches the tile pins (ATTN_WGPU_ROWS, _KEY_GROUPS, \
+                 _CHUNK, _ROW_THREADS, or Options) on {}",
                 caps.name
             ),
         });
@@ -621,22 +553,6 @@ pub fn choose_among(
              (ATTN_WGPU_COOP=0 for the FMA kernel)"
                 .into(),
         );
-    } else if variant.kernel == Kernel::Wide {
-        notes.push(format!(
-            "{} invocations, each an 8x8 tile of S and 8 rows x 8 columns of O (FMAs, two vec4 loads \
-             of each operand per 64); {memory}",
-            variant.threads()
-        ));
-        notes.push(format!(
-            "K staged {} of {d} head-dim columns at a time, V {} of {} keys at a time",
-            variant.chunk,
-            variant.chunk * variant.block_n() / d,
-            variant.block_n()
-        ));
-        notes.push(format!(
-            "row max/sum and probabilities through workgroup memory (Pᵀ, {} B); no subgroup operations",
-            4 * variant.block_n() * (variant.block_m() + 4)
-        ));
     } else {
         notes.push(format!(
             "{} invocations, each a {MICRO}x{} tile of S and {MICRO} rows x {} columns of O; {memory}",
@@ -644,8 +560,8 @@ pub fn choose_among(
             MICRO * variant.key_groups,
             d / variant.row_threads,
         ));
-        let staged = if variant.v_direct || variant.v_by_keys { "K" } else { "K and V" };
-        if variant.k_direct {
+        let staged = if variant.v_by_keys { "K" } else { "K and V" };
+        if variant.direct {
             notes.push(
                 "S = Q·Kᵀ reads Kᵀ straight from its buffer (packed transposed per tile): no stages, \
                  no barriers in the tile loop"
@@ -668,15 +584,12 @@ pub fn choose_among(
                 variant.block_n()
             ));
         }
-        if variant.v_direct {
+        if variant.direct {
             notes.push(
                 "P·V reads V straight from its buffer (each head's K/V rows padded to whole tiles): \
                  no V stages, one probability shuffle per key"
                     .into(),
             );
-        }
-        if variant.stages == 2 {
-            notes.push("two K/V stage buffers: one barrier per stage instead of two".into());
         }
         if variant.interleave > 1 {
             notes.push(format!(
@@ -704,7 +617,7 @@ pub fn choose_among(
                 variant.row_threads
             )
         });
-        notes.push(if variant.p_shuffle {
+        notes.push(if variant.p_shuffle() {
             "probabilities handed to the row's other invocations by subgroup shuffles".into()
         } else {
             format!(
@@ -741,32 +654,26 @@ pub fn choose_among(
     if caps.kind == DeviceKind::SoftwareGpu {
         notes.push(format!("{} is a software rasteriser on the CPU: correct, slow", caps.name));
     }
-    let tiles = Tiles {
-        block_m: variant.block_m() as usize,
-        block_n: variant.block_n() as usize,
-        stages: variant.stages as usize,
-    };
+    let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
     Ok(Choice { variant, launch, tiles, device_bytes, notes })
 }
 
-/// Every variant for this dtype, head dim and mask, in order of preference: probabilities
-/// exchanged by shuffles where subgroups allow (no Pᵀ in workgroup memory), then more rows per
-/// workgroup (K/V tiles reused by more queries), then wider micro-tiles, then more of the head
-/// dim per stage (fewer barriers); first of all, where there is one, the shape measured
-/// fastest for this dtype and head dim (`measured_best`). Variants with 16 invocations per row
-/// come after all those with 8, where the head dim and chunk give each invocation at least one
-/// vec4 of O per row (`D` and `DC` multiples of 64); then the same with two stage buffers
-/// ([`STAGES`]; 8-12% slower on the H100, so only chosen by the knob); then, last of all, the
-/// shapes that read V straight from its buffer ([`Variant::v_direct`]), also with 128 rows, and
-/// those that read K so as well ([`Variant::k_direct`]): until timed, chosen only by their knobs
-/// or where nothing else fits the adapter (K read from its buffer needs workgroup memory for Qᵀ
-/// alone), 128 rows with 16 invocations per row (timed no faster), and the staged shapes again
-/// with V staged by keys ([`Variant::v_by_keys`]: only f32's measured shapes, first, were
-/// timed faster, so the others are knob-only), and Q held in registers ([`Variant::q_regs`]:
-/// the same, f32's measured shapes first). Right after the measured shapes come the same with
-/// other interleaves of row groups' lanes ([`Variant::interleave`]). A variant uses subgroup
-/// operations where the adapter's smallest subgroup (`subgroup_min`) spans a row's invocations.
-/// No variant is listed twice.
+/// Every variant for this dtype, head dim and mask, in order of preference; the planner takes
+/// the first that fits the adapter. First, where there is one, the shape measured fastest for
+/// this head dim (`measured_best`), then the same with the other of 64 and 128 rows (what an
+/// adapter with fewer invocations takes, and, for f32 D=128, short causal problems: see
+/// `SHORT_CAUSAL_MAX_KEYS`). Then the generic shapes: probabilities exchanged by shuffles where
+/// subgroups allow (no Pᵀ in workgroup memory), then more rows per workgroup (K/V tiles reused
+/// by more queries), then wider micro-tiles, then more of the head dim per stage (fewer
+/// barriers), 8 invocations per row before 16 and 4. Last, K and V read straight from their
+/// buffers ([`Variant::direct`]), for adapters where no staged shape fits (D=256 with WebGPU's
+/// 16 KiB). A variant uses subgroup operations where the adapter's
+/// smallest subgroup (`subgroup_min`) spans a row's invocations. No variant is listed twice.
+///
+/// Alternatives that were measured and rejected (two stage buffers, V staged by keys or Q in
+/// registers outside the measured shapes, V alone read from its buffer, other interleaves, S
+/// not split in the measured shapes, probabilities through Pᵀ where subgroups could shuffle
+/// them, the 8x8 kernel) are retired: see docs/experiments.md.
 pub fn candidates(
     ty: KernelType,
     head_dim: u32,
@@ -774,64 +681,65 @@ pub fn candidates(
     subgroup_min: Option<u32>,
 ) -> impl Iterator<Item = Variant> {
     let spans = move |row_threads: u32| subgroup_min.is_some_and(|m| m >= row_threads);
-    let variant = move |p_shuffle, stages, row_threads, row_groups, key_groups, chunk| Variant {
+    let variant = move |row_threads, row_groups, key_groups, chunk| Variant {
         row_groups,
         row_threads,
         key_groups,
         chunk,
-        stages,
         subgroup: spans(row_threads),
-        p_shuffle,
         ..Variant::plain(ty, head_dim, causal, Kernel::Fma)
     };
-    let mut all: Vec<Variant> = measured_best(head_dim, causal)
-        .filter(|m| spans(ROW_THREADS[0]) || !(m.p_shuffle || m.q_regs))
-        .map(|m| Variant {
+    // The measured shape, with its lanes interleaved where a subgroup spans them; then its form
+    // with the other of 64 and 128 rows (which holds Q in registers too, so costs no more
+    // workgroup memory), and, where the measured shape skips unseen stages, that form loading
+    // every stage (f32 D=128's choice for short causal problems).
+    let other_rows = |groups: u32| if groups == ROW_GROUPS[0] { 2 * ROW_GROUPS[0] } else { ROW_GROUPS[0] };
+    let mut all: Vec<Variant> = Vec::new();
+    if let Some(m) = measured_best(head_dim, causal).filter(|_| spans(ROW_THREADS[0])) {
+        let v = Variant {
             v_by_keys: m.v_by_keys,
             q_regs: m.q_regs,
             interleave: if spans(ROW_THREADS[0] * m.interleave) { m.interleave } else { 1 },
             split_d: m.split_d,
             skip_unseen: m.skip_unseen,
-            ..variant(m.p_shuffle, STAGES[0], ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
-        })
-        .into_iter()
-        .collect();
-    let measured = all.len();
-    for stages in STAGES {
-        for row_threads in ROW_THREADS {
-            let exchanges: &[bool] = if spans(row_threads) { &[true, false] } else { &[false] };
-            // Stages of whole vec4s of O per invocation and row, dividing the head dim.
-            let chunks: Vec<u32> = (1..=head_dim / 32)
-                .rev()
-                .map(|k| k * 32)
-                .filter(|c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads))
-                .collect();
-            for &p_shuffle in exchanges {
-                for row_groups in ROW_GROUPS {
-                    for key_groups in KEY_GROUPS {
-                        for &chunk in &chunks {
-                            let v = variant(p_shuffle, stages, row_threads, row_groups, key_groups, chunk);
-                            // The measured shape is already first.
-                            if !all[..measured].contains(&v) {
-                                all.push(v);
-                            }
-                        }
+            ..variant(ROW_THREADS[0], m.rows / MICRO, m.key_groups, m.chunk)
+        };
+        all.push(v);
+        let other = Variant { row_groups: other_rows(v.row_groups), ..v };
+        let forms = [Some(other), other.skip_unseen.then_some(Variant { skip_unseen: false, ..other })];
+        let fits = |w: &Variant| {
+            !(w.subgroup && w.q_regs)
+                || (spans(w.row_threads * w.interleave) && w.row_groups.is_multiple_of(w.interleave))
+        };
+        all.extend(forms.into_iter().flatten().filter(fits));
+    }
+    let measured = all.len().min(1);
+    for row_threads in ROW_THREADS {
+        // Stages of whole vec4s of O per invocation and row, dividing the head dim.
+        let chunks: Vec<u32> = (1..=head_dim / 32)
+            .rev()
+            .map(|k| k * 32)
+            .filter(|c| head_dim.is_multiple_of(*c) && c.is_multiple_of(4 * row_threads))
+            .collect();
+        for row_groups in ROW_GROUPS {
+            for key_groups in KEY_GROUPS {
+                for &chunk in &chunks {
+                    let v = variant(row_threads, row_groups, key_groups, chunk);
+                    // The measured shape is already first.
+                    if !all[..measured].contains(&v) {
+                        all.push(v);
                     }
                 }
             }
         }
     }
-    // V straight from its buffer, last: only `ATTN_WGPU_V_DIRECT=1` picks it until it is timed.
-    // One stage buffer (it then holds only K chunks, at the same size), 8 invocations per row,
-    // shuffled probabilities; also with 128 rows (256 invocations), twice the Qᵀ memory, so only
-    // at small head dims (`ATTN_WGPU_ROWS=128` picks those). In the order above, with Qᵀ in
-    // workgroup memory (a measured shape's V by keys, Q in registers, interleave and split S
-    // dropped, and at most 64 rows).
+    // K and V straight from their buffers, last: the shuffled shapes of 8 invocations per row
+    // with the whole head dim in one pass and Qᵀ in workgroup memory.
     let direct: Vec<Variant> = all
         .iter()
-        .filter(|v| v.p_shuffle && v.stages == STAGES[0] && v.row_threads == ROW_THREADS[0])
+        .filter(|v| v.p_shuffle() && v.row_threads == ROW_THREADS[0])
         .map(|&v| Variant {
-            v_direct: true,
+            direct: true,
             v_by_keys: false,
             q_regs: false,
             interleave: 1,
@@ -840,110 +748,9 @@ pub fn candidates(
             row_groups: v.row_groups.min(ROW_GROUPS[0]),
             ..v
         })
-        .fold(Vec::new(), push_new);
-    let tall: Vec<Variant> = direct
-        .iter()
-        .filter(|v| v.row_groups == ROW_GROUPS[0])
-        .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
-        .collect();
-    // Then K straight from its buffer as well, last of all (`ATTN_WGPU_K_DIRECT=1`): the same
-    // shapes with the whole head dim in one pass.
-    let k_direct: Vec<Variant> = direct
-        .iter()
-        .chain(&tall)
         .filter(|v| v.chunk == head_dim)
-        .map(|&v| Variant { k_direct: true, ..v })
-        .collect();
-    // Then 128 rows with 16 invocations per row, staged (`ATTN_WGPU_ROWS=128` with
-    // `ATTN_WGPU_ROW_THREADS=16`): 512 invocations sharing one Qᵀ, twice the warps of any other
-    // shape per KiB of workgroup memory, which the driver allows only 48 KiB of per SM
-    // (bench/results/2026-11-23-h100-wgpu-residency-5215df6). Knob-only until timed.
-    let tall_tx16: Vec<Variant> = all
-        .iter()
-        .filter(|v| v.row_threads == 16 && v.row_groups == ROW_GROUPS[0] && v.stages == STAGES[0])
-        .map(|&v| Variant { row_groups: 2 * ROW_GROUPS[0], ..v })
-        .collect();
-    // Then every staged shape above with V staged by keys ([`Variant::v_by_keys`]), where its
-    // V stages can split the tile's keys (`ATTN_WGPU_V_KEYS=1`): timed faster only for the
-    // measured shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
-    let by_keys: Vec<Variant> = all[measured..]
-        .iter()
-        .chain(&tall_tx16)
-        .filter(|v| v.chunk < head_dim && (v.block_n() / MICRO).is_multiple_of(head_dim / v.chunk))
-        .map(|&v| Variant { v_by_keys: true, ..v })
-        .filter(|v| !all[..measured].contains(v))
-        .collect();
-    // Then, last, Q in registers ([`Variant::q_regs`], `ATTN_WGPU_Q_REGS=1`): the staged shapes
-    // (V by keys too) with one stage buffer and 8 or 16 invocations per row (16 halve each
-    // invocation's registers of Q and O) spanned by a subgroup, also with 128 rows, which then
-    // cost no more workgroup memory than 64; head dims up to 128 (at 256, or with 4 per row at
-    // 128, Q and O would take 256 registers per invocation). Timed faster only for the measured
-    // shapes of f32 (D=64, D=128), which are first, so the rest are knob-only.
-    let q_regs: Vec<Variant> = if head_dim > 128 {
-        Vec::new()
-    } else {
-        all.iter()
-            .chain(&by_keys)
-            .filter(|v| v.subgroup && v.stages == STAGES[0] && matches!(v.row_threads, 8 | 16))
-            .flat_map(|&v| {
-                let tall =
-                    (v.row_groups == ROW_GROUPS[0]).then_some(Variant { row_groups: 2 * ROW_GROUPS[0], ..v });
-                [Some(v), tall].into_iter().flatten()
-            })
-            .map(|v| Variant { q_regs: true, interleave: 1, ..v })
-            // Not the measured shapes again (f32's hold Q in registers already), and 128 rows
-            // once (they come both from 64 and from the tall shapes above).
-            .filter(|v| !all[..measured].contains(v))
-            .fold(Vec::new(), push_new)
-    };
-    all.extend(direct);
-    all.extend(tall);
-    all.extend(k_direct);
-    all.extend(tall_tx16);
-    // Right after the measured shapes, the same with their row groups' lanes interleaved
-    // otherwise ([`Variant::interleave`], `ATTN_WGPU_INTERLEAVE=1|2|4`), where a subgroup spans
-    // them: knob-only, as they need what the measured shape needs (f32's interleave two, 4-7.5%
-    // faster than one; four no faster than two). Also with the other of 64 and 128 rows, which
-    // an adapter with fewer invocations than f32 D=128's measured 128 rows then takes (with the
-    // measured interleave, first). Only f32's shapes, which hold Q in registers (so 128 rows
-    // cost no more workgroup memory than 64) and were timed so.
-    let other_rows = |groups: u32| if groups == ROW_GROUPS[0] { 2 * ROW_GROUPS[0] } else { ROW_GROUPS[0] };
-    let interleaved: Vec<Variant> = all[..measured]
-        .iter()
-        .filter(|v| v.subgroup && v.q_regs)
-        .flat_map(|&v| [v, Variant { row_groups: other_rows(v.row_groups), ..v }])
-        .flat_map(|v| [v.interleave, 1, 2, 4].map(|interleave| Variant { interleave, ..v }))
-        .filter(|v| spans(v.row_threads * v.interleave) && v.row_groups.is_multiple_of(v.interleave))
-        .collect();
-    // Then the same with S = Q·Kᵀ split over the head dim or not, whichever the measured shape
-    // does not ([`Variant::split_d`], `ATTN_WGPU_SPLIT_D=1|0`): knob-only.
-    let split: Vec<Variant> = interleaved
-        .iter()
-        .map(|&v| Variant { split_d: !v.split_d, skip_unseen: false, ..v })
-        .filter(|v| {
-            let stages_hold_key_groups =
-                v.chunk < head_dim && v.key_groups.is_multiple_of(head_dim / v.chunk);
-            !v.split_d || (v.v_by_keys && v.p_shuffle && v.stages == 1 && stages_hold_key_groups)
-        })
-        .collect();
-    all.extend(by_keys);
-    all.extend(q_regs);
-    let rest = all.split_off(measured);
-    let all = interleaved.into_iter().chain(split).chain(rest).fold(all, push_new);
-    // Each shape with S split over the head dim, then the same with the stages no row sees
-    // skipped or not, whichever it does not ([`Variant::skip_unseen`], `ATTN_WGPU_SKIP_UNSEEN=1|0`),
-    // then both with the probabilities handed over through workgroup memory instead of shuffles
-    // (`ATTN_WGPU_P_SHUFFLE=0`): knob-only but for the measured shapes' own choice.
-    all.into_iter()
-        .flat_map(|v| {
-            let other = v.split_d.then_some(Variant { skip_unseen: !v.skip_unseen, ..v });
-            let in_memory = |v: Option<Variant>| {
-                v.filter(|v| v.split_d && v.p_shuffle).map(|v| Variant { p_shuffle: false, ..v })
-            };
-            [Some(v), other, in_memory(Some(v)), in_memory(other)].into_iter().flatten()
-        })
-        .fold(Vec::new(), push_new)
-        .into_iter()
+        .fold(Vec::new(), push_new);
+    direct.into_iter().fold(all, push_new).into_iter()
 }
 
 /// Appends `v` to `list` unless it is there already (for `fold`, keeping the first place).
@@ -954,40 +761,13 @@ fn push_new(mut list: Vec<Variant>, v: Variant) -> Vec<Variant> {
     list
 }
 
-/// Row groups (`TY`) of the 8x8 kernel ([`Kernel::Wide`]), largest first: `BM` = 128 down to 8.
-pub const WIDE_ROW_GROUPS: [u32; 5] = [16, 8, 4, 2, 1];
-
-/// The 8x8 kernel's shapes ([`Kernel::Wide`]) for head dim `head_dim` (a multiple of 32): more
-/// rows per workgroup first, then wider K stages (fewer barriers); `D/8` invocations per row
-/// group, so tiles of `D` keys. After every shape of [`candidates`] in the planner's order, so
-/// that until it is timed only `ATTN_WGPU_WIDE=1` picks it (or an adapter that fits nothing
-/// else).
-pub fn wide_candidates(ty: KernelType, head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let chunks = [64, 32, 16, 8].into_iter().filter(move |c| *c <= head_dim && head_dim.is_multiple_of(*c));
-    WIDE_ROW_GROUPS.into_iter().flat_map(move |row_groups| {
-        chunks.clone().map(move |chunk| Variant {
-            row_groups,
-            row_threads: head_dim / 8,
-            key_groups: 2,
-            chunk,
-            ..Variant::plain(ty, head_dim, causal, Kernel::Wide)
-        })
-    })
-}
-
-/// The cooperative-matrix kernel's shapes for head dim `head_dim` (a multiple of 16), fastest on
-/// the H100 first: 16 rows per workgroup (one subgroup of 32) and 16-key tiles, 1.5 KiB of
-/// workgroup memory, so that 32 subgroups fit in the 48 KiB the driver keeps resident per SM:
-/// 7-18% faster than 32-key tiles at S=512 and 4096, D=64, and 2-11% at D=128; 32 or 64 rows
-/// with them slower (bench/results/2026-11-24-h100-wgpu-coop-keys-1a1a49b). Then 16, 32 and 64
-/// rows with 32-key tiles (the default until then), and 32 and 64 rows with 16-key tiles: all
-/// reached only through `ATTN_WGPU_COOP_KEYS` and `ATTN_WGPU_COOP_ROWS`, as the first fits
-/// wherever they do. Then 64-key tiles, which only `ATTN_WGPU_COOP_KEYS=64` picks: on the H100
-/// they failed `attn verify` in causal cases with large scores, where a tile after the first
-/// rescales O, while 32-key tiles passed the same grid
-/// (bench/results/2026-11-23-h100-wgpu-coop-n32-*).
+/// The cooperative-matrix kernel's shape for head dim `head_dim` (a multiple of 16): 16 rows per
+/// workgroup (one subgroup of 32) and 16-key tiles, 1.5 KiB of workgroup memory, so that 32
+/// subgroups fit in the 48 KiB the driver keeps resident per SM: on the H100 7-18% faster than
+/// 32-key tiles at S=512 and 4096, D=64, and 2-11% at D=128; 32 or 64 rows slower; 64-key tiles
+/// failed verification (measured, see docs/experiments.md).
 pub fn coop_candidates(head_dim: u32, causal: bool) -> impl Iterator<Item = Variant> {
-    let shapes = [(16, 16), (16, 32), (32, 32), (64, 32), (32, 16), (64, 16), (16, 64), (32, 64), (64, 64)];
+    let shapes = [(16, 16)];
     shapes.into_iter().filter(move |_| head_dim.is_multiple_of(16)).map(move |(bm, bn): (u32, u32)| Variant {
         row_groups: bm / MICRO,
         key_groups: bn / 16,
@@ -1016,10 +796,9 @@ mod tests {
         }
     }
 
-    /// The shapes that only knobs should pick (V, or K and V, read straight from their buffers;
-    /// 128 rows; Q in registers or interleaved lanes other than f32's measured shapes) are the
-    /// planner's own choice only where no other shape fits the adapter (at D=256 with 16 KiB,
-    /// only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
+    /// K and V read straight from their buffers, and 128 rows or Q in registers outside f32's
+    /// measured shapes, are the planner's choice only where no other shape fits the adapter (at
+    /// D=256 with 16 KiB, only Qᵀ of 16 rows does), on any adapter size, head dim, dtype or mask.
     #[test]
     fn knob_only_shapes_are_chosen_only_where_nothing_else_fits() {
         let mut chosen_alone = 0;
@@ -1053,13 +832,13 @@ mod tests {
                                 assert!(v.interleave == 1 || form, "{}", v.name());
                                 let measured =
                                     form && measured_best(v.head_dim, v.causal).is_some_and(|m| m.q_regs);
-                                if v.v_direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
+                                if v.direct || ((v.block_m() > 64 || v.q_regs) && !measured) {
                                     let fits = |w: &Variant| {
                                         w.shared_bytes() <= caps.workgroup_storage
                                             && w.threads() <= caps.invocations
                                     };
                                     let other = candidates(v.ty, v.head_dim, causal, subgroup_min)
-                                        .find(|w| !w.v_direct && w.block_m() <= 64 && !w.q_regs && fits(w));
+                                        .find(|w| !w.direct && w.block_m() <= 64 && !w.q_regs && fits(w));
                                     assert!(other.is_none(), "{} chosen over {:?}", v.name(), other);
                                     chosen_alone += 1;
                                 }
@@ -1117,7 +896,6 @@ mod tests {
                                 row_groups: first.row_groups,
                                 split_d: first.split_d,
                                 skip_unseen: first.skip_unseen,
-                                p_shuffle: first.p_shuffle,
                                 ..*v
                             };
                             assert!(!v.skip_unseen || v.split_d, "{}", v.name());
@@ -1169,21 +947,14 @@ mod tests {
         }
     }
 
-    /// The 8x8 kernel is planned by its knob alone, and a knob that leaves only shapes too big
-    /// for the adapter is a typed error naming the smallest of them, not a panic.
+    /// Pins that leave only shapes too big for the adapter are a typed error naming the
+    /// smallest of them, not a panic.
     #[test]
-    fn the_wide_kernel_only_by_knob_and_too_big_is_a_typed_error() {
-        let p = Problem::new(Shape::new(1, 2, 300, 64), DType::F32);
-        assert_eq!(choose(&p, &lavapipe()).unwrap().variant.kernel, Kernel::Fma);
-        let v = choose_among(&p, &lavapipe(), &|v| v.kernel == Kernel::Wide).unwrap().variant;
+    fn too_big_for_the_pins_is_a_typed_error() {
+        let p = Problem::new(Shape::new(1, 2, 300, 256), DType::F32);
+        let tall = choose_among(&p, &lavapipe(), &|v| v.direct && v.block_m() == 64);
         assert!(
-            v.kernel == Kernel::Wide && v.block_n() == 64 && v.shared_bytes() <= 32 * 1024,
-            "{}",
-            v.name()
-        );
-        let tall = choose_among(&p, &lavapipe(), &|v| v.kernel == Kernel::Wide && v.block_m() == 128);
-        assert!(
-            matches!(&tall, Err(Error::OverDeviceLimit { kernel, .. }) if kernel.contains("_m128n64_") && kernel.ends_with("_wide")),
+            matches!(&tall, Err(Error::OverDeviceLimit { kernel, .. }) if kernel.contains("_m64n") && kernel.ends_with("_vd_kd")),
             "{tall:?}"
         );
     }
@@ -1215,7 +986,7 @@ mod tests {
             };
             let v = choose(&p, &caps).unwrap().variant;
             assert!(v.shared_bytes() <= kib * 1024, "{}", v.name());
-            (v.block_m(), v.block_n(), v.chunk, v.p_shuffle)
+            (v.block_m(), v.block_n(), v.chunk, v.p_shuffle())
         };
         // With subgroups, P is shuffled and takes no workgroup memory: f32 D=128 and D=64 get
         // their measured tiles with Q in registers wherever their K/V chunk (16 KiB: 64 keys x
@@ -1231,21 +1002,21 @@ mod tests {
         let p = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
         let caps = AdapterCaps { workgroup_storage: 48 * 1024, subgroup_min: Some(32), ..lavapipe() };
         let v = choose(&p, &caps).unwrap().variant;
-        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle), (128, 64, 64, true));
+        assert_eq!((v.block_m(), v.block_n(), v.chunk, v.p_shuffle()), (128, 64, 64, true));
     }
 
     #[test]
     fn shared_bytes_formula() {
         let v = Variant { row_groups: 8, ..Variant::plain(KernelType::F32, 64, false, Kernel::Fma) };
-        assert_eq!((v.row_threads, v.key_groups, v.chunk, v.stages), (8, 1, 64, 1));
+        assert_eq!((v.row_threads, v.key_groups, v.chunk), (8, 1, 64));
         // Qᵀ 32x64, K/V 32x64, Pᵀ 32x32, scratch 8x32, f32.
         assert_eq!(v.shared_bytes(), 4 * (32 * 64 + 32 * 64 + 32 * 32 + 8 * 32));
         // Twice the keys: K/V 64x64, Pᵀ 64x32.
-        let two_groups = Variant { key_groups: 2, subgroup: true, ..v };
+        let two_groups = Variant { key_groups: 2, ..v };
         assert_eq!(two_groups.block_n(), 64);
-        assert_eq!(two_groups.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32));
-        // P shuffled: no Pᵀ.
-        let shuffled = Variant { p_shuffle: true, ..two_groups };
+        assert_eq!(two_groups.shared_bytes(), 4 * (32 * 64 + 64 * 64 + 64 * 32 + 8 * 32));
+        // Subgroups: P shuffled and the rows reduced by shuffles, so neither Pᵀ nor the scratch.
+        let shuffled = Variant { subgroup: true, ..two_groups };
         assert_eq!(shuffled.shared_bytes(), 4 * (32 * 64 + 64 * 64));
     }
 

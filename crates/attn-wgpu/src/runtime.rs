@@ -5,6 +5,7 @@
 //! installs one that records the message instead, and every call that can fail is wrapped in an
 //! error scope, so that a mistake becomes an [`Error`] and never a panic or a lost device.
 
+use crate::options::{Checks, Options};
 use crate::plan::{AdapterCaps, Variant};
 use crate::shader;
 use attn_core::{DeviceKind, Error, Result};
@@ -36,13 +37,13 @@ impl Gpu {
     /// Opens the preferred adapter (high performance; `WGPU_ADAPTER_NAME` and `WGPU_BACKEND`
     /// are honoured) with its real limits, not wgpu's defaults, and the optional features the
     /// kernel uses. Returns why not, as a sentence, when there is none.
-    pub fn open() -> std::result::Result<Gpu, String> {
+    pub fn open(options: &Options) -> std::result::Result<Gpu, String> {
         // A missing loader can surface as a panic inside a driver probe; never let it escape.
-        std::panic::catch_unwind(Self::open_inner)
+        std::panic::catch_unwind(|| Self::open_inner(options))
             .unwrap_or_else(|_| Err(format!("{NO_ADAPTER} (wgpu panicked while probing)")))
     }
 
-    fn open_inner() -> std::result::Result<Gpu, String> {
+    fn open_inner(settings: &Options) -> std::result::Result<Gpu, String> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         if std::env::var_os("WGPU_BACKEND").is_none() {
             desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
@@ -67,7 +68,8 @@ impl Gpu {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
-        let coop_f16 = coop_wanted(&info) && coop_f16_offered(&adapter);
+        let coop_wanted = settings.coop.unwrap_or(info.vendor == NVIDIA);
+        let coop_f16 = coop_wanted && coop_f16_offered(&adapter);
         if coop_f16 {
             // Its SPIR-V is compiled here and passed through (crate::spirv says why).
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
@@ -80,7 +82,7 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             // SAFETY: wgpu's experimental cooperative matrices, asked for only where the adapter
             // offers them and the kernel that uses them has passed verification on that vendor's
-            // driver (or ATTN_WGPU_COOP=1 says to try); see `coop_wanted`.
+            // driver (or ATTN_WGPU_COOP=1 says to try); see `NVIDIA`.
             experimental_features: if coop_f16 {
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
@@ -112,7 +114,7 @@ impl Gpu {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_f16,
         };
-        let coop_note = match (coop_wanted(&info), coop_f16) {
+        let coop_note = match (coop_wanted, coop_f16) {
             (true, true) => {
                 "; f16 on cooperative matrices (wgpu's experimental feature; ATTN_WGPU_COOP=0 turns it off)"
             }
@@ -168,7 +170,7 @@ impl Gpu {
             layout,
             pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
-            checks: Checks::from_env(),
+            checks: settings.checks,
             uncaptured,
         })
     }
@@ -186,9 +188,8 @@ impl Gpu {
         let source = shader::generate(variant);
         let name = variant.name();
         let spirv = if variant.kernel == crate::plan::Kernel::Coop {
-            let words =
-                crate::spirv::compile_coop(&source, self.checks, crate::spirv::MemoryModel::from_env())
-                    .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;
+            let words = crate::spirv::compile_coop(&source, self.checks)
+                .map_err(|e| Error::backend("wgpu", format!("compiling {name}: {e}")))?;
             Some(words)
         } else {
             None
@@ -202,7 +203,7 @@ impl Gpu {
             // `pack::pack_inputs`), and the buffer sizes `plan::choose` derives from the same
             // problem); `Checks` says which
             // promise each mode leans on. The passed-through SPIR-V is naga's output for the
-            // validated module, changed only as `spirv::MemoryModel` says (its memory-model
+            // validated module, changed only by `spirv::annotate_vulkan_memory_model` (its memory-model
             // declaration or annotations), and its bindings are the layout's.
             let module = match &spirv {
                 Some(words) => unsafe {
@@ -264,20 +265,10 @@ impl Gpu {
 }
 
 /// PCI vendor id of NVIDIA, the one vendor whose driver has run the cooperative-matrix kernel
-/// through `attn verify` (the H100, driver 580.159.04).
+/// through `attn verify` (the H100, driver 580.159.04): the device is opened with cooperative
+/// matrices there by default, so that f16 problems run on the cooperative-matrix kernel, and
+/// elsewhere only where `ATTN_WGPU_COOP=on` asks ([`crate::options::COOP`]).
 const NVIDIA: u32 = 0x10de;
-
-/// Whether to open the device with cooperative matrices (where the adapter has them), so that
-/// f16 problems run on the cooperative-matrix kernel ([`crate::coop`]): by default on NVIDIA
-/// adapters, where it has passed verification; `ATTN_WGPU_COOP=1` asks for it on any adapter,
-/// `ATTN_WGPU_COOP=0` turns it off.
-fn coop_wanted(info: &wgpu::AdapterInfo) -> bool {
-    match std::env::var("ATTN_WGPU_COOP").as_deref().map(str::trim) {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => info.vendor == NVIDIA,
-    }
-}
 
 /// The adapter offers what the cooperative-matrix kernel needs: the feature, a 16×16×16
 /// configuration with f16 inputs and f32 accumulators, and subgroups of exactly 32 (the kernel
@@ -295,69 +286,6 @@ fn coop_f16_offered(adapter: &wgpu::Adapter) -> bool {
         && adapter.cooperative_matrix_properties().iter().any(|p| {
             (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == S::F16 && p.cr_type == S::F32
         })
-}
-
-/// Which of naga's run-time guards the kernel is compiled with (`ATTN_WGPU_CHECKS`).
-///
-/// The default is none of them, because both promises they stand in for hold by construction:
-/// - every loop ends: its bound is a constant of the variant or a uniform size, never data;
-/// - every index is in bounds: workgroup arrays are indexed by loop counters whose limits are
-///   the arrays' own dimensions (`kernels/flash.wgsl` spells each out), and storage buffers by
-///   rows below `seq_q` (Q and O: each load and store is guarded) times the padded head dim,
-///   which is how `plan::choose` sizes the buffers; K and V reads (the FMA kernels') and the
-///   cooperative-matrix kernel's matrix loads are not guarded but stay inside the tiles a block
-///   sees, within each head's rows, which are padded to whole tiles (`plan::padded_rows`); the
-///   verify suite runs this default;
-/// - every integer divisor is non-zero (without checks naga emits plain divisions): the kernel
-///   divides only by constants and by head counts and the group size, which
-///   `Problem::validate` requires to be positive.
-///
-/// What they cost on the H100 (f32, D=128; bench/results/2026-11-22-h100-wgpu-explore): the
-/// loop caps halved the kernel's rate (S=8192: 9.7 TFLOP/s with them, 19.7 without); the index
-/// clamps took another 12% (S=4096: 21.5 TFLOP/s with them, 24.5 without).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Checks {
-    /// Every guard: indices clamped into their arrays, every loop given an iteration cap.
-    All,
-    /// Indices still clamped; loops not capped (all of the kernel's loops end by construction).
-    NoLoopBounds,
-    /// Neither: the generated code is the kernel as written.
-    None,
-}
-
-impl Checks {
-    /// `ATTN_WGPU_CHECKS` = `all`, `bounds` (index clamps, no loop caps) or `none`; unset means
-    /// `none`.
-    pub fn from_env() -> Checks {
-        match std::env::var("ATTN_WGPU_CHECKS").as_deref().map(str::trim) {
-            Ok("all") => Checks::All,
-            Ok("bounds") => Checks::NoLoopBounds,
-            _ => Checks::None,
-        }
-    }
-
-    /// One line for the plan.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Checks::All => {
-                "naga run-time checks: all (index clamps, loop iteration caps; ATTN_WGPU_CHECKS=all)"
-            }
-            Checks::NoLoopBounds => "naga run-time checks: index clamps only (ATTN_WGPU_CHECKS=bounds)",
-            Checks::None => "naga run-time checks: none (indices and loops bounded by construction)",
-        }
-    }
-
-    fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
-        let mut c = wgpu::ShaderRuntimeChecks::checked();
-        if self != Checks::All {
-            c.force_loop_bounding = false;
-        }
-        if self == Checks::None {
-            c.bounds_checks = false;
-            c.int_div_checks = false;
-        }
-        c
-    }
 }
 
 /// The backends an instance from the environment enumerates.

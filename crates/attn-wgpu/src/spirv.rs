@@ -1,60 +1,28 @@
 //! SPIR-V for the cooperative-matrix kernel, compiled here instead of by wgpu, so that its
-//! memory model can be chosen ([`MemoryModel`]); the module goes to the driver through wgpu's
-//! SPIR-V passthrough.
+//! memory model can be completed; the module goes to the driver through wgpu's SPIR-V
+//! passthrough.
 //!
 //! naga (30) declares the Vulkan memory model for any shader with cooperative matrices, but
 //! writes the rest of the module as for the older GLSL450 model: no workgroup access is marked
 //! `NonPrivatePointer` and its barriers carry no `MakeAvailable`/`MakeVisible` semantics
 //! (gfx-rs/wgpu#8805). Under the Vulkan model, plain workgroup stores are then not ordered
 //! before other invocations' loads by a barrier, which is what the kernel's hand-overs rely on.
-//! Two ways out, both here:
-//! - [`annotate_vulkan_memory_model`] keeps the Vulkan model and adds what naga leaves out: the
-//!   module is then what the specification asks for (it passes `spirv-val`). The default: on the
-//!   H100 it passed `attn verify` on the full grid at the GLSL450 module's speed
-//!   (bench/results/2026-11-23-h100-wgpu-levers-10d56fb).
-//! - [`use_glsl450_memory_model`] declares GLSL450 instead. The driver takes it and the kernel
-//!   passed `attn verify` on the H100 with it (the configuration of the first measurements), but
-//!   SPIRV-Tools (2025) rejects the module: cooperative matrices require the Vulkan model.
-//!
-//! With naga's module as it is (`MemoryModel::NagaVulkan`) the kernel also passed on the H100:
-//! this driver orders the accesses anyway. The choice is `ATTN_WGPU_COOP_MODEL`.
+//! [`annotate_vulkan_memory_model`] keeps the Vulkan model and adds what naga leaves out: the
+//! module is then what the specification asks for (it passes `spirv-val`), and on the H100 it
+//! passed `attn verify` on the full grid at the speed of the alternatives (naga's module as it
+//! is, or declared GLSL450, which SPIRV-Tools rejects: both retired, see docs/experiments.md).
 
-use crate::runtime::Checks;
+use crate::options::Checks;
 use std::collections::{HashMap, HashSet};
 
-/// How [`compile_coop`] leaves the module's memory model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemoryModel {
-    /// Declared GLSL450 ([`use_glsl450_memory_model`]); verified on the H100, invalid SPIR-V.
-    Glsl450,
-    /// Naga's output unchanged: Vulkan, without the annotations it needs.
-    NagaVulkan,
-    /// Vulkan, with the annotations added ([`annotate_vulkan_memory_model`]); the default.
-    Annotated,
-}
-
-impl MemoryModel {
-    /// `ATTN_WGPU_COOP_MODEL` = `annotated` (or unset), `glsl450` or `vulkan`.
-    pub fn from_env() -> MemoryModel {
-        match std::env::var("ATTN_WGPU_COOP_MODEL").as_deref().map(str::trim) {
-            Ok("vulkan") => MemoryModel::NagaVulkan,
-            Ok("glsl450") => MemoryModel::Glsl450,
-            _ => MemoryModel::Annotated,
-        }
-    }
-}
-
 /// SPIR-V words of `wgsl` (one compute entry point, `main`) for a Vulkan 1.3 device, as
-/// wgpu would compile them with `checks`, with the memory model `model`.
-pub fn compile_coop(wgsl: &str, checks: Checks, model: MemoryModel) -> Result<Vec<u32>, String> {
+/// wgpu would compile them with `checks`, with the Vulkan memory model's annotations added
+/// ([`annotate_vulkan_memory_model`]).
+pub(crate) fn compile_coop(wgsl: &str, checks: Checks) -> Result<Vec<u32>, String> {
     // What wgpu asks of naga on a Vulkan 1.3+ device; the cooperative-matrix path is only
     // opened where the driver offers VK_KHR_cooperative_matrix, which needs such a driver.
     let mut words = compile(wgsl, checks, (1, 6))?;
-    match model {
-        MemoryModel::Glsl450 => use_glsl450_memory_model(&mut words)?,
-        MemoryModel::NagaVulkan => {}
-        MemoryModel::Annotated => annotate_vulkan_memory_model(&mut words)?,
-    }
+    annotate_vulkan_memory_model(&mut words)?;
     Ok(words)
 }
 
@@ -117,20 +85,14 @@ const OP_MEMORY_BARRIER: u32 = 225;
 const OP_COOP_LOAD: u32 = 4457;
 const OP_COOP_STORE: u32 = 4458;
 const CAPABILITY_VULKAN_MEMORY_MODEL: u32 = 5345;
-const MEMORY_MODEL_GLSL450: u32 = 1;
 const MEMORY_MODEL_VULKAN: u32 = 3;
 const STORAGE_WORKGROUP: u32 = 4;
-/// Memory-operand bits: MakePointerAvailable, MakePointerVisible (both exist only under the
-/// Vulkan model), NonPrivatePointer.
-const MAKE_POINTER_AVAILABLE: u32 = 0x8;
-const MAKE_POINTER_VISIBLE: u32 = 0x10;
 const NON_PRIVATE_POINTER: u32 = 0x20;
 /// Memory-semantics bits: Acquire, Release, AcquireRelease, SequentiallyConsistent (any
 /// ordering), and MakeAvailable, MakeVisible (Vulkan model only).
 const ORDERING: u32 = 0x2 | 0x4 | 0x8 | 0x10;
 const MAKE_AVAILABLE: u32 = 0x2000;
 const MAKE_VISIBLE: u32 = 0x4000;
-const VULKAN_EXTENSION: &str = "SPV_KHR_vulkan_memory_model";
 
 /// The instructions of a module: (first word, word count) each, after the header.
 fn instructions(words: &[u32]) -> Result<Vec<(usize, usize)>, String> {
@@ -179,43 +141,6 @@ fn barrier_semantics(opcode: u32) -> Option<usize> {
         OP_MEMORY_BARRIER => Some(2),
         _ => None,
     }
-}
-
-/// Rewrites a module that declares the Vulkan memory model to declare GLSL450: drops the
-/// `VulkanMemoryModel` capability and its extension and changes `OpMemoryModel`. Refuses (rather
-/// than change the meaning of) a module that uses the Vulkan model's operands: availability and
-/// visibility on accesses or barriers, or non-private accesses. A module already on GLSL450 is
-/// left as it is.
-pub fn use_glsl450_memory_model(words: &mut Vec<u32>) -> Result<(), String> {
-    let all = instructions(words)?;
-    let values = constants(words, &all);
-    let mut out = words[..HEADER].to_vec();
-    for &(at, count) in &all {
-        let inst = &words[at..at + count];
-        let opcode = inst[0] & 0xffff;
-        let drop = match opcode {
-            OP_CAPABILITY => inst[1] == CAPABILITY_VULKAN_MEMORY_MODEL,
-            OP_EXTENSION => literal_string(&inst[1..]) == VULKAN_EXTENSION,
-            _ => false,
-        };
-        let operands = memory_access(opcode).and_then(|(mem, _)| inst.get(mem));
-        let vulkan_operands = MAKE_POINTER_AVAILABLE | MAKE_POINTER_VISIBLE | NON_PRIVATE_POINTER;
-        let semantics = barrier_semantics(opcode).and_then(|w| values.get(&inst[w]));
-        if operands.is_some_and(|m| m & vulkan_operands != 0)
-            || semantics.is_some_and(|s| s & (MAKE_AVAILABLE | MAKE_VISIBLE) != 0)
-        {
-            return Err(format!("word {at}: an access or barrier uses the Vulkan memory model's operands"));
-        }
-        if !drop {
-            out.extend_from_slice(inst);
-            if opcode == OP_MEMORY_MODEL && count == 3 && inst[2] == MEMORY_MODEL_VULKAN {
-                let last = out.len() - 1;
-                out[last] = MEMORY_MODEL_GLSL450;
-            }
-        }
-    }
-    *words = out;
-    Ok(())
 }
 
 /// Adds to a module on the Vulkan memory model what its workgroup hand-overs need there: every
@@ -352,12 +277,6 @@ fn workgroup_only_arrays(words: &[u32], all: &[(usize, usize)]) -> HashSet<u32> 
     pointees.difference(&used).copied().collect()
 }
 
-/// A nul-terminated SPIR-V literal string (four bytes per word, little-endian).
-fn literal_string(words: &[u32]) -> String {
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take_while(|&b| b != 0).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 /// The memory model a module declares, and whether it names the `VulkanMemoryModel` capability.
 fn memory_model(words: &[u32]) -> Option<(u32, bool)> {
     let all = instructions(words).ok()?;
@@ -382,26 +301,26 @@ mod tests {
         crate::shader::generate(&v)
     }
 
+    /// An FMA kernel's module (no cooperative matrices: naga declares GLSL450).
+    fn fma_words() -> Vec<u32> {
+        let v =
+            crate::plan::candidates(crate::plan::KernelType::F32, 64, false, None).next().expect("a variant");
+        compile(&crate::shader::generate(&v), Checks::None, (1, 6)).unwrap()
+    }
+
     #[test]
-    fn naga_declares_the_vulkan_model_and_the_rewrite_moves_it_to_glsl450() {
-        let wgsl = coop_wgsl();
-        let naga_words = compile_coop(&wgsl, Checks::None, MemoryModel::NagaVulkan).unwrap();
+    fn naga_declares_the_vulkan_model_for_cooperative_matrices_only() {
+        let naga_words = compile(&coop_wgsl(), Checks::None, (1, 6)).unwrap();
         assert_eq!(memory_model(&naga_words), Some((MEMORY_MODEL_VULKAN, true)));
-        let fixed = compile_coop(&wgsl, Checks::None, MemoryModel::Glsl450).unwrap();
-        assert_eq!(memory_model(&fixed), Some((MEMORY_MODEL_GLSL450, false)));
-        // Only the capability (2 words) and the extension went (1 word, then the name with its
-        // nul in 4-byte words).
-        assert_eq!(naga_words.len() - fixed.len(), 2 + 1 + VULKAN_EXTENSION.len() / 4 + 1);
-        let text: Vec<u8> = fixed.iter().flat_map(|w| w.to_le_bytes()).collect();
-        assert!(!text.windows(VULKAN_EXTENSION.len()).any(|w| w == VULKAN_EXTENSION.as_bytes()));
+        // GLSL450 is memory model 1.
+        assert_eq!(memory_model(&fma_words()), Some((1, false)));
     }
 
     /// Every workgroup access of the annotated module is non-private and every ordering barrier
-    /// makes memory available and visible; nothing else changed, and the GLSL450 rewrite
-    /// refuses the result.
+    /// makes memory available and visible; nothing else changed.
     #[test]
     fn the_annotations_cover_every_workgroup_access_and_barrier() {
-        let naga_words = compile_coop(&coop_wgsl(), Checks::None, MemoryModel::NagaVulkan).unwrap();
+        let naga_words = compile(&coop_wgsl(), Checks::None, (1, 6)).unwrap();
         let mut words = naga_words.clone();
         annotate_vulkan_memory_model(&mut words).unwrap();
         let all = instructions(&words).unwrap();
@@ -444,19 +363,15 @@ mod tests {
         // decoration 4 words less.
         let twins = (words[3] - naga_words[3]) as usize;
         assert!(words.len() <= naga_words.len() + accesses + 4 * twins);
-        assert!(use_glsl450_memory_model(&mut words).unwrap_err().contains("Vulkan memory model"));
     }
 
     #[test]
     fn refuses_what_it_cannot_rewrite() {
         let mut not_spirv = vec![1, 2, 3, 4, 5, 6];
-        assert!(use_glsl450_memory_model(&mut not_spirv).unwrap_err().contains("magic"));
-        // Header, then an OpStore (3 words + memory operands) with NonPrivatePointer.
-        let mut vulkan_store = vec![MAGIC, 0x0001_0600, 0, 10, 0, (4 << 16) | OP_STORE, 1, 2, 0x20];
-        assert!(use_glsl450_memory_model(&mut vulkan_store).unwrap_err().contains("operands"));
+        assert!(annotate_vulkan_memory_model(&mut not_spirv).unwrap_err().contains("magic"));
         let mut truncated = vec![MAGIC, 0x0001_0600, 0, 10, 0, (9 << 16) | OP_STORE, 1];
-        assert!(use_glsl450_memory_model(&mut truncated).unwrap_err().contains("past the end"));
-        let mut glsl = compile_coop(&coop_wgsl(), Checks::None, MemoryModel::Glsl450).unwrap();
+        assert!(annotate_vulkan_memory_model(&mut truncated).unwrap_err().contains("past the end"));
+        let mut glsl = fma_words();
         assert!(annotate_vulkan_memory_model(&mut glsl).unwrap_err().contains("does not declare"));
     }
 }

@@ -9,10 +9,12 @@
 
 use attn_core::rng::{SplitMix64, normal_buffer};
 use attn_core::{
-    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Problem, Shape, Strides, TensorStrides,
+    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Plan, Problem, Shape, Strides,
+    TensorStrides,
 };
 use attn_cpu::Reference;
-use attn_wgpu::Wgpu;
+use attn_wgpu::options::REQUIRE_WGPU;
+use attn_wgpu::{Options, Wgpu};
 use std::sync::OnceLock;
 
 /// The one backend of this test binary (one device, pipelines shared between tests), or `None`
@@ -23,7 +25,7 @@ fn backend(test: &str) -> Option<&'static Wgpu> {
     match b.availability() {
         Availability::Available { .. } => Some(b),
         Availability::Unavailable { reason } => {
-            if std::env::var("ATTN_REQUIRE_WGPU").as_deref() == Ok("1") {
+            if REQUIRE_WGPU.on_off().unwrap() == Some(true) {
                 panic!("an adapter is required (ATTN_REQUIRE_WGPU=1) but wgpu is unavailable: {reason}");
             }
             eprintln!("SKIPPED {test}: {reason}");
@@ -194,12 +196,25 @@ fn plans_name_the_variant_and_reuse_the_pipeline() {
     assert_eq!(b.plan(&p).unwrap(), plan);
     // The second plan finds the compiled pipeline in the cache: no compile, well under a second.
     assert!(t.elapsed().as_secs_f64() < 1.0, "{:?}", t.elapsed());
+    // `prepare` takes the kernel from the plan's payload, not from its name: a plan without
+    // the payload is refused.
+    let [q_len, k_len, v_len, _] = p.required_lens().map(|(_, n)| n);
+    let [q, k, v] = [q_len, k_len, v_len].map(|n| Buffer::zeros(p.dtype, n));
+    let inputs = || Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    assert!(b.prepare(&plan, inputs()).is_ok());
+    let bare = Plan { payload: Default::default(), ..plan };
+    assert!(matches!(b.prepare(&bare, inputs()), Err(attn_core::Error::PlanMismatch { .. })));
+}
+
+/// The backend with `options` (a device of its own).
+fn with(options: Options) -> Wgpu {
+    Wgpu::with_options(options)
 }
 
 #[test]
 fn reductions_through_workgroup_memory() {
     let Some(_) = backend("reductions_through_workgroup_memory") else { return };
-    let b = Wgpu::new().without_subgroups();
+    let b = with(Options { no_subgroups: true, ..Options::default() });
     let p = Problem::new(Shape { heads_kv: 1, ..Shape::new(1, 4, 150, 96) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_wgmem"));
     check(&b, &p, 70);
@@ -210,7 +225,7 @@ fn reductions_through_workgroup_memory() {
 #[test]
 fn sixteen_invocations_per_row() {
     let Some(_) = backend("sixteen_invocations_per_row") else { return };
-    let b = Wgpu::new().with_row_threads(16);
+    let b = with(Options { row_threads: Some(16), ..Options::default() });
     let p = Problem::new(Shape { heads_kv: 2, ..Shape::new(1, 4, 150, 128) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_tx16"), "{}", b.plan(&p).unwrap().kernel);
     check(&b, &p, 80);
@@ -220,204 +235,74 @@ fn sixteen_invocations_per_row() {
     assert!(b.plan(&Problem::new(Shape::new(1, 1, 8, 96), DType::F32)).is_err());
 }
 
-#[test]
-fn two_stage_buffers() {
-    let Some(_) = backend("two_stage_buffers") else { return };
-    let b = Wgpu::new().with_stages(2);
-    let p = Problem::new(Shape { heads_kv: 1, ..Shape::new(1, 3, 200, 64) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_db"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 90);
-    // Several K/V chunks per tile (the parity of each stage's buffer), and the memory reductions.
-    check(
-        &Wgpu::new().with_stages(2).with_chunk(32),
-        &Problem::new(sk(90, 170, 2, 128), DType::F16).causal(),
-        91,
-    );
-    check(
-        &Wgpu::new().with_stages(2).without_subgroups(),
-        &Problem::new(Shape::new(2, 2, 77, 96), DType::Bf16),
-        92,
-    );
-}
-
-#[test]
-fn v_read_straight_from_its_buffer() {
-    let Some(_) = backend("v_read_straight_from_its_buffer") else { return };
-    let b = Wgpu::new().with_v_direct(true);
-    // Keys off the tiles (the padded rows), GQA, causal with an offset.
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_vd"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 100);
-    // Several K chunks per tile, then the next tile's first K chunk loaded after the last one.
-    check(
-        &Wgpu::new().with_v_direct(true).with_chunk(32),
-        &Problem::new(sk(70, 200, 2, 128), DType::F16),
-        101,
-    );
-    check(&b, &Problem::new(Shape::new(2, 2, 65, 256), DType::Bf16).causal(), 102);
-    // The BSHD layout: packing pads each head's K/V rows to whole tiles either way.
-    let s = Shape::new(1, 2, 40, 96);
-    check(&b, &Problem::new(s, DType::F32).with_layout(Layout::Bshd), 103);
-    // 128 rows per workgroup (256 invocations), at a head dim small enough for lavapipe's 32 KiB.
-    let tall = Wgpu::new().with_v_direct(true).with_rows(128);
-    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 32) }, DType::F32).causal();
-    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
-    check(&tall, &p, 104);
-}
-
-#[test]
-fn v_staged_by_keys() {
-    let Some(_) = backend("v_staged_by_keys") else { return };
-    // Qᵀ in workgroup memory (f32 D=64's default holds Q in registers, tested below).
-    let b = Wgpu::new().with_v_by_keys(true).with_q_regs(false);
-    // Two V stages, one per key group; keys off the tiles, GQA, causal with an offset.
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_vk"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 120);
-    // Four V stages of 16 keys: each cuts a key group's lanes in two.
-    let quarter = Wgpu::new().with_v_by_keys(true).with_chunk(32);
-    let p = Problem::new(sk(70, 200, 2, 128), DType::F16);
-    assert!(quarter.plan(&p).unwrap().kernel.contains("_c32_"), "{}", quarter.plan(&p).unwrap().kernel);
-    check(&quarter, &p, 121);
-    // Probabilities through workgroup memory, two stage buffers, and the BSHD layout.
-    check(
-        &Wgpu::new().with_v_by_keys(true).with_p_shuffle(false).with_stages(2),
-        &Problem::new(Shape::new(2, 2, 65, 128), DType::Bf16).causal().with_layout(Layout::Bshd),
-        122,
-    );
-    check(
-        &Wgpu::new().with_v_by_keys(true).without_subgroups(),
-        &Problem::new(Shape::new(1, 3, 33, 256), DType::F32),
-        123,
-    );
-}
-
-#[test]
-fn q_held_in_registers() {
-    let Some(_) = backend("q_held_in_registers") else { return };
-    // Q shuffled per dim (S split over the head dim is `s_split_over_the_head_dim`'s), 64 rows.
-    let b = Wgpu::new().with_q_regs(true).with_split_d(false).with_rows(64);
-    // Keys off the tiles, GQA, causal with an offset; rows off the block (Q loads guarded).
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_qr"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 140);
-    check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F16).causal(), 141);
-    // Probabilities through workgroup memory, and the BSHD layout with a padded head dim.
-    check(
-        &Wgpu::new().with_q_regs(true).with_p_shuffle(false),
-        &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd),
-        142,
-    );
-    // Several K chunks (each its own registers, picked by a switch), with V staged by keys and
-    // Q shuffled (S split over the head dim is `s_split_over_the_head_dim`'s).
-    let chunked = Wgpu::new().with_q_regs(true).with_v_by_keys(true).with_chunk(64).with_split_d(false);
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(100, 130, 2, 128) }, DType::F32).causal();
-    assert!(chunked.plan(&p).unwrap().kernel.ends_with("_vk_qr"), "{}", chunked.plan(&p).unwrap().kernel);
-    check(&chunked, &p, 144);
-    check(&Wgpu::new().with_q_regs(true).with_chunk(32), &Problem::new(sk(70, 90, 2, 64), DType::F16), 145);
-    // 128 rows per workgroup: no more workgroup memory than 64 with Q in registers (Q
-    // shuffled; f32 D=64 causal's default, split, is `sixteen_lane_subgroups`').
-    let tall = Wgpu::new().with_q_regs(true).with_rows(128).with_split_d(false);
-    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
-    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
-    check(&tall, &p, 143);
-}
-
+/// f32's measured shapes with each number of rows (Q in registers, V staged by keys, S split
+/// over the head dim), with and without the skip of unseen stages, whatever the problem's
+/// length would pick.
 #[test]
 fn s_split_over_the_head_dim() {
     let Some(_) = backend("s_split_over_the_head_dim") else { return };
-    let b = Wgpu::new().with_split_d(true).with_skip_unseen(false);
-    // D=128 (two K stages of one key group each): GQA, causal with an offset, keys off the tiles;
-    // every stage loaded (the default skips those no row sees: `unseen_keys_skipped`).
+    let rows = |r| with(Options { rows: Some(r), ..Options::default() });
+    // D=128, 64 rows, every stage loaded (short causal problems' form): GQA, causal with an
+    // offset, keys off the tiles.
     let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_sd"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 160);
+    assert!(rows(64).plan(&p).unwrap().kernel.ends_with("_sd"), "{}", rows(64).plan(&p).unwrap().kernel);
+    check(&rows(64), &p, 160);
     // Causal with seq_q > seq_k (rows that see no key), 128 rows.
-    check(
-        &Wgpu::new().with_split_d(true).with_rows(128),
-        &Problem::new(sk(150, 70, 2, 128), DType::F32).causal(),
-        161,
-    );
+    check(&rows(128), &Problem::new(sk(150, 70, 2, 128), DType::F32).causal(), 161);
     // D=64 (two key groups per stage), non-causal, bf16 widened, the BSHD layout.
     let p = Problem::new(Shape::new(2, 2, 75, 64), DType::Bf16).with_layout(Layout::Bshd);
-    assert!(b.plan(&p).unwrap().kernel.contains("_d64_"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 162);
+    assert!(backend_plan(&p).contains("_d64_"), "{}", backend_plan(&p));
+    check(&rows(64), &p, 162);
+    check(&rows(128), &p, 164);
     // A head dim padded to 64 (40), large logits.
-    check(&b, &Problem::new(Shape::new(1, 2, 130, 40), DType::F32).with_scale(4.0), 163);
+    check(&rows(64), &Problem::new(Shape::new(1, 2, 130, 40), DType::F32).with_scale(4.0), 163);
 }
 
-#[test]
-fn s_split_with_probabilities_in_workgroup_memory() {
-    let Some(_) = backend("s_split_with_probabilities_in_workgroup_memory") else { return };
-    // D=128, 64 rows (lavapipe's 32 KiB hold Pᵀ of 64 rows with one stage, not of 128): each lane
-    // stores its keys' probabilities as Pᵀ, read back after the first V stage's barrier.
-    for (i, skip) in [true, false].into_iter().enumerate() {
-        let b = Wgpu::new().with_split_d(true).with_p_shuffle(false).with_rows(64).with_skip_unseen(skip);
-        // GQA, causal with an offset, keys off the tiles (several tiles, so Pᵀ is rewritten).
-        let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).causal();
-        let kernel = b.plan(&p).unwrap().kernel;
-        assert!(
-            kernel.contains("_m64n64_") && !kernel.contains("pshfl") && kernel.contains("_sd"),
-            "{kernel}"
-        );
-        check(&b, &p, 200 + i as u64);
-        // Rows that see no key (seq_q > seq_k), and no mask with keys off the tiles.
-        check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F32).causal(), 202 + i as u64);
-        check(&b, &Problem::new(sk(70, 200, 2, 128), DType::Bf16), 204 + i as u64);
-    }
+/// The default backend's kernel for `p`.
+fn backend_plan(p: &Problem) -> String {
+    backend("backend_plan").map(|b| b.plan(p).unwrap().kernel).unwrap_or_default()
 }
 
 #[test]
 fn unseen_keys_skipped() {
     let Some(_) = backend("unseen_keys_skipped") else { return };
-    let b = Wgpu::new().with_skip_unseen(true);
+    // f32 D=128's measured shape, 128 rows (short causal problems take 64 without the skip).
+    let b = with(Options { rows: Some(128), ..Options::default() });
     // Causal offsets (seq_k - seq_q) that put a block's last key on, just before and just after
-    // the first key of a stage, at both head dims (64: 64-key stages, 128: 32-key stages);
-    // seq_q off the 64-row blocks.
+    // the first key of a 32-key stage; seq_q off the blocks.
     for (i, offset) in [0, 1, 15, 16, 17, 31, 33, 63, 65].into_iter().enumerate() {
-        for (j, d) in [64, 128].into_iter().enumerate() {
-            let p = Problem::new(sk(70, 70 + offset, 2, d), DType::F32).causal();
-            assert!(b.plan(&p).unwrap().kernel.ends_with("_sd_sk"), "{}", b.plan(&p).unwrap().kernel);
-            check(&b, &p, 170 + 2 * i as u64 + j as u64);
-        }
+        let p = Problem::new(sk(70, 70 + offset, 2, 128), DType::F32).causal();
+        assert!(b.plan(&p).unwrap().kernel.ends_with("_sd_sk"), "{}", b.plan(&p).unwrap().kernel);
+        check(&b, &p, 170 + i as u64);
     }
     // Rows that see nothing (seq_q > seq_k), and keys that end inside a tile without a mask.
-    check(&b, &Problem::new(sk(150, 40, 2, 64), DType::F32).causal(), 190);
+    check(&b, &Problem::new(sk(150, 40, 2, 128), DType::F32).causal(), 190);
     check(&b, &Problem::new(sk(100, 70, 2, 128), DType::F32), 191);
-    check(&b, &Problem::new(sk(64, 33, 2, 64), DType::Bf16), 192);
+    check(&b, &Problem::new(sk(64, 33, 2, 128), DType::Bf16), 192);
 }
 
-#[test]
-fn the_8x8_kernel() {
-    let Some(_) = backend("the_8x8_kernel") else { return };
-    let b = Wgpu::new().with_wide(true);
-    // Keys off the tiles, GQA, causal with an offset.
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
-    assert!(b.plan(&p).unwrap().kernel.ends_with("_wide"), "{}", b.plan(&p).unwrap().kernel);
-    check(&b, &p, 130);
-    // Causal with seq_q > seq_k (rows that see no key), f16.
-    check(&b, &Problem::new(sk(150, 70, 2, 128), DType::F16).causal(), 131);
-    // A head dim that is padded (40 -> 64), and the BSHD layout.
-    check(&b, &Problem::new(Shape::new(1, 2, 40, 40), DType::Bf16).with_layout(Layout::Bshd), 132);
-}
-
+/// What an adapter with WebGPU's 16 KiB of workgroup memory gets at D=256, where no staged shape
+/// fits: K and V read straight from their buffers.
 #[test]
 fn k_and_v_read_straight_from_their_buffers() {
     let Some(_) = backend("k_and_v_read_straight_from_their_buffers") else { return };
-    let b = Wgpu::new().with_k_direct(true);
+    let b = with(Options { workgroup_storage: Some(16 * 1024), ..Options::default() });
     // Keys off the tiles (the padded rows of the transposed K tiles), GQA, causal with an offset.
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 256) }, DType::F32).causal();
     assert!(b.plan(&p).unwrap().kernel.ends_with("_vd_kd"), "{}", b.plan(&p).unwrap().kernel);
     check(&b, &p, 110);
-    check(&b, &Problem::new(sk(70, 200, 2, 128), DType::F16), 111);
+    check(&b, &Problem::new(sk(70, 200, 2, 256), DType::F16), 111);
     check(&b, &Problem::new(Shape::new(2, 2, 65, 256), DType::Bf16).causal(), 112);
-    // A head dim that is padded (40 -> 64), and the BSHD layout.
-    check(&b, &Problem::new(Shape::new(1, 2, 40, 40), DType::F32).with_layout(Layout::Bshd), 113);
-    // 128 rows per workgroup (256 invocations): Qᵀ alone fits lavapipe's 32 KiB at D=64.
-    let tall = Wgpu::new().with_k_direct(true).with_rows(128);
-    let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal();
-    assert!(tall.plan(&p).unwrap().kernel.contains("_m128n"), "{}", tall.plan(&p).unwrap().kernel);
-    check(&tall, &p, 114);
+    // A head dim that is padded (240 -> 256), and the BSHD layout.
+    check(&b, &Problem::new(Shape::new(1, 2, 40, 240), DType::F32).with_layout(Layout::Bshd), 113);
+}
+
+/// An invalid setting is an error that names the variable, not a silent default.
+#[test]
+fn invalid_settings_are_errors() {
+    let knob = attn_wgpu::options::ROWS;
+    let err = knob.invalid("48");
+    assert!(err.to_string().contains("ATTN_WGPU_ROWS"), "{err}");
 }
 
 /// The shapes whose 16 invocations per row share scores by subgroup shuffles (the subgroup path
@@ -446,65 +331,31 @@ fn sixteen_lane_subgroups() {
 #[ignore = "run by sixteen_lane_subgroups, in a child process with 16-lane lavapipe subgroups"]
 fn sixteen_lane_subgroups_inner() {
     let Some(_) = backend("sixteen_lane_subgroups_inner") else { return };
-    let b = Wgpu::new().with_row_threads(16);
+    let b = with(Options { row_threads: Some(16), ..Options::default() });
     let p = Problem::new(Shape { heads_kv: 2, ..sk(150, 200, 4, 128) }, DType::F32).causal();
     let kernel = b.plan(&p).unwrap().kernel;
     if !kernel.contains("_sg_pshfl_tx16") {
         // CI's lavapipe has them with LP_NATIVE_VECTOR_WIDTH=512: there a skip is a failure.
         let reason = format!("subgroups narrower than 16 lanes here ({kernel})");
-        assert!(std::env::var("ATTN_REQUIRE_WGPU").as_deref() != Ok("1"), "{reason}");
+        assert!(REQUIRE_WGPU.on_off().unwrap() != Some(true), "{reason}");
         eprintln!("SKIPPED sixteen_lane_subgroups: {reason}");
         return;
     }
     // Probabilities shuffled; GQA, causal with an offset, keys off the tiles; f16; D=64.
     check(&b, &p, 150);
     check(&b, &Problem::new(sk(70, 130, 2, 64), DType::F16).causal(), 151);
-    // Probabilities through workgroup memory, row reductions still by shuffles.
-    check(
-        &Wgpu::new().with_row_threads(16).with_p_shuffle(false),
-        &Problem::new(sk(90, 70, 2, 128), DType::F32),
-        152,
-    );
-    // V staged by keys; Q in registers (also with V by keys, and 128 rows).
-    let vk = Wgpu::new().with_row_threads(16).with_v_by_keys(true);
-    check(&vk, &Problem::new(sk(100, 130, 2, 128), DType::F32).causal(), 153);
-    let qr = Wgpu::new().with_row_threads(16).with_q_regs(true);
-    let p = Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 64) }, DType::F32).causal();
-    assert!(qr.plan(&p).unwrap().kernel.ends_with("_tx16_qr"), "{}", qr.plan(&p).unwrap().kernel);
-    check(&qr, &p, 154);
-    check(
-        &Wgpu::new().with_row_threads(16).with_q_regs(true).with_v_by_keys(true),
-        &Problem::new(sk(100, 130, 2, 128), DType::F32),
-        155,
-    );
-    let tall = Wgpu::new().with_row_threads(16).with_q_regs(true).with_rows(128);
-    check(&tall, &Problem::new(Shape { heads_kv: 2, ..sk(150, 300, 4, 64) }, DType::F32).causal(), 156);
-    // f32's measured shapes with two row groups' lanes interleaved (8 per row, 16 lanes), Q
-    // shuffled (split S below).
-    let il = Wgpu::new().with_interleave(2).with_split_d(false);
+    // f32's measured shapes with two row groups' lanes interleaved (8 per row, 16 lanes) and S
+    // split over the head dim (the butterfly's shuffles 2 lanes apart), with either number of
+    // rows: 128 at D=128 and 64 at D=64 are f32's defaults without a mask.
     for (d, seed) in [(128, 157), (64, 158)] {
-        let p = Problem::new(Shape { heads_kv: 1, ..sk(150, 290, 2, d) }, DType::F32).causal();
-        assert!(il.plan(&p).unwrap().kernel.ends_with("_qr_il2"), "{}", il.plan(&p).unwrap().kernel);
-        check(&il, &p, seed);
-    }
-    // f32 D=128 non-causal's shape: 128 rows, interleaved, Q in two switch-selected chunks.
-    let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 170, 4, 128) }, DType::F32);
-    let kernel = il.plan(&p).unwrap().kernel;
-    assert!(kernel.contains("_m128n64_") && kernel.ends_with("_il2"), "{kernel}");
-    check(&il, &p, 160);
-    // D=64 causal with 128 rows, S split. Four interleaved row groups need 32-lane
-    // subgroups: only the H100's verify runs them (bench/device/wgpu-interleave.sh).
-    let il_tall = Wgpu::new().with_interleave(2).with_rows(128);
-    let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 260, 4, 64) }, DType::F32).causal();
-    let kernel = il_tall.plan(&p).unwrap().kernel;
-    assert!(kernel.contains("_m128n128_") && kernel.ends_with("_il2_sd"), "{kernel}");
-    check(&il_tall, &p, 159);
-    // S split over the head dim with interleaved lanes (the butterfly's shuffles 2 lanes apart),
-    // 128 rows at D=128, 64 at D=64: f32's defaults for both, non-causal.
-    let sd = Wgpu::new().with_interleave(2);
-    for (d, seed, form) in [(128, 164, "_il2_sd_sk"), (64, 165, "_il2_sd")] {
-        let p = Problem::new(Shape { heads_kv: 1, ..sk(170, 230, 2, d) }, DType::F32);
-        assert!(sd.plan(&p).unwrap().kernel.ends_with(form), "{}", sd.plan(&p).unwrap().kernel);
-        check(&sd, &p, seed);
+        for (rows, extra) in [(64, 0), (128, 10)] {
+            let b = with(Options { rows: Some(rows), ..Options::default() });
+            let p = Problem::new(Shape { heads_kv: 1, ..sk(150, 290, 2, d) }, DType::F32).causal();
+            let kernel = b.plan(&p).unwrap().kernel;
+            assert!(kernel.contains("_il2_sd"), "{kernel}");
+            check(&b, &p, seed + extra);
+            let p = Problem::new(Shape { heads_kv: 2, ..sk(200, 170, 4, d) }, DType::F32);
+            check(&b, &p, seed + extra + 20);
+        }
     }
 }

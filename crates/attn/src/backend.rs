@@ -40,7 +40,7 @@ impl Backend {
     pub fn all() -> Result<Vec<Box<dyn Attention>>> {
         Ok(vec![
             Box::new(attn_cuda::Cuda::from_env()?),
-            Box::new(attn_wgpu::Wgpu::from_env()),
+            Box::new(attn_wgpu::Wgpu::from_env()?),
             Box::new(attn_cpu::Flash::from_env()?),
             Box::new(attn_cpu::Reference),
         ])

@@ -17,6 +17,8 @@ pub fn all() -> Vec<CrateKnobs> {
     vec![
         CrateKnobs { krate: "attn", knobs: &[crate::backend::BACKEND] },
         CrateKnobs { krate: "attn-cpu", knobs: attn_cpu::KNOBS },
+        CrateKnobs { krate: "attn-cuda", knobs: attn_cuda::KNOBS },
+        CrateKnobs { krate: "attn-wgpu", knobs: attn_wgpu::KNOBS },
         CrateKnobs { krate: "attn-verify", knobs: attn_verify::KNOBS },
     ]
 }
