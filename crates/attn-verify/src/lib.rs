@@ -25,22 +25,11 @@ pub mod report;
 pub mod run;
 pub mod tolerance;
 
-use attn_core::{Attention, Knob};
+use attn_core::Attention;
 pub use case::{Case, Distribution};
 pub use report::CaseResult;
 pub use run::{ErrorStats, Outcome};
 pub use tolerance::Tolerance;
-
-/// `ATTN_REQUIRE_WGPU`.
-pub const REQUIRE_WGPU: Knob = Knob {
-    name: "ATTN_REQUIRE_WGPU",
-    allowed: "`1` | `0`",
-    default: "`0`: a missing wgpu adapter skips its tests, by name",
-    purpose: "Makes a missing wgpu adapter fail the verification suite instead of skipping it; `cargo xtask test` sets it once it has installed lavapipe.",
-};
-
-/// Every variable this crate reads.
-pub const KNOBS: &[Knob] = &[REQUIRE_WGPU];
 
 /// Runs every case on every backend (the reference of each case is computed once). `progress`
 /// sees each result as it comes.

@@ -7,7 +7,7 @@ use attn_verify::{Outcome, grid, report, run_suite};
 /// Whether CI demands the wgpu backend (`ATTN_REQUIRE_WGPU=1`, set by `cargo xtask test`, which
 /// installs lavapipe first): then a missing adapter fails the suite instead of skipping it.
 fn wgpu_required() -> bool {
-    attn_verify::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false)
+    attn_wgpu::options::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false)
 }
 
 /// Every backend of the build; the ones unavailable here are named, not silently dropped.
