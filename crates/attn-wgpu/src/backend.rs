@@ -119,8 +119,6 @@ impl Attention for Wgpu {
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let gpu = self.gpu()?;
         let mut choice = self.choose(problem, &self.caps(&gpu))?;
-        // Compiled here (once per variant and process), so that a compile error is a plan error.
-        gpu.pipeline(&choice.variant)?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
         let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid };
@@ -141,6 +139,8 @@ impl Attention for Wgpu {
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
         let &Chosen { variant, grid } = plan.payload::<Chosen>()?;
+        // Compiled on first use (once per variant and process, cached by the runtime): planning
+        // does no device work.
         let pipeline = gpu.pipeline(&variant)?;
         let s = problem.shape;
         let d = variant.head_dim as usize;

@@ -21,7 +21,7 @@
 //! specialisation from `kernels/flash.wgsl`, `coop` the cooperative-matrix kernel's from
 //! `kernels/flash_coop.wgsl` (both on the pieces of `wgsl`, `shader` picks between them);
 //! `runtime` opens the adapter with its real limits, and compiles each pipeline once per
-//! process. Where the adapter has `SUBGROUP` (subgroups of 8 or more), row
+//! process, when a plan is first prepared (planning does no device work). Where the adapter has `SUBGROUP` (subgroups of 8 or more), row
 //! reductions and the hand-over of probabilities from the invocation that computed them to its
 //! row's others use subgroup shuffles, otherwise workgroup memory; f32's measured shapes (D=64,
 //! D=128) also hold Q in registers, stage V by keys and split S = Q·Kᵀ over the head dim. Kernel

@@ -120,7 +120,7 @@ pub struct AdapterCaps {
     /// `TIMESTAMP_QUERY`: kernel time from GPU timestamps rather than the host clock.
     pub timestamps: bool,
     /// Cooperative matrices of 16×16×16 with f16 inputs and f32 accumulators, on subgroups of
-    /// exactly 32, opened for use (see [`crate::runtime`]): the tensor-core kernel for f16.
+    /// exactly 32, opened for use (see `runtime`): the tensor-core kernel for f16.
     pub coop_f16: bool,
 }
 
