@@ -1,6 +1,6 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
-//! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`,
-//! `coop_probe`, `coop_debug`) and attn-cuda's `cubin` here (same x86-64), copies them, stripped,
+//! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`)
+//! and attn-cuda's `cubin` here (same x86-64), copies them, stripped,
 //! into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit,
 //! and prints the command to run there.
 
@@ -14,9 +14,12 @@ pub fn bundle() -> Result<(), String> {
     std::fs::create_dir_all(&bin).map_err(|e| format!("create {}: {e}", bin.display()))?;
     std::fs::copy(root.join("target/release/attn"), bin.join("attn"))
         .map_err(|e| format!("copy attn: {e}"))?;
-    let examples = [("attn-wgpu", "pipeline_stats"), ("attn-wgpu", "adapters"), ("attn-wgpu", "fma_peak")]
-        .into_iter()
-        .chain([("attn-wgpu", "coop_probe"), ("attn-wgpu", "coop_debug"), ("attn-cuda", "cubin")]);
+    let examples = [
+        ("attn-wgpu", "pipeline_stats"),
+        ("attn-wgpu", "adapters"),
+        ("attn-wgpu", "fma_peak"),
+        ("attn-cuda", "cubin"),
+    ];
     for (package, example) in examples {
         cmd::cargo_run(&["build", "--release", "-p", package, "--example", example])?;
         std::fs::copy(root.join("target/release/examples").join(example), bin.join(example))
