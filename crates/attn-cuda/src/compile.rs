@@ -77,7 +77,7 @@ pub struct CompileRequest {
     /// Macros, each passed as `-D NAME=VALUE` (`-D NAME` when the value is empty).
     pub defines: Vec<(String, String)>,
     /// Extra include directories; the CUDA headers' directory is added on its own (see
-    /// [`locate::cuda_include_dir`]).
+    /// `locate::cuda_include_dir`).
     pub include_dirs: Vec<PathBuf>,
     /// Headers handed to NVRTC by name and text: `#include "<name>"` in the source finds them
     /// without touching the file system (kernels embed theirs, or generate them).

@@ -33,13 +33,13 @@
 
 pub mod ampere;
 mod backend;
-pub mod compile;
+mod compile;
 pub mod hopper;
-pub mod locate;
+mod locate;
 pub mod options;
-pub mod probe;
-pub mod ptxas;
-pub mod runtime;
+mod probe;
+mod ptxas;
+mod runtime;
 mod tensors;
 
 pub use backend::Cuda;

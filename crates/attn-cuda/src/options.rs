@@ -152,14 +152,12 @@ pub struct Options {
 impl Options {
     /// The options from the environment: every knob of [`KNOBS`] the backend reads, parsed.
     pub fn from_env() -> Result<Options> {
-        let tiles = |t: &str| -> Option<hopper::plan::Tiles> {
+        let tiles = |t: &str| -> Option<hopper::Tiles> {
             let n: Vec<u32> = t.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
             match n[..] {
-                [block_n, stages] => {
-                    Some(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers: 0 })
-                }
+                [block_n, stages] => Some(hopper::Tiles { block_n: block_n as usize, stages, consumers: 0 }),
                 [block_n, stages, consumers] => {
-                    Some(hopper::plan::Tiles { block_n: block_n as usize, stages, consumers })
+                    Some(hopper::Tiles { block_n: block_n as usize, stages, consumers })
                 }
                 _ => None,
             }
@@ -243,6 +241,6 @@ mod tests {
         unsafe { std::env::set_var(SM90_TILES.name, "176:2") };
         let tiles = Options::from_env().map(|o| o.hopper.tiles);
         unsafe { std::env::remove_var(SM90_TILES.name) };
-        assert_eq!(tiles.unwrap(), Some(hopper::plan::Tiles { block_n: 176, stages: 2, consumers: 0 }));
+        assert_eq!(tiles.unwrap(), Some(hopper::Tiles { block_n: 176, stages: 2, consumers: 0 }));
     }
 }

@@ -8,7 +8,7 @@ use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
 
 impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
-    /// tiles (and the [`long_tiles`] and [`short_causal_tiles`] where a head dim has them), both
+    /// tiles (and the `long_tiles` and `short_causal_tiles` where a head dim has them), both
     /// masks, both dtypes, each with two Q slots ([`Variant::q_slots`]) where they fit, and the
     /// causal ones in both block orders ([`Variant::bottom`]) where they have two. Tiles forced
     /// by `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
@@ -143,7 +143,7 @@ pub struct Tiles {
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
     pub stages: u32,
-    /// Consumer warpgroups, 2 to 4. In tiles forced on [`choose`], 0 stands for the head dim's.
+    /// Consumer warpgroups, 2 to 4. In tiles forced on `choose`, 0 stands for the head dim's.
     pub consumers: u32,
 }
 
@@ -157,7 +157,7 @@ pub struct Tiles {
 /// (7-15% faster than two on the H100, 20f664e). D = 64's tiles are 112 keys in three stages
 /// (152 registers each; 128 keys spill), 1-6% faster than 96 keys in two (8c44a2b). At D = 128,
 /// 96 and 112 keys were slower than 128 at S = 2048 and 4096 with either mask, and three
-/// consumers (64 keys) slower but for causal sequences up to 4096 keys ([`short_causal_tiles`]).
+/// consumers (64 keys) slower but for causal sequences up to 4096 keys (`short_causal_tiles`).
 /// Measured, see docs/experiments.md.
 pub fn tiles(head_dim: usize) -> Tiles {
     match head_dim {
@@ -288,13 +288,13 @@ pub fn choose(
 /// The Hopper family's settings (`crate::options`): each `None` leaves the plan's choice.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Settings {
-    /// `ATTN_CUDA_SM90_TILES`: tiles instead of the plan's ([`key_tiles_for`]); consumers
+    /// `ATTN_CUDA_SM90_TILES`: tiles instead of the plan's (`key_tiles_for`); consumers
     /// 0 stands for the head dim's.
     pub tiles: Option<Tiles>,
     /// `ATTN_CUDA_SM90_GRID`: at most this many CTAs in the persistent grid (at most one per SM
     /// anyway).
     pub grid: Option<u32>,
-    /// `ATTN_CUDA_SM90_SPLIT`: whether the persistent grid may split its tail ([`Split`];
+    /// `ATTN_CUDA_SM90_SPLIT`: whether the persistent grid may split its tail (`Split`;
     /// default yes).
     pub split: Option<bool>,
     /// `ATTN_CUDA_SM90_QSLOTS`: Q tiles in shared memory ([`Variant::q_slots`]).

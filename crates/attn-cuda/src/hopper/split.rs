@@ -75,10 +75,10 @@ impl Split {
 }
 
 impl Variant {
-    /// How the persistent grid splits the tail of `problem` over `ctas` CTAs ([`Split`]);
+    /// How the persistent grid splits the tail of `problem` over `ctas` CTAs (`Split`);
     /// `Split::none` under a causal mask, or where it would not help (the
-    /// tiles fill whole waves, runs of [`MIN_RUN`] would not outnumber the tail's tiles, or the
-    /// busiest CTA would gain less than [`MIN_GAIN`] key tiles and a quarter of its work).
+    /// tiles fill whole waves, runs of `MIN_RUN` would not outnumber the tail's tiles, or the
+    /// busiest CTA would gain less than `MIN_GAIN` key tiles and a quarter of its work).
     /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
     pub fn split(&self, problem: &Problem, ctas: u32) -> Split {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;

@@ -78,8 +78,8 @@ pub struct Variant {
 
 impl Variant {
     /// Registers per consumer thread after `setmaxnreg`: what the producer's
-    /// [`PRODUCER_REGISTERS`] leave of the [`Variant::register_pool`], in units of 8, at most
-    /// [`CONSUMER_REGISTERS`] (232 with two consumers, 152 with three, 104 with four).
+    /// `PRODUCER_REGISTERS` leave of the [`Variant::register_pool`], in units of 8, at most
+    /// `CONSUMER_REGISTERS` (232 with two consumers, 152 with three, 104 with four).
     pub fn consumer_registers(&self) -> u32 {
         let left = self.register_pool() - 128 * PRODUCER_REGISTERS;
         CONSUMER_REGISTERS.min(left / (128 * self.consumers) / 8 * 8)
@@ -245,7 +245,7 @@ impl Variant {
     }
 
     /// The registers `setmaxnreg` may hand out in a CTA: what the launch allocated (threads times
-    /// [`Variant::register_budget`]), at most [`REGISTER_POOL`]. `setmaxnreg.inc` waits for
+    /// [`Variant::register_budget`]), at most `REGISTER_POOL`. `setmaxnreg.inc` waits for
     /// registers that are free in the CTA's own allocation, so asking for more hangs.
     pub fn register_pool(&self) -> u32 {
         REGISTER_POOL.min(self.threads() * self.register_budget())
