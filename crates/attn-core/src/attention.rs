@@ -77,7 +77,9 @@ pub trait Attention: Send + Sync {
     }
 
     /// Decides how to run `problem`, or says why it cannot: unsupported head dim or dtype, or a
-    /// launch over the device's limits. No device work happens here.
+    /// launch over the device's limits. No device work happens here: nothing is allocated,
+    /// loaded or launched on the device. A GPU backend may open the device once to read its
+    /// limits, and compile on the host (cached) to report registers and spills; its docs say so.
     fn plan(&self, problem: &Problem) -> Result<Plan>;
 
     /// Makes the inputs resident where the backend computes (device buffers for GPUs), ready for
