@@ -1,8 +1,9 @@
 //! Command-line arguments and the subcommands that use them.
 
+use crate::report::RunReport;
 use crate::{bench, report, verify};
-use attn::measure::{self, Accuracy, Timing};
-use attn::{Attention, Backend, Buffer, DType, Layout, Outputs, Plan, Problem, Shape};
+use attn::measure;
+use attn::{Attention, Backend, Buffer, DType, Layout, Outputs, Problem, Shape};
 use clap::{Args, Parser, Subcommand};
 
 /// Exact scaled-dot-product attention on CPU and GPU backends, checked against an f64 reference.
@@ -144,17 +145,6 @@ struct RunArgs {
     /// Seed of the random inputs (printed, so any run can be repeated).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-}
-
-/// What `attn run` measured.
-#[derive(serde::Serialize)]
-pub struct RunReport {
-    pub plan: Plan,
-    pub device: String,
-    pub seed: u64,
-    pub timing: Timing,
-    pub gflops: f64,
-    pub accuracy: Option<Accuracy>,
 }
 
 impl Cli {

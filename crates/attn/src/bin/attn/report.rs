@@ -1,7 +1,18 @@
 //! Human-readable output.
 
-use crate::cli::RunReport;
-use attn::Availability;
+use attn::measure::{Accuracy, Timing};
+use attn::{Availability, Plan};
+
+/// What `attn run` measured.
+#[derive(serde::Serialize)]
+pub struct RunReport {
+    pub plan: Plan,
+    pub device: String,
+    pub seed: u64,
+    pub timing: Timing,
+    pub gflops: f64,
+    pub accuracy: Option<Accuracy>,
+}
 
 pub fn run(r: &RunReport) {
     let p = &r.plan.problem;
