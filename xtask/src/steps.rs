@@ -3,7 +3,6 @@
 //! Adding a check means adding one [`Step`] to [`STEPS`]: `test` runs it in order, `help` lists
 //! it, and it becomes a subcommand of its own.
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -39,18 +38,19 @@ pub const STEPS: &[Step] = &[
     },
 ];
 
-/// The profile the steps after `tests` build with: the test profile's artifacts (opt-level 1)
-/// are already built by then, where a release build would compile the workspace and every
-/// dependency once more (most of CI's time on a 2-core machine); the kernels under test run on
-/// lavapipe, which compiles them itself, and the quick grid is small.
-const RUN_PROFILE: [&str; 2] = ["--profile", "test"];
-
 /// `attn verify --quick --planted`: the backend × case-family table in the CI log (the same
-/// suite also runs as a test; this shows what ran and what was skipped, by name).
+/// suite also runs as a test; this shows what ran and what was skipped, by name). It runs the
+/// `attn` binary that the `tests` step built (cargo builds a package's binaries for its
+/// integration tests): `cargo run` would resolve the dependencies' features without the
+/// dev-dependencies and build much of the workspace again.
 fn verify() -> Result<(), String> {
-    let args =
-        [&["run"][..], &RUN_PROFILE, &["--quiet", "-p", "attn", "--", "verify", "--quick", "--planted"]];
-    cmd::cargo_run(&args.concat())
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| cmd::workspace_root().join("target"), Into::into);
+    let attn = target.join("debug/attn");
+    if !attn.is_file() {
+        return Err(format!("{} is missing: run the `tests` step first", attn.display()));
+    }
+    cmd::run(attn, &["verify", "--quick", "--planted"])
 }
 
 /// `cargo fmt --all -- --check`.
@@ -63,9 +63,10 @@ fn clippy() -> Result<(), String> {
     cmd::cargo_run(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
 }
 
-/// `cargo test --workspace --all-targets`; `--all-targets` leaves out doc tests, hence `doc-tests`.
+/// `cargo test` of every target but the examples (the next step's) and the doc tests
+/// (`doc-tests`).
 fn tests() -> Result<(), String> {
-    cmd::cargo_run(&["test", "--workspace", "--all-targets"])
+    cmd::cargo_run(&["test", "--workspace", "--lib", "--bins", "--tests", "--benches"])
 }
 
 /// `cargo test --workspace --doc`.
@@ -73,70 +74,20 @@ fn doc_tests() -> Result<(), String> {
     cmd::cargo_run(&["test", "--workspace", "--doc"])
 }
 
-/// Runs the quickstart example, the one the docs point newcomers at. Until it exists, runs every
-/// example in the workspace instead, so that the step still checks something.
+/// `cargo test --workspace --examples`: builds every example from the `tests` step's build
+/// (the same features, so nothing else is rebuilt) and runs the ones without a test harness,
+/// the quickstart the docs point newcomers at among them. Fails if the quickstart is missing or
+/// would not run.
 fn examples() -> Result<(), String> {
     let root = cmd::workspace_root();
-    if root.join("crates/attn/examples/quickstart.rs").is_file() {
-        return cmd::cargo_run(
-            &[&["run"][..], &RUN_PROFILE, &["-p", "attn", "--example", "quickstart"]].concat(),
-        );
+    if !root.join("crates/attn/examples/quickstart.rs").is_file() {
+        return Err("crates/attn/examples/quickstart.rs is missing".into());
     }
-    let found = all_examples(&root);
-    if found.is_empty() {
-        println!("note: no examples under crates/*/examples yet; nothing to run");
-        return Ok(());
+    let manifest = std::fs::read_to_string(root.join("crates/attn/Cargo.toml")).map_err(|e| e.to_string())?;
+    if !manifest.contains("name = \"quickstart\"\ntest = true\nharness = false") {
+        return Err("crates/attn/Cargo.toml must declare the quickstart example `test = true, harness = false`, or this step would not run it".into());
     }
-    println!("note: crates/attn/examples/quickstart.rs does not exist yet; running every example");
-    for (package, example) in found {
-        cmd::cargo_run(&[&["run"][..], &RUN_PROFILE, &["-p", &package, "--example", &example]].concat())?;
-    }
-    Ok(())
-}
-
-/// `(package, example)` for every example cargo discovers on its own: `examples/<name>.rs` and
-/// `examples/<name>/main.rs`, in a stable order.
-fn all_examples(root: &Path) -> Vec<(String, String)> {
-    let mut found = Vec::new();
-    for crate_dir in sorted_entries(&root.join("crates")) {
-        let Some(package) = package_name(&crate_dir) else { continue };
-        for entry in sorted_entries(&crate_dir.join("examples")) {
-            let is_example = if entry.is_dir() {
-                entry.join("main.rs").is_file()
-            } else {
-                entry.extension().is_some_and(|e| e == "rs")
-            };
-            let name = entry.file_stem().map(|s| s.to_string_lossy().into_owned());
-            if let (true, Some(name)) = (is_example, name) {
-                found.push((package.clone(), name));
-            }
-        }
-    }
-    found
-}
-
-/// The entries of `dir`, sorted; empty if it does not exist.
-fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
-    let mut entries: Vec<PathBuf> =
-        std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-    entries.sort();
-    entries
-}
-
-/// The `name` in a crate's `[package]` table; a line scan is enough for the manifests in this
-/// repository and spares a TOML dependency.
-fn package_name(crate_dir: &Path) -> Option<String> {
-    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).ok()?;
-    let mut in_package = false;
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_package = line == "[package]";
-        } else if in_package && let Some(value) = line.strip_prefix("name") {
-            let value = value.trim_start().strip_prefix('=')?.trim();
-            return Some(value.trim_matches('"').to_string());
-        }
-    }
-    None
+    cmd::cargo_run(&["test", "--workspace", "--examples"])
 }
 
 /// How one step ended, for the summary.
@@ -225,39 +176,10 @@ fn summarize(outcomes: &[Outcome], total: Duration) -> ExitCode {
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-/// The example discovery is the only logic here not exercised by every CI run.
+/// The step table is data: check what a typo there would break.
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A throwaway workspace with one crate holding both kinds of example and a non-example file.
-    fn fake_workspace() -> PathBuf {
-        let root = std::env::temp_dir().join(format!("xtask-steps-{}", std::process::id()));
-        let krate = root.join("crates/some-dir");
-        std::fs::create_dir_all(krate.join("examples/multi")).unwrap();
-        let manifest = "[workspace]\nname = \"not-this\"\n\n[package]\nname = \"pkg\"\nedition = \"2024\"\n";
-        std::fs::write(krate.join("Cargo.toml"), manifest).unwrap();
-        std::fs::write(krate.join("examples/single.rs"), "fn main() {}").unwrap();
-        std::fs::write(krate.join("examples/multi/main.rs"), "fn main() {}").unwrap();
-        std::fs::write(krate.join("examples/README.md"), "").unwrap();
-        root
-    }
-
-    /// The package name comes from the manifest, and only cargo's two example layouts count.
-    #[test]
-    fn finds_examples_under_the_package_name_not_the_directory() {
-        let root = fake_workspace();
-        let found = all_examples(&root);
-        std::fs::remove_dir_all(&root).unwrap();
-        let pair = |e: &str| ("pkg".to_string(), e.to_string());
-        assert_eq!(found, vec![pair("multi"), pair("single")]);
-    }
-
-    /// A workspace without `crates/` is not an error, just nothing to run.
-    #[test]
-    fn no_crates_dir_means_no_examples() {
-        assert!(all_examples(Path::new("/nonexistent-xtask-root")).is_empty());
-    }
 
     /// Names are subcommands, so a duplicate would make one step unreachable.
     #[test]
