@@ -11,18 +11,19 @@
 #             kernel
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on a small problem of each
 #             family, head dim and mask
-#   time      ROUNDS (default 3) rounds of `attn bench`, the two builds in turn (BASE first in
+#   time      ROUNDS (default 2; about 200 s a round on the H100) rounds of `attn bench`, the two builds in turn (BASE first in
 #             odd rounds, this one first in even ones): Hopper bf16 D=64/128/256, Ampere/Ada
 #             bf16 D=64/128 and wgpu f32 D=64/128, both masks; summary.txt gives each row's
 #             per-round TFLOP/s of both builds, the ratio of their means and each build's
 #             spread (max/min over the rounds)
 # BASE: the other build's attn (default .device/old/attn, e.g. `cargo xtask bundle` at the older
 # commit, copied there with its COMMIT). Wgpu needs `cargo xtask vulkan-loader`'s .gl/.
-# Carry .device and .gl; timeout_s=600 per call (split the steps over two calls if needed).
-# Writes $OUT/ab.tgz (everything) and $OUT/summary.txt.
+# Carry .device and .gl; timeout_s=600 per call: verify and sanitize took 258 s, two rounds of
+# time about 400 s, so STEPS="verify sanitize" and STEPS=time are two calls.
+# Writes $OUT/ab.tgz (everything, repacked after each step) and $OUT/summary.txt.
 set -uo pipefail
-final=${OUT:-/tmp/out}; out=$final/ab; mkdir -p "$out"
-pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/ab.tgz" -C "$final" ab; }
+final=${OUT:-/tmp/out}; work=$(mktemp -d); out=$work/ab; mkdir -p "$out"
+pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/ab.tgz" -C "$work" ab; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 source bench/device/vulkan-env.sh
 new=.device/bin/attn
@@ -45,7 +46,7 @@ if has verify; then
   verify hopper -- --backend cuda
   verify hopper-3ctas ATTN_CUDA_SM90_GRID=3 -- --backend cuda
   for knob in ATTN_CUDA_SM90_QSLOTS=1 ATTN_CUDA_SM90_QSLOTS=2 ATTN_CUDA_SM90_BLOCKS=top ATTN_CUDA_SM90_SPLIT=off; do
-    verify "hopper-${knob#ATTN_CUDA_SM90_}" $knob ATTN_CUDA_SM90_GRID=7 -- --backend cuda --quick
+    label=${knob#ATTN_CUDA_SM90_}; verify "hopper-${label/=/-}" $knob ATTN_CUDA_SM90_GRID=7 -- --backend cuda --quick
   done
   verify ampere-r0 ATTN_CUDA_FAMILY=ampere ATTN_CUDA_RANK=0 -- --backend cuda
   for rank in 1 2 3 4; do
@@ -77,7 +78,7 @@ time_one() {
     > "$out/time-$label.jsonl" 2> "$out/time-$label.log" || echo "time $label: exit $? $(tail -1 "$out/time-$label.log")"
 }
 if has time; then
-  for round in $(seq 1 "${ROUNDS:-3}"); do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     order="base new"; ((round % 2 == 0)) && order="new base"
     for build in $order; do
       bin=$new; [[ $build == base ]] && bin=$base
