@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a traced Hopper kernel's cycles go: reads the CSV timelines that `ATTN_CUDA_SM90_TRACE`
-builds write (crates/attn-cuda/kernels/flash_fwd_sm90.cu, `trace_put`) and prints, per file, the
+builds write (crates/attn-cuda/kernels/sm90_trace.cuh, `trace_put`) and prints, per file, the
 clock, each consumer warpgroup's piece split into its steps, the waits, the producer's lead, and
 a fit of a piece's cycles against its key tiles (intercept = what a piece costs beyond its key
 tiles). Usage: trace.py FILE.csv [...]. Event names follow the kernel's enums, in order."""

@@ -90,7 +90,7 @@ META
     --meta "$out/meta.json" --out "$out/wgpu-results.json" > "$out/wgpu-table.md"
   cp "$out/wgpu-table.md" "$final/wgpu-table.md"; cat "$out/wgpu-table.md"
   # The issue's targets, row by row: the f32 one is half the f32 FMA peak that the fma_peak
-  # example measured through Vulkan on this GPU, 63.89 TFLOP/s (bench/results/2026-11-23-h100-wgpu-coop-stages),
+  # example measured through Vulkan on this GPU, 63.89 TFLOP/s (docs/performance.md, wgpu),
   # compared unrounded (before 2026-11-26 with 31.9, which let 31.90-31.94 pass).
   python3 - "$out/wgpu-results.json" <<'PY' | tee "$out/targets.txt"
 import json, sys

@@ -40,15 +40,21 @@ pub const STEPS: &[Step] = &[
 
 /// `attn verify --quick --planted`: the backend × case-family table in the CI log (the same
 /// suite also runs as a test; this shows what ran and what was skipped, by name). It runs the
-/// `attn` binary that the `tests` step built (cargo builds a package's binaries for its
-/// integration tests): `cargo run` would resolve the dependencies' features without the
-/// dev-dependencies and build much of the workspace again.
+/// `attn` binary of the `tests` step's build (cargo builds a package's binaries for its
+/// integration tests; asking for that build again rebuilds nothing after `tests`, and brings a
+/// stale binary up to date when this step runs alone): `cargo run` would resolve the
+/// dependencies' features without the dev-dependencies and build much of the workspace again.
 fn verify() -> Result<(), String> {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| cmd::workspace_root().join("target"), Into::into);
+    cmd::cargo_run(&[&["test", "--no-run", "--quiet"][..], &TESTS_TARGETS].concat())?;
+    let root = cmd::workspace_root();
+    // A relative CARGO_TARGET_DIR is cargo's, relative to where it runs: the workspace root.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
     let attn = target.join("debug/attn");
     if !attn.is_file() {
-        return Err(format!("{} is missing: run the `tests` step first", attn.display()));
+        return Err(format!(
+            "{} is missing after the tests' build (another target-dir setting?)",
+            attn.display()
+        ));
     }
     cmd::run(attn, &["verify", "--quick", "--planted"])
 }
@@ -66,8 +72,11 @@ fn clippy() -> Result<(), String> {
 /// `cargo test` of every target but the examples (the next step's) and the doc tests
 /// (`doc-tests`).
 fn tests() -> Result<(), String> {
-    cmd::cargo_run(&["test", "--workspace", "--lib", "--bins", "--tests", "--benches"])
+    cmd::cargo_run(&[&["test"][..], &TESTS_TARGETS].concat())
 }
+
+/// What the `tests` step builds and runs: every target but the examples and the doc tests.
+const TESTS_TARGETS: [&str; 5] = ["--workspace", "--lib", "--bins", "--tests", "--benches"];
 
 /// `cargo test --workspace --doc`.
 fn doc_tests() -> Result<(), String> {
@@ -84,10 +93,28 @@ fn examples() -> Result<(), String> {
         return Err("crates/attn/examples/quickstart.rs is missing".into());
     }
     let manifest = std::fs::read_to_string(root.join("crates/attn/Cargo.toml")).map_err(|e| e.to_string())?;
-    if !manifest.contains("name = \"quickstart\"\ntest = true\nharness = false") {
-        return Err("crates/attn/Cargo.toml must declare the quickstart example `test = true, harness = false`, or this step would not run it".into());
+    if !runs_without_harness(&manifest, "quickstart") {
+        return Err(
+            "crates/attn/Cargo.toml must declare the quickstart example with `harness = false` (and \
+                    `test = true`), or this step would build it without running it"
+                .into(),
+        );
     }
     cmd::cargo_run(&["test", "--workspace", "--examples"])
+}
+
+/// Whether `manifest` declares the example `name` as a test without a harness: an
+/// `[[example]]` table with `name = "<name>"`, `test = true` and `harness = false`, in any order.
+fn runs_without_harness(manifest: &str, name: &str) -> bool {
+    manifest.split("[[example]]").skip(1).any(|table| {
+        let table = table.split("\n[").next().unwrap_or("");
+        let has = |key: &str, value: &str| {
+            table
+                .lines()
+                .any(|l| l.split('#').next().unwrap_or("").replace(' ', "") == format!("{key}={value}"))
+        };
+        has("name", &format!("\"{name}\"")) && has("test", "true") && has("harness", "false")
+    })
 }
 
 /// How one step ended, for the summary.
@@ -180,6 +207,18 @@ fn summarize(outcomes: &[Outcome], total: Duration) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The examples step's check reads the keys in any order, with comments and spacing.
+    #[test]
+    fn finds_an_example_declared_without_a_harness() {
+        let toml = "[package]\nname = \"x\"\n\n[[example]]\nharness = false # runs main\nname  =  \"quickstart\"\ntest = true\n";
+        assert!(runs_without_harness(toml, "quickstart"));
+        assert!(!runs_without_harness(toml, "other"));
+        assert!(!runs_without_harness(&toml.replace("harness = false", "harness = true"), "quickstart"));
+        let split =
+            "[[example]]\nname = \"quickstart\"\n\n[dev-dependencies]\nharness = false\ntest = true\n";
+        assert!(!runs_without_harness(split, "quickstart"));
+    }
 
     /// Names are subcommands, so a duplicate would make one step unreachable.
     #[test]

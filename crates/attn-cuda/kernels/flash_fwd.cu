@@ -20,7 +20,7 @@
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
 // 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_STAGES (1 or 2),
-// ATTN_CAUSAL. The host's plan (crates/attn-cuda/src/plan.rs) mirrors the shared-memory size
+// ATTN_CAUSAL. The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
 // computed here.
 
 #include <cuda_fp16.h>
@@ -56,7 +56,7 @@ constexpr float RESCALE_SLACK = 8.f;
 
 static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key tile must be multiples of 16");
 
-// Must match `KernelParams` in crates/attn-cuda/src/launch.rs field for field.
+// Must match `KernelParams` in crates/attn-cuda/src/ampere/launch.rs field for field.
 struct Params {
     const elem_t* q;
     const elem_t* k;

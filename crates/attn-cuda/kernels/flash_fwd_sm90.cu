@@ -141,7 +141,7 @@ struct Params {
     int q_blocks;      // query blocks per (batch, head)
     int tiles;         // q_blocks * batch * heads_q
     int head_group;    // causal: heads whose tiles go longest first together (see tile_at)
-    // The split tail (see Piece; `Split` in crates/attn-cuda/src/hopper/plan.rs): tiles before
+    // The split tail (see Piece; `Split` in crates/attn-cuda/src/hopper/split.rs): tiles before
     // `whole` go out whole, one per unit of work; the tail_iters key tiles of the tiles from
     // `whole` on are dealt to tail_units units in even runs. No split: whole = tiles, 0 units.
     int whole;
@@ -160,7 +160,7 @@ struct Params {
 
 // Shared memory, from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
 // and the descriptors assume tiles start on that boundary). The host adds 1024 bytes of slack
-// for the alignment: crates/attn-cuda/src/hopper/plan.rs mirrors these sizes.
+// for the alignment: crates/attn-cuda/src/hopper/variant.rs mirrors these sizes.
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;  // O_IN_Q: O goes out through Q's

@@ -197,7 +197,7 @@ __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast
 
 // A thread's row reductions (max, sum) run in CHAINS independent chains per row, element
 // (chunk c, e) in chain chain(c, e), combined pairwise at the end: ILP for the softmax, though
-// on the H100 it timed the same as one chain (bench/results/2026-11-25-h100-hopper-0fb8596).
+// on the H100 it timed the same as one chain (commit 0fb8596, docs/experiments.md).
 constexpr int CHAINS = 4;
 __device__ __forceinline__ int chain(int c, int e) { return (2 * c + (e & 1)) % CHAINS; }
 __device__ __forceinline__ float max_of(const float (&x)[CHAINS]) {
@@ -403,7 +403,7 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
 
 // Key tile j's softmax against the running max as it stands, without finding the tile's own max
 // first: at D=64 that search (60 FMNMX and two shuffles a tile) is what the consumers wait on most,
-// and the kernel without it ran 4-12% faster (bench/results/2026-11-26-h100-hopper-speculate-*).
+// and the kernel without it ran 4-12% faster (commit 841c170, docs/experiments.md).
 // The running max moves only when a row outgrows it by RESCALE_SLACK anyway; as long as no row
 // did, every p is below 2^RESCALE_SLACK and so is each thread's part of a row's sum. Where a part
 // is above that (or is not a number), or a row has seen no key yet, the warpgroup issues S_j again

@@ -122,12 +122,13 @@ impl CompileRequest {
         self
     }
 
-    /// What identifies the program this request compiles: a hash of its source, its headers
-    /// and its NVRTC options (architecture, defines, include directories, flags). Two requests
+    /// What identifies the program this request compiles: a hash of its source, its headers,
+    /// its NVRTC options (architecture, defines, include directories, flags) and whether a
+    /// warning fails it. Two requests
     /// with one key compile to the same program whatever their names, which only label messages.
     pub fn key(&self) -> u64 {
         let mut h = std::hash::DefaultHasher::new();
-        (&self.source, &self.headers, self.options()).hash(&mut h);
+        (&self.source, &self.headers, self.options(), self.deny_warnings).hash(&mut h);
         h.finish()
     }
 

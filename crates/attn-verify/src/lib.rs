@@ -15,7 +15,7 @@
 //!
 //! ## Adding a backend
 //! Implement [`attn_core::Attention`] (and [`attn_core::Attention::numerics`] if it does not
-//! keep everything in f32), then add one line to `attn::Backend::all()`. `cargo xtask test` and
+//! keep everything in f32), then add one line to the registry behind `attn::Backend::all()`. `cargo xtask test` and
 //! `attn verify` then run every case on it wherever it is available.
 
 pub mod case;

@@ -1,7 +1,7 @@
 // FlashAttention forward, one workgroup per (batch·head, block of BM query rows).
 //
-// Template: `shader.rs` substitutes every double-brace marker (constants, unrolled O code) per
-// specialisation; see `plan.rs` for how the constants are chosen. Scores are kept in base-2
+// Template: `fma.rs` fills every named hook (constants, unrolled O code) per specialisation
+// through `wgsl::fill`; see `plan.rs` for how the constants are chosen. Scores are kept in base-2
 // units (Q is pre-multiplied by scale·log2(e)), so every exponential is one exp2.
 //
 // Roles: invocation (ty, tx) (IL below says which lid), tx in 0..TX, ty in 0..TY, owns query

@@ -44,7 +44,7 @@ const RESCALE: f32 = 8.0;
 
 // Every workgroup variable is a multiple of 16 bytes, so that wherever the driver places them,
 // matrix rows stay on 16-byte boundaries: with an 8-byte variable among them the H100 returned
-// wrong products (bench/results/2026-11-23-h100-wgpu-coop-aligned-*).
+// wrong products (docs/experiments.md).
 var<workgroup> scratch: array<f32, SG * 16u * BN>;
 var<workgroup> ps: array<f16, SG * 16u * BN>;
 // Set by any invocation whose row needs a rescale in this tile; two, alternating by tile, so

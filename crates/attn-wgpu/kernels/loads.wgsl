@@ -2,7 +2,7 @@
 // shared by the FMA kernels. Q is guarded (zeros past seq_q). K and V are not: each head's K/V
 // rows are padded with zeros to whole tiles (`plan::padded_rows`), and every key loaded lies in
 // a tile the block sees. The guards cost 3% (f32 D=128 without a mask) to 6% (causal) on the
-// H100 (bench/results/2026-11-26-h100-wgpu-guard-a9fa2c0).
+// H100 (commit a9fa2c0, docs/experiments.md).
 fn load_q(base: u32, row: u32, dq: u32) -> vec4<f32> {
     if (row < P.seq_q) {
         return vec4<f32>(q[base + row * D4 + dq]);

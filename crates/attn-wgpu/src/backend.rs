@@ -139,6 +139,12 @@ impl Attention for Wgpu {
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
         let &Chosen { variant, grid } = plan.payload::<Chosen>()?;
+        // The plan decides what runs: a launch edited after planning would not be the variant's.
+        if !matches!(&plan.execution, Execution::Gpu(launch) if launch.grid == grid) {
+            return Err(attn_core::Error::PlanMismatch {
+                what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
+            });
+        }
         // Compiled on first use (once per variant and process, cached by the runtime): planning
         // does no device work.
         let pipeline = gpu.pipeline(&variant)?;

@@ -258,7 +258,7 @@ pub struct Variant {
 /// The kernel templates a [`Variant`] can specialise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `kernels/flash.wgsl` ([`crate::shader`]): FMAs on 4 x 4·KG score micro-tiles; the f32
+    /// `kernels/flash.wgsl` ([`crate::fma`]): FMAs on 4 x 4·KG score micro-tiles; the f32
     /// kernel, and f16's where there are no cooperative matrices.
     Fma,
     /// `kernels/flash_coop.wgsl` ([`crate::coop`], f16 only): cooperative matrices, one

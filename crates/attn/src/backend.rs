@@ -24,6 +24,16 @@ pub struct Choice {
     pub verdict: std::result::Result<String, String>,
 }
 
+/// Every backend of the build by name, in [`Backend::all`]'s order, with how to build it from
+/// its settings.
+type Make = fn() -> Result<Box<dyn Attention>>;
+const REGISTRY: [(&str, Make); 4] = [
+    ("cuda", || Ok(Box::new(attn_cuda::Cuda::from_env()?))),
+    ("wgpu", || Ok(Box::new(attn_wgpu::Wgpu::from_env()?))),
+    ("cpu-flash", || Ok(Box::new(attn_cpu::Flash::from_env()?))),
+    ("cpu-reference", || Ok(Box::new(attn_cpu::Reference))),
+];
+
 /// What [`Backend::rank`] found.
 pub struct Ranking {
     /// The backend [`Backend::auto`] picks, if any can run the problem.
@@ -38,24 +48,22 @@ impl Backend {
     /// FMA), then the CPU. Each reads its `ATTN_*` settings here; one that cannot be read is an
     /// [`Error::InvalidSetting`].
     pub fn all() -> Result<Vec<Box<dyn Attention>>> {
-        Ok(vec![
-            Box::new(attn_cuda::Cuda::from_env()?),
-            Box::new(attn_wgpu::Wgpu::from_env()?),
-            Box::new(attn_cpu::Flash::from_env()?),
-            Box::new(attn_cpu::Reference),
-        ])
+        REGISTRY.iter().map(|(_, make)| make()).collect()
     }
 
-    /// The backend called `name` (`cuda`, `wgpu`, `cpu-flash`, `cpu-reference`; `cpu` means `cpu-flash`), or an
-    /// error that says why it cannot be had.
+    /// The backend called `name` (`cuda`, `wgpu`, `cpu-flash`, `cpu-reference`; `cpu` means
+    /// `cpu-flash`), or an error that says why it cannot be had. Only that backend is built, so
+    /// only its own settings must be readable.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
         let name = if name == "cpu" { "cpu-flash" } else { name };
-        let all = Self::all()?;
-        let names: Vec<String> = all.iter().map(|b| b.name().to_string()).collect();
-        let backend = all.into_iter().find(|b| b.name() == name).ok_or_else(|| Error::Unavailable {
-            backend: name.into(),
-            reason: format!("no backend of that name in this build; known: {}", names.join(", ")),
-        })?;
+        let Some((_, make)) = REGISTRY.iter().find(|(n, _)| *n == name) else {
+            let names: Vec<&str> = REGISTRY.iter().map(|(n, _)| *n).collect();
+            return Err(Error::Unavailable {
+                backend: name.into(),
+                reason: format!("no backend of that name in this build; known: {}", names.join(", ")),
+            });
+        };
+        let backend = make()?;
         if let Availability::Unavailable { reason } = backend.availability() {
             return Err(Error::Unavailable { backend: name.into(), reason });
         }

@@ -14,4 +14,9 @@ fn an_unreadable_setting_is_an_error_naming_the_variable_and_what_it_accepts() {
     unsafe { std::env::set_var("ATTN_CPU_TILES", "64x64") };
     assert!(Backend::by_name("cpu").is_ok());
     unsafe { std::env::remove_var("ATTN_CPU_TILES") };
+    // Another backend's bad setting fails the whole list, but not a backend chosen by name.
+    unsafe { std::env::set_var("ATTN_CUDA_SM90_GRID", "0") };
+    assert!(matches!(Backend::all().err(), Some(Error::InvalidSetting { name: "ATTN_CUDA_SM90_GRID", .. })));
+    assert!(Backend::by_name("cpu").is_ok());
+    unsafe { std::env::remove_var("ATTN_CUDA_SM90_GRID") };
 }

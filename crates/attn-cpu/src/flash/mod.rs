@@ -176,7 +176,7 @@ impl Flash {
     /// The same under a causal mask, whose tasks differ in length and balance only in numbers:
     /// on 16 Xeon cores (B=1, H=16, f32, S=512 and 1024) 64-row blocks were 7-17% faster than
     /// 128-row ones with a causal mask and within 2% without
-    /// (`bench/results/2026-11-22-cpu-xeon16-tiles.json`).
+    /// (docs/experiments.md, attn-cpu).
     pub const TASKS_PER_THREAD_CAUSAL: usize = 16;
     /// Keys per tile; a multiple of every ISA's `NR`.
     pub const BLOCK_N: usize = 64;

@@ -52,7 +52,7 @@ pub struct Sm90Params {
 
 /// The trace of a [`Variant::trace`] build, per CTA: `TRACE_PIECES + 1` rows (a piece each,
 /// the last the CTA's own) of `TRACE_ROLES` roles (consumer warpgroups, then the producer) of
-/// `TRACE_EVENTS` 64-bit stamps, as `kernels/flash_fwd_sm90.cu` lays it out (`trace_put`).
+/// `TRACE_EVENTS` 64-bit stamps, as `kernels/sm90_trace.cuh` lays it out (`trace_put`).
 pub const TRACE_PIECES: usize = 64;
 /// See [`TRACE_PIECES`].
 pub const TRACE_ROLES: usize = 5;
@@ -217,6 +217,15 @@ impl Bound {
         let mut params =
             Sm90Params::new(tensors, &counters, partials.as_ref(), split, stream, problem, variant)?;
         let mut trace = None;
+        // A traced build stamps through its trace pointer unconditionally: it must have one.
+        if variant.trace && trace_folder.is_none() {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` is a traced build, but this backend has no trace folder (ATTN_CUDA_SM90_TRACE)",
+                    variant.name()
+                ),
+            });
+        }
         if let (true, Some(folder)) = (variant.trace, trace_folder) {
             let words = ctas as usize * TRACE_LEN_PER_CTA;
             let buffer = stream.alloc_zeros::<i64>(words).map_err(driver("allocate the trace"))?;
@@ -239,7 +248,7 @@ struct Trace {
 
 impl Trace {
     /// The last launch's stamps as CSV: a row per (CTA, piece, role) that holds any, the piece
-    /// `TRACE_PIECES` being the CTA's own row (see `kernels/flash_fwd_sm90.cu`, `trace_put`).
+    /// `TRACE_PIECES` being the CTA's own row (see `kernels/sm90_trace.cuh`, `trace_put`).
     fn write(&self) -> std::result::Result<(), String> {
         let words = self.stream.clone_dtoh(&self.buffer).map_err(|e| format!("copy the trace back: {e}"))?;
         let names: Vec<String> = (0..TRACE_EVENTS).map(|e| format!("e{e}")).collect();
