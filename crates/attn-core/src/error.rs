@@ -128,6 +128,14 @@ pub enum Error {
         what: String,
     },
 
+    /// A problem too large for the memory it needs: sizes past what one allocation can address,
+    /// or buffers larger than the memory available. Raised before anything is allocated.
+    #[error("problem too large: {what}")]
+    TooLarge {
+        /// What needs how much, and what is available.
+        what: String,
+    },
+
     /// An `ATTN_*` environment variable holds a value its crate cannot read. Raised when the
     /// settings are parsed, never ignored.
     #[error("{name}={value:?} is not a valid setting; allowed: {allowed}")]

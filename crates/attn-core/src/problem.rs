@@ -304,6 +304,50 @@ impl Problem {
         ]
     }
 
+    /// Bytes of q, k, v and o (as their strides lay them out) and of the LSE when asked for:
+    /// the memory one call's tensors take. Exact in `u128`, whatever the sizes.
+    pub fn bytes(&self) -> u128 {
+        let lse = if self.params.return_lse { 4 * self.spans()[4] } else { 0 };
+        self.spans()[..4].iter().map(|e| e * self.dtype.size() as u128).sum::<u128>() + lse
+    }
+
+    /// Elements of q, k, v, o (last element's offset + 1, as [`Problem::required_lens`]) and the
+    /// LSE, in `u128` so that no size overflows.
+    fn spans(&self) -> [u128; 5] {
+        let s = self.shape;
+        let t = self.strides;
+        let span = |st: Strides, heads: usize, seq: usize| {
+            let last = |n: usize, stride: usize| (n as u128 - 1) * stride as u128;
+            last(s.batch, st.batch) + last(heads, st.head) + last(seq, st.seq) + s.head_dim as u128
+        };
+        [
+            span(t.q, s.heads_q, s.seq_q),
+            span(t.k, s.heads_kv, s.seq_k),
+            span(t.v, s.heads_kv, s.seq_k),
+            span(t.o, s.heads_q, s.seq_q),
+            s.batch as u128 * s.heads_q as u128 * s.seq_q as u128,
+        ]
+    }
+
+    /// Every tensor's bytes fit one allocation (`isize::MAX`), so that sizes computed in
+    /// `usize` later cannot overflow.
+    fn check_sizes(&self) -> Result<()> {
+        let names = ["q", "k", "v", "o", "lse"];
+        let sizes = [self.dtype.size() as u128; 4].into_iter().chain([4]);
+        for ((name, elems), size) in names.into_iter().zip(self.spans()).zip(sizes) {
+            let bytes = elems * size;
+            if bytes > isize::MAX as u128 {
+                return Err(Error::TooLarge {
+                    what: format!(
+                        "tensor `{name}` of {self} spans {elems} elements ({bytes} bytes), past the {} bytes one allocation can hold",
+                        isize::MAX
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Length of the LSE output, `batch · heads_q · seq_q`.
     pub fn lse_len(&self) -> usize {
         self.shape.batch * self.shape.heads_q * self.shape.seq_q
@@ -313,6 +357,7 @@ impl Problem {
     /// a finite scale, output strides that do not overlap.
     pub fn validate(&self) -> Result<()> {
         self.shape.validate()?;
+        self.check_sizes()?;
         if let Some(scale) = self.params.scale
             && !scale.is_finite()
         {
@@ -390,6 +435,25 @@ mod tests {
         assert!(e.unwrap_err().to_string().contains("heads_q"));
         let e = Problem::new(Shape::new(1, 1, 4, 4), DType::F32).with_scale(f32::NAN).validate();
         assert!(matches!(e, Err(Error::NonFiniteScale { .. })));
+    }
+
+    #[test]
+    fn sizes_past_one_allocation_are_an_error_not_an_overflow() {
+        let huge = Shape {
+            batch: 1 << 20,
+            heads_q: 1 << 20,
+            heads_kv: 1 << 20,
+            seq_q: 1 << 30,
+            seq_k: 1 << 30,
+            head_dim: 128,
+        };
+        let err = Problem::new(huge, DType::Bf16).validate().unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+        assert!(err.to_string().contains("tensor `q`"), "{err}");
+        // Large but addressable: valid, and its bytes are exact.
+        let big = Problem::new(Shape::new(1, 8, 1_000_000_000, 128), DType::Bf16);
+        assert!(big.validate().is_ok());
+        assert_eq!(big.bytes(), 4 * 8 * 1_000_000_000 * 128 * 2);
     }
 
     #[test]

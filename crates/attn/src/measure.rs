@@ -6,6 +6,34 @@ use attn_cpu::Reference;
 use rayon::prelude::*;
 use std::time::Duration;
 
+/// Checks that the host buffers [`random_inputs`] and an output for `problem` take (q, k, v
+/// and o, and an f32 copy of one tensor while it is drawn) fit in the memory available now, so
+/// that a problem too large for this machine is an [`attn_core::Error::TooLarge`] before
+/// anything is allocated, not an abort. Where the available memory cannot be read (not Linux),
+/// only the sizes are checked ([`Problem::validate`]).
+pub fn check_host_memory(problem: &Problem) -> Result<()> {
+    problem.validate()?;
+    let largest = problem.required_lens().iter().map(|(_, n)| *n as u128).max().unwrap_or(0);
+    let needed = problem.bytes() + 4 * largest;
+    match available_memory() {
+        Some(available) if needed > available => Err(attn_core::Error::TooLarge {
+            what: format!(
+                "{problem}: its host buffers (q, k, v, o and an f32 copy of one while the inputs are drawn) \
+                 need {needed} bytes, but {available} bytes of memory are available"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes: what can be allocated without swapping.
+fn available_memory() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Random inputs for a problem: q, k, v drawn from N(0, 1) and rounded to its dtype. Drawn on
 /// every core in chunks of 2^20 values, each chunk from its own stream, seeded in order from
 /// `seed`: the same seed gives the same inputs on any machine and thread count. (The GPU grid's

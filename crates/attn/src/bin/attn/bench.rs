@@ -107,6 +107,7 @@ fn bench_one(
     args: &BenchArgs,
 ) -> attn::Result<serde_json::Value> {
     let plan = backend.plan(problem)?;
+    measure::check_host_memory(problem)?;
     let bufs = measure::random_inputs(problem, 1);
     let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
     let mut outputs = Outputs { o: o.as_data_mut(), lse: None };

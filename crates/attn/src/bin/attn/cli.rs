@@ -199,6 +199,7 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     progress(&format!("inputs: {problem}, N(0,1) seed {}", args.seed));
+    measure::check_host_memory(&problem)?;
     let bufs = measure::random_inputs(&problem, args.seed);
     let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
     let mut lse = problem.params.return_lse.then(|| vec![0.0f32; problem.lse_len()]);
