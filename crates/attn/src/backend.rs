@@ -24,9 +24,11 @@ pub struct Choice {
     pub verdict: std::result::Result<String, String>,
 }
 
-/// Every backend of the build by name, in [`Backend::all`]'s order, with how to build it from
-/// its settings.
+/// Builds a backend from its settings.
 type Make = fn() -> Result<Box<dyn Attention>>;
+
+/// Every backend of the build by name, in [`Backend::all`]'s order, with how to build it: a new
+/// backend is one more line here.
 const REGISTRY: [(&str, Make); 4] = [
     ("cuda", || Ok(Box::new(attn_cuda::Cuda::from_env()?))),
     ("wgpu", || Ok(Box::new(attn_wgpu::Wgpu::from_env()?))),
