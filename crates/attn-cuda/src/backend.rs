@@ -273,12 +273,11 @@ impl Attention for Cuda {
                     planned
                 }
             };
-        let elems: usize = problem.required_lens().iter().map(|(_, n)| n).sum();
-        let bytes = 2 * elems + if problem.params.return_lse { 4 * problem.lse_len() } else { 0 };
+        let bytes = problem.bytes();
         // The tensors must fit the device's free memory now: a typed error before anything is
         // allocated, instead of a failed allocation halfway through `prepare`.
         let (free, _) = gpu.context().mem_get_info().map_err(driver("cuMemGetInfo"))?;
-        if bytes > free {
+        if bytes > free as u128 {
             return Err(Error::TooLarge {
                 what: format!(
                     "{problem}: q, k, v, o and lse need {bytes} bytes of device memory, but {} has {free} bytes free",
