@@ -91,12 +91,21 @@ pub fn quick() -> Vec<Case> {
             121,
         ),
         case("scale", "zero", p(Shape::new(1, 2, 100, 128), F16).with_scale(0.0), Normal, 122),
+        // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
+        // under a causal mask and GQA.
+        case(
+            "long-keys",
+            "sq8sk40000-hq4hkv2",
+            p(Shape { heads_kv: 2, ..sk(8, 40_000, 4, 64) }, Bf16).causal(),
+            Normal,
+            130,
+        ),
     ]);
     v
 }
 
-/// The quick grid plus longer sequences, larger head dims and batches (a few minutes on two
-/// cores; run by `attn verify`).
+/// The quick grid plus longer sequences (up to 128k keys), larger head dims and batches (a few
+/// minutes on two cores; run by `attn verify`).
 pub fn full() -> Vec<Case> {
     let mut v = quick();
     let mut seed = 1000;
@@ -109,6 +118,23 @@ pub fn full() -> Vec<Case> {
                 }
                 seed += 1;
                 v.push(case("long", &format!("s{seq}d{d}"), problem, Distribution::Normal, seed));
+            }
+        }
+        // The key counts users run: decode at 128k keys, a prefill chunk at 32k.
+        for (sq, keys, d) in [(1, 131_072, 128), (64, 32_768, 64)] {
+            for causal in [false, true] {
+                let mut problem = p(Shape { heads_kv: 2, ..sk(sq, keys, 4, d) }, dtype);
+                if causal {
+                    problem = problem.causal();
+                }
+                seed += 1;
+                v.push(case(
+                    "long-keys",
+                    &format!("sq{sq}sk{keys}d{d}"),
+                    problem,
+                    Distribution::Normal,
+                    seed,
+                ));
             }
         }
         seed += 1;

@@ -21,16 +21,20 @@ pub enum Flaw {
     DropsPartialTile,
     /// Never writes the last query row of each head.
     SkipsLastRow,
+    /// Sees only the first 16,384 keys of a row, as a kernel whose loops a driver ends early
+    /// (Mesa's software adapters' loop limit): finite output, an LSE too small.
+    StopsAfterKeys,
 }
 
 impl Flaw {
     /// Every planted flaw.
-    pub const ALL: [Flaw; 5] = [
+    pub const ALL: [Flaw; 6] = [
         Flaw::NoMaxSubtraction,
         Flaw::WrongKvHead,
         Flaw::TopLeftCausal,
         Flaw::DropsPartialTile,
         Flaw::SkipsLastRow,
+        Flaw::StopsAfterKeys,
     ];
 }
 
@@ -65,6 +69,9 @@ impl Planted {
                     }
                     if self.flaw == Flaw::DropsPartialTile && !visible.is_multiple_of(64) && visible > 64 {
                         visible -= visible % 64;
+                    }
+                    if self.flaw == Flaw::StopsAfterKeys {
+                        visible = visible.min(16_384);
                     }
                     let qo = p.strides.q.offset(b, h, i);
                     let scores: Vec<f32> = (0..visible)

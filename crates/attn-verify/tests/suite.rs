@@ -56,6 +56,7 @@ fn planted_bugs_are_caught_by_their_named_cases() {
         (Flaw::TopLeftCausal, "causal-offset"),
         (Flaw::DropsPartialTile, "odd-lengths"),
         (Flaw::SkipsLastRow, "standard"),
+        (Flaw::StopsAfterKeys, "long-keys"),
     ];
     assert_eq!(expected.len(), Flaw::ALL.len());
     let cases = grid::quick();

@@ -20,6 +20,12 @@ struct Params {
     causal_offset: i32,
     scale_log2: f32,
     neg_inf_bits: u32,
+    // The keys this dispatch sees, key_begin..key_end: all of them, or (on a software adapter
+    // with a loop limit, `plan::KeySplit`) one part, key_begin a multiple of the key tile.
+    key_begin: u32,
+    key_end: u32,
+    // Trips of `loop_limit_probe`'s loop: 2, from the host, so that no compiler can unroll it.
+    probe_trips: u32,
     pad: u32,
 }
 
@@ -29,3 +35,20 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v: array<IN>;
 @group(0) @binding(4) var<storage, read_write> o: array<vec4<ET>>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+// status[0]: set to 1 by an invocation whose loops were cut short (`loop_limit_probe`).
+@group(0) @binding(6) var<storage, read_write> status: array<u32>;
+
+// Mesa's software adapters (llvmpipe, lavapipe) end every loop of an invocation once 65535
+// iterations have run in all its loops together, without an error: the kernel would go on with
+// the keys it has seen so far. Called last, after every other loop: a loop of two trips that no
+// compiler can unroll (its bound is a parameter) runs only once if that limit has been reached,
+// and the host turns the flag into an error.
+fn loop_limit_probe() {
+    var trips = 0u;
+    for (var i = 0u; i < P.probe_trips; i++) {
+        trips += 1u;
+    }
+    if (trips != P.probe_trips) {
+        status[0] = 1u;
+    }
+}

@@ -83,7 +83,7 @@ fn main(
     var m = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);
 {{O_DECL}}
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = t_first; t < n_tiles; t++) {
         let n0 = t * BN;
 {{STAGES_SEEN}}
 {{S_DECL}}
@@ -137,4 +137,5 @@ fn main(
             }
         }
     }
+    loop_limit_probe();
 }

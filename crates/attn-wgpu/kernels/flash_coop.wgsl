@@ -74,9 +74,10 @@ fn main(
     let k_rows = (P.seq_k + BN - 1u) / BN * BN;
     let q_at = (bh * q_rows + m0 + sg * 16u) * D; // this subgroup's first Q element
     let kv_at = (b * P.heads_kv + h / P.group) * k_rows * D;
-    var n_end = P.seq_k;
+    // This dispatch's keys (`Params`), and (causal) up to the last row's diagonal.
+    var n_end = min(P.seq_k, P.key_end);
     if (CAUSAL) {
-        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
+        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(n_end)));
     }
     let n_tiles = (n_end + BN - 1u) / BN;
 
@@ -97,7 +98,7 @@ fn main(
     var m_run = NEG; // this row's running max (both lanes of the row hold it)
     var l_run = 0.0; // this lane's part of the row sum
 
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = P.key_begin / BN; t < n_tiles; t++) {
         let n0 = t * BN;
         let k_at = kv_at + n0 * D;
 {{S_MMA}}
@@ -139,4 +140,5 @@ fn main(
         let empty = l_row == 0.0;
         lse[bh * P.seq_q + q_row] = select((m_run + log2(l_row)) * LN2, bitcast<f32>(P.neg_inf_bits), empty);
     }
+    loop_limit_probe();
 }

@@ -16,19 +16,21 @@
     // K/V rows per head: seq_k padded with zeros to whole tiles (`plan::padded_rows`).
     let kv_base = (b * P.heads_kv + h / P.group) * ((P.seq_k + BN - 1u) / BN * BN) * D4;
 
-    // Keys this block can see: all, or (causal) up to the last row's diagonal.
-    var n_end = P.seq_k;
+    // Keys this block can see: this dispatch's (all, or one part: `Params`), and (causal) up to
+    // the last row's diagonal; tiles t_first..n_tiles.
+    var n_end = min(P.seq_k, P.key_end);
     if (CAUSAL) {
-        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(P.seq_k)));
+        n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(n_end)));
     }
     let n_tiles = (n_end + BN - 1u) / BN;
+    let t_first = P.key_begin / BN;
 
     // K and V (or, where P·V reads V straight from its buffer, K alone) pass through registers on
     // their way to workgroup memory: each stage's global loads (pre*) are issued before the
     // previous stage's arithmetic and stored after it, so their latency hides under that
     // arithmetic. The first K chunk is loaded under the Q staging.
 {{PRE_DECL}}
-    if (n_tiles > 0u) {
+    if (n_tiles > t_first) {
 {{FETCH_K_FIRST}}
     }
 

@@ -2,7 +2,7 @@
 
 use crate::options::Options;
 use crate::pack::{pack_inputs, unpack_output};
-use crate::plan::{self, AdapterCaps, Variant};
+use crate::plan::{self, AdapterCaps, KeySplit, Variant};
 use crate::runtime::Gpu;
 use attn_core::{
     Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Payload, Plan, Prepared,
@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
-/// The kernel's uniform block; field order and types match `struct Params` in `flash.wgsl`.
+/// The kernel's uniform block; field order and types match `struct Params` in `kernels/bindings.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
@@ -27,8 +27,27 @@ struct Params {
     causal_offset: i32,
     scale_log2: f32,
     neg_inf_bits: u32,
+    key_begin: u32,
+    key_end: u32,
+    probe_trips: u32,
     pad: u32,
 }
+
+/// The merge step's uniform block; matches `struct Merge` in `merge.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Merge {
+    rows: u32,
+    d4: u32,
+    first: u32,
+    last: u32,
+    groups_x: u32,
+    neg_inf_bits: u32,
+    pad: [u32; 2],
+}
+
+/// Invocations per workgroup of the merge step (`@workgroup_size` in `merge.wgsl`).
+const MERGE_WORKGROUP: u32 = 64;
 
 /// The wgpu backend on the preferred adapter. The adapter is opened on first use; without one
 /// (no Vulkan loader or driver) the backend reports itself unavailable, with the reason.
@@ -86,11 +105,13 @@ impl Wgpu {
     }
 }
 
-/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel and its grid.
+/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel, its grid, and
+/// the key split where the adapter needs one.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Chosen {
     variant: Variant,
     grid: [u32; 3],
+    split: Option<KeySplit>,
 }
 
 impl Attention for Wgpu {
@@ -121,7 +142,7 @@ impl Attention for Wgpu {
         let mut choice = self.choose(problem, &self.caps(&gpu))?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
-        let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid };
+        let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid, split: choice.split };
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),
@@ -138,7 +159,7 @@ impl Attention for Wgpu {
         let problem = plan.problem;
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
-        let &Chosen { variant, grid } = plan.payload::<Chosen>()?;
+        let &Chosen { variant, grid, split } = plan.payload::<Chosen>()?;
         // The plan decides what runs: a launch edited after planning would not be the variant's.
         if !matches!(&plan.execution, Execution::Gpu(launch) if launch.grid == grid) {
             return Err(attn_core::Error::PlanMismatch {
@@ -148,12 +169,20 @@ impl Attention for Wgpu {
         // Compiled on first use (once per variant and process, cached by the runtime): planning
         // does no device work.
         let pipeline = gpu.pipeline(&variant)?;
+        let merge = split.map(|_| gpu.merge_pipeline(variant.ty)).transpose()?;
         let s = problem.shape;
         let d = variant.head_dim as usize;
         let rows = plan::padded_rows(&variant, s.seq_q, s.seq_k);
         let k_tiles = variant.direct.then_some(variant.block_n() as usize);
         let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows, k_tiles);
-        let params = Params {
+        // One dispatch over all keys, or one per part of a split.
+        let parts: Vec<(u32, u32)> = match split {
+            None => vec![(0, s.seq_k as u32)],
+            Some(KeySplit { keys, parts }) => {
+                (0..parts).map(|p| (p * keys, ((p + 1) * keys).min(s.seq_k as u32))).collect()
+            }
+        };
+        let params = |(key_begin, key_end): (u32, u32)| Params {
             seq_q: s.seq_q as u32,
             seq_k: s.seq_k as u32,
             heads_q: s.heads_q as u32,
@@ -165,59 +194,115 @@ impl Attention for Wgpu {
             causal_offset: s.seq_k as i32 - s.seq_q as i32,
             scale_log2: problem.scale() * std::f32::consts::LOG2_E,
             neg_inf_bits: f32::NEG_INFINITY.to_bits(),
+            key_begin,
+            key_end,
+            probe_trips: 2,
             pad: 0,
         };
-        let o_bytes = (s.batch * s.heads_q * s.seq_q * d) as u64 * variant.ty.size();
-        let lse_bytes = (problem.lse_len() * 4) as u64;
+        let rows_q = (s.batch * s.heads_q * s.seq_q) as u64;
+        let o_bytes = rows_q * d as u64 * variant.ty.size();
+        let lse_bytes = rows_q * 4;
+        let merge_groups = (rows_q as u32).div_ceil(MERGE_WORKGROUP);
+        let merge_x = merge_groups.min(gpu.caps.workgroups_per_dim.max(1));
+        let merge_grid = [merge_x, merge_groups.div_ceil(merge_x), 1];
         let device = &gpu.device;
         let buffers = gpu.scoped("allocating and uploading buffers", || {
-            let input = |label, bytes: &[u8]| {
+            let input = |label, bytes: &[u8], usage| {
                 device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(label),
                     contents: bytes,
-                    usage: wgpu::BufferUsages::STORAGE,
+                    usage,
                 })
             };
-            let output = |label, size| {
+            let output = |label, size, usage| {
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                    usage,
                     mapped_at_creation: false,
                 })
             };
-            let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::bytes_of(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
+            let (storage, copy_src) = (wgpu::BufferUsages::STORAGE, wgpu::BufferUsages::COPY_SRC);
+            let (q, k, v) = (input("q", &q, storage), input("k", &k, storage), input("v", &v, storage));
+            let (o, lse) =
+                (output("o", o_bytes, storage | copy_src), output("lse", lse_bytes, storage | copy_src));
+            let status = output("status", 4, storage | copy_src | wgpu::BufferUsages::COPY_DST);
+            let status_read =
+                output("status readback", 4, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+            // With a split, each part writes the partial buffers and the merge step folds them in.
+            let partial = split.map(|_| {
+                (
+                    output("o part", o_bytes, storage),
+                    output("lse part", lse_bytes, storage),
+                    output("o running", rows_q * d as u64 * 4, storage),
+                )
             });
-            let (q, k, v) = (input("q", &q), input("k", &k), input("v", &v));
-            let (o, lse) = (output("o", o_bytes), output("lse", lse_bytes));
-            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("attn flash"),
-                layout: &gpu.layout,
-                entries: &[&uniform, &q, &k, &v, &o, &lse]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                    .collect::<Vec<_>>(),
-            });
+            let (o_dst, lse_dst) = match &partial {
+                Some((o_part, lse_part, _)) => (o_part, lse_part),
+                None => (&o, &lse),
+            };
+            let bind = |layout, label, buffers: &[&wgpu::Buffer]| {
+                device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(label),
+                    layout,
+                    entries: &buffers
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: b.as_entire_binding(),
+                        })
+                        .collect::<Vec<_>>(),
+                })
+            };
+            let mut keep = vec![];
+            let mut flash = vec![];
+            let mut merges = vec![];
+            for (i, &range) in parts.iter().enumerate() {
+                let uniform =
+                    input("params", bytemuck::bytes_of(&params(range)), wgpu::BufferUsages::UNIFORM);
+                flash.push(bind(&gpu.layout, "attn flash", &[&uniform, &q, &k, &v, o_dst, lse_dst, &status]));
+                keep.push(uniform);
+                if let Some((o_part, lse_part, o_acc)) = &partial {
+                    let m = Merge {
+                        rows: rows_q as u32,
+                        d4: (d / 4) as u32,
+                        first: u32::from(i == 0),
+                        last: u32::from(i + 1 == parts.len()),
+                        groups_x: merge_grid[0],
+                        neg_inf_bits: f32::NEG_INFINITY.to_bits(),
+                        pad: [0; 2],
+                    };
+                    let uniform = input("merge", bytemuck::bytes_of(&m), wgpu::BufferUsages::UNIFORM);
+                    merges.push(bind(
+                        &gpu.merge_layout,
+                        "attn merge",
+                        &[&uniform, o_part, lse_part, o_acc, &lse, &o],
+                    ));
+                    keep.push(uniform);
+                }
+            }
+            keep.extend([q, k, v]);
+            keep.extend(partial.into_iter().flat_map(|(a, b, c)| [a, b, c]));
             let timer = gpu.caps.timestamps.then(|| Timer::new(device));
-            (bind_group, o, lse, timer, [uniform, q, k, v])
+            (flash, merges, o, lse, status, status_read, timer, keep)
         })?;
-        let (bind_group, o, lse, timer, inputs) = buffers;
+        let (flash, merges, o, lse, status, status_read, timer, keep) = buffers;
         gpu.wait("uploading inputs")?;
         Ok(Box::new(WgpuPrepared {
             plan: plan.clone(),
             gpu,
             pipeline,
-            bind_group,
+            flash,
+            merge: merge.map(|pipeline| (pipeline, merges, merge_grid)),
             grid,
             o,
             lse,
+            status,
+            status_read,
             timer,
             variant,
-            _inputs: inputs,
+            _buffers: keep,
         }))
     }
 }
@@ -258,14 +343,20 @@ struct WgpuPrepared {
     plan: Plan,
     gpu: Arc<Gpu>,
     pipeline: Arc<wgpu::ComputePipeline>,
-    bind_group: wgpu::BindGroup,
+    /// The kernel's bind group for each dispatch: one, or one per part of a key split.
+    flash: Vec<wgpu::BindGroup>,
+    /// With a key split: the merge step, its bind group after each part, and its grid.
+    merge: Option<(Arc<wgpu::ComputePipeline>, Vec<wgpu::BindGroup>, [u32; 3])>,
     grid: [u32; 3],
     o: wgpu::Buffer,
     lse: wgpu::Buffer,
+    /// Set by a kernel whose loops the driver cut short (`loop_limit_probe`), and its readback.
+    status: wgpu::Buffer,
+    status_read: wgpu::Buffer,
     timer: Option<Timer>,
     variant: Variant,
-    /// Kept alive for the bind group.
-    _inputs: [wgpu::Buffer; 4],
+    /// Kept alive for the bind groups.
+    _buffers: Vec<wgpu::Buffer>,
 }
 
 impl Prepared for WgpuPrepared {
@@ -280,6 +371,7 @@ impl Prepared for WgpuPrepared {
         let start = Instant::now();
         gpu.scoped("dispatching the kernel", || {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            encoder.clear_buffer(&self.status, 0, None);
             {
                 let timestamp_writes = self.timer.as_ref().map(|t| wgpu::ComputePassTimestampWrites {
                     query_set: &t.queries,
@@ -290,10 +382,18 @@ impl Prepared for WgpuPrepared {
                     label: Some("attn flash"),
                     timestamp_writes,
                 });
-                pass.set_pipeline(&self.pipeline);
-                pass.set_bind_group(0, &self.bind_group, &[]);
-                pass.dispatch_workgroups(self.grid[0], self.grid[1], self.grid[2]);
+                for (i, bind_group) in self.flash.iter().enumerate() {
+                    pass.set_pipeline(&self.pipeline);
+                    pass.set_bind_group(0, bind_group, &[]);
+                    pass.dispatch_workgroups(self.grid[0], self.grid[1], self.grid[2]);
+                    if let Some((merge, groups, [x, y, z])) = &self.merge {
+                        pass.set_pipeline(merge);
+                        pass.set_bind_group(0, &groups[i], &[]);
+                        pass.dispatch_workgroups(*x, *y, *z);
+                    }
+                }
             }
+            encoder.copy_buffer_to_buffer(&self.status, 0, &self.status_read, 0, 4);
             if let Some(t) = &self.timer {
                 encoder.resolve_query_set(&t.queries, 0..2, &t.resolve, 0);
                 encoder.copy_buffer_to_buffer(&t.resolve, 0, &t.readback, 0, 16);
@@ -302,6 +402,20 @@ impl Prepared for WgpuPrepared {
         })?;
         gpu.wait("running the kernel")?;
         let host = start.elapsed();
+        if read_back::<4>(gpu, &self.status_read)? != [0; 4] {
+            return Err(Error::backend(
+                "wgpu",
+                format!(
+                    "{} ended the loops of `{}` early, at its limit on the loop iterations of one \
+                     invocation ({} as the planner knows it): the output would be wrong, so none is \
+                     returned. The key split the planner chose was too coarse for this adapter; \
+                     please report it with this plan",
+                    gpu.caps.name,
+                    self.variant.name(),
+                    gpu.caps.loop_limit.map_or("none".to_string(), |l| l.to_string()),
+                ),
+            ));
+        }
         let Some(t) = &self.timer else { return Ok(host) };
         let ticks: [u64; 2] = bytemuck::cast(read_back::<16>(gpu, &t.readback)?);
         let ns = ticks[1].saturating_sub(ticks[0]) as f64 * gpu.queue.get_timestamp_period() as f64;
@@ -339,13 +453,13 @@ fn read_buffer(gpu: &Gpu, src: &wgpu::Buffer) -> Result<Vec<u8>> {
     map_read(gpu, &staging)
 }
 
-/// The first `N` bytes of a mappable buffer.
+/// The first `N` bytes of a mappable buffer (the timestamps, the status word).
 fn read_back<const N: usize>(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<[u8; N]> {
     let bytes = map_read(gpu, buffer)?;
     bytes
         .get(..N)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| Error::backend("wgpu", "short timestamp read"))
+        .ok_or_else(|| Error::backend("wgpu", "short read of a mapped buffer"))
 }
 
 /// Maps `buffer` for reading, waits, copies its bytes out and unmaps it.
@@ -368,9 +482,10 @@ fn map_read(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Params;
+    use super::{Chosen, Params, Wgpu};
     use crate::plan::{KernelType, candidates};
     use crate::shader::generate;
+    use attn_core::{Attention, Buffer, DType, Inputs, Outputs, Payload, Problem, Shape};
 
     /// `Params` is written twice, here and in `flash.wgsl`: the WGSL struct (as naga lays it out)
     /// must have the Rust struct's size, and as many 4-byte members, so that neither side can
@@ -384,5 +499,48 @@ mod tests {
         let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
         assert_eq!(*span as usize, std::mem::size_of::<Params>());
         assert_eq!(members.len(), std::mem::size_of::<Params>() / 4, "every field is 4 bytes");
+    }
+
+    /// The same for the merge step's `Merge` and `kernels/merge.wgsl` (its padding is one Rust
+    /// array of two words, two WGSL members).
+    #[test]
+    fn merge_params_match_the_wgsl_struct() {
+        let source = crate::shader::merge(KernelType::F32);
+        let module = naga::front::wgsl::parse_str(&source).expect("the merge step parses");
+        let (_, ty) =
+            module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Merge")).expect("struct Merge");
+        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Merge is not a struct") };
+        assert_eq!(*span as usize, std::mem::size_of::<super::Merge>());
+        assert_eq!(members.len(), std::mem::size_of::<super::Merge>() / 4, "every field is 4 bytes");
+    }
+
+    /// A kernel whose loops the driver ends early is an error, not an answer: the key split
+    /// removed from a plan that needs it, on an adapter with a loop limit (skipped by name
+    /// elsewhere: hardware adapters have none to reach).
+    #[test]
+    fn a_kernel_cut_short_by_the_loop_limit_is_an_error() {
+        let backend = Wgpu::with_options(crate::Options { no_subgroups: true, ..Default::default() });
+        let software = backend.gpu().is_ok_and(|g| g.caps.loop_limit.is_some());
+        if !software {
+            eprintln!(
+                "SKIPPED a_kernel_cut_short_by_the_loop_limit_is_an_error: no adapter with a loop limit"
+            );
+            return;
+        }
+        let shape = Shape { seq_q: 1, seq_k: 40_000, ..Shape::new(1, 1, 1, 64) };
+        let problem = Problem::new(shape, DType::F32).with_lse(true);
+        let mut plan = backend.plan(&problem).unwrap();
+        let chosen = *plan.payload::<Chosen>().unwrap();
+        assert!(chosen.split.is_some(), "{:?}", plan.notes);
+        plan.payload = Payload::new(Chosen { split: None, ..chosen });
+        let [q, k, v, o] = problem.required_lens().map(|(_, n)| Buffer::zeros(DType::F32, n));
+        let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+        let mut prepared = backend.prepare(&plan, inputs).unwrap();
+        let err = prepared.run().unwrap_err().to_string();
+        assert!(err.contains("ended the loops"), "{err}");
+        // The same plan with its split runs.
+        let mut o = o;
+        let mut lse = vec![0.0; problem.lse_len()];
+        backend.forward(&problem, inputs, Outputs { o: o.as_data_mut(), lse: Some(&mut lse) }).unwrap();
     }
 }

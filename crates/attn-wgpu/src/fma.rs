@@ -57,7 +57,7 @@ pub(crate) fn generate(variant: &Variant) -> String {
         FMA_BLOCK,
         &[
             ("PRE_DECL", &staging.declare("    ")),
-            ("FETCH_K_FIRST", &staging.fetch_k("        ", "0u", "0u")),
+            ("FETCH_K_FIRST", &staging.fetch_k("        ", "t_first * BN", "0u")),
             ("STAGE_Q", &stage_q(variant)),
         ],
     );

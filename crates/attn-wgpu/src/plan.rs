@@ -122,6 +122,33 @@ pub struct AdapterCaps {
     /// Cooperative matrices of 16×16×16 with f16 inputs and f32 accumulators, on subgroups of
     /// exactly 32, opened for use (see `runtime`): the tensor-core kernel for f16.
     pub coop_f16: bool,
+    /// Loop iterations an invocation may run in all its loops together before the driver ends
+    /// them ([`SOFTWARE_LOOP_LIMIT`] on software adapters; none on hardware ones).
+    pub loop_limit: Option<u32>,
+}
+
+/// Mesa's llvmpipe (lavapipe, the software Vulkan driver) counts the iterations of every loop
+/// of a shader invocation together and, past this many, ends every loop without an error
+/// (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`): a kernel that walks more key tiles than that
+/// allows would stop short and return a finite, wrong answer. Software adapters are taken to
+/// share the limit; each kernel also checks it at run time (`loop_limit_probe` in
+/// `kernels/bindings.wgsl`), so that a wrong bound would be an error and never a wrong answer.
+pub const SOFTWARE_LOOP_LIMIT: u32 = 65535;
+
+/// The share of [`AdapterCaps::loop_limit`] the key tiles of one dispatch may use: the rest is
+/// left to the loops outside the tile loop (Q staging, the row sums, the stores, the probe).
+const LOOP_BUDGET_SHARE: u32 = 2;
+
+/// Where an adapter's loop limit (see [`SOFTWARE_LOOP_LIMIT`]) is lower than the tile loop
+/// needs, the keys are split into parts of `keys` (a multiple of the key tile), one dispatch
+/// each into a partial output, merged by log-sum-exp into the running output after each
+/// (`kernels/merge.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySplit {
+    /// Keys per dispatch.
+    pub keys: u32,
+    /// Dispatches: `seq_k / keys`, rounded up.
+    pub parts: u32,
 }
 
 impl AdapterCaps {
@@ -139,6 +166,7 @@ impl AdapterCaps {
             subgroup_min: None,
             timestamps: false,
             coop_f16: false,
+            loop_limit: None,
         }
     }
 
@@ -312,6 +340,21 @@ impl Variant {
         self.row_groups * MICRO
     }
 
+    /// An upper bound on the loop iterations one invocation runs per key tile, in all the loops
+    /// of the tile loop's body (each counted as the driver counts them, the tile loop's own
+    /// included): the FMA kernel's stage loop (`NCH`), its S = Q·Kᵀ loop over the head dim (`D`
+    /// over the stages), at most one P·V loop over the tile's keys per V stage, and at most two
+    /// loops over a row's invocations; the cooperative-matrix kernel's loops over each lane's half
+    /// row (a test counts every variant's loops in its WGSL and checks this bound).
+    pub fn loop_trips_per_tile(&self) -> u32 {
+        let (d, bn) = (self.head_dim, self.block_n());
+        if self.kernel == Kernel::Coop {
+            return 1 + (d / 16 + 4) * (bn / 8 + 1);
+        }
+        let stages = d / self.chunk;
+        1 + stages + d + stages * bn + 2 * self.row_threads
+    }
+
     /// Keys per score tile.
     pub fn block_n(&self) -> u32 {
         if self.kernel == Kernel::Coop {
@@ -404,8 +447,11 @@ pub struct Choice {
     pub launch: Launch,
     /// Tiles, as plans print them.
     pub tiles: Tiles,
-    /// Device memory of the call (q, k, v, o, lse), bytes.
+    /// Device memory of the call (q, k, v, o, lse, and a split's partial and running outputs),
+    /// bytes.
     pub device_bytes: u64,
+    /// The keys split over several dispatches, where the adapter's loop limit requires it.
+    pub split: Option<KeySplit>,
     /// Lines for the plan.
     pub notes: Vec<String>,
 }
@@ -484,24 +530,32 @@ pub fn choose_among(
             device: caps.name.clone(),
         })?;
 
-    // Buffers: every tensor is packed contiguous (BHSD, head dim padded) on upload.
+    let split = key_split(&variant, s.seq_k, caps);
+
+    // Buffers: every tensor is packed contiguous (BHSD, head dim padded) on upload; a split adds
+    // the partial output (as o and lse) and the running one (f32).
     let elem = ty.size();
     let bh = (s.batch * s.heads_q) as u64;
     let bhkv = (s.batch * s.heads_kv) as u64;
     let (q_rows, k_rows) = padded_rows(&variant, s.seq_q, s.seq_k);
-    let tensors = [
+    let o_elems = bh * s.seq_q as u64 * d as u64;
+    let mut tensors = vec![
         ("q", bh * q_rows as u64 * d as u64 * elem),
         ("k", bhkv * k_rows as u64 * d as u64 * elem),
         ("v", bhkv * k_rows as u64 * d as u64 * elem),
-        ("o", bh * s.seq_q as u64 * d as u64 * elem),
+        ("o", o_elems * elem),
         ("lse", bh * s.seq_q as u64 * 4),
     ];
+    if split.is_some() {
+        tensors.extend([("o", o_elems * elem), ("lse", bh * s.seq_q as u64 * 4), ("o_acc", o_elems * 4)]);
+    }
     // The kernels index buffers with u32 arithmetic: in vec4 units of the element type, lse in
     // f32, and the cooperative-matrix kernel its inputs in f16 elements.
-    for (name, bytes) in tensors {
+    for &(name, bytes) in &tensors {
         let unit = match name {
             "lse" => 4,
             "o" => 4 * elem,
+            "o_acc" => 16,
             _ if variant.kernel == Kernel::Coop => elem,
             _ => 4 * elem,
         };
@@ -514,6 +568,7 @@ pub fn choose_among(
                     "k" => "storage buffer binding of k (bytes)",
                     "v" => "storage buffer binding of v (bytes)",
                     "o" => "storage buffer binding of o (bytes)",
+                    "o_acc" => "storage buffer binding of the split's running output (bytes)",
                     _ => "storage buffer binding of lse (bytes)",
                 },
                 needed: bytes,
@@ -645,7 +700,27 @@ pub fn choose_among(
     {
         notes.push("inputs repacked on the host to contiguous BHSD at prepare (not timed)".into());
     }
-    notes.push(format!("device memory {device_bytes} B: q, k, v, o and lse only; no workspace, linear in S"));
+    if let Some(split) = split {
+        notes.push(format!(
+            "keys split over {} dispatches of {} (a multiple of the {}-key tile), merged by log-sum-exp \
+             after each: {} ends every loop of an invocation after {} iterations in all, and this \
+             kernel's tile loop runs at most {} per tile",
+            split.parts,
+            split.keys,
+            variant.block_n(),
+            caps.name,
+            caps.loop_limit.unwrap_or(0),
+            variant.loop_trips_per_tile()
+        ));
+        notes.push(format!(
+            "device memory {device_bytes} B: q, k, v, o and lse, one partial o and lse, the running o \
+             (f32); linear in S"
+        ));
+    } else {
+        notes.push(format!(
+            "device memory {device_bytes} B: q, k, v, o and lse only; no workspace, linear in S"
+        ));
+    }
     notes.push(if caps.timestamps {
         "kernel time from GPU timestamp queries around the dispatch".into()
     } else {
@@ -655,7 +730,16 @@ pub fn choose_among(
         notes.push(format!("{} is a software rasteriser on the CPU: correct, slow", caps.name));
     }
     let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
-    Ok(Choice { variant, launch, tiles, device_bytes, notes })
+    Ok(Choice { variant, launch, tiles, device_bytes, split, notes })
+}
+
+/// How `variant` splits `seq_k` keys on an adapter with `caps`: not at all where the adapter has
+/// no loop limit or one dispatch stays within its budget ([`LOOP_BUDGET_SHARE`]).
+pub fn key_split(variant: &Variant, seq_k: usize, caps: &AdapterCaps) -> Option<KeySplit> {
+    let limit = caps.loop_limit?;
+    let tiles = (limit / LOOP_BUDGET_SHARE / variant.loop_trips_per_tile()).max(1);
+    let keys = tiles * variant.block_n();
+    (seq_k > keys as usize).then(|| KeySplit { keys, parts: seq_k.div_ceil(keys as usize) as u32 })
 }
 
 /// Every variant for this dtype, head dim and mask, in order of preference; the planner takes
@@ -793,6 +877,7 @@ mod tests {
             subgroup_min: Some(8),
             timestamps: true,
             coop_f16: false,
+            loop_limit: Some(SOFTWARE_LOOP_LIMIT),
         }
     }
 

@@ -6,7 +6,7 @@
 //! error scope, so that a mistake becomes an [`Error`] and never a panic or a lost device.
 
 use crate::options::{Checks, Options};
-use crate::plan::{AdapterCaps, Variant};
+use crate::plan::{AdapterCaps, KernelType, SOFTWARE_LOOP_LIMIT, Variant};
 use crate::shader;
 use attn_core::{DeviceKind, Error, Result};
 use std::collections::HashMap;
@@ -23,6 +23,11 @@ pub struct Gpu {
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
+    /// The bindings of `kernels/merge.wgsl` (a key split's merge step), and its pipelines by
+    /// element type.
+    pub(crate) merge_layout: wgpu::BindGroupLayout,
+    merge_pipeline_layout: wgpu::PipelineLayout,
+    merges: Mutex<HashMap<KernelType, Arc<wgpu::ComputePipeline>>>,
     /// What naga adds to every shader: see [`Checks`].
     checks: Checks,
     /// The last error wgpu reported outside an error scope.
@@ -96,13 +101,10 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         }));
+        let software = info.device_type == wgpu::DeviceType::Cpu;
         let caps = AdapterCaps {
             name: info.name.clone(),
-            kind: if info.device_type == wgpu::DeviceType::Cpu {
-                DeviceKind::SoftwareGpu
-            } else {
-                DeviceKind::Gpu
-            },
+            kind: if software { DeviceKind::SoftwareGpu } else { DeviceKind::Gpu },
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             invocations: limits
                 .max_compute_invocations_per_workgroup
@@ -113,6 +115,7 @@ impl Gpu {
             subgroup_min: features.contains(wgpu::Features::SUBGROUP).then_some(info.subgroup_min_size),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_f16,
+            loop_limit: software.then_some(SOFTWARE_LOOP_LIMIT),
         };
         let coop_note = match (coop_wanted, coop_f16) {
             (true, true) => {
@@ -127,41 +130,35 @@ impl Gpu {
             "{} ({:?}, {:?}, {} {}{coop_note})",
             info.name, info.device_type, info.backend, info.driver, info.driver_info
         );
-        let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
+        // A uniform block at binding 0, then storage buffers (read-only or not) at 1, 2, ...
+        let layouts = |label, read_only: &[bool]| {
+            let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+                count: None,
+            };
+            let storage = read_only
+                .iter()
+                .enumerate()
+                .map(|(i, &read_only)| buffer(i as u32 + 1, wgpu::BufferBindingType::Storage { read_only }));
+            let entries: Vec<_> =
+                std::iter::once(buffer(0, wgpu::BufferBindingType::Uniform)).chain(storage).collect();
+            let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(label),
+                entries: &entries,
+            });
+            let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(&group)],
+                immediate_size: 0,
+            });
+            (group, pipeline)
         };
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("attn flash"),
-            entries: &[
-                wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                },
-                storage(1, true),
-                storage(2, true),
-                storage(3, true),
-                storage(4, false),
-                storage(5, false),
-            ],
-        });
-        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("attn flash"),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
+        // `kernels/bindings.wgsl`: q, k, v; o, lse, status.
+        let (layout, pipeline_layout) = layouts("attn flash", &[true, true, true, false, false, false]);
+        // `kernels/merge.wgsl`: the part's o and lse; the running o, lse, o.
+        let (merge_layout, merge_pipeline_layout) = layouts("attn merge", &[true, true, false, false, false]);
         Ok(Gpu {
             caps,
             description,
@@ -170,6 +167,9 @@ impl Gpu {
             layout,
             pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
+            merge_layout,
+            merge_pipeline_layout,
+            merges: Mutex::new(HashMap::new()),
             checks: settings.checks,
             uncaptured,
         })
@@ -226,18 +226,46 @@ impl Gpu {
                     unsafe { self.device.create_shader_module_trusted(desc, self.checks.runtime_checks()) }
                 }
             };
-            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&name),
-                layout: Some(&self.pipeline_layout),
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            })
+            self.compute_pipeline(&name, &self.pipeline_layout, &module)
         })?;
         let pipeline = Arc::new(pipeline);
         self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).insert(*variant, pipeline.clone());
         Ok(pipeline)
+    }
+
+    /// The compiled merge step of a key split for outputs of element type `ty`.
+    pub(crate) fn merge_pipeline(&self, ty: KernelType) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.merges.lock().unwrap_or_else(|e| e.into_inner()).get(&ty) {
+            return Ok(p.clone());
+        }
+        let source = shader::merge(ty);
+        let pipeline = self.scoped("compiling the key split's merge step", || {
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("attn merge"),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+            self.compute_pipeline("attn merge", &self.merge_pipeline_layout, &module)
+        })?;
+        let pipeline = Arc::new(pipeline);
+        self.merges.lock().unwrap_or_else(|e| e.into_inner()).insert(ty, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// The pipeline of `module`'s `main` with `layout`.
+    fn compute_pipeline(
+        &self,
+        label: &str,
+        layout: &wgpu::PipelineLayout,
+        module: &wgpu::ShaderModule,
+    ) -> wgpu::ComputePipeline {
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(layout),
+            module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
     }
 
     /// Runs `f` inside validation and out-of-memory error scopes; an error in either (or one

@@ -57,6 +57,7 @@ fn wgsl_dump() {
                             subgroup_min,
                             timestamps: true,
                             coop_f16,
+                            loop_limit: None,
                         };
                         for d in [16, 32, 40, 64, 96, 128, 160, 192, 224, 256] {
                             for dtype in [DType::F32, DType::F16, DType::Bf16] {

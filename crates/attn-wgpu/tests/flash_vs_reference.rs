@@ -9,8 +9,8 @@
 
 use attn_core::rng::{SplitMix64, normal_buffer};
 use attn_core::{
-    Attention, Availability, Buffer, DType, Inputs, Layout, Outputs, Plan, Problem, Shape, Strides,
-    TensorStrides,
+    Attention, Availability, Buffer, DType, DeviceKind, Inputs, Layout, Outputs, Plan, Problem, Shape,
+    Strides, TensorStrides,
 };
 use attn_cpu::Reference;
 use attn_wgpu::options::REQUIRE_WGPU;
@@ -296,6 +296,28 @@ fn k_and_v_read_straight_from_their_buffers() {
     check(&b, &Problem::new(Shape::new(2, 2, 65, 256), DType::Bf16).causal(), 112);
     // A head dim that is padded (240 -> 256), and the BSHD layout.
     check(&b, &Problem::new(Shape::new(1, 2, 40, 240), DType::F32).with_layout(Layout::Bshd), 113);
+}
+
+/// Past the keys one dispatch may walk on an adapter with a loop limit (Mesa's software ones,
+/// `plan::SOFTWARE_LOOP_LIMIT`), the planner splits the keys over dispatches merged by LSE; it
+/// does not split on hardware. With subgroups (the default) and without (whose kernels run more
+/// loop trips per tile, so split sooner); causal with GQA, and decode rows in f16 and f32.
+#[test]
+fn keys_split_past_a_software_adapters_loop_limit() {
+    let Some(default) = backend("keys_split_past_a_software_adapters_loop_limit") else { return };
+    let plain = with(Options { no_subgroups: true, ..Options::default() });
+    let software =
+        matches!(default.availability(), Availability::Available { kind: DeviceKind::SoftwareGpu, .. });
+    for (i, b) in [default, &plain].into_iter().enumerate() {
+        let seed = 200 + 10 * i as u64;
+        let p = Problem::new(Shape { heads_kv: 1, ..sk(50, 40_000, 2, 64) }, DType::F32).causal();
+        let plan = b.plan(&p).unwrap();
+        let split = plan.notes.iter().any(|n| n.starts_with("keys split over"));
+        assert_eq!(split, software, "{}: {:?}", plan.kernel, plan.notes);
+        check(b, &p, seed);
+        check(b, &Problem::new(sk(1, 40_000, 1, 128), DType::F16), seed + 1);
+        check(b, &Problem::new(Shape { heads_kv: 2, ..sk(3, 33_333, 4, 96) }, DType::F32), seed + 2);
+    }
 }
 
 /// An invalid setting is an error that names the variable, not a silent default.
