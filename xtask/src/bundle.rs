@@ -1,6 +1,7 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
-//! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`)
-//! and attn-cuda's `cubin` here (same x86-64), copies them, stripped,
+//! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`),
+//! attn-cuda's `cubin` and `resident_overhead` examples and its GPU test binaries (`resident`,
+//! `gpu_smoke`) here (same x86-64), copies them, stripped,
 //! into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit,
 //! and prints the command to run there.
 
@@ -19,11 +20,27 @@ pub fn bundle() -> Result<(), String> {
         ("attn-wgpu", "adapters"),
         ("attn-wgpu", "fma_peak"),
         ("attn-cuda", "cubin"),
+        ("attn-cuda", "resident_overhead"),
     ];
     for (package, example) in examples {
         cmd::cargo_run(&["build", "--release", "-p", package, "--example", example])?;
         std::fs::copy(root.join("target/release/examples").join(example), bin.join(example))
             .map_err(|e| format!("copy {example}: {e}"))?;
+    }
+    // Test binaries that need a GPU: cargo names them with a hash, which its JSON messages give.
+    for test in ["resident", "gpu_smoke"] {
+        let args =
+            ["test", "--release", "-p", "attn-cuda", "--test", test, "--no-run", "--message-format=json"];
+        cmd::cargo_run(&args[..args.len() - 1])?;
+        let messages = cmd::output(&cmd::cargo().to_string_lossy(), &args)
+            .ok_or_else(|| format!("cargo test --no-run --test {test} failed"))?;
+        let executable = messages
+            .lines()
+            .filter(|l| l.contains(&format!("\"name\":\"{test}\"")))
+            .find_map(|l| l.split("\"executable\":\"").nth(1)?.split('"').next())
+            .ok_or_else(|| format!("no executable for the test {test} in cargo's messages"))?;
+        std::fs::copy(executable, bin.join(format!("test-{test}")))
+            .map_err(|e| format!("copy {executable}: {e}"))?;
     }
     // Without their debug information the binaries are a tenth of the size: the device tool
     // carries at most 64 MiB.

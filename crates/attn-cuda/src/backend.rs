@@ -22,21 +22,28 @@ const HOPPER_BY_DEFAULT: bool = true;
 
 /// One specialisation of either family, as a plan chose it.
 #[derive(Clone, Debug, PartialEq)]
-enum Kernel {
+pub(crate) enum Kernel {
     Ampere(ampere::Variant),
     /// With how its launch deals out the work.
     Hopper(hopper::Variant, Split),
 }
 
-/// What `plan` chose, carried in [`Plan::payload`] so that `prepare` runs exactly that.
+/// What `plan` chose, carried in [`Plan::payload`] so that `prepare` (and the device-resident
+/// calls) run exactly that.
 #[derive(Clone, Debug, PartialEq)]
-struct Chosen {
-    kernel: Kernel,
-    launch: Launch,
+pub(crate) struct Chosen {
+    pub(crate) kernel: Kernel,
+    pub(crate) launch: Launch,
+    /// The compile request's key ([`CompileRequest::key`]), so that a call finds the loaded
+    /// kernel without hashing its source again.
+    pub(crate) key: u64,
+    /// The device planned for: its name, compute capability and SM count (the Hopper family's
+    /// persistent grid is one CTA per SM).
+    pub(crate) device: (String, (u32, u32), u32),
 }
 
 impl Kernel {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Kernel::Ampere(v) => v.name(),
             Kernel::Hopper(v, _) => v.name(),
@@ -44,7 +51,7 @@ impl Kernel {
     }
 
     /// The entry function of its source.
-    fn entry(&self) -> &'static str {
+    pub(crate) fn entry(&self) -> &'static str {
         match self {
             Kernel::Ampere(_) => "attn_fwd",
             Kernel::Hopper(..) => "attn_fwd_sm90",
@@ -52,14 +59,14 @@ impl Kernel {
     }
 
     /// The NVRTC request that compiles it for `arch`.
-    fn request(&self, arch: Arch) -> CompileRequest {
+    pub(crate) fn request(&self, arch: Arch) -> CompileRequest {
         match self {
             Kernel::Ampere(v) => v.request(arch),
             Kernel::Hopper(v, _) => v.request(),
         }
     }
 
-    fn shared_bytes(&self) -> u32 {
+    pub(crate) fn shared_bytes(&self) -> u32 {
         match self {
             Kernel::Ampere(v) => v.shared_bytes(),
             Kernel::Hopper(v, _) => v.shared_bytes(),
@@ -101,6 +108,9 @@ struct Planned {
 pub struct Cuda {
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     options: Options,
+    /// State for the device-resident calls (`crate::device`): callers' contexts, plans by
+    /// problem, workspaces by stream.
+    pub(crate) resident: crate::device::Resident,
 }
 
 impl Cuda {
@@ -111,7 +121,7 @@ impl Cuda {
 
     /// The backend on device 0 with `options`.
     pub fn with_options(options: Options) -> Self {
-        Cuda { gpu: OnceLock::new(), options }
+        Cuda { gpu: OnceLock::new(), options, resident: Default::default() }
     }
 
     /// The backend with the options of the environment ([`Options::from_env`]; every variable
@@ -120,7 +130,7 @@ impl Cuda {
         Ok(Self::with_options(Options::from_env()?))
     }
 
-    fn gpu(&self) -> Result<Arc<Gpu>> {
+    pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu
             .get_or_init(|| {
                 Gpu::open(0).map(Arc::new).map_err(|e| match e {
@@ -133,7 +143,7 @@ impl Cuda {
     }
 
     /// The architecture this backend compiles for on `gpu`, or why it has none.
-    fn arch(gpu: &Gpu) -> Result<Arch> {
+    pub(crate) fn arch(gpu: &Gpu) -> Result<Arch> {
         gpu.arch().ok_or_else(|| {
             let (major, minor) = gpu.info().compute_capability;
             Error::Unsupported {
@@ -237,6 +247,59 @@ impl Cuda {
         let workspace = split.workspace(&variant);
         Ok(Planned { kernel, launch, notes, tiles, workspace })
     }
+    /// The plan of `problem` on `gpu`. Where `host_buffers`, the host-copy path will allocate the
+    /// tensors on the device, so they must fit its free memory now; the device-resident calls
+    /// run on tensors that already exist there.
+    pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
+        let Planned { kernel, launch, mut notes, tiles, workspace } =
+            match self.choose_family(gpu, problem)? {
+                Choice::Hopper(variant, launch, split) => {
+                    self.plan_hopper(gpu, problem, variant, launch, split)?
+                }
+                Choice::Ampere(why) => {
+                    let mut planned = self.plan_ampere(gpu, problem)?;
+                    planned.notes.extend(why);
+                    planned
+                }
+            };
+        let bytes = problem.bytes();
+        if host_buffers {
+            // The tensors must fit the device's free memory now: a typed error before anything is
+            // allocated, instead of a failed allocation halfway through `prepare`.
+            let (free, _) = gpu.context().mem_get_info().map_err(driver("cuMemGetInfo"))?;
+            if bytes > free as u128 {
+                return Err(Error::TooLarge {
+                    what: format!(
+                        "{problem}: q, k, v, o and lse need {bytes} bytes of device memory, but {} has {free} bytes free",
+                        gpu.info().name
+                    ),
+                });
+            }
+            notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
+        } else {
+            notes.push(format!("on the caller's tensors ({bytes} B of q, k, v, o and lse){workspace}"));
+        }
+        notes.push(format!(
+            "benchmarks time each launch by CUDA events, {}",
+            self.options.timing_lead.describe()
+        ));
+        let info = gpu.info();
+        let chosen = Chosen {
+            key: kernel.request(Self::arch(gpu)?).key(),
+            device: (info.name.clone(), info.compute_capability, info.sm_count),
+            kernel: kernel.clone(),
+            launch: launch.clone(),
+        };
+        Ok(Plan {
+            backend: self.name().into(),
+            kernel: kernel.name(),
+            problem: *problem,
+            tiles,
+            execution: Execution::Gpu(launch),
+            notes,
+            payload: Payload::new(chosen),
+        })
+    }
 }
 
 impl Attention for Cuda {
@@ -261,44 +324,7 @@ impl Attention for Cuda {
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
-        let gpu = self.gpu()?;
-        let Planned { kernel, launch, mut notes, tiles, workspace } =
-            match self.choose_family(&gpu, problem)? {
-                Choice::Hopper(variant, launch, split) => {
-                    self.plan_hopper(&gpu, problem, variant, launch, split)?
-                }
-                Choice::Ampere(why) => {
-                    let mut planned = self.plan_ampere(&gpu, problem)?;
-                    planned.notes.extend(why);
-                    planned
-                }
-            };
-        let bytes = problem.bytes();
-        // The tensors must fit the device's free memory now: a typed error before anything is
-        // allocated, instead of a failed allocation halfway through `prepare`.
-        let (free, _) = gpu.context().mem_get_info().map_err(driver("cuMemGetInfo"))?;
-        if bytes > free as u128 {
-            return Err(Error::TooLarge {
-                what: format!(
-                    "{problem}: q, k, v, o and lse need {bytes} bytes of device memory, but {} has {free} bytes free",
-                    gpu.info().name
-                ),
-            });
-        }
-        notes.push(format!("device memory {bytes} B: q, k, v, o and lse{workspace}, linear in S"));
-        notes.push(format!(
-            "benchmarks time each launch by CUDA events, {}",
-            self.options.timing_lead.describe()
-        ));
-        Ok(Plan {
-            backend: self.name().into(),
-            kernel: kernel.name(),
-            problem: *problem,
-            tiles,
-            execution: Execution::Gpu(launch.clone()),
-            notes,
-            payload: Payload::new(Chosen { kernel, launch }),
-        })
+        self.plan_with(&*self.gpu()?, problem, true)
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
@@ -306,7 +332,7 @@ impl Attention for Cuda {
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
         // The plan decides what runs: the kernel and launch it holds.
-        let Chosen { kernel, launch } = plan.payload::<Chosen>()?;
+        let Chosen { kernel, launch, .. } = plan.payload::<Chosen>()?;
         if plan.execution != Execution::Gpu(launch.clone()) {
             return Err(Error::PlanMismatch {
                 what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
@@ -319,14 +345,14 @@ impl Attention for Cuda {
         let free =
             || gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
         let free_before = free()?;
-        let tensors = DeviceTensors::upload(gpu.stream(), problem, &inputs)?;
-        let stream = gpu.stream();
+        let stream = gpu.stream()?;
+        let tensors = DeviceTensors::upload(stream, problem, &inputs)?;
         let params = match kernel {
-            Kernel::Ampere(_) => Params::Ampere(KernelParams::new(&tensors, stream, problem)),
+            Kernel::Ampere(_) => Params::Ampere(KernelParams::new(tensors.pointers(), problem)),
             Kernel::Hopper(v, split) => {
                 let trace = self.options.hopper.trace.as_deref();
                 Params::Hopper(Box::new(Bound::new(
-                    &tensors,
+                    tensors.pointers(),
                     stream,
                     problem,
                     v,
@@ -418,7 +444,7 @@ impl Prepared for CudaPrepared {
     fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
         let problem = self.plan.problem;
         problem.check_outputs(&outputs)?;
-        let stream = self.gpu.stream();
+        let stream = self.gpu.stream()?;
         let bits = stream.clone_dtoh(&self.tensors.o).map_err(driver("copy o to the host"))?;
         outputs.o.copy_view_from(from_bits(problem.dtype, bits).as_data(), &problem)?;
         if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.tensors.lse) {

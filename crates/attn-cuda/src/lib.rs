@@ -34,6 +34,7 @@
 pub mod ampere;
 mod backend;
 mod compile;
+pub mod device;
 pub mod hopper;
 mod locate;
 pub mod options;
@@ -44,7 +45,9 @@ mod tensors;
 
 pub use backend::Cuda;
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
+pub use device::{DeviceElement, OnStream};
 pub use options::{Family, KNOBS, Options};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
 pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};
+pub use tensors::DevicePointers;

@@ -1,5 +1,5 @@
-//! A CUDA device ready to run our kernels: a context, one stream, what the device allows, and
-//! the kernels loaded on it.
+//! A CUDA device ready to run our kernels: a context (ours, or a caller's), a stream of our own
+//! for the host-copy path, what the device allows, and the kernels loaded on it.
 //!
 //! The backend launches its kernels itself with cudarc's launch builder, passing the kernel's
 //! parameters as one `#[repr(C)]` struct by value:
@@ -20,7 +20,7 @@
 //! let arch = gpu.arch().expect("a device we compile for");
 //! let req = CompileRequest::new("smoke", include_str!("../kernels/smoke.cu"), arch);
 //! let kernel = gpu.kernel(&req, "smoke_params")?;
-//! let stream = gpu.stream();
+//! let stream = gpu.stream()?;
 //! let x = stream.clone_htod(&[1.0f32; 1000]).map_err(attn_cuda::driver("cuMemcpyHtoD"))?;
 //! let mut y = stream.alloc_zeros::<f32>(1000).map_err(attn_cuda::driver("cuMemAlloc"))?;
 //! let params = SmokeParams {
@@ -53,7 +53,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The backend name our errors carry.
@@ -114,10 +114,12 @@ pub fn driver(call: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::backend(BACKEND, format!("{call}: {e}"))
 }
 
-/// One device, its context and the stream all our work goes to.
+/// One device context and what we keep on it: the kernels loaded there (once, shared by every
+/// thread and stream), and a stream of our own for the host-copy path, created on first use (so
+/// that attaching to a caller's context adds no stream to it until that path is used).
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    stream: OnceLock<Arc<CudaStream>>,
     info: DeviceInfo,
     /// Functions loaded on this context, by (program key, entry function), so that each is
     /// loaded once; the program itself comes from [`compile::compile_cached`], keyed the same.
@@ -133,6 +135,9 @@ pub struct Kernel {
     pub compiled: Arc<Compiled>,
     /// ptxas's report for this entry function; `None` if the log had none for it.
     pub resources: Option<KernelResources>,
+    /// The dynamic shared memory the function has been allowed so far, bytes
+    /// ([`Gpu::ready_kernel`] raises it once, not per call).
+    shared_allowed: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// What the driver says about a loaded function; the numbers a plan needs.
@@ -165,7 +170,17 @@ impl Gpu {
             Ok((ctx, stream, info))
         });
         let (ctx, stream, info) = opened.map_err(|e| Error::backend(BACKEND, e))?;
-        Ok(Gpu { ctx, stream, info, kernels: Mutex::new(HashMap::new()) })
+        Ok(Gpu { ctx, stream: OnceLock::from(stream), info, kernels: Mutex::new(HashMap::new()) })
+    }
+
+    /// A caller's context (candle's, or any cudarc user's): reads the device's limits, creates
+    /// nothing on it.
+    pub fn attach(ctx: Arc<CudaContext>) -> Result<Gpu> {
+        let info = guarded("reading the CUDA device's attributes", || {
+            probe::device_info(&ctx).map_err(|e| format!("cuDeviceGetAttribute: {e}"))
+        })
+        .map_err(|e| Error::backend(BACKEND, e))?;
+        Ok(Gpu { ctx, stream: OnceLock::new(), info, kernels: Mutex::new(HashMap::new()) })
     }
 
     /// The device's name, compute capability, SM count and limits.
@@ -185,9 +200,14 @@ impl Gpu {
         &self.ctx
     }
 
-    /// The stream every copy and launch goes to.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// Our stream on this context, where the host-copy path's copies and launches go (created
+    /// on first use).
+    pub fn stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(stream) = self.stream.get() {
+            return Ok(stream);
+        }
+        let stream = self.ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        Ok(self.stream.get_or_init(|| stream))
     }
 
     /// Loads entry function `kernel` from a compiled program (uncached; see [`Gpu::kernel`]).
@@ -211,9 +231,37 @@ impl Gpu {
         let compiled = compile::compile_cached(req)?;
         let function = self.load(&compiled, kernel)?;
         let resources = compiled.resources_of(kernel).cloned();
-        let k = Kernel { function, compiled, resources };
+        let k = Kernel { function, compiled, resources, shared_allowed: Default::default() };
         kernels.insert(key, k.clone());
         Ok(k)
+    }
+
+    /// [`Gpu::kernel`] for a request whose key is known (`key`, from a plan; `request` is built
+    /// only if the kernel is not loaded yet), allowed `shared_bytes` of dynamic shared memory:
+    /// after the first call, a lookup and no driver call.
+    pub fn ready_kernel(
+        &self,
+        key: u64,
+        entry: &str,
+        request: impl FnOnce() -> CompileRequest,
+        shared_bytes: u32,
+    ) -> Result<CudaFunction> {
+        use std::sync::atomic::Ordering;
+        let loaded = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&(key, entry.to_string()))
+            .cloned();
+        let kernel = match loaded {
+            Some(k) => k,
+            None => self.kernel(&request(), entry)?,
+        };
+        if kernel.shared_allowed.load(Ordering::Acquire) < shared_bytes {
+            self.set_max_dynamic_shared(&kernel.function, shared_bytes)?;
+            kernel.shared_allowed.fetch_max(shared_bytes, Ordering::AcqRel);
+        }
+        Ok(kernel.function)
     }
 
     /// Lets `function` be launched with up to `bytes` of dynamic shared memory. Needed above the
@@ -262,16 +310,17 @@ impl Gpu {
         lead: Lead,
         mut launch: impl FnMut(&Arc<CudaStream>) -> Result<()>,
     ) -> Result<Duration> {
+        let stream = self.stream()?;
         match lead {
             Lead::Idle => {}
-            Lead::Repeat => launch(&self.stream)?,
+            Lead::Repeat => launch(stream)?,
             Lead::Hold(span) => self.hold(span)?,
         }
         // Timing needs events created without CU_EVENT_DISABLE_TIMING, cudarc's default.
         let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.stream.record_event(timed).map_err(driver("cuEventRecord (start)"))?;
-        launch(&self.stream)?;
-        let end = self.stream.record_event(timed).map_err(driver("cuEventRecord (end)"))?;
+        let start = stream.record_event(timed).map_err(driver("cuEventRecord (start)"))?;
+        launch(stream)?;
+        let end = stream.record_event(timed).map_err(driver("cuEventRecord (end)"))?;
         end.synchronize().map_err(driver("the timed work (cuEventSynchronize)"))?;
         let ms = start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
@@ -287,7 +336,7 @@ impl Gpu {
         let ns = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel takes one u64 by value and touches no memory.
-        unsafe { self.stream.launch_builder(&hold.function).arg(&ns).launch(one) }
+        unsafe { self.stream()?.launch_builder(&hold.function).arg(&ns).launch(one) }
             .map(|_| ())
             .map_err(driver("cuLaunchKernel hold_stream"))
     }
@@ -295,20 +344,21 @@ impl Gpu {
     /// Waits for everything queued on the stream; the error of an earlier asynchronous launch
     /// surfaces here.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        self.stream()?.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
     /// The device address of `slice`, for a `#[repr(C)]` parameter struct. The address stays
     /// valid while `slice` lives. All our work goes to one stream, so the stream-ordering events
     /// cudarc attaches to slices for multi-stream use are not needed and are dropped here.
     pub fn device_ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
-        let (ptr, _sync) = slice.device_ptr(&self.stream);
+        let (ptr, _sync) = slice.device_ptr(slice.stream());
         ptr
     }
 
     /// [`Gpu::device_ptr`] for a slice the kernel writes.
     pub fn device_ptr_mut<T>(&self, slice: &mut CudaSlice<T>) -> u64 {
-        let (ptr, _sync) = slice.device_ptr_mut(&self.stream);
+        let stream = slice.stream().clone();
+        let (ptr, _sync) = slice.device_ptr_mut(&stream);
         ptr
     }
 }

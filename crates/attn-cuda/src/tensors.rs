@@ -2,7 +2,7 @@
 
 use crate::driver;
 use attn_core::{Buffer, DType, Data, Error, Problem, Result, Strides};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -13,6 +13,24 @@ pub struct DeviceTensors {
     pub v: CudaSlice<u16>,
     pub o: CudaSlice<u16>,
     pub lse: Option<CudaSlice<f32>>,
+}
+
+/// The device addresses of one call's tensors: what the kernels' parameter blocks hold, and what
+/// the raw entry ([`crate::Cuda::run_raw`]) takes. Each tensor's elements are at the address plus
+/// the offsets its strides give (`attn_core::Strides::offset`), in elements of the problem's
+/// dtype; `lse` is `[batch, heads_q, seq_q]` f32, contiguous, where the problem asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePointers {
+    /// Queries.
+    pub q: u64,
+    /// Keys.
+    pub k: u64,
+    /// Values.
+    pub v: u64,
+    /// The output.
+    pub o: u64,
+    /// The log-sum-exp, where the problem asks for it.
+    pub lse: Option<u64>,
 }
 
 /// The raw bits of a 16-bit tensor (the kernel reinterprets them as f16 or bf16).
@@ -48,6 +66,19 @@ impl DeviceTensors {
             false => None,
         };
         Ok(DeviceTensors { q, k, v, o, lse })
+    }
+
+    /// Their device addresses. The stream-ordering guards cudarc returns are dropped: the
+    /// host-copy path uses one stream, which orders every copy and launch already.
+    pub fn pointers(&self) -> DevicePointers {
+        let ptr = |x: &CudaSlice<u16>| x.device_ptr(x.stream()).0;
+        DevicePointers {
+            q: ptr(&self.q),
+            k: ptr(&self.k),
+            v: ptr(&self.v),
+            o: ptr(&self.o),
+            lse: self.lse.as_ref().map(|l| l.device_ptr(l.stream()).0),
+        }
     }
 }
 

@@ -40,7 +40,7 @@ fn smoke_kernels_run_on_the_gpu() -> attn_core::Result<()> {
         return Ok(());
     };
     let req = CompileRequest::new("smoke", SMOKE, arch);
-    let stream = gpu.stream().clone();
+    let stream = gpu.stream()?.clone();
     let n = 1000u32;
     let x_host: Vec<f32> = (0..n).map(|i| i as f32 - 500.25).collect();
     let x = stream.clone_htod(&x_host).map_err(driver("cuMemcpyHtoD x"))?;

@@ -1,8 +1,8 @@
 //! The Ampere/Ada kernel's parameter block.
 
-use crate::tensors::{DeviceTensors, strides};
+use crate::tensors::{DevicePointers, strides};
 use attn_core::Problem;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use cudarc::driver::DeviceRepr;
 
 /// The kernel's only argument, passed by value (`__grid_constant__`). Must match `struct Params`
 /// in `kernels/flash_fwd.cu` field for field; `layout_matches_the_kernel` checks the size.
@@ -30,19 +30,16 @@ pub struct KernelParams {
 unsafe impl DeviceRepr for KernelParams {}
 
 impl KernelParams {
-    /// The parameter block for `problem` over `tensors`.
-    pub fn new(tensors: &DeviceTensors, stream: &CudaStream, problem: &Problem) -> KernelParams {
+    /// The parameter block for `problem` over the tensors at `at`.
+    pub fn new(at: DevicePointers, problem: &Problem) -> KernelParams {
         let s = problem.shape;
         let t = problem.strides;
-        // The pointers stay valid while `tensors` lives; the SyncOnDrop guards only matter for
-        // cudarc's multi-stream event tracking, which one stream does not need.
-        let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
         KernelParams {
-            q: ptr(&tensors.q),
-            k: ptr(&tensors.k),
-            v: ptr(&tensors.v),
-            o: ptr(&tensors.o),
-            lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
+            q: at.q,
+            k: at.k,
+            v: at.v,
+            o: at.o,
+            lse: at.lse.unwrap_or(0),
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),

@@ -4,7 +4,7 @@ use super::plan::head_group;
 use super::split::Split;
 use super::variant::Variant;
 use crate::runtime::driver;
-use crate::tensors::{DeviceTensors, strides};
+use crate::tensors::{DevicePointers, strides};
 use attn_core::{DType, Error, Problem, Result, Strides};
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
@@ -48,6 +48,17 @@ pub struct Sm90Params {
     tail_iters: i32,
     partials: u64,
     trace: u64,
+}
+
+/// Device addresses of the Hopper kernel's workspace: the persistent scheduler's counters (zero
+/// before a launch, and the kernel leaves them so) and the split tail's partial results (0 where
+/// the split has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    /// `u32` counters, [`Split::counters`] of them.
+    pub counters: u64,
+    /// `f32` partial results, [`Split::partial_floats`] of them, or 0.
+    pub partials: u64,
 }
 
 /// The trace of a [`Variant::trace`] build, per CTA: `TRACE_PIECES + 1` rows (a piece each,
@@ -118,26 +129,23 @@ fn tensor_map(
 }
 
 impl Sm90Params {
-    /// The parameter block of `variant` for `problem` over these buffers; `schedule` is the
-    /// persistent scheduler's counters, zero ([`Split::counters`]),
-    /// and `partials` the split tail's partial results (where `split` has units).
+    /// The parameter block of `variant` for `problem` over the tensors at `at`; `work` holds the
+    /// addresses of the persistent scheduler's counters, zero ([`Split::counters`]), and of the
+    /// split tail's partial results (where `split` has units, else 0).
     pub fn new(
-        tensors: &DeviceTensors,
-        schedule: &CudaSlice<u32>,
-        partials: Option<&CudaSlice<f32>>,
+        at: DevicePointers,
+        work: Workspace,
         split: &Split,
-        stream: &CudaStream,
         problem: &Problem,
         variant: &Variant,
     ) -> Result<Self> {
         let s = problem.shape;
         let t = problem.strides;
-        let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
         let map = |name: &'static str, base: u64, heads: usize, seq: usize, st: Strides, rows: usize| {
             tensor_map(problem.dtype, base, [s.head_dim, seq, heads, s.batch], st, rows)
                 .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
         };
-        let (q, k, v, o) = (ptr(&tensors.q), ptr(&tensors.k), ptr(&tensors.v), ptr(&tensors.o));
+        let (q, k, v, o) = (at.q, at.k, at.v, at.o);
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
         Ok(Sm90Params {
             q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
@@ -149,8 +157,8 @@ impl Sm90Params {
             k,
             v,
             o,
-            lse: tensors.lse.as_ref().map_or(0, |l| l.device_ptr(stream).0),
-            schedule: schedule.device_ptr(stream).0,
+            lse: at.lse.unwrap_or(0),
+            schedule: work.counters,
             q_strides: strides(t.q),
             k_strides: strides(t.k),
             v_strides: strides(t.v),
@@ -167,7 +175,7 @@ impl Sm90Params {
             whole: split.whole as i32,
             tail_units: split.units as i32,
             tail_iters: split.tail_iters() as i32,
-            partials: partials.map_or(0, |c| c.device_ptr(stream).0),
+            partials: work.partials,
             trace: 0,
         })
     }
@@ -193,7 +201,7 @@ impl Bound {
     /// Allocates what `variant` needs beyond `tensors` for `problem`, dealt out as `split` over
     /// `ctas` CTAs; a traced build's timeline goes to a file in `trace_folder`.
     pub fn new(
-        tensors: &DeviceTensors,
+        at: DevicePointers,
         stream: &Arc<CudaStream>,
         problem: &Problem,
         variant: &Variant,
@@ -214,8 +222,11 @@ impl Bound {
             ),
             false => None,
         };
-        let mut params =
-            Sm90Params::new(tensors, &counters, partials.as_ref(), split, stream, problem, variant)?;
+        let work = Workspace {
+            counters: counters.device_ptr(stream).0,
+            partials: partials.as_ref().map_or(0, |p| p.device_ptr(stream).0),
+        };
+        let mut params = Sm90Params::new(at, work, split, problem, variant)?;
         let mut trace = None;
         // A traced build stamps through its trace pointer unconditionally: it must have one.
         if variant.trace && trace_folder.is_none() {

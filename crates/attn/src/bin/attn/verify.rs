@@ -21,6 +21,10 @@ pub struct VerifyArgs {
     /// Machine-readable output: every result and the verdict.
     #[arg(long)]
     json: bool,
+    /// Also verify the CUDA backend's device-resident API (`cuda-resident`: inputs in buffers
+    /// of a caller's context and stream, run by `Cuda::run_on_stream`), where CUDA is available.
+    #[arg(long)]
+    resident: bool,
 }
 
 pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -33,6 +37,15 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
         match b.availability() {
             Availability::Available { .. } => backends.push(b),
             Availability::Unavailable { reason } => skipped.push((b.name().to_string(), reason)),
+        }
+    }
+    if args.resident {
+        let resident = attn_cuda::OnStream::new(attn_cuda::Cuda::from_env()?);
+        match resident.availability() {
+            Availability::Available { .. } => backends.push(Box::new(resident)),
+            Availability::Unavailable { reason } => {
+                return Err(format!("--resident needs CUDA, which is unavailable here: {reason}").into());
+            }
         }
     }
     for wanted in &args.backend {

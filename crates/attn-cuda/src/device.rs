@@ -1,0 +1,552 @@
+//! Attention on tensors that already live on a CUDA device, on the caller's stream.
+//!
+//! The [`Attention`](attn_core::Attention) trait's path copies host slices to the device and
+//! back (`prepare`, `read`): right for a benchmark or a one-off call, wrong inside a model whose
+//! tensors are on the GPU already. These calls take the caller's memory and stream instead:
+//!
+//! - [`Cuda::plan_on`] plans a problem for the device of a caller's context (the same planner and
+//!   kernels as [`Attention::plan`](attn_core::Attention::plan); it compiles the kernel, once
+//!   per process, and allocates nothing). [`Cuda::plan_cached`] keeps each problem's plan, for
+//!   callers that see the same shapes over and over (the candle op, the raw entry's users).
+//! - [`Cuda::run_on_stream`] runs a plan on cudarc memory (`CudaSlice`, `CudaView`,
+//!   `CudaViewMut` of `half::f16` or `half::bf16`) on the caller's `Arc<CudaStream>`, writing o
+//!   (and the LSE) into the caller's buffers. It is asynchronous: it enqueues one kernel and
+//!   returns. Errors found when the kernel runs surface where the caller synchronizes.
+//! - [`Cuda::run_raw`] is the same for callers that are not cudarc users (other frameworks, FFI):
+//!   device addresses and a `CUstream`, under a safety contract.
+//!
+//! What a call does on the host, after the first one on a context and stream: it checks the
+//! plan, the dtype, the buffers' lengths and alignment, finds the kernel loaded for the context
+//! (compiled once per process, loaded once per context, shared by all threads and streams),
+//! fills the kernel's parameter block (the Hopper family encodes four TMA descriptors) and
+//! launches. No allocation, no copy between host and device, no synchronization: the Hopper
+//! family's workspace (its scheduler's counters, which every launch leaves at zero, and the
+//! split tail's partial results) is allocated once per (context, stream) and reused; a problem
+//! that needs a larger one replaces it once, after waiting for the stream.
+//!
+//! The backend ([`Cuda`]) is `Send + Sync`: one instance serves any number of threads, streams
+//! and devices at once. A plan is made for one device model (its SM count sizes the Hopper
+//! family's persistent grid): a stream on another model is a [`Error::PlanMismatch`].
+
+use crate::ampere::launch::KernelParams;
+use crate::backend::{Chosen, Cuda, Kernel};
+use crate::hopper::launch::{Sm90Params, Workspace};
+use crate::runtime::{Gpu, driver};
+use crate::tensors::DevicePointers;
+use attn_core::{DType, Error, Mask, Plan, Problem, Result, Shape, TensorStrides};
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An element type the CUDA kernels read and write: `half::f16` or `half::bf16`.
+pub trait DeviceElement: Copy + 'static {
+    /// The problem dtype it stands for.
+    const DTYPE: DType;
+}
+
+impl DeviceElement for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+
+impl DeviceElement for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+
+/// The device-resident calls' state inside a [`Cuda`] backend.
+#[derive(Default)]
+pub(crate) struct Resident {
+    /// Callers' contexts other than the backend's own (device 0's primary one), each with the
+    /// kernels loaded there.
+    contexts: Mutex<Vec<Arc<Gpu>>>,
+    /// Plans by (context, problem), for [`Cuda::plan_cached`].
+    plans: Mutex<HashMap<(usize, ProblemKey), Arc<Plan>>>,
+    /// The Hopper family's workspace by (context, stream).
+    workspaces: Mutex<HashMap<(usize, usize), StreamWorkspace>>,
+}
+
+/// A [`Problem`] as a hash key (its scale compared by bits).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ProblemKey {
+    shape: Shape,
+    dtype: DType,
+    strides: TensorStrides,
+    mask: Mask,
+    scale: Option<u32>,
+    return_lse: bool,
+}
+
+impl ProblemKey {
+    fn of(p: &Problem) -> Self {
+        ProblemKey {
+            shape: p.shape,
+            dtype: p.dtype,
+            strides: p.strides,
+            mask: p.params.mask,
+            scale: p.params.scale.map(f32::to_bits),
+            return_lse: p.params.return_lse,
+        }
+    }
+}
+
+/// One stream's Hopper workspace: zeroed counters and room for partial results, with their
+/// addresses.
+struct StreamWorkspace {
+    counters: CudaSlice<u32>,
+    partials: Option<CudaSlice<f32>>,
+    at: Workspace,
+}
+
+impl Drop for StreamWorkspace {
+    /// A kernel on the caller's stream may still use the buffers: wait for the context before
+    /// they are freed (this happens when the backend is dropped, or once when a workspace grows).
+    fn drop(&mut self) {
+        let _ = self.counters.context().synchronize();
+    }
+}
+
+impl Cuda {
+    /// The backend's state for the context `ctx`: the backend's own device where `ctx` is that
+    /// context, else the caller's context, attached on first use (reading its device's
+    /// attributes; nothing is created on it).
+    fn context_for(&self, ctx: &Arc<CudaContext>) -> Result<Arc<Gpu>> {
+        if let Ok(own) = self.gpu()
+            && own.context().cu_ctx() == ctx.cu_ctx()
+        {
+            return Ok(own);
+        }
+        let mut contexts = self.resident.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gpu) = contexts.iter().find(|g| g.context().cu_ctx() == ctx.cu_ctx()) {
+            return Ok(gpu.clone());
+        }
+        crate::probe::driver_available()
+            .map_err(|reason| Error::Unavailable { backend: "cuda".into(), reason })?;
+        let gpu = Arc::new(Gpu::attach(ctx.clone())?);
+        contexts.push(gpu.clone());
+        Ok(gpu)
+    }
+
+    /// Plans `problem` for the device of `ctx` (a caller's context, e.g. candle's
+    /// `CudaDevice::cuda_stream().context()`): the plan [`Cuda::run_on_stream`] and
+    /// [`Cuda::run_raw`] take. Compiles the kernel (host work, cached per process); allocates
+    /// nothing on the device.
+    pub fn plan_on(&self, ctx: &Arc<CudaContext>, problem: &Problem) -> Result<Plan> {
+        self.plan_with(&*self.context_for(ctx)?, problem, false)
+    }
+
+    /// [`Cuda::plan_on`], kept per (context, problem) so that a repeated problem costs a lookup.
+    pub fn plan_cached(&self, ctx: &Arc<CudaContext>, problem: &Problem) -> Result<Arc<Plan>> {
+        let key = (ctx.cu_ctx() as usize, ProblemKey::of(problem));
+        if let Some(plan) = self.resident.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(self.plan_on(ctx, problem)?);
+        self.resident.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    /// Runs `plan` on tensors on the device, on `stream`: q, k and v (cudarc `CudaSlice`s or
+    /// views) are read, o and, where the plan's problem asks for it, `lse` (`[batch, heads_q,
+    /// seq_q]` f32) are written; each tensor's elements are where the problem's strides put them
+    /// from the start of its buffer. Asynchronous: one kernel is enqueued on `stream`, nothing
+    /// is allocated, copied or waited for (see the module's notes).
+    ///
+    /// Errors, before anything is enqueued: a plan of another backend or device model, an
+    /// element type other than the problem's, a buffer shorter than the problem's strides
+    /// reach or not 16-byte aligned, an LSE buffer given or missing against the problem, a
+    /// failed launch.
+    pub fn run_on_stream<T: DeviceElement>(
+        &self,
+        plan: &Plan,
+        q: &impl DevicePtr<T>,
+        k: &impl DevicePtr<T>,
+        v: &impl DevicePtr<T>,
+        o: &mut impl DevicePtrMut<T>,
+        lse: Option<&mut CudaViewMut<'_, f32>>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let problem = &plan.problem;
+        if T::DTYPE != problem.dtype {
+            return Err(Error::Shape {
+                tensor: "q",
+                what: format!(
+                    "the tensors hold {} but plan `{}` is for {}",
+                    T::DTYPE,
+                    plan.kernel,
+                    problem.dtype
+                ),
+            });
+        }
+        let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
+        check_len("q", q.len(), q_len)?;
+        check_len("k", k.len(), k_len)?;
+        check_len("v", v.len(), v_len)?;
+        check_len("o", o.len(), o_len)?;
+        if let Some(l) = &lse {
+            check_len("lse", l.len(), problem.lse_len())?;
+        }
+        // The addresses, with cudarc's stream-ordering guards held until the launch is
+        // enqueued (where the context tracks events, the stream first waits for the tensors'
+        // last writes on other streams, and the guards record this use when dropped).
+        let (q_at, _q) = q.device_ptr(stream);
+        let (k_at, _k) = k.device_ptr(stream);
+        let (v_at, _v) = v.device_ptr(stream);
+        let (o_at, _o) = o.device_ptr_mut(stream);
+        let (lse_at, _lse) = match lse {
+            Some(l) => {
+                let (at, guard) = l.device_ptr_mut(stream);
+                (Some(at), Some(guard))
+            }
+            None => (None, None),
+        };
+        let at = DevicePointers { q: q_at, k: k_at, v: v_at, o: o_at, lse: lse_at };
+        self.launch_resident(plan, at, stream)
+    }
+
+    /// [`Cuda::run_on_stream`] for callers that hold raw device addresses and a raw stream
+    /// (other frameworks, FFI): the tensors at `at`, laid out as `plan`'s problem says (its
+    /// shape, strides and dtype), on `stream`. Asynchronous, as `run_on_stream` is. The plan
+    /// must come from [`Cuda::plan_on`] (or [`Cuda::plan_cached`]) for the context `stream`
+    /// belongs to, or from [`Attention::plan`](attn_core::Attention::plan) where that is device
+    /// 0's primary context.
+    ///
+    /// # Safety
+    ///
+    /// The caller guarantees that:
+    /// - `stream` is a valid CUDA stream of `plan`'s context, and stays valid until the enqueued
+    ///   kernel has run;
+    /// - `at.q`, `at.k`, `at.v` and `at.o` point to device memory of that context holding every
+    ///   element the problem's shape and strides reach (`Problem::required_lens` elements of its
+    ///   dtype from each address), and `at.lse`, where present, to `batch · heads_q · seq_q`
+    ///   f32 values;
+    /// - that memory stays allocated until the kernel has run, o and lse overlap nothing the
+    ///   kernel reads or another kernel uses meanwhile, and every earlier write to q, k and v
+    ///   is ordered before this stream's next work.
+    ///
+    /// What is checked, with a typed error: the plan, the device, the alignment of each address,
+    /// the LSE against the problem, the launch.
+    pub unsafe fn run_raw(&self, plan: &Plan, at: DevicePointers, stream: CUstream) -> Result<()> {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: `stream` is valid by the caller's contract; the call writes one pointer.
+        unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut ctx) }
+            .result()
+            .map_err(driver("cuStreamGetCtx"))?;
+        let gpu = self.gpu_of_raw_context(ctx)?;
+        // SAFETY: `stream` belongs to this context and outlives the launch (the contract); the
+        // wrapper does not destroy it.
+        let wrapped = unsafe { gpu.context().wrap_borrowed_stream(stream) };
+        self.launch_resident(plan, at, &wrapped)
+    }
+
+    /// The state of the context `ctx` (raw): one the backend knows already (its own, or one
+    /// attached by [`Cuda::plan_on`]), or a device's primary context, retained here.
+    fn gpu_of_raw_context(&self, ctx: cudarc::driver::sys::CUcontext) -> Result<Arc<Gpu>> {
+        if let Ok(own) = self.gpu()
+            && own.context().cu_ctx() == ctx
+        {
+            return Ok(own);
+        }
+        if let Some(gpu) = self
+            .resident
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|g| g.context().cu_ctx() == ctx)
+        {
+            return Ok(gpu.clone());
+        }
+        // A primary context: the one PyTorch, candle and cudarc use.
+        for ordinal in 0..CudaContext::device_count().map_err(driver("cuDeviceGetCount"))? as usize {
+            let primary = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+            if primary.cu_ctx() == ctx {
+                return self.context_for(&primary);
+            }
+        }
+        Err(Error::Unsupported {
+            backend: "cuda".into(),
+            what: "the stream belongs to a context this backend does not know: plan with Cuda::plan_on on \
+                   that context first (or use a device's primary context)"
+                .into(),
+        })
+    }
+
+    /// Checks `plan` against the device of `stream` and the addresses, then launches its kernel.
+    fn launch_resident(&self, plan: &Plan, at: DevicePointers, stream: &Arc<CudaStream>) -> Result<()> {
+        plan.check_for("cuda", &plan.problem)?;
+        let problem = &plan.problem;
+        let chosen = plan.payload::<Chosen>()?;
+        if problem.params.return_lse != at.lse.is_some() {
+            return Err(Error::Shape {
+                tensor: "lse",
+                what: match problem.params.return_lse {
+                    true => "the problem asks for the LSE, but no LSE buffer was given".into(),
+                    false => "an LSE buffer was given, but the problem does not ask for the LSE".into(),
+                },
+            });
+        }
+        for (tensor, address) in
+            [("q", at.q), ("k", at.k), ("v", at.v), ("o", at.o)].into_iter().chain(at.lse.map(|l| ("lse", l)))
+        {
+            if address % 16 != 0 {
+                return Err(Error::Shape {
+                    tensor,
+                    what: format!(
+                        "device address {address:#x} is not 16-byte aligned: the kernels load and store \
+                         16 bytes at a time"
+                    ),
+                });
+            }
+        }
+        let gpu = self.context_for(stream.context())?;
+        let info = gpu.info();
+        if (info.compute_capability, info.sm_count) != (chosen.device.1, chosen.device.2) {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` was made for {} ({} SMs), the stream is on {info}: plan with Cuda::plan_on \
+                     for this stream's context",
+                    plan.kernel, chosen.device.0, chosen.device.2
+                ),
+            });
+        }
+        let arch = Self::arch(&gpu)?;
+        let kernel = &chosen.kernel;
+        let function =
+            gpu.ready_kernel(chosen.key, kernel.entry(), || kernel.request(arch), kernel.shared_bytes())?;
+        let l = &chosen.launch;
+        let cfg = LaunchConfig {
+            grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+            block_dim: (l.block[0], l.block[1], l.block[2]),
+            shared_mem_bytes: l.dynamic_shared_bytes,
+        };
+        let mut builder = stream.launch_builder(&function);
+        let (ampere, hopper);
+        match kernel {
+            Kernel::Ampere(_) => {
+                ampere = KernelParams::new(at, problem);
+                builder.arg(&ampere);
+            }
+            Kernel::Hopper(variant, split) => {
+                if variant.trace {
+                    return Err(Error::PlanMismatch {
+                        what: format!(
+                            "plan `{}` is a traced build, which only the host-copy path runs",
+                            plan.kernel
+                        ),
+                    });
+                }
+                let work = self.workspace(&gpu, stream, split.counters(variant.consumers), {
+                    if split.units > 0 {
+                        split.partial_floats(variant.head_dim, variant.consumers)
+                    } else {
+                        0
+                    }
+                })?;
+                hopper = Sm90Params::new(at, work, split, problem, variant)?;
+                builder.arg(&hopper);
+            }
+        }
+        // SAFETY: the parameter block holds the caller's buffers, checked above to hold every
+        // element the problem's strides reach (or promised so, for the raw entry), and this
+        // stream's workspace; the launch is the plan's, validated against the device's limits.
+        unsafe { builder.launch(cfg) }.map(|_| ()).map_err(driver("cuLaunchKernel"))
+    }
+
+    /// The Hopper workspace of `stream` on `gpu` with at least `counters` counters and
+    /// `partials` partial floats: the stream's own, allocated on first use (zeroed on the
+    /// context's default stream, which is then waited for, once) and grown where too small.
+    fn workspace(
+        &self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        counters: usize,
+        partials: usize,
+    ) -> Result<Workspace> {
+        let key = (gpu.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let mut all = self.resident.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = all.get(&key)
+            && w.counters.len() >= counters
+            && w.partials.as_ref().map_or(0, |p| p.len()) >= partials
+        {
+            return Ok(w.at);
+        }
+        let own = gpu.context().default_stream();
+        let counter_slice =
+            own.alloc_zeros::<u32>(counters.max(1)).map_err(driver("allocate the tile counters"))?;
+        let partial_slice = match partials {
+            0 => None,
+            n => Some(
+                // SAFETY: every slot a launch reads, it first writes (merge_partials).
+                unsafe { own.alloc::<f32>(n) }
+                    .map_err(driver("allocate the split tail's partial results"))?,
+            ),
+        };
+        own.synchronize().map_err(driver("cuStreamSynchronize (the workspace's zeros)"))?;
+        let at = Workspace {
+            counters: counter_slice.device_ptr(&own).0,
+            partials: partial_slice.as_ref().map_or(0, |p| p.device_ptr(&own).0),
+        };
+        // Replacing a smaller workspace drops it, which waits for the context (see Drop).
+        all.insert(key, StreamWorkspace { counters: counter_slice, partials: partial_slice, at });
+        Ok(at)
+    }
+}
+
+/// That a buffer of `len` elements holds the `needed` a tensor's strides reach.
+fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
+    if len < needed {
+        return Err(Error::Shape {
+            tensor,
+            what: format!(
+                "the device buffer holds {len} elements; the problem's shape and strides reach {needed}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The device-resident path behind the [`Attention`](attn_core::Attention) trait, for `attn
+/// verify --resident` and benchmarks: `prepare` copies the inputs into buffers it owns on a
+/// stream of its own (as a caller's would be), on a context it holds as a caller does; `run`
+/// calls [`Cuda::run_on_stream`] and times it with CUDA events; `read` copies o and the LSE back.
+/// Its results must equal the `cuda` backend's bit for bit.
+#[derive(Default)]
+pub struct OnStream {
+    cuda: Cuda,
+    caller: std::sync::OnceLock<std::result::Result<Caller, String>>,
+}
+
+/// A caller's context and a stream on it.
+type Caller = (Arc<CudaContext>, Arc<CudaStream>);
+
+impl OnStream {
+    /// The harness over `cuda`.
+    pub fn new(cuda: Cuda) -> Self {
+        OnStream { cuda, caller: Default::default() }
+    }
+
+    /// The caller's context (device 0's primary one, opened apart from the backend's) and a
+    /// stream on it.
+    fn caller(&self) -> Result<Caller> {
+        self.caller
+            .get_or_init(|| {
+                crate::probe::driver_available()?;
+                let ctx = CudaContext::new(0).map_err(|e| format!("cuCtxCreate: {e}"))?;
+                let stream = ctx.new_stream().map_err(|e| format!("cuStreamCreate: {e}"))?;
+                Ok((ctx, stream))
+            })
+            .clone()
+            .map_err(|reason| Error::Unavailable { backend: "cuda-resident".into(), reason })
+    }
+}
+
+/// A prepared call's device buffers, typed by the problem's dtype.
+enum Buffers {
+    F16([CudaSlice<half::f16>; 4]),
+    Bf16([CudaSlice<half::bf16>; 4]),
+}
+
+struct OnStreamPrepared<'a> {
+    harness: &'a OnStream,
+    plan: Plan,
+    stream: Arc<CudaStream>,
+    buffers: Buffers,
+    lse: Option<CudaSlice<f32>>,
+}
+
+impl attn_core::Attention for OnStream {
+    fn name(&self) -> &str {
+        "cuda-resident"
+    }
+
+    fn availability(&self) -> attn_core::Availability {
+        self.cuda.availability()
+    }
+
+    fn numerics(&self, dtype: DType) -> attn_core::Numerics {
+        self.cuda.numerics(dtype)
+    }
+
+    fn plan(&self, problem: &Problem) -> Result<Plan> {
+        self.cuda.plan_on(&self.caller()?.0, problem)
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        plan: &Plan,
+        inputs: attn_core::Inputs<'a>,
+    ) -> Result<Box<dyn attn_core::Prepared + 'a>> {
+        let problem = plan.problem;
+        problem.check_inputs(&inputs)?;
+        let (_, stream) = self.caller()?;
+        let copy = driver("copy an input to the device");
+        let o_len = problem.required_lens()[3].1;
+        let buffers = match (inputs.q, inputs.k, inputs.v) {
+            (attn_core::Data::F16(q), attn_core::Data::F16(k), attn_core::Data::F16(v)) => Buffers::F16([
+                stream.clone_htod(q).map_err(&copy)?,
+                stream.clone_htod(k).map_err(&copy)?,
+                stream.clone_htod(v).map_err(&copy)?,
+                stream.clone_htod(&vec![half::f16::NAN; o_len]).map_err(&copy)?,
+            ]),
+            (attn_core::Data::Bf16(q), attn_core::Data::Bf16(k), attn_core::Data::Bf16(v)) => {
+                Buffers::Bf16([
+                    stream.clone_htod(q).map_err(&copy)?,
+                    stream.clone_htod(k).map_err(&copy)?,
+                    stream.clone_htod(v).map_err(&copy)?,
+                    stream.clone_htod(&vec![half::bf16::NAN; o_len]).map_err(&copy)?,
+                ])
+            }
+            _ => {
+                return Err(Error::UnsupportedDType {
+                    backend: "cuda-resident".into(),
+                    dtype: problem.dtype,
+                    supported: "f16 and bf16".into(),
+                });
+            }
+        };
+        let lse = match problem.params.return_lse {
+            true => Some(stream.alloc_zeros::<f32>(problem.lse_len()).map_err(driver("allocate lse"))?),
+            false => None,
+        };
+        Ok(Box::new(OnStreamPrepared { harness: self, plan: plan.clone(), stream, buffers, lse }))
+    }
+}
+
+impl attn_core::Prepared for OnStreamPrepared<'_> {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// One `run_on_stream` call between two CUDA events on the caller's stream.
+    fn run(&mut self) -> Result<std::time::Duration> {
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(timed).map_err(driver("cuEventRecord (start)"))?;
+        let mut lse = self.lse.as_mut().map(|l| l.as_view_mut());
+        let (cuda, plan, stream) = (&self.harness.cuda, &self.plan, &self.stream);
+        match &mut self.buffers {
+            Buffers::F16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, lse.as_mut(), stream)?,
+            Buffers::Bf16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, lse.as_mut(), stream)?,
+        }
+        let end = self.stream.record_event(timed).map_err(driver("cuEventRecord (end)"))?;
+        end.synchronize().map_err(driver("the kernel (cuEventSynchronize)"))?;
+        let ms = start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?;
+        Ok(std::time::Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    fn read(&mut self, mut outputs: attn_core::Outputs<'_>) -> Result<()> {
+        let problem = self.plan.problem;
+        problem.check_outputs(&outputs)?;
+        let back = driver("copy an output to the host");
+        let o = match &self.buffers {
+            Buffers::F16([.., o]) => attn_core::Buffer::F16(self.stream.clone_dtoh(o).map_err(&back)?),
+            Buffers::Bf16([.., o]) => attn_core::Buffer::Bf16(self.stream.clone_dtoh(o).map_err(&back)?),
+        };
+        outputs.o.copy_view_from(o.as_data(), &problem)?;
+        if let (Some(dst), Some(src)) = (outputs.lse.as_deref_mut(), &self.lse) {
+            dst.copy_from_slice(&self.stream.clone_dtoh(src).map_err(&back)?);
+        }
+        Ok(())
+    }
+}
