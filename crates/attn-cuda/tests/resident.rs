@@ -311,7 +311,6 @@ fn bad_calls_are_typed_errors() {
     // No LSE buffer for a problem that asks for it.
     let e = err(cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, None, &stream));
     assert!(e.contains("LSE"), "{e}");
-    drop(lse);
     // A plan of another backend.
     let cpu = attn_cpu_plan(&p);
     let e = err(t.run(&cuda, &cpu, &stream));
