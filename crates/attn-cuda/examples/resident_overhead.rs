@@ -1,8 +1,9 @@
 //! What a device-resident call costs next to the bare kernel, on this GPU: for each problem, the
 //! kernel's time through the host-copy path's timed launch (CUDA events, behind an untimed twin:
 //! the bare kernel), the same through `Cuda::run_on_stream` on a caller's stream and buffers
-//! (events around one call behind an untimed twin), and the host time one `run_on_stream` call
-//! takes (median of calls made while the stream is not backed up), with cudarc's event tracking
+//! (events around one call behind an untimed twin), alternating, medians of 40 each;
+//! and the host time one `run_on_stream` call takes (median of calls made while the stream holds
+//! one kernel ahead of it), with cudarc's event tracking
 //! on (its default) and off (what a framework that orders its own streams sets). Also the free
 //! device memory before and after all the calls. One JSON object per line on stdout.
 //!
@@ -49,16 +50,11 @@ fn main() -> attn_core::Result<()> {
                     .map(|(_, n)| normal_buffer(&mut rng, p.dtype, *n, 1.0))
                     .collect();
 
-                // The bare kernel: the host-copy path's timed launches.
+                // The bare kernel (the host-copy path's timed launches) and the device path on a
+                // caller's buffers and stream, alternating launch by launch, 40 of each.
                 let host_plan = cuda.plan(&p)?;
                 let inputs = Inputs { q: x[0].as_data(), k: x[1].as_data(), v: x[2].as_data() };
                 let mut prepared = cuda.prepare(&host_plan, inputs)?;
-                let bare: Vec<f64> = (0..30)
-                    .map(|_| prepared.run_timed().map(|d| d.as_secs_f64()))
-                    .collect::<Result<_, _>>()?;
-                drop(prepared);
-
-                // The device path on a caller's buffers and stream.
                 let plan = cuda.plan_on(&ctx, &p)?;
                 let (q, k, v) = (upload(&stream, &x[0]), upload(&stream, &x[1]), upload(&stream, &x[2]));
                 let mut o = stream.alloc_zeros::<bf16>(p.required_lens()[3].1).expect("allocate o");
@@ -66,9 +62,9 @@ fn main() -> attn_core::Result<()> {
                 stream.synchronize().expect("sync");
                 let free_before = ctx.mem_get_info().expect("cuMemGetInfo").0;
                 let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-                let mut device = vec![];
-                let mut host = vec![];
-                for _ in 0..30 {
+                let (mut bare, mut device, mut host) = (vec![], vec![], vec![]);
+                for _ in 0..40 {
+                    bare.push(prepared.run_timed()?.as_secs_f64());
                     cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
                     let start = stream.record_event(timed).expect("event");
                     let t = Instant::now();
@@ -78,6 +74,7 @@ fn main() -> attn_core::Result<()> {
                     end.synchronize().expect("sync");
                     device.push(f64::from(start.elapsed_ms(&end).expect("elapsed")) / 1e3);
                 }
+                drop(prepared);
                 stream.synchronize().expect("sync");
                 let free_after = ctx.mem_get_info().expect("cuMemGetInfo").0;
                 let flops = 4.0 * (16384 * 16 * 128) as f64 * seq as f64 / if causal { 2.0 } else { 1.0 };
