@@ -1,0 +1,309 @@
+//! # attn-candle
+//!
+//! attn's attention as candle custom ops, with candle-flash-attn's call:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! # fn main() -> candle_core::Result<()> {
+//! // [batch, seq, heads, head_dim]: 8 query heads over 2 key/value heads (GQA).
+//! let q = Tensor::randn(0f32, 1.0, (1, 128, 8, 64), &Device::Cpu)?;
+//! let k = Tensor::randn(0f32, 1.0, (1, 128, 2, 64), &Device::Cpu)?;
+//! let v = Tensor::randn(0f32, 1.0, (1, 128, 2, 64), &Device::Cpu)?;
+//! let o = attn_candle::flash_attn(&q, &k, &v, 0.125, true)?;
+//! assert_eq!(o.dims(), &[1, 128, 8, 64]);
+//! let (o2, lse) = attn_candle::flash_attn_with_lse(&q, &k, &v, 0.125, true)?;
+//! assert_eq!(lse.dims(), &[1, 8, 128]);
+//! # let _ = o2; Ok(()) }
+//! ```
+//!
+//! - Tensors in FlashAttention's order `[batch, seq, heads, head_dim]`, any strides whose last
+//!   axis is contiguous (views, narrowed or transposed tensors run in place, without a copy);
+//!   GQA and MQA by head counts (the query heads a multiple of the key/value heads); the causal
+//!   mask aligned bottom-right when `seq_q != seq_k` (FlashAttention 2's convention since 2.1).
+//! - On CPU: attn's `cpu-flash` (f32, f16, bf16). On CUDA (the `cuda` feature): attn's kernels
+//!   (f16, bf16) on candle's own stream and memory, through `attn_cuda`'s device-resident calls:
+//!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
+//! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
+//!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
+//!   ([`flash_attn_with_lse`]), windows, softcap and ALiBi do not exist yet, and there is no
+//!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
+//!   from candle).
+//!
+//! Errors (shapes that do not match, a head dim or dtype a backend does not take) are candle
+//! errors wrapping attn's typed error, with its message.
+
+use attn_core::{DType as AttnDType, Mask, Problem, Shape as AttnShape, Strides, TensorStrides};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
+use std::sync::{Arc, Mutex};
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+/// `softmax(softmax_scale · q kᵀ + mask) v` for `[batch, seq, heads, head_dim]` tensors, with a
+/// bottom-right causal mask when `causal`; returns `[batch, seq_q, heads_q, head_dim]`, contiguous.
+pub fn flash_attn(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<Tensor> {
+    let op = AttnOp::new(softmax_scale, causal, false);
+    q.apply_op3_no_bwd(k, v, &op)
+}
+
+/// [`flash_attn`] and the log-sum-exp of each row's scaled scores (natural log, f32,
+/// `[batch, heads_q, seq_q]`; `-inf` for a row that sees no key), from the same kernel call.
+pub fn flash_attn_with_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let op = AttnOp::new(softmax_scale, causal, true);
+    let o = q.apply_op3_no_bwd(k, v, &op)?;
+    // The LSE the kernel wrote, handed over as a tensor of its own (a custom op has one output).
+    let lse = o.apply_op1_no_bwd(&TakeLse(op.lse.clone()))?;
+    Ok((o, lse))
+}
+
+/// The custom op: one attention call.
+struct AttnOp {
+    scale: f32,
+    causal: bool,
+    /// Whether to compute the LSE, and where the call leaves it for [`TakeLse`].
+    with_lse: bool,
+    lse: Arc<Mutex<Option<Lse>>>,
+}
+
+/// An LSE the op computed, on the device the call ran on.
+enum Lse {
+    Cpu(Vec<f32>, Shape),
+    #[cfg(feature = "cuda")]
+    Cuda(candle_core::CudaStorage, Shape),
+}
+
+impl AttnOp {
+    fn new(scale: f32, causal: bool, with_lse: bool) -> Self {
+        AttnOp { scale, causal, with_lse, lse: Arc::new(Mutex::new(None)) }
+    }
+
+    /// The attn problem of these tensors: shapes and strides from the layouts (in candle's
+    /// `[batch, seq, heads, head_dim]` order, the last axis contiguous), the output contiguous
+    /// in the same order.
+    fn problem(&self, dtype: DType, l: [&Layout; 3]) -> candle_core::Result<Problem> {
+        let dims = |l: &Layout, name: &str| -> candle_core::Result<[usize; 4]> {
+            l.dims().try_into().map_err(|_| {
+                candle_core::Error::Msg(format!(
+                    "attn: {name} must be [batch, seq, heads, head_dim], got shape {:?}",
+                    l.dims()
+                ))
+            })
+        };
+        let [b, sq, hq, d] = dims(l[0], "q")?;
+        let [bk, sk, hk, dk] = dims(l[1], "k")?;
+        if l[2].dims() != l[1].dims() {
+            return Err(candle_core::Error::Msg(format!(
+                "attn: v's shape {:?} differs from k's {:?}",
+                l[2].dims(),
+                l[1].dims()
+            )));
+        }
+        if bk != b || dk != d {
+            return Err(candle_core::Error::Msg(format!(
+                "attn: k is {:?} but q is {:?}: batch and head_dim must agree",
+                l[1].dims(),
+                l[0].dims()
+            )));
+        }
+        let strides = |l: &Layout, name: &str| -> candle_core::Result<Strides> {
+            let st = l.stride();
+            if st[3] != 1 {
+                return Err(candle_core::Error::Msg(format!(
+                    "attn: {name}'s head_dim axis has stride {} (strides {st:?}); it must be contiguous (1)",
+                    st[3]
+                )));
+            }
+            Ok(Strides { batch: st[0], head: st[2], seq: st[1] })
+        };
+        let dtype = match dtype {
+            DType::F32 => AttnDType::F32,
+            DType::F16 => AttnDType::F16,
+            DType::BF16 => AttnDType::Bf16,
+            other => {
+                return Err(candle_core::Error::Msg(format!("attn: dtype {other:?} (f32, f16 and bf16 run)")));
+            }
+        };
+        let shape = AttnShape { batch: b, heads_q: hq, heads_kv: hk, seq_q: sq, seq_k: sk, head_dim: d };
+        let o = attn_core::Layout::Bshd.strides(hq, sq, d);
+        let tensor_strides =
+            TensorStrides { q: strides(l[0], "q")?, k: strides(l[1], "k")?, v: strides(l[2], "v")?, o };
+        let mut problem = Problem::new(shape, dtype)
+            .with_strides(tensor_strides)
+            .with_scale(self.scale)
+            .with_lse(self.with_lse);
+        if self.causal {
+            problem = problem.with_mask(Mask::Causal);
+        }
+        problem.validate().map_err(candle_core::Error::wrap)?;
+        Ok(problem)
+    }
+
+    /// The output's shape, `[batch, seq_q, heads_q, head_dim]`, and the LSE's, `[batch,
+    /// heads_q, seq_q]`.
+    fn shapes(p: &Problem) -> (Shape, Shape) {
+        let s = p.shape;
+        (Shape::from((s.batch, s.seq_q, s.heads_q, s.head_dim)), Shape::from((s.batch, s.heads_q, s.seq_q)))
+    }
+}
+
+/// The CPU backend the ops share.
+fn cpu_flash() -> &'static attn_cpu::Flash {
+    static FLASH: std::sync::OnceLock<attn_cpu::Flash> = std::sync::OnceLock::new();
+    FLASH.get_or_init(attn_cpu::Flash::new)
+}
+
+/// `x` from element `offset` on: the view's storage as its layout addresses it.
+fn from<T>(x: &[T], offset: usize) -> candle_core::Result<&[T]> {
+    x.get(offset..).ok_or_else(|| candle_core::Error::Msg("attn: a layout starts past its storage".into()))
+}
+
+impl candle_core::CustomOp3 for AttnOp {
+    fn name(&self) -> &'static str {
+        "attn-flash"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        use attn_core::{Attention, Data, DataMut, Inputs, Outputs};
+        let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
+        if s2.dtype() != s1.dtype() || s3.dtype() != s1.dtype() {
+            return Err(candle_core::Error::Msg(format!(
+                "attn: q, k and v must share a dtype, got {:?}, {:?}, {:?}",
+                s1.dtype(),
+                s2.dtype(),
+                s3.dtype()
+            )));
+        }
+        let offsets = [l1.start_offset(), l2.start_offset(), l3.start_offset()];
+        let o_len = problem.required_lens()[3].1;
+        let mut lse = vec![0f32; if self.with_lse { problem.lse_len() } else { 0 }];
+        let run = |inputs: Inputs<'_>, o: DataMut<'_>, lse: &mut [f32]| -> candle_core::Result<()> {
+            let lse = self.with_lse.then_some(lse);
+            cpu_flash()
+                .forward(&problem, inputs, Outputs { o, lse })
+                .map(|_| ())
+                .map_err(candle_core::Error::wrap)
+        };
+        let o = match (s1, s2, s3) {
+            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => {
+                let mut o = vec![0f32; o_len];
+                let inputs = Inputs {
+                    q: Data::F32(from(q, offsets[0])?),
+                    k: Data::F32(from(k, offsets[1])?),
+                    v: Data::F32(from(v, offsets[2])?),
+                };
+                run(inputs, DataMut::F32(&mut o), &mut lse)?;
+                CpuStorage::F32(o)
+            }
+            (CpuStorage::F16(q), CpuStorage::F16(k), CpuStorage::F16(v)) => {
+                let mut o = vec![half::f16::ZERO; o_len];
+                let inputs = Inputs {
+                    q: Data::F16(from(q, offsets[0])?),
+                    k: Data::F16(from(k, offsets[1])?),
+                    v: Data::F16(from(v, offsets[2])?),
+                };
+                run(inputs, DataMut::F16(&mut o), &mut lse)?;
+                CpuStorage::F16(o)
+            }
+            (CpuStorage::BF16(q), CpuStorage::BF16(k), CpuStorage::BF16(v)) => {
+                let mut o = vec![half::bf16::ZERO; o_len];
+                let inputs = Inputs {
+                    q: Data::Bf16(from(q, offsets[0])?),
+                    k: Data::Bf16(from(k, offsets[1])?),
+                    v: Data::Bf16(from(v, offsets[2])?),
+                };
+                run(inputs, DataMut::Bf16(&mut o), &mut lse)?;
+                CpuStorage::BF16(o)
+            }
+            _ => unreachable!("the dtype was checked by AttnOp::problem"),
+        };
+        let (o_shape, lse_shape) = AttnOp::shapes(&problem);
+        if self.with_lse {
+            *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cpu(lse, lse_shape));
+        }
+        Ok((o, o_shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
+        let (o, lse) = cuda::forward(&problem, [s1, s2, s3], [l1, l2, l3])?;
+        let (o_shape, lse_shape) = AttnOp::shapes(&problem);
+        if let Some(lse) = lse {
+            *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse, lse_shape));
+        }
+        Ok((o, o_shape))
+    }
+}
+
+/// Hands over the LSE that an [`AttnOp`] left (applied to that op's output, so that candle runs
+/// it after the op).
+struct TakeLse(Arc<Mutex<Option<Lse>>>);
+
+impl TakeLse {
+    fn take(&self) -> candle_core::Result<Lse> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg("attn: the LSE was taken already".into()))
+    }
+}
+
+impl candle_core::CustomOp1 for TakeLse {
+    fn name(&self) -> &'static str {
+        "attn-lse"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        match self.take()? {
+            Lse::Cpu(values, shape) => Ok((CpuStorage::F32(values), shape)),
+            #[cfg(feature = "cuda")]
+            Lse::Cuda(..) => {
+                Err(candle_core::Error::Msg("attn: the LSE is on CUDA, its output on the CPU".into()))
+            }
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        match self.take()? {
+            Lse::Cuda(storage, shape) => Ok((storage, shape)),
+            Lse::Cpu(..) => {
+                Err(candle_core::Error::Msg("attn: the LSE is on the CPU, its output on CUDA".into()))
+            }
+        }
+    }
+}

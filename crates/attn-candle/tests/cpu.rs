@@ -1,0 +1,148 @@
+//! The op on candle CPU tensors against attn's exact f64 reference, and against candle's own
+//! matmul-softmax attention: contiguous, transposed and narrowed tensors (run in place), GQA,
+//! causal with seq_q != seq_k, the LSE, and the errors for what it does not take.
+
+use attn_core::{Attention, Buffer, Inputs, Outputs, Problem};
+use candle_core::{D, DType, Device, IndexOp, Tensor};
+
+/// attn's f64 reference on the same values (copied to contiguous BSHD buffers): o as f32 in
+/// `[b, s, h, d]` order, and the LSE.
+fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> (Vec<f32>, Vec<f32>) {
+    let (b, sq, hq, d) = q.dims4().unwrap();
+    let (_, sk, hk, _) = k.dims4().unwrap();
+    let shape = attn_core::Shape { batch: b, heads_q: hq, heads_kv: hk, seq_q: sq, seq_k: sk, head_dim: d };
+    let mut p = Problem::new(shape, attn_core::DType::F32)
+        .with_layout(attn_core::Layout::Bshd)
+        .with_scale(scale)
+        .with_lse(true);
+    if causal {
+        p = p.causal();
+    }
+    let flat =
+        |t: &Tensor| Buffer::F32(t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap());
+    let (q, k, v) = (flat(q), flat(k), flat(v));
+    let mut o = Buffer::zeros(attn_core::DType::F32, p.required_lens()[3].1);
+    let mut lse = vec![0f32; p.lse_len()];
+    attn_cpu::Reference
+        .forward(
+            &p,
+            Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() },
+            Outputs { o: o.as_data_mut(), lse: Some(&mut lse) },
+        )
+        .unwrap();
+    (o.to_f32_vec(), lse)
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// candle's own attention: repeat the key/value heads, q·kᵀ·scale, a bottom-right causal mask,
+/// softmax, ·v; in `[b, s, h, d]` order.
+fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Tensor {
+    let (_, sq, hq, _) = q.dims4().unwrap();
+    let (_, sk, hk, _) = k.dims4().unwrap();
+    let rep = |t: &Tensor| {
+        let t = t.transpose(1, 2).unwrap(); // [b, h, s, d]
+        let (b, h, s, d) = t.dims4().unwrap();
+        t.unsqueeze(2).unwrap().expand((b, h, hq / hk, s, d)).unwrap().reshape((b, hq, s, d)).unwrap()
+    };
+    let q = q.transpose(1, 2).unwrap().contiguous().unwrap();
+    let (k, v) = (rep(k).contiguous().unwrap(), rep(v).contiguous().unwrap());
+    let mut s = (q.matmul(&k.t().unwrap()).unwrap() * scale as f64).unwrap();
+    if causal {
+        let mask: Vec<f32> = (0..sq)
+            .flat_map(|i| (0..sk).map(move |j| if j + sq > i + sk { f32::NEG_INFINITY } else { 0.0 }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (sq, sk), &Device::Cpu).unwrap().to_dtype(s.dtype()).unwrap();
+        s = s.broadcast_add(&mask).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+    p.matmul(&v).unwrap().transpose(1, 2).unwrap()
+}
+
+fn randn(shape: (usize, usize, usize, usize), dtype: DType) -> Tensor {
+    Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+}
+
+#[test]
+fn matches_the_reference_in_every_dtype_with_gqa_and_a_causal_offset() {
+    for (dtype, tol) in [(DType::F32, 2e-5), (DType::F16, 2e-3), (DType::BF16, 2e-2)] {
+        for causal in [false, true] {
+            let q = randn((2, 37, 8, 64), dtype);
+            let k = randn((2, 90, 2, 64), dtype);
+            let v = randn((2, 90, 2, 64), dtype);
+            let (o, lse) = attn_candle::flash_attn_with_lse(&q, &k, &v, 0.125, causal).unwrap();
+            assert_eq!(o.dims(), &[2, 37, 8, 64]);
+            assert_eq!((o.dtype(), lse.dims()), (dtype, &[2usize, 8, 37][..]));
+            let (want_o, want_lse) = reference(&q, &k, &v, 0.125, causal);
+            let e = max_diff(&values(&o), &want_o);
+            assert!(e <= tol, "{dtype:?} causal={causal}: max |o - reference| = {e}");
+            let e = max_diff(&values(&lse), &want_lse);
+            assert!(e <= 1e-4, "{dtype:?} causal={causal}: max |lse - reference| = {e}");
+            // The plain call gives the same output as the one with the LSE.
+            let o2 = attn_candle::flash_attn(&q, &k, &v, 0.125, causal).unwrap();
+            assert_eq!(values(&o2), values(&o));
+        }
+    }
+}
+
+#[test]
+fn agrees_with_candles_own_attention() {
+    let q = randn((1, 64, 8, 32), DType::F32);
+    let k = randn((1, 64, 4, 32), DType::F32);
+    let v = randn((1, 64, 4, 32), DType::F32);
+    for causal in [false, true] {
+        let ours = attn_candle::flash_attn(&q, &k, &v, 0.2, causal).unwrap();
+        let theirs = candle_attention(&q, &k, &v, 0.2, causal);
+        let e = max_diff(&values(&ours), &values(&theirs));
+        assert!(e <= 1e-5, "causal={causal}: {e}");
+    }
+}
+
+/// Transposed (`[b, h, s, d]` storage seen as `[b, s, h, d]`) and narrowed tensors run in place
+/// and give what their contiguous copies give, bit for bit.
+#[test]
+fn strided_and_offset_tensors_run_in_place() {
+    let q = randn((2, 8, 50, 64), DType::BF16).transpose(1, 2).unwrap();
+    let big = randn((2, 70, 4, 64), DType::BF16);
+    let k = big.narrow(1, 10, 40).unwrap();
+    let v = randn((2, 40, 6, 64), DType::BF16).narrow(2, 2, 4).unwrap();
+    assert!(!q.is_contiguous() && !v.is_contiguous());
+    let strided = attn_candle::flash_attn(&q, &k, &v, 0.125, true).unwrap();
+    let (qc, kc, vc) = (q.contiguous().unwrap(), k.contiguous().unwrap(), v.contiguous().unwrap());
+    let packed = attn_candle::flash_attn(&qc, &kc, &vc, 0.125, true).unwrap();
+    assert_eq!(values(&strided), values(&packed));
+    let (want, _) = reference(&q, &k, &v, 0.125, true);
+    assert!(max_diff(&values(&strided), &want) <= 2e-2);
+}
+
+#[test]
+fn what_it_does_not_take_is_an_error() {
+    let q = randn((1, 16, 4, 64), DType::F32);
+    let k = randn((1, 16, 4, 64), DType::F32);
+    let msg = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    // head_dim not contiguous.
+    let qt = q.transpose(2, 3).unwrap().transpose(2, 3).unwrap().t().unwrap();
+    assert!(msg(attn_candle::flash_attn(&qt, &k, &k, 1.0, false)).contains("attn"));
+    // k and v of different shapes; head dims that differ; heads that do not divide.
+    let k2 = randn((1, 16, 4, 32), DType::F32);
+    assert!(msg(attn_candle::flash_attn(&q, &k, &k2, 1.0, false)).contains("v's shape"));
+    assert!(msg(attn_candle::flash_attn(&q, &k2, &k2, 1.0, false)).contains("head_dim"));
+    let k3 = randn((1, 16, 3, 64), DType::F32);
+    assert!(!msg(attn_candle::flash_attn(&q, &k3, &k3, 1.0, false)).is_empty());
+    // A dtype no backend takes, and tensors of mixed dtypes.
+    let q64 = q.to_dtype(DType::F64).unwrap();
+    assert!(msg(attn_candle::flash_attn(&q64, &q64, &q64, 1.0, false)).contains("dtype"));
+    let kh = k.to_dtype(DType::F16).unwrap();
+    assert!(!msg(attn_candle::flash_attn(&q, &kh, &kh, 1.0, false)).is_empty());
+    // Not 4-D.
+    let q3 = q.i(0).unwrap();
+    assert!(msg(attn_candle::flash_attn(&q3, &k, &k, 1.0, false)).contains("[batch, seq, heads, head_dim]"));
+    let _ = D::Minus1;
+}
