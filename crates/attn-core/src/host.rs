@@ -130,21 +130,20 @@ pub fn attention_into<T: Element>(
     check_lse(lse.as_ref().map(|l| l.view()).as_ref(), &problem)?;
     let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
 
-    // SAFETY (the three `span`s and the one `span_mut` below): `problem` accepted each view, so
-    // its strides are non-negative with the head_dim axis at stride 1, and the required length
-    // is exactly the view's extent: the offset of its last element plus one. ndarray guarantees
-    // that all elements of a view lie in one allocation and stay alive and borrowed for the
-    // view's lifetime; an allocation is contiguous, so the elements between the first and the
-    // last one (the gaps of a strided view) lie in it too, and `validate` bounded the span by
-    // `isize::MAX` bytes. The slices borrow the views, so the views cannot be used while a
-    // slice lives. The gaps are never read or written: backends touch only the offsets the
-    // problem's strides give, which are the views' own elements (`Problem` is checked against
-    // the slices by `check_inputs`/`check_outputs`). The one aliasing left to rule out is a
-    // gap of o's range that holds elements of q, k, v or lse (views carved from one buffer):
-    // then o's `&mut` slice would overlap their slices, so o goes through a temporary instead.
-    // What remains the caller's is ndarray's own contract: memory of the gaps that another
-    // thread mutates while this call runs must not be behind q, k, v or o (this function holds
-    // slices over it, though it never touches it).
+    // SAFETY (the three `span`s here and the `span_mut` below): `problem` accepted each view,
+    // so its strides are non-negative with the head_dim axis at stride 1, and its required
+    // length is exactly the view's extent (the offset of its last element plus one). ndarray
+    // guarantees that all elements of a view lie in one allocation, alive and borrowed for the
+    // view's lifetime; an allocation is contiguous, so the memory between the first and the
+    // last element (the gaps of a strided view) lies in it too, and `validate` bounded the span
+    // by `isize::MAX` bytes. Each slice borrows its view, so the view is unused while the slice
+    // lives. The gaps are never read or written: backends touch only the offsets the problem's
+    // strides give, which are the views' own elements (and check the slices' lengths against
+    // the problem). The aliasing ruled out below: a gap of o's range that holds elements of q,
+    // k, v or lse (views carved from one buffer) would put o's `&mut` slice over their slices,
+    // so o then goes through a temporary. The one assumption beyond ndarray's guarantees: no
+    // other thread mutates memory in the gaps of q, k, v or o (through another view split off
+    // the same array) while this call runs; nothing here accesses it, but the slices cover it.
     let (qs, ks, vs) = unsafe { (span(&q, q_len), span(&k, k_len), span(&v, v_len)) };
     let inputs = Inputs { q: T::data(qs), k: T::data(ks), v: T::data(vs) };
 
@@ -159,6 +158,7 @@ pub fn attention_into<T: Element>(
 
     let mut o_temp: Option<Array4<T>> = None;
     let o_out: &mut [T] = if o_alone {
+        // SAFETY: as for the spans above; `o_alone` says no other slice here reaches o's range.
         unsafe { span_mut(&mut o, o_len) }
     } else {
         let s = problem.shape;
