@@ -80,6 +80,10 @@ pub trait Element: Copy + Send + Sync + 'static + fmt::Debug {
     fn slice(data: Data<'_>) -> Option<&[Self]>;
     /// The typed mutable slice inside `data`, if it holds this type.
     fn slice_mut(data: DataMut<'_>) -> Option<&mut [Self]>;
+    /// Borrows `elements` as [`Data`], the inverse of [`Element::slice`].
+    fn data(elements: &[Self]) -> Data<'_>;
+    /// Borrows `elements` as [`DataMut`], the inverse of [`Element::slice_mut`].
+    fn data_mut(elements: &mut [Self]) -> DataMut<'_>;
 }
 
 impl Element for f32 {
@@ -95,6 +99,12 @@ impl Element for f32 {
             DataMut::F32(s) => Some(s),
             _ => None,
         }
+    }
+    fn data(elements: &[Self]) -> Data<'_> {
+        Data::F32(elements)
+    }
+    fn data_mut(elements: &mut [Self]) -> DataMut<'_> {
+        DataMut::F32(elements)
     }
     const NAN: Self = f32::NAN;
     #[inline(always)]
@@ -121,6 +131,12 @@ impl Element for f16 {
             _ => None,
         }
     }
+    fn data(elements: &[Self]) -> Data<'_> {
+        Data::F16(elements)
+    }
+    fn data_mut(elements: &mut [Self]) -> DataMut<'_> {
+        DataMut::F16(elements)
+    }
     const NAN: Self = f16::NAN;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -145,6 +161,12 @@ impl Element for bf16 {
             DataMut::Bf16(s) => Some(s),
             _ => None,
         }
+    }
+    fn data(elements: &[Self]) -> Data<'_> {
+        Data::Bf16(elements)
+    }
+    fn data_mut(elements: &mut [Self]) -> DataMut<'_> {
+        DataMut::Bf16(elements)
     }
     const NAN: Self = bf16::NAN;
     #[inline(always)]

@@ -5,6 +5,11 @@
 //! [`Error`] type, and the online-softmax math ([`softmax`]) that CPU, CUDA and WGSL kernels all
 //! implement.
 //!
+//! Host tensors enter as `ndarray` views in FlashAttention's `[batch, seq, heads, head_dim]`
+//! order through [`host`], which turns their shapes and strides into a [`Problem`] and their
+//! memory into [`Inputs`]/[`Outputs`] without copying. `ndarray` and `half` are re-exported so
+//! that callers use the versions attn was built with.
+//!
 //! ## Contract
 //! For each batch `b`, query head `h` and query row `i`:
 //! `o[b,h,i,:] = Σ_j p_j v[b,g,j,:]`, `p = softmax_j(scale · q[b,h,i,:]·k[b,g,j,:])` over the keys
@@ -18,6 +23,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod error;
+pub mod host;
 pub mod knobs;
 pub mod plan;
 pub mod problem;
@@ -32,3 +38,6 @@ pub use knobs::Knob;
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};
+
+pub use half;
+pub use ndarray;

@@ -1,30 +1,40 @@
-//! The library in use: describe a problem, let attn pick the best backend here, run it, read the
-//! output, and check one row against the exact reference. `cargo run --release --example quickstart`.
+//! The library in use: q, k, v as ndarray arrays in FlashAttention's `[batch, seq, heads,
+//! head_dim]` order, the best backend here chosen for their problem, the output read back, and
+//! the result checked against the exact reference. `cargo run --release --example quickstart`.
 
-use attn::measure::{accuracy, random_inputs};
-use attn::{Backend, Buffer, Outputs, Problem, Shape};
+use attn::half::bf16;
+use attn::ndarray::Array4;
+use attn::rng::SplitMix64;
+use attn::{Backend, Mask, Params, host};
 
 fn main() -> Result<(), attn::Error> {
-    // 2 sequences of 1024 tokens, 8 query heads sharing 2 key/value heads, head_dim 64, causal.
-    let shape = Shape { heads_kv: 2, ..Shape::new(2, 8, 1024, 64) };
-    let problem = Problem::new(shape, attn::DType::Bf16).causal().with_lse(true);
+    // 2 sequences of 512 tokens, 8 query heads sharing 2 key/value heads, head_dim 64.
+    let mut rng = SplitMix64::new(7);
+    let mut normal = |_| bf16::from_f32(rng.normal() as f32);
+    let q = Array4::from_shape_fn((2, 512, 8, 64), &mut normal);
+    let k = Array4::from_shape_fn((2, 512, 2, 64), &mut normal);
+    let v = Array4::from_shape_fn((2, 512, 2, 64), &mut normal);
+    let params = Params { mask: Mask::Causal, return_lse: true, ..Params::default() };
 
+    // The views' shapes and strides are the problem; any strided view with head_dim contiguous
+    // works the same (e.g. a BHSD array through `.permuted_axes([0, 2, 1, 3])`).
+    let problem = host::problem(&q.view(), &k.view(), &v.view(), None, &params)?;
     let backend = Backend::auto(&problem)?;
     println!("backend: {}\n{}", backend.name(), backend.plan(&problem)?);
 
-    let [q, k, v] = random_inputs(&problem, 7);
-    let inputs = attn::Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
-    let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
-    let mut lse = vec![0.0f32; problem.lse_len()];
-    backend.forward(&problem, inputs, Outputs { o: o.as_data_mut(), lse: Some(&mut lse) })?;
+    let (o, lse) = host::attention(&*backend, q.view(), k.view(), v.view(), &params)?;
+    let lse = lse.expect("asked for with return_lse");
 
-    // Row 0 of head 0 attends only to key 0 (causal), so its output is v[0] and its LSE is the
+    // Row 0 attends only to key 0 (causal), so its output is v's first row and its LSE is the
     // single scaled score q·k / sqrt(64).
-    let first: Vec<f32> = o.to_f32_vec()[..4].to_vec();
-    println!("o[0,0,0,..4] = {first:?}, lse[0] = {}", lse[0]);
+    println!("o[0, 0, 0, ..4] = {:?}, lse[0, 0, 0] = {}", &o.as_slice().unwrap()[..4], lse[[0, 0, 0]]);
 
-    let acc = accuracy(&problem, &inputs, &o, 64);
-    println!("vs f64 reference on {} rows: relative L2 {:.2e}", acc.rows, acc.rel_l2);
-    assert!(acc.rel_l2 < 1e-2 && acc.non_finite == 0, "bf16 result too far from the reference");
+    let (exact, _) =
+        host::attention(&*Backend::by_name("cpu-reference")?, q.view(), k.view(), v.view(), &params)?;
+    let sq = |x: f32| (x as f64) * (x as f64);
+    let diff2: f64 = o.iter().zip(&exact).map(|(a, b)| sq(a.to_f32() - b.to_f32())).sum();
+    let rel_l2 = (diff2 / exact.iter().map(|x| sq(x.to_f32())).sum::<f64>()).sqrt();
+    println!("vs the exact reference: relative L2 {rel_l2:.2e}");
+    assert!(rel_l2 < 1e-2, "bf16 result too far from the reference");
     Ok(())
 }
