@@ -168,6 +168,10 @@ fn main() -> Result<()> {
         };
         let scale =
             y_candle.to_dtype(DType::F32)?.abs()?.flatten_all()?.max(D::Minus1)?.to_scalar::<f32>()?;
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            op_overhead(&q, &k, &v, &device)?;
+        }
         println!(
             "{{\"seq\": {s}, \"batch\": {batch}, \"dtype\": \"{dtype:?}\", \"block_ms_candle\": {:.3}, \"block_ms_attn\": {:.3}, \
              \"block_speedup\": {:.3}, \"attention_ms_candle\": {:.3}, \"attention_ms_attn\": {:.3}, \"attention_speedup\": {:.3}, \
@@ -183,5 +187,71 @@ fn main() -> Result<()> {
             scale,
         );
     }
+    Ok(())
+}
+
+/// The op against the bare kernel on these tensors: the kernel's time through attn-cuda's
+/// host-copy path (CUDA events, behind an untimed twin), the op's time per call over 20 calls in
+/// a row (one synchronization at the end), and the host time of one call (median of 40, each
+/// behind a synchronization, so the stream is idle when it starts).
+#[cfg(feature = "cuda")]
+fn op_overhead(q: &Tensor, k: &Tensor, v: &Tensor, device: &Device) -> Result<()> {
+    use attn_core::Attention;
+    let (b, s, _, _) = q.dims4()?;
+    let dtype = match q.dtype() {
+        DType::BF16 => attn_core::DType::Bf16,
+        DType::F16 => attn_core::DType::F16,
+        _ => return Ok(()),
+    };
+    let shape = attn_core::Shape {
+        batch: b,
+        heads_q: HEADS,
+        heads_kv: KV_HEADS,
+        seq_q: s,
+        seq_k: s,
+        head_dim: HEAD_DIM,
+    };
+    let p = attn_core::Problem::new(shape, dtype).with_layout(attn_core::Layout::Bshd).causal();
+    let cuda = attn_cuda::Cuda::new();
+    let plan = cuda.plan(&p).map_err(candle_core::Error::wrap)?;
+    let host = |t: &Tensor| -> Result<attn_core::Buffer> {
+        let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        Ok(attn_core::Buffer::from_f32(dtype, v))
+    };
+    let (hq, hk, hv) = (host(q)?, host(k)?, host(v)?);
+    let inputs = attn_core::Inputs { q: hq.as_data(), k: hk.as_data(), v: hv.as_data() };
+    let mut prepared = cuda.prepare(&plan, inputs).map_err(candle_core::Error::wrap)?;
+    let mut bare = vec![];
+    for _ in 0..20 {
+        bare.push(prepared.run_timed().map_err(candle_core::Error::wrap)?.as_secs_f64());
+    }
+    bare.sort_by(f64::total_cmp);
+    let mut per_call = vec![];
+    for _ in 0..5 {
+        device.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..20 {
+            attn_attention(q, k, v)?;
+        }
+        device.synchronize()?;
+        per_call.push(t.elapsed().as_secs_f64() / 20.0);
+    }
+    per_call.sort_by(f64::total_cmp);
+    let mut host_us = vec![];
+    for _ in 0..40 {
+        device.synchronize()?;
+        let t = Instant::now();
+        attn_attention(q, k, v)?;
+        host_us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    host_us.sort_by(f64::total_cmp);
+    println!(
+        "{{\"seq\": {s}, \"kernel\": \"{}\", \"bare_kernel_ms\": {:.4}, \"op_ms_per_call\": {:.4}, \"op_over_bare\": {:.4}, \"op_host_us_per_call\": {:.2}}}",
+        plan.kernel,
+        bare[bare.len() / 2] * 1e3,
+        per_call[per_call.len() / 2] * 1e3,
+        per_call[per_call.len() / 2] / bare[bare.len() / 2],
+        host_us[host_us.len() / 2]
+    );
     Ok(())
 }

@@ -5,7 +5,7 @@ use attn_core::{DType, Problem};
 use attn_cuda::Cuda;
 use candle_core::Layout;
 use candle_core::cuda_backend::{CudaDType, CudaStorage};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use std::sync::OnceLock;
 
 /// The CUDA backend the ops share: kernels compiled once per process, loaded once per context,
@@ -40,11 +40,7 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
     let stream = device.cuda_stream();
     let wrap = candle_core::Error::wrap;
     let plan = backend().plan_cached(stream.context(), problem).map_err(wrap)?;
-    // Each tensor from its layout's first element: the problem's strides address it from there.
-    let view = |x: &CudaStorage, l: &Layout| -> candle_core::Result<_> {
-        Ok(x.as_cuda_slice::<T>()?.slice(l.start_offset()..))
-    };
-    let (q, k, v) = (view(s[0], l[0])?, view(s[1], l[1])?, view(s[2], l[2])?);
+    let (q, k, v) = (view::<T>(s[0], l[0])?, view::<T>(s[1], l[1])?, view::<T>(s[2], l[2])?);
     // SAFETY: every element of o (and of the LSE) is written by the kernel before it is read.
     let mut o: CudaSlice<T> = unsafe { device.alloc::<T>(problem.required_lens()[3].1) }?;
     let mut lse = match problem.params.return_lse {
@@ -56,4 +52,10 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
     backend().run_on_stream(&plan, &q, &k, &v, &mut o, lse_view.as_mut(), &stream).map_err(wrap)?;
     let o = CudaStorage::wrap_cuda_slice(o, device.clone());
     Ok((o, lse.map(|l| CudaStorage::wrap_cuda_slice(l, device))))
+}
+
+/// A tensor's storage from its layout's first element on: the problem's strides address it from
+/// there.
+fn view<'a, T: CudaDType>(x: &'a CudaStorage, l: &Layout) -> candle_core::Result<CudaView<'a, T>> {
+    Ok(x.as_cuda_slice::<T>()?.slice(l.start_offset()..))
 }

@@ -133,7 +133,9 @@ impl AttnOp {
             DType::F16 => AttnDType::F16,
             DType::BF16 => AttnDType::Bf16,
             other => {
-                return Err(candle_core::Error::Msg(format!("attn: dtype {other:?} (f32, f16 and bf16 run)")));
+                return Err(candle_core::Error::Msg(format!(
+                    "attn: dtype {other:?} (f32, f16 and bf16 run)"
+                )));
             }
         };
         let shape = AttnShape { batch: b, heads_q: hq, heads_kv: hk, seq_q: sq, seq_k: sk, head_dim: d };

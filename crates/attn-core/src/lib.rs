@@ -10,6 +10,21 @@
 //! memory into [`Inputs`]/[`Outputs`] without copying. `ndarray` and `half` are re-exported so
 //! that callers use the versions attn was built with.
 //!
+//! ## Design note: tensors on a device
+//! [`Attention`] is the one interface chosen at run time, and it speaks host memory: `prepare`
+//! copies the inputs to wherever the backend computes and `read` copies the output back. That
+//! is what a benchmark, a CLI or a cross-check between backends needs, and every backend can
+//! offer it. Tensors that already live on a device cannot go through it without a round trip,
+//! and their types are the device API's own (cudarc buffers and streams, wgpu buffers and
+//! encoders), which a backend-neutral trait could only erase into raw pointers. So each GPU
+//! backend exposes its device-resident calls as methods of its own type, reachable from the same
+//! value the trait is implemented on: `attn_cuda::Cuda::{plan_on, run_on_stream, run_raw}`
+//! (cudarc `CudaSlice`/`CudaView` on the caller's `Arc<CudaStream>`, or raw pointers and a
+//! `CUstream`) and the wgpu backend's calls on the caller's device, queue, buffers and encoder.
+//! They take the same [`Plan`] and [`Problem`] (shape, dtype, strides, parameters) as the trait,
+//! run the same kernels and give the same bits. Framework adapters (the candle op in
+//! `attn-candle`) sit on those calls.
+//!
 //! ## Contract
 //! For each batch `b`, query head `h` and query row `i`:
 //! `o[b,h,i,:] = Σ_j p_j v[b,g,j,:]`, `p = softmax_j(scale · q[b,h,i,:]·k[b,g,j,:])` over the keys

@@ -11,6 +11,15 @@
 //! [`probe()`]), ptxas's report ([`KernelResources`]), the device ([`Gpu`]) and the tensors on it.
 //! Every `ATTN_*` variable the crate reads is in [`options`] ([`KNOBS`], parsed into [`Options`]).
 //!
+//! Two ways in: the [`Attention`](attn_core::Attention) trait's host-copy path (`plan`,
+//! `prepare` uploads, `run`, `read` downloads), and the device-resident calls of [`device`]:
+//! [`Cuda::plan_on`] and [`Cuda::run_on_stream`] on the caller's cudarc buffers and stream
+//! (candle's, or any cudarc user's), and the unsafe raw entry [`Cuda::run_raw`] (device
+//! addresses and a `CUstream`) for other frameworks. They are methods of [`Cuda`] rather than of
+//! the trait because their argument types are cudarc's (see attn-core's design note); both paths
+//! run the same plan and kernel, bit for bit, and one [`Cuda`] serves any number of threads,
+//! streams and devices.
+//!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
 //! first and say what is missing and how to get it. Kernels are CUDA C++ in `kernels/`, compiled

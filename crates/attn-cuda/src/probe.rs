@@ -160,11 +160,21 @@ fn load_nvrtc() -> Result<NvrtcInfo, String> {
     let lib: &'static Library = Box::leak(Box::new(lib));
     // Now cudarc's lookup cannot come up empty (the SONAME matches), so it will not panic; but a
     // different libnvrtc on the search path would win, since cudarc tries `libnvrtc.so` first.
+    #[cfg(not(feature = "dynamic-linking"))]
     let theirs = guarded("loading NVRTC through cudarc", || {
         // SAFETY: as above; the symbol is only compared, not called.
         let sym = unsafe { cudarc::nvrtc::sys::culib().get::<VersionFn>(b"nvrtcVersion") };
         sym.map(|s| *s as usize).map_err(|e| e.to_string())
     })?;
+    // Linked rather than loaded by cudarc (the `dynamic-linking` feature): the loader bound
+    // nvrtcVersion at start-up from libnvrtc.so.13, a DT_NEEDED entry; compare with that.
+    #[cfg(feature = "dynamic-linking")]
+    let theirs = {
+        unsafe extern "C" {
+            fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> c_int;
+        }
+        nvrtcVersion as VersionFn as usize
+    };
     // SAFETY: as above.
     let ours_addr = unsafe { lib.get::<VersionFn>(b"nvrtcVersion") }.map(|s| *s as usize).ok();
     if ours_addr != Some(theirs) {
