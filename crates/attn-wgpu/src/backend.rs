@@ -1,8 +1,12 @@
-//! The `wgpu` backend: [`Attention`] over the WGSL kernel, with device-resident inputs.
+//! The `wgpu` backend: [`Attention`] over the WGSL kernel (the host path: inputs packed on the
+//! host and uploaded at `prepare`, the output read back by `read`), and the backend's
+//! constructors, including [`Wgpu::from_device`] for a caller's device.
 
+use crate::dispatch::{self, Dispatches, Sizes};
 use crate::options::Options;
 use crate::pack::{pack_inputs, unpack_output};
 use crate::plan::{self, AdapterCaps, KeySplit, Variant};
+use crate::resident::Resident;
 use crate::runtime::Gpu;
 use attn_core::{
     Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Payload, Plan, Prepared,
@@ -12,49 +16,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
-/// The kernel's uniform block; field order and types match `struct Params` in `kernels/bindings.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    seq_q: u32,
-    seq_k: u32,
-    heads_q: u32,
-    heads_kv: u32,
-    group: u32,
-    n_qblocks: u32,
-    grid_y: u32,
-    bh_total: u32,
-    causal_offset: i32,
-    scale_log2: f32,
-    neg_inf_bits: u32,
-    key_begin: u32,
-    key_end: u32,
-    probe_trips: u32,
-    pad: u32,
-}
-
-/// The merge step's uniform block; matches `struct Merge` in `merge.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Merge {
-    rows: u32,
-    d4: u32,
-    first: u32,
-    last: u32,
-    groups_x: u32,
-    neg_inf_bits: u32,
-    pad: [u32; 2],
-}
-
-/// Invocations per workgroup of the merge step (`@workgroup_size` in `merge.wgsl`).
-const MERGE_WORKGROUP: u32 = 64;
-
 /// The wgpu backend on the preferred adapter. The adapter is opened on first use; without one
 /// (no Vulkan loader or driver) the backend reports itself unavailable, with the reason.
+///
+/// [`Wgpu::from_device`] makes one on a device the caller opened instead, for the
+/// device-resident calls ([`Wgpu::record`], [`Wgpu::submit`]; see [`crate::resident`]) and the
+/// [`Attention`] trait alike.
 #[derive(Default)]
 pub struct Wgpu {
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     options: Options,
+    /// The device-resident calls' scratch buffers and bindings.
+    pub(crate) resident: Resident,
 }
 
 impl Wgpu {
@@ -65,7 +38,45 @@ impl Wgpu {
 
     /// The backend with `options` (tile pins, subgroups, cooperative matrices, naga's checks).
     pub fn with_options(options: Options) -> Self {
-        Wgpu { gpu: OnceLock::new(), options }
+        Wgpu { gpu: OnceLock::new(), options, resident: Resident::default() }
+    }
+
+    /// The backend on the caller's `device` and `queue`, opened from `adapter`: it compiles its
+    /// pipelines there and never opens a device of its own. Limits and features are the ones
+    /// `device` was opened with (a device opened with WebGPU's default limits gets the plans
+    /// those allow); `SHADER_F16` and `SUBGROUP` are used where the device has them, and the
+    /// cooperative-matrix kernel only where it was opened with
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` and `PASSTHROUGH_SHADERS` and `options` allow it. The
+    /// device's uncaptured-error handler is left alone: every call of the backend runs in its own
+    /// error scopes.
+    ///
+    /// Errors: [`Error::Unavailable`] where wgpu panics while reading the adapter (never on a
+    /// working device).
+    pub fn from_device(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        options: Options,
+    ) -> Result<Self> {
+        let gpu = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Gpu::attach(adapter, device, queue, &options)
+        }))
+        .map_err(|_| Error::Unavailable {
+            backend: "wgpu".into(),
+            reason: "wgpu panicked while reading the caller's adapter and device".into(),
+        })?;
+        Ok(Wgpu { gpu: OnceLock::from(Ok(Arc::new(gpu))), options, resident: Resident::default() })
+    }
+
+    /// The device this backend runs on (its own, opened on first use, or the caller's), or why
+    /// there is none.
+    pub fn device(&self) -> Result<&wgpu::Device> {
+        self.gpu_ref().map(|g| &g.device)
+    }
+
+    /// The queue this backend submits on (see [`Wgpu::device`]).
+    pub fn queue(&self) -> Result<&wgpu::Queue> {
+        self.gpu_ref().map(|g| &g.queue)
     }
 
     /// The backend with the options the `ATTN_WGPU_*` variables set ([`Options::from_env`]); a
@@ -97,21 +108,50 @@ impl Wgpu {
     }
 
     /// The open device, or why there is none.
-    fn gpu(&self) -> Result<Arc<Gpu>> {
+    pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
+        self.gpu_ref().cloned()
+    }
+
+    fn gpu_ref(&self) -> Result<&Arc<Gpu>> {
         self.gpu
             .get_or_init(|| Gpu::open(&self.options).map(Arc::new))
-            .clone()
-            .map_err(|reason| Error::Unavailable { backend: "wgpu".into(), reason })
+            .as_ref()
+            .map_err(|reason| Error::Unavailable { backend: "wgpu".into(), reason: reason.clone() })
+    }
+
+    /// What `plan` chose, once the plan is checked: made by this backend for its own problem,
+    /// its launch unedited.
+    pub(crate) fn chosen(&self, plan: &Plan) -> Result<Chosen> {
+        plan.check_for(self.name(), &plan.problem)?;
+        let chosen = *plan.payload::<Chosen>()?;
+        if chosen.problem != plan.problem {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` was made for {} but now says {}: plan the new problem",
+                    plan.kernel, chosen.problem, plan.problem
+                ),
+            });
+        }
+        // The plan decides what runs: a launch edited after planning would not be the variant's.
+        if !matches!(&plan.execution, Execution::Gpu(launch) if launch.grid == chosen.grid) {
+            return Err(attn_core::Error::PlanMismatch {
+                what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
+            });
+        }
+        Ok(chosen)
     }
 }
 
-/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel, its grid, and
-/// the key split where the adapter needs one.
+/// What `plan` chose, carried in the plan's payload for `prepare`: the kernel, its grid, the
+/// key split where the adapter needs one, and the device it was chosen for (`Gpu::id`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Chosen {
-    variant: Variant,
-    grid: [u32; 3],
-    split: Option<KeySplit>,
+pub(crate) struct Chosen {
+    pub(crate) variant: Variant,
+    pub(crate) grid: [u32; 3],
+    pub(crate) split: Option<KeySplit>,
+    pub(crate) device: u64,
+    /// The problem planned (a plan whose problem was edited afterwards is refused).
+    pub(crate) problem: Problem,
 }
 
 impl Attention for Wgpu {
@@ -142,7 +182,13 @@ impl Attention for Wgpu {
         let mut choice = self.choose(problem, &self.caps(&gpu))?;
         choice.notes.insert(0, format!("adapter {}", gpu.description));
         choice.notes.push(gpu.checks().describe().into());
-        let chosen = Chosen { variant: choice.variant, grid: choice.launch.grid, split: choice.split };
+        let chosen = Chosen {
+            variant: choice.variant,
+            grid: choice.launch.grid,
+            split: choice.split,
+            device: gpu.id,
+            problem: *problem,
+        };
         Ok(Plan {
             backend: self.name().into(),
             kernel: choice.variant.name(),
@@ -155,63 +201,25 @@ impl Attention for Wgpu {
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
-        plan.check_for(self.name(), &plan.problem)?;
+        let Chosen { variant, grid, split, .. } = self.chosen(plan)?;
         let problem = plan.problem;
         problem.check_inputs(&inputs)?;
         let gpu = self.gpu()?;
-        let &Chosen { variant, grid, split } = plan.payload::<Chosen>()?;
-        // The plan decides what runs: a launch edited after planning would not be the variant's.
-        if !matches!(&plan.execution, Execution::Gpu(launch) if launch.grid == grid) {
-            return Err(attn_core::Error::PlanMismatch {
-                what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),
-            });
-        }
         // Compiled on first use (once per variant and process, cached by the runtime): planning
         // does no device work.
-        let pipeline = gpu.pipeline(&variant)?;
-        let merge = split.map(|_| gpu.merge_pipeline(variant.ty)).transpose()?;
         let s = problem.shape;
         let d = variant.head_dim as usize;
         let rows = plan::padded_rows(&variant, s.seq_q, s.seq_k);
         let k_tiles = variant.direct.then_some(variant.block_n() as usize);
         let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows, k_tiles);
-        // One dispatch over all keys, or one per part of a split.
-        let parts: Vec<(u32, u32)> = match split {
-            None => vec![(0, s.seq_k as u32)],
-            Some(KeySplit { keys, parts }) => {
-                (0..parts).map(|p| (p * keys, ((p + 1) * keys).min(s.seq_k as u32))).collect()
-            }
-        };
-        let params = |(key_begin, key_end): (u32, u32)| Params {
-            seq_q: s.seq_q as u32,
-            seq_k: s.seq_k as u32,
-            heads_q: s.heads_q as u32,
-            heads_kv: s.heads_kv as u32,
-            group: s.group_size() as u32,
-            n_qblocks: grid[0],
-            grid_y: grid[1],
-            bh_total: (s.batch * s.heads_q) as u32,
-            causal_offset: s.seq_k as i32 - s.seq_q as i32,
-            scale_log2: problem.scale() * std::f32::consts::LOG2_E,
-            neg_inf_bits: f32::NEG_INFINITY.to_bits(),
-            key_begin,
-            key_end,
-            probe_trips: 2,
-            pad: 0,
-        };
-        let rows_q = (s.batch * s.heads_q * s.seq_q) as u64;
-        let o_bytes = rows_q * d as u64 * variant.ty.size();
-        let lse_bytes = rows_q * 4;
-        let merge_groups = (rows_q as u32).div_ceil(MERGE_WORKGROUP);
-        let merge_x = merge_groups.min(gpu.caps.workgroups_per_dim.max(1));
-        let merge_grid = [merge_x, merge_groups.div_ceil(merge_x), 1];
+        let sizes = Sizes::of(&problem, &variant, split);
         let device = &gpu.device;
         let buffers = gpu.scoped("allocating and uploading buffers", || {
-            let input = |label, bytes: &[u8], usage| {
+            let input = |label, bytes: &[u8]| {
                 device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(label),
                     contents: bytes,
-                    usage,
+                    usage: wgpu::BufferUsages::STORAGE,
                 })
             };
             let output = |label, size, usage| {
@@ -223,86 +231,50 @@ impl Attention for Wgpu {
                 })
             };
             let (storage, copy_src) = (wgpu::BufferUsages::STORAGE, wgpu::BufferUsages::COPY_SRC);
-            let (q, k, v) = (input("q", &q, storage), input("k", &k, storage), input("v", &v, storage));
             let (o, lse) =
-                (output("o", o_bytes, storage | copy_src), output("lse", lse_bytes, storage | copy_src));
+                (output("o", sizes.o, storage | copy_src), output("lse", sizes.lse, storage | copy_src));
             let status = output("status", 4, storage | copy_src | wgpu::BufferUsages::COPY_DST);
             let status_read =
                 output("status readback", 4, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
             // With a split, each part writes the partial buffers and the merge step folds them in.
-            let partial = split.map(|_| {
-                (
-                    output("o part", o_bytes, storage),
-                    output("lse part", lse_bytes, storage),
-                    output("o running", rows_q * d as u64 * 4, storage),
-                )
+            let partial = sizes.o_acc.map(|o_acc| {
+                [
+                    output("o part", sizes.o, storage),
+                    output("lse part", sizes.lse, storage),
+                    output("o running", o_acc, storage),
+                ]
             });
-            let (o_dst, lse_dst) = match &partial {
-                Some((o_part, lse_part, _)) => (o_part, lse_part),
-                None => (&o, &lse),
-            };
-            let bind = |layout, label, buffers: &[&wgpu::Buffer]| {
-                device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(label),
-                    layout,
-                    entries: &buffers
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupEntry {
-                            binding: i as u32,
-                            resource: b.as_entire_binding(),
-                        })
-                        .collect::<Vec<_>>(),
-                })
-            };
-            let mut keep = vec![];
-            let mut flash = vec![];
-            let mut merges = vec![];
-            for (i, &range) in parts.iter().enumerate() {
-                let uniform =
-                    input("params", bytemuck::bytes_of(&params(range)), wgpu::BufferUsages::UNIFORM);
-                flash.push(bind(&gpu.layout, "attn flash", &[&uniform, &q, &k, &v, o_dst, lse_dst, &status]));
-                keep.push(uniform);
-                if let Some((o_part, lse_part, o_acc)) = &partial {
-                    let m = Merge {
-                        rows: rows_q as u32,
-                        d4: (d / 4) as u32,
-                        first: u32::from(i == 0),
-                        last: u32::from(i + 1 == parts.len()),
-                        groups_x: merge_grid[0],
-                        neg_inf_bits: f32::NEG_INFINITY.to_bits(),
-                        pad: [0; 2],
-                    };
-                    let uniform = input("merge", bytemuck::bytes_of(&m), wgpu::BufferUsages::UNIFORM);
-                    merges.push(bind(
-                        &gpu.merge_layout,
-                        "attn merge",
-                        &[&uniform, o_part, lse_part, o_acc, &lse, &o],
-                    ));
-                    keep.push(uniform);
-                }
-            }
-            keep.extend([q, k, v]);
-            keep.extend(partial.into_iter().flat_map(|(a, b, c)| [a, b, c]));
             let timer = gpu.caps.timestamps.then(|| Timer::new(device));
-            (flash, merges, o, lse, status, status_read, timer, keep)
+            ([input("q", &q), input("k", &k), input("v", &v)], o, lse, status, status_read, partial, timer)
         })?;
-        let (flash, merges, o, lse, status, status_read, timer, keep) = buffers;
+        let ([q, k, v], o, lse, status, status_read, partial, timer) = buffers;
+        let dispatches = Dispatches::new(
+            &gpu,
+            &problem,
+            &variant,
+            grid,
+            split,
+            &dispatch::Buffers {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o,
+                lse: &lse,
+                status: &status,
+                partial: partial.as_ref().map(|[a, b, c]| [a, b, c]),
+            },
+        )?;
         gpu.wait("uploading inputs")?;
         Ok(Box::new(WgpuPrepared {
             plan: plan.clone(),
             gpu,
-            pipeline,
-            flash,
-            merge: merge.map(|pipeline| (pipeline, merges, merge_grid)),
-            grid,
+            dispatches,
             o,
             lse,
             status,
             status_read,
             timer,
             variant,
-            _buffers: keep,
         }))
     }
 }
@@ -342,12 +314,8 @@ impl Timer {
 struct WgpuPrepared {
     plan: Plan,
     gpu: Arc<Gpu>,
-    pipeline: Arc<wgpu::ComputePipeline>,
-    /// The kernel's bind group for each dispatch: one, or one per part of a key split.
-    flash: Vec<wgpu::BindGroup>,
-    /// With a key split: the merge step, its bind group after each part, and its grid.
-    merge: Option<(Arc<wgpu::ComputePipeline>, Vec<wgpu::BindGroup>, [u32; 3])>,
-    grid: [u32; 3],
+    /// The kernel's dispatches over this call's buffers.
+    dispatches: Dispatches,
     o: wgpu::Buffer,
     lse: wgpu::Buffer,
     /// Set by a kernel whose loops the driver cut short (`loop_limit_probe`), and its readback.
@@ -355,8 +323,6 @@ struct WgpuPrepared {
     status_read: wgpu::Buffer,
     timer: Option<Timer>,
     variant: Variant,
-    /// Kept alive for the bind groups.
-    _buffers: Vec<wgpu::Buffer>,
 }
 
 impl Prepared for WgpuPrepared {
@@ -382,16 +348,7 @@ impl Prepared for WgpuPrepared {
                     label: Some("attn flash"),
                     timestamp_writes,
                 });
-                for (i, bind_group) in self.flash.iter().enumerate() {
-                    pass.set_pipeline(&self.pipeline);
-                    pass.set_bind_group(0, bind_group, &[]);
-                    pass.dispatch_workgroups(self.grid[0], self.grid[1], self.grid[2]);
-                    if let Some((merge, groups, [x, y, z])) = &self.merge {
-                        pass.set_pipeline(merge);
-                        pass.set_bind_group(0, &groups[i], &[]);
-                        pass.dispatch_workgroups(*x, *y, *z);
-                    }
-                }
+                self.dispatches.record(&mut pass);
             }
             encoder.copy_buffer_to_buffer(&self.status, 0, &self.status_read, 0, 4);
             if let Some(t) = &self.timer {
@@ -482,7 +439,8 @@ fn map_read(gpu: &Gpu, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Chosen, Params, Wgpu};
+    use super::{Chosen, Wgpu};
+    use crate::dispatch::{Merge, Params};
     use crate::plan::{KernelType, candidates};
     use crate::shader::generate;
     use attn_core::{Attention, Buffer, DType, Inputs, Outputs, Payload, Problem, Shape};
@@ -510,8 +468,8 @@ mod tests {
         let (_, ty) =
             module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Merge")).expect("struct Merge");
         let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Merge is not a struct") };
-        assert_eq!(*span as usize, std::mem::size_of::<super::Merge>());
-        assert_eq!(members.len(), std::mem::size_of::<super::Merge>() / 4, "every field is 4 bytes");
+        assert_eq!(*span as usize, std::mem::size_of::<Merge>());
+        assert_eq!(members.len(), std::mem::size_of::<Merge>() / 4, "every field is 4 bytes");
     }
 
     /// A kernel whose loops the driver ends early is an error, not an answer: the key split

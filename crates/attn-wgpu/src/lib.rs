@@ -10,6 +10,20 @@
 //! up to 256 (padded with zeros to a multiple of 32). Inputs of any strides are packed on the host
 //! into contiguous BHSD buffers when prepared; the output is written back into the caller's view.
 //!
+//! ## Two paths: host slices, or the caller's device and buffers
+//! The [`Attention`](attn_core::Attention) trait is the host path: `prepare` packs host slices
+//! and uploads them, `run` dispatches, `read` downloads. For tensors that already live on a GPU
+//! (a renderer's buffers, an ML runtime's), [`resident`] is the device-resident path:
+//! [`Wgpu::from_device`] builds the backend on the caller's `wgpu::Device` and `wgpu::Queue`
+//! (it then never opens its own), and [`Wgpu::record`] records a call on the caller's
+//! `wgpu::Buffer`s (q, k, v in the problem's dtype and strides; o and the LSE written in place)
+//! into the caller's command encoder, or [`Wgpu::submit`] submits it on the queue. Both paths
+//! take plans from [`Attention::plan`](attn_core::Attention::plan) and give the same bits; the
+//! device-resident one is a method of [`Wgpu`] rather than part of the trait because its
+//! arguments (a `wgpu` encoder and buffers) are this backend's own types. Its layout changes are
+//! small compute passes on the GPU (pack before the kernel, unpack after), its scratch buffers
+//! are cached and reused; [`resident`] says what is checked and what the caller guarantees.
+//!
 //! ## Numerical promises
 //! Scores, probabilities, row statistics and the P·V accumulation are f32 for every dtype
 //! ([`attn_core::Numerics::F32Accumulate`]); the scale is folded with log2(e) into Q so that the
@@ -45,11 +59,14 @@
 
 mod backend;
 mod coop;
+mod dispatch;
 mod fma;
 pub mod inspect;
 pub mod options;
 mod pack;
 mod plan;
+mod repack;
+pub mod resident;
 mod runtime;
 mod shader;
 mod spirv;
@@ -58,6 +75,7 @@ mod wgsl;
 pub use backend::Wgpu;
 pub use options::{KNOBS, Options};
 pub use plan::AdapterCaps;
+pub use resident::{DeviceInputs, DeviceOutputs, DeviceTensor};
 
 #[cfg(test)]
 mod wgsl_dump;

@@ -1,15 +1,20 @@
 //! The adapter, the device, and everything created once per backend: the bind-group layout,
 //! the pipeline layout, and a cache of compiled pipelines keyed by [`Variant`].
 //!
-//! wgpu reports validation errors through a callback that panics by default; the device here
-//! installs one that records the message instead, and every call that can fail is wrapped in an
-//! error scope, so that a mistake becomes an [`Error`] and never a panic or a lost device.
+//! The device is the backend's own ([`Gpu::open`]) or the caller's ([`Gpu::attach`]).
+//!
+//! wgpu reports validation errors through a callback that panics by default; a device the
+//! backend opens installs one that records the message instead (a caller's device keeps its
+//! own), and every call that can fail is wrapped in an error scope, so that a mistake becomes an
+//! [`Error`] and never a panic or a lost device.
 
 use crate::options::{Checks, Options};
 use crate::plan::{AdapterCaps, KernelType, SOFTWARE_LOOP_LIMIT, Variant};
+use crate::repack::Repack;
 use crate::shader;
 use attn_core::{DeviceKind, Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// An open device and its per-backend state.
@@ -18,6 +23,12 @@ pub struct Gpu {
     pub caps: AdapterCaps,
     /// `name (backend, driver)`, for `attn backends`.
     pub description: String,
+    /// This process's number for the device: plans carry it, so that a plan made for one
+    /// device is refused on another.
+    pub(crate) id: u64,
+    /// `min_storage_buffer_offset_alignment` (at least 4): where a binding of a caller's buffer
+    /// may start.
+    pub(crate) storage_offset_alignment: u64,
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) layout: wgpu::BindGroupLayout,
@@ -28,6 +39,13 @@ pub struct Gpu {
     pub(crate) merge_layout: wgpu::BindGroupLayout,
     merge_pipeline_layout: wgpu::PipelineLayout,
     merges: Mutex<HashMap<KernelType, Arc<wgpu::ComputePipeline>>>,
+    /// The bindings of `kernels/pack.wgsl` and `kernels/unpack.wgsl` (the device-resident
+    /// calls' layout changes), and their pipelines by direction and element types.
+    pub(crate) pack_layout: wgpu::BindGroupLayout,
+    pack_pipeline_layout: wgpu::PipelineLayout,
+    pub(crate) unpack_layout: wgpu::BindGroupLayout,
+    unpack_pipeline_layout: wgpu::PipelineLayout,
+    repacks: Mutex<HashMap<Repack, Arc<wgpu::ComputePipeline>>>,
     /// What naga adds to every shader: see [`Checks`].
     checks: Checks,
     /// The last error wgpu reported outside an error scope.
@@ -74,21 +92,19 @@ impl Gpu {
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
         let coop_wanted = settings.coop.unwrap_or(info.vendor == NVIDIA);
-        let coop_f16 = coop_wanted && coop_f16_offered(&adapter);
-        if coop_f16 {
+        if coop_wanted && coop_f16_offered(&adapter) {
             // Its SPIR-V is compiled here and passed through (crate::spirv says why).
-            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
+            features |= COOP_FEATURES;
         }
-        let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("attn"),
             required_features: features,
-            required_limits: limits.clone(),
+            required_limits: adapter.limits(),
             memory_hints: wgpu::MemoryHints::Performance,
             // SAFETY: wgpu's experimental cooperative matrices, asked for only where the adapter
             // offers them and the kernel that uses them has passed verification on that vendor's
             // driver (or ATTN_WGPU_COOP=1 says to try); see `NVIDIA`.
-            experimental_features: if coop_f16 {
+            experimental_features: if features.contains(COOP_FEATURES) {
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()
@@ -101,6 +117,35 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         }));
+        Ok(Self::on_device(&adapter, device, queue, settings, uncaptured))
+    }
+
+    /// The backend's state on a device the caller opened: limits and features are read off
+    /// `device` (what it was opened with, not what the adapter could offer), and nothing on it is
+    /// changed: its uncaptured-error handler stays the caller's (every call of this crate runs in
+    /// its own error scopes).
+    pub fn attach(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        settings: &Options,
+    ) -> Gpu {
+        Self::on_device(adapter, device, queue, settings, Arc::new(Mutex::new(None)))
+    }
+
+    /// Caps, layouts and empty caches on an open device.
+    fn on_device(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        settings: &Options,
+        uncaptured: Arc<Mutex<Option<String>>>,
+    ) -> Gpu {
+        let info = adapter.get_info();
+        let features = device.features();
+        let limits = device.limits();
+        let coop_wanted = settings.coop.unwrap_or(info.vendor == NVIDIA);
+        let coop_f16 = coop_wanted && features.contains(COOP_FEATURES) && coop_f16_offered(adapter);
         let software = info.device_type == wgpu::DeviceType::Cpu;
         let caps = AdapterCaps {
             name: info.name.clone(),
@@ -110,7 +155,7 @@ impl Gpu {
                 .max_compute_invocations_per_workgroup
                 .min(limits.max_compute_workgroup_size_x),
             workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
-            storage_binding: (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size),
+            storage_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup_min: features.contains(wgpu::Features::SUBGROUP).then_some(info.subgroup_min_size),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -122,7 +167,8 @@ impl Gpu {
                 "; f16 on cooperative matrices (wgpu's experimental feature; ATTN_WGPU_COOP=0 turns it off)"
             }
             (true, false) => {
-                "; no cooperative matrices for f16: no 16x16x16 f16/f32 ones on subgroups of 32 here"
+                "; no cooperative matrices for f16: no 16x16x16 f16/f32 ones on subgroups of 32 here, \
+                 or the device was opened without them"
             }
             _ => "",
         };
@@ -130,38 +176,23 @@ impl Gpu {
             "{} ({:?}, {:?}, {} {}{coop_note})",
             info.name, info.device_type, info.backend, info.driver, info.driver_info
         );
-        // A uniform block at binding 0, then storage buffers (read-only or not) at 1, 2, ...
-        let layouts = |label, read_only: &[bool]| {
-            let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
-                count: None,
-            };
-            let storage = read_only
-                .iter()
-                .enumerate()
-                .map(|(i, &read_only)| buffer(i as u32 + 1, wgpu::BufferBindingType::Storage { read_only }));
-            let entries: Vec<_> =
-                std::iter::once(buffer(0, wgpu::BufferBindingType::Uniform)).chain(storage).collect();
-            let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(label),
-                entries: &entries,
-            });
-            let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(label),
-                bind_group_layouts: &[Some(&group)],
-                immediate_size: 0,
-            });
-            (group, pipeline)
-        };
         // `kernels/bindings.wgsl`: q, k, v; o, lse, status.
-        let (layout, pipeline_layout) = layouts("attn flash", &[true, true, true, false, false, false]);
+        let (layout, pipeline_layout) =
+            layouts(&device, "attn flash", &[true, true, true, false, false, false]);
         // `kernels/merge.wgsl`: the part's o and lse; the running o, lse, o.
-        let (merge_layout, merge_pipeline_layout) = layouts("attn merge", &[true, true, false, false, false]);
-        Ok(Gpu {
+        let (merge_layout, merge_pipeline_layout) =
+            layouts(&device, "attn merge", &[true, true, false, false, false]);
+        // `kernels/pack.wgsl`: the caller's tensor; the packed one.
+        let (pack_layout, pack_pipeline_layout) = layouts(&device, "attn pack", &[true, false]);
+        // `kernels/unpack.wgsl`: the packed o and lse, the status word; the caller's o and lse.
+        let (unpack_layout, unpack_pipeline_layout) =
+            layouts(&device, "attn unpack", &[true, true, true, false, false]);
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Gpu {
             caps,
             description,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            storage_offset_alignment: u64::from(limits.min_storage_buffer_offset_alignment.max(4)),
             device,
             queue,
             layout,
@@ -170,9 +201,14 @@ impl Gpu {
             merge_layout,
             merge_pipeline_layout,
             merges: Mutex::new(HashMap::new()),
+            pack_layout,
+            pack_pipeline_layout,
+            unpack_layout,
+            unpack_pipeline_layout,
+            repacks: Mutex::new(HashMap::new()),
             checks: settings.checks,
             uncaptured,
-        })
+        }
     }
 
     /// The run-time guards its shaders are compiled with.
@@ -251,6 +287,27 @@ impl Gpu {
         Ok(pipeline)
     }
 
+    /// The compiled pack or unpack pass `which` (device-resident calls: see [`crate::repack`]).
+    pub(crate) fn repack_pipeline(&self, which: Repack) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.repacks.lock().unwrap_or_else(|e| e.into_inner()).get(&which) {
+            return Ok(p.clone());
+        }
+        let (label, source, layout) = match which {
+            Repack::Pack { .. } => ("attn pack", which.source(), &self.pack_pipeline_layout),
+            Repack::Unpack { .. } => ("attn unpack", which.source(), &self.unpack_pipeline_layout),
+        };
+        let pipeline = self.scoped(&format!("compiling {label}"), || {
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+            self.compute_pipeline(label, layout, &module)
+        })?;
+        let pipeline = Arc::new(pipeline);
+        self.repacks.lock().unwrap_or_else(|e| e.into_inner()).insert(which, pipeline.clone());
+        Ok(pipeline)
+    }
+
     /// The pipeline of `module`'s `main` with `layout`.
     fn compute_pipeline(
         &self,
@@ -290,6 +347,39 @@ impl Gpu {
             .map(|_| ())
             .map_err(|e| Error::backend("wgpu", format!("{what}: {e}")))
     }
+}
+
+/// What the cooperative-matrix kernel needs the device to be opened with.
+const COOP_FEATURES: wgpu::Features =
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::PASSTHROUGH_SHADERS);
+
+/// A bind-group layout of a uniform block at binding 0, then storage buffers (read-only or not,
+/// as `read_only` says) at 1, 2, ..., and its pipeline layout.
+fn layouts(
+    device: &wgpu::Device,
+    label: &str,
+    read_only: &[bool],
+) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+    let buffer = |binding, ty| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+        count: None,
+    };
+    let storage = read_only
+        .iter()
+        .enumerate()
+        .map(|(i, &read_only)| buffer(i as u32 + 1, wgpu::BufferBindingType::Storage { read_only }));
+    let entries: Vec<_> =
+        std::iter::once(buffer(0, wgpu::BufferBindingType::Uniform)).chain(storage).collect();
+    let group = device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries: &entries });
+    let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(label),
+        bind_group_layouts: &[Some(&group)],
+        immediate_size: 0,
+    });
+    (group, pipeline)
 }
 
 /// PCI vendor id of NVIDIA, the one vendor whose driver has run the cooperative-matrix kernel
