@@ -17,6 +17,8 @@ for f in .device/candle/*.gz; do gunzip -c "$f" > "$work/$(basename "${f%.gz}")"
   echo "== block example, bf16"
   timeout 400 $work/block --cuda --dtype bf16 --seqs 1024,2048,4096,8192 --iters 5 > "$out/block.jsonl" 2> "$out/block.err"
   echo "exit $?"; cat "$out/block.jsonl"; tail -3 "$out/block.err"
+  echo "== attn-wgpu tests/resident.rs on the H100's Vulkan driver"
+  (source bench/device/vulkan-env.sh; ATTN_REQUIRE_WGPU=1 timeout 200 .device/bin/test-wgpu-resident --test-threads 1 2>&1 | grep -E "^test |test result|panicked")
   echo "== resident_overhead"
   timeout 300 .device/bin/resident_overhead > "$out/overhead.jsonl" 2> "$out/overhead.err"; echo "exit $?"
   cat "$out/overhead.jsonl"; tail -3 "$out/overhead.err"

@@ -15,9 +15,9 @@ bin=.device/bin
   cat .device/COMMIT; echo
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   echo "== tests/resident.rs"
-  timeout 300 $bin/test-resident --test-threads 1 2>&1 | grep -E "^test |test result|panicked|SKIPPED"
+  timeout 300 $bin/test-cuda-resident --test-threads 1 2>&1 | grep -E "^test |test result|panicked|SKIPPED"
   echo "== the same under compute-sanitizer memcheck (the raw entry and the bad calls)"
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $bin/test-resident --test-threads 1 \
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $bin/test-cuda-resident --test-threads 1 \
     the_raw_entry bad_calls 2>&1 | grep -E "ERROR SUMMARY|test result|panicked"
   echo "== attn verify --backend cuda --resident (full grid)"
   timeout 300 $bin/attn verify --backend cuda --resident 2>&1 | tail -4

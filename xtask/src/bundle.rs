@@ -1,7 +1,8 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
 //! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`),
-//! attn-cuda's `cubin` and `resident_overhead` examples and its GPU test binaries (`resident`,
-//! `gpu_smoke`) here (same x86-64), copies them, stripped,
+//! attn-cuda's `cubin` and `resident_overhead` examples, and the test binaries that need a GPU
+//! (`test-cuda-resident`, `test-cuda-gpu_smoke`, `test-wgpu-resident`) here (same x86-64),
+//! copies them, stripped,
 //! into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit,
 //! and prints the command to run there.
 
@@ -28,9 +29,9 @@ pub fn bundle() -> Result<(), String> {
             .map_err(|e| format!("copy {example}: {e}"))?;
     }
     // Test binaries that need a GPU: cargo names them with a hash, which its JSON messages give.
-    for test in ["resident", "gpu_smoke"] {
-        let args =
-            ["test", "--release", "-p", "attn-cuda", "--test", test, "--no-run", "--message-format=json"];
+    for (package, test) in [("attn-cuda", "resident"), ("attn-cuda", "gpu_smoke"), ("attn-wgpu", "resident")]
+    {
+        let args = ["test", "--release", "-p", package, "--test", test, "--no-run", "--message-format=json"];
         cmd::cargo_run(&args[..args.len() - 1])?;
         let messages = cmd::output(&cmd::cargo().to_string_lossy(), &args)
             .ok_or_else(|| format!("cargo test --no-run --test {test} failed"))?;
@@ -39,8 +40,8 @@ pub fn bundle() -> Result<(), String> {
             .filter(|l| l.contains(&format!("\"name\":\"{test}\"")))
             .find_map(|l| l.split("\"executable\":\"").nth(1)?.split('"').next())
             .ok_or_else(|| format!("no executable for the test {test} in cargo's messages"))?;
-        std::fs::copy(executable, bin.join(format!("test-{test}")))
-            .map_err(|e| format!("copy {executable}: {e}"))?;
+        let name = format!("test-{}-{test}", package.trim_start_matches("attn-"));
+        std::fs::copy(executable, bin.join(name)).map_err(|e| format!("copy {executable}: {e}"))?;
     }
     // Without their debug information the binaries are a tenth of the size: the device tool
     // carries at most 64 MiB.

@@ -190,13 +190,15 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The op against the bare kernel on these tensors: the kernel's time through attn-cuda's
-/// host-copy path (CUDA events, behind an untimed twin), the op's time per call over 20 calls in
-/// a row (one synchronization at the end), and the host time of one call (median of 40, each
-/// behind a synchronization, so the stream is idle when it starts).
+/// The op against the bare kernel on these tensors, alternating launch by launch, 40 of each:
+/// the kernel's time through attn-cuda's host-copy path (CUDA events, behind an untimed twin),
+/// and the op's, between CUDA events on candle's stream around one call behind an untimed twin
+/// call; and the host time of that call (median of 40, made while the twin's kernel runs, as in
+/// a model's forward pass where nothing waits between layers).
 #[cfg(feature = "cuda")]
 fn op_overhead(q: &Tensor, k: &Tensor, v: &Tensor, device: &Device) -> Result<()> {
     use attn_core::Attention;
+    use cudarc::driver::sys::CUevent_flags;
     let (b, s, _, _) = q.dims4()?;
     let dtype = match q.dtype() {
         DType::BF16 => attn_core::DType::Bf16,
@@ -221,37 +223,36 @@ fn op_overhead(q: &Tensor, k: &Tensor, v: &Tensor, device: &Device) -> Result<()
     let (hq, hk, hv) = (host(q)?, host(k)?, host(v)?);
     let inputs = attn_core::Inputs { q: hq.as_data(), k: hk.as_data(), v: hv.as_data() };
     let mut prepared = cuda.prepare(&plan, inputs).map_err(candle_core::Error::wrap)?;
-    let mut bare = vec![];
-    for _ in 0..20 {
-        bare.push(prepared.run_timed().map_err(candle_core::Error::wrap)?.as_secs_f64());
-    }
-    bare.sort_by(f64::total_cmp);
-    let mut per_call = vec![];
-    for _ in 0..5 {
-        device.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..20 {
-            attn_attention(q, k, v)?;
-        }
-        device.synchronize()?;
-        per_call.push(t.elapsed().as_secs_f64() / 20.0);
-    }
-    per_call.sort_by(f64::total_cmp);
-    let mut host_us = vec![];
+    let stream = device.as_cuda_device()?.cuda_stream();
+    let event = |what| {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| candle_core::Error::Msg(format!("{what}: {e}")))
+    };
+    let (mut bare, mut op, mut host_us) = (vec![], vec![], vec![]);
     for _ in 0..40 {
-        device.synchronize()?;
+        bare.push(prepared.run_timed().map_err(candle_core::Error::wrap)?.as_secs_f64());
+        let _twin = attn_attention(q, k, v)?;
+        let start = event("start")?;
         let t = Instant::now();
-        attn_attention(q, k, v)?;
+        let _timed = attn_attention(q, k, v)?;
         host_us.push(t.elapsed().as_secs_f64() * 1e6);
+        let end = event("end")?;
+        end.synchronize().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        op.push(f64::from(start.elapsed_ms(&end).map_err(|e| candle_core::Error::Msg(e.to_string()))?) / 1e3);
     }
-    host_us.sort_by(f64::total_cmp);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (bare, op) = (median(bare), median(op));
     println!(
-        "{{\"seq\": {s}, \"kernel\": \"{}\", \"bare_kernel_ms\": {:.4}, \"op_ms_per_call\": {:.4}, \"op_over_bare\": {:.4}, \"op_host_us_per_call\": {:.2}}}",
+        "{{\"seq\": {s}, \"kernel\": \"{}\", \"bare_kernel_ms\": {:.4}, \"op_ms\": {:.4}, \"op_over_bare\": {:.4}, \"op_host_us_per_call\": {:.2}}}",
         plan.kernel,
-        bare[bare.len() / 2] * 1e3,
-        per_call[per_call.len() / 2] * 1e3,
-        per_call[per_call.len() / 2] / bare[bare.len() / 2],
-        host_us[host_us.len() / 2]
+        bare * 1e3,
+        op * 1e3,
+        op / bare,
+        median(host_us)
     );
     Ok(())
 }

@@ -11,8 +11,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, 
 use half::{bf16, f16};
 use std::sync::Arc;
 
-/// The problems every test runs: both dtypes, head dims 64, 128 and 256 (and 96 on the Ampere
-/// family), causal and not, GQA, BSHD strides, the LSE on and off, lengths off the tiles.
+/// The problems every test runs: both dtypes, every head dim a family ships (32, 64, 96, 128,
+/// 256), causal and not, GQA, BSHD strides, the LSE on and off, lengths off the tiles, a decode
+/// row.
 fn problems() -> Vec<Problem> {
     let mut all = vec![];
     for (i, d) in [64, 128, 256].into_iter().enumerate() {
@@ -20,6 +21,11 @@ fn problems() -> Vec<Problem> {
         let shape = Shape { heads_kv: 2, ..Shape::new(2, 4, 300 + 17 * i, d) };
         all.push(Problem::new(shape, dtype).with_lse(true));
         all.push(Problem::new(shape, dtype).causal().with_layout(Layout::Bshd));
+    }
+    // Head dims only the Ampere/Ada family runs (the Hopper family's plan hands them over).
+    for (i, d) in [32, 96].into_iter().enumerate() {
+        let dtype = if i == 0 { DType::F16 } else { DType::Bf16 };
+        all.push(Problem::new(Shape::new(1, 4, 200, d), dtype).causal().with_lse(true));
     }
     let decode = Shape { seq_q: 1, seq_k: 4000, ..Shape::new(1, 8, 1, 128) };
     all.push(Problem::new(Shape { heads_kv: 2, ..decode }, DType::Bf16).with_lse(true));
