@@ -147,8 +147,9 @@ __device__ __forceinline__ float4* partial_slot(const Params& p, int g, int x0, 
 
 // A partial piece leaves this warpgroup's O (not yet divided by the sums), row maxima and
 // partial sums in its slot, then counts itself in at its tile's counter (one per warpgroup);
-// the piece that arrives last takes the others' results into its own and returns true: it
-// stores the tile. Each piece's O is relative to its own maxima; rescaled to the larger,
+// the piece that arrives last merges every part (its own read back from its slot, in unit
+// order, so that the result does not depend on the arrival order) and returns true: it stores
+// the tile. Each piece's O is relative to its own maxima; rescaled to the larger,
 //   O = O_a 2^(m_a - m) + O_b 2^(m_b - m),  sum = sum_a 2^(m_a - m) + sum_b 2^(m_b - m).
 // The writes are released to the last piece by __threadfence, the counter and __threadfence
 // again, and read past L1 (ld.global.cg): another SM wrote them.
@@ -175,11 +176,30 @@ __device__ bool merge_partials(const Ctx& c, const Piece& pc, float (&o)[NO], Ro
     // divergent would make it build the next piece's wgmma descriptors in vector registers.
     if (!__any_sync(0xffffffff, *arrived_last)) return false;
     __threadfence();
+    // Every part, this piece's own included, is taken from its slot in unit order: the sums do
+    // not depend on which piece arrived last, so a launch gives the same bits however its CTAs
+    // are timed (other streams running beside it, another grid size).
     for (int g = first; g <= last; ++g) {
-        if (g == pc.unit) continue;
         const float4* theirs = partial_slot(p, g, x0, c.wg, thread);
         const float4 state = __ldcg(theirs + NO / 4 * 128);
         const float max[2] = {state.x, state.y}, sum[2] = {state.z, state.w};
+        if (g == first) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                st.max[r] = max[r];
+                st.sum[r] = sum[r];
+            }
+            st.final = false;
+#pragma unroll
+            for (int i = 0; i < NO / 4; ++i) {
+                const float4 x = __ldcg(theirs + i * 128);
+                o[4 * i] = x.x;
+                o[4 * i + 1] = x.y;
+                o[4 * i + 2] = x.z;
+                o[4 * i + 3] = x.w;
+            }
+            continue;
+        }
         float mine_by[2], theirs_by[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

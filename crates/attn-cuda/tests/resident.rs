@@ -147,25 +147,45 @@ impl<T: Half> Resident<T> {
     }
 }
 
+/// `plan` on fresh device copies of `x` on `stream`, its o's bits and LSE (in the problem's dtype).
+fn on_stream(
+    cuda: &Cuda,
+    plan: &attn_core::Plan,
+    stream: &Arc<CudaStream>,
+    p: &Problem,
+    x: &[Buffer; 3],
+) -> (Vec<u16>, Vec<f32>) {
+    fn typed<T: Half>(
+        cuda: &Cuda,
+        plan: &attn_core::Plan,
+        stream: &Arc<CudaStream>,
+        p: &Problem,
+        x: &[Buffer; 3],
+    ) -> (Vec<u16>, Vec<f32>) {
+        let mut t = Resident::<T>::new(stream, p, x);
+        t.run(cuda, plan, stream).unwrap();
+        stream.synchronize().unwrap();
+        t.read(stream, p)
+    }
+    match p.dtype {
+        DType::F16 => typed::<f16>(cuda, plan, stream, p, x),
+        _ => typed::<bf16>(cuda, plan, stream, p, x),
+    }
+}
+
 /// The device path's o and LSE for `problem` on a caller's context and stream.
-fn device_path<T: Half>(cuda: &Cuda, problem: &Problem, x: &[Buffer; 3]) -> (Vec<u16>, Vec<f32>) {
+fn device_path(cuda: &Cuda, problem: &Problem, x: &[Buffer; 3]) -> (Vec<u16>, Vec<f32>) {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     let plan = cuda.plan_on(&ctx, problem).unwrap();
-    let mut t = Resident::<T>::new(&stream, problem, x);
-    t.run(cuda, &plan, &stream).unwrap();
-    stream.synchronize().unwrap();
-    t.read(&stream, problem)
+    on_stream(cuda, &plan, &stream, problem, x)
 }
 
 fn same_bits(cuda: &Cuda, what: &str) {
     for (i, problem) in problems().into_iter().enumerate() {
         let x = inputs(&problem, 100 + i as u64);
         let host = host_path(cuda, &problem, &x);
-        let device = match problem.dtype {
-            DType::F16 => device_path::<f16>(cuda, &problem, &x),
-            _ => device_path::<bf16>(cuda, &problem, &x),
-        };
+        let device = device_path(cuda, &problem, &x);
         let kernel = cuda.plan(&problem).unwrap().kernel;
         assert!(host.0 == device.0, "{what} {problem} ({kernel}): o differs from the host-copy path");
         let lse_bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -197,10 +217,7 @@ fn threads_and_streams_at_once_equal_serial_calls() {
         .map(|job| {
             let p = &problems[job % problems.len()];
             let x = inputs(p, 1000 + job as u64);
-            match p.dtype {
-                DType::F16 => device_path::<f16>(&cuda, p, &x),
-                _ => device_path::<bf16>(&cuda, p, &x),
-            }
+            device_path(&cuda, p, &x)
         })
         .collect();
     std::thread::scope(|scope| {
@@ -214,20 +231,7 @@ fn threads_and_streams_at_once_equal_serial_calls() {
                         let p = &problems[job % problems.len()];
                         let x = inputs(p, 1000 + job as u64);
                         let plan = cuda.plan_cached(ctx, p).unwrap();
-                        let got = match p.dtype {
-                            DType::F16 => {
-                                let mut t = Resident::<f16>::new(stream, p, &x);
-                                t.run(cuda, &plan, stream).unwrap();
-                                stream.synchronize().unwrap();
-                                t.read(stream, p)
-                            }
-                            _ => {
-                                let mut t = Resident::<bf16>::new(stream, p, &x);
-                                t.run(cuda, &plan, stream).unwrap();
-                                stream.synchronize().unwrap();
-                                t.read(stream, p)
-                            }
-                        };
+                        let got = on_stream(cuda, &plan, stream, p, &x);
                         assert!(
                             got.0 == serial[job].0,
                             "thread {thread} stream {s} round {round}: o differs"
@@ -271,7 +275,7 @@ fn the_raw_entry_gives_the_same_bits() {
     let stream = ctx.new_stream().unwrap();
     let p = problems()[0];
     let x = inputs(&p, 11);
-    let want = device_path::<bf16>(&cuda, &p, &x);
+    let want = device_path(&cuda, &p, &x);
     let plan = cuda.plan_on(&ctx, &p).unwrap();
     let t = Resident::<bf16>::new(&stream, &p, &x);
     let ptr = |s: &CudaSlice<bf16>| s.device_ptr(&stream).0;
@@ -336,4 +340,42 @@ fn attn_cpu_plan(p: &Problem) -> attn_core::Plan {
         notes: vec![],
         payload: attn_core::Payload::default(),
     }
+}
+
+/// One backend serving two devices at once: a thread per device, each planning for its own
+/// context and running on its own stream, gives what device 0 gives serially, bit for bit
+/// (skipped by name on a machine with one device).
+#[test]
+fn two_devices_at_once() {
+    let Some(cuda) = backend("two_devices_at_once", Options::default()) else { return };
+    let devices = CudaContext::device_count().unwrap() as usize;
+    if devices < 2 {
+        println!("SKIPPED two_devices_at_once: {devices} CUDA device here");
+        return;
+    }
+    let problems = problems();
+    let serial: Vec<(Vec<u16>, Vec<f32>)> = problems
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let x = inputs(p, 500 + i as u64);
+            device_path(&cuda, p, &x)
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for ordinal in 0..2 {
+            let (cuda, problems, serial) = (&cuda, &problems, &serial);
+            scope.spawn(move || {
+                let ctx = CudaContext::new(ordinal).unwrap();
+                let stream = ctx.new_stream().unwrap();
+                for (i, p) in problems.iter().enumerate() {
+                    let x = inputs(p, 500 + i as u64);
+                    let plan = cuda.plan_cached(&ctx, p).unwrap();
+                    let got = on_stream(cuda, &plan, &stream, p, &x);
+                    assert!(got == serial[i], "device {ordinal}, {p}: differs from device 0's serial result");
+                }
+                println!("device {ordinal}: {} problems, same bits as device 0", problems.len());
+            });
+        }
+    });
 }
