@@ -25,7 +25,8 @@
 //!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
-//!   ([`flash_attn_with_lse`]), windows, softcap and ALiBi do not exist yet, and there is no
+//!   ([`flash_attn_with_lse`]), windows ([`flash_attn_windowed`]) run on CPU only so far,
+//!   softcap and ALiBi are not exposed yet, and there is no
 //!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
 //!   from candle).
 //!
@@ -53,6 +54,23 @@ pub fn flash_attn(
     q.apply_op3_no_bwd(k, v, &op)
 }
 
+/// [`flash_attn`] with a sliding window (candle-flash-attn's `flash_attn_windowed`): row `i`
+/// sees the keys from `window_size_left` before its bottom-right diagonal to
+/// `window_size_right` after it, `None` unbounded (`(None, Some(0))` is causal). Runs on CPU
+/// tensors so far; the CUDA kernels refuse windows with a typed error.
+pub fn flash_attn_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> candle_core::Result<Tensor> {
+    let mut op = AttnOp::new(softmax_scale, false, false);
+    op.window = Some((window_size_left, window_size_right));
+    q.apply_op3_no_bwd(k, v, &op)
+}
+
 /// [`flash_attn`] and the log-sum-exp of each row's scaled scores (natural log, f32,
 /// `[batch, heads_q, seq_q]`; `-inf` for a row that sees no key), from the same kernel call.
 pub fn flash_attn_with_lse(
@@ -73,6 +91,8 @@ pub fn flash_attn_with_lse(
 struct AttnOp {
     scale: f32,
     causal: bool,
+    /// A sliding window (left, right), instead of `causal`.
+    window: Option<(Option<usize>, Option<usize>)>,
     /// Whether to compute the LSE, and where the call leaves it for [`TakeLse`].
     with_lse: bool,
     lse: Arc<Mutex<Option<Lse>>>,
@@ -87,7 +107,7 @@ enum Lse {
 
 impl AttnOp {
     fn new(scale: f32, causal: bool, with_lse: bool) -> Self {
-        AttnOp { scale, causal, with_lse, lse: Arc::new(Mutex::new(None)) }
+        AttnOp { scale, causal, window: None, with_lse, lse: Arc::new(Mutex::new(None)) }
     }
 
     /// The attn problem of these tensors: shapes and strides from the layouts (in candle's
@@ -148,6 +168,9 @@ impl AttnOp {
             .with_lse(self.with_lse);
         if self.causal {
             problem = problem.with_mask(Mask::Causal);
+        }
+        if let Some((left, right)) = self.window {
+            problem = problem.with_window(left, right);
         }
         problem.validate().map_err(candle_core::Error::wrap)?;
         Ok(problem)

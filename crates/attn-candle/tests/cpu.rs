@@ -122,6 +122,34 @@ fn strided_and_offset_tensors_run_in_place() {
     assert!(max_diff(&values(&strided), &want) <= 2e-2);
 }
 
+/// A window against the reference with the same window, and `(None, Some(0))` against causal.
+#[test]
+fn windows_match_the_reference() {
+    let q = randn((1, 40, 4, 64), DType::F32);
+    let k = randn((1, 100, 2, 64), DType::F32);
+    let v = randn((1, 100, 2, 64), DType::F32);
+    let o = attn_candle::flash_attn_windowed(&q, &k, &v, 0.125, Some(10), Some(0)).unwrap();
+    let shape = attn_core::Shape { batch: 1, heads_q: 4, heads_kv: 2, seq_q: 40, seq_k: 100, head_dim: 64 };
+    let p = Problem::new(shape, attn_core::DType::F32)
+        .with_layout(attn_core::Layout::Bshd)
+        .with_scale(0.125)
+        .with_window(Some(10), Some(0));
+    let flat = |t: &Tensor| Buffer::F32(values(t));
+    let (qb, kb, vb) = (flat(&q), flat(&k), flat(&v));
+    let mut want = Buffer::zeros(attn_core::DType::F32, p.required_lens()[3].1);
+    attn_cpu::Reference
+        .forward(
+            &p,
+            Inputs { q: qb.as_data(), k: kb.as_data(), v: vb.as_data() },
+            Outputs { o: want.as_data_mut(), lse: None },
+        )
+        .unwrap();
+    assert!(max_diff(&values(&o), &want.to_f32_vec()) <= 2e-5);
+    let causal = attn_candle::flash_attn(&q, &k, &v, 0.125, true).unwrap();
+    let unbounded = attn_candle::flash_attn_windowed(&q, &k, &v, 0.125, None, Some(0)).unwrap();
+    assert_eq!(values(&causal), values(&unbounded));
+}
+
 #[test]
 fn what_it_does_not_take_is_an_error() {
     let q = randn((1, 16, 4, 64), DType::F32);

@@ -66,6 +66,13 @@ pub enum Error {
         scale: f32,
     },
 
+    /// A parameter of the computation is out of its range (what, and what is allowed).
+    #[error("{what}")]
+    InvalidParameter {
+        /// The parameter, its value and what it must be.
+        what: String,
+    },
+
     /// The backend cannot run this head dimension.
     #[error("backend `{backend}` does not support head_dim = {head_dim}; it supports {supported}")]
     UnsupportedHeadDim {

@@ -75,27 +75,52 @@ impl fmt::Display for Shape {
     }
 }
 
-/// Which keys a query row may attend to.
+/// Which keys a query row may attend to. Every mask is aligned to the **bottom-right** diagonal
+/// (FlashAttention's convention since 2.1): query row `i` sits at key `i + seq_k - seq_q`, so
+/// that the last query row meets the last key whatever the lengths. A row that sees no key has
+/// output 0 and log-sum-exp `-inf`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mask {
     /// Every query row sees every key.
     #[default]
     None,
-    /// Causal, with the diagonal aligned **bottom-right** (FlashAttention's convention since 2.1):
-    /// query row `i` sees key `j` iff `j <= i + (seq_k - seq_q)`. With `seq_q > seq_k` the first
-    /// `seq_q - seq_k` rows see no key: their output is 0 and their log-sum-exp is `-inf`.
-    /// (PyTorch's `is_causal=True` aligns top-left instead; the two agree when `seq_q == seq_k`.)
+    /// Causal: query row `i` sees key `j` iff `j <= i + (seq_k - seq_q)`. With `seq_q > seq_k`
+    /// the first `seq_q - seq_k` rows see no key. (PyTorch's `is_causal=True` aligns top-left
+    /// instead; the two agree when `seq_q == seq_k`.)
     Causal,
+    /// A sliding window (FlashAttention's `window_size=(left, right)`): row `i` sees key `j` iff
+    /// `i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right`, a bound of `None` being
+    /// unbounded (FlashAttention's -1). `right: Some(0)` is causal with a window of `left` keys
+    /// back; `left: None, right: Some(0)` is [`Mask::Causal`] itself. Example, `seq_q = seq_k =
+    /// 6`, `left: Some(2), right: Some(0)`: row 4 sees keys 2, 3 and 4.
+    Window {
+        /// Keys before the diagonal a row sees (`None`: all of them).
+        left: Option<usize>,
+        /// Keys after the diagonal a row sees (`None`: all of them).
+        right: Option<usize>,
+    },
 }
 
 impl Mask {
-    /// The number of keys (a prefix `0..n`) query row `row` may see.
-    pub fn visible_keys(self, row: usize, seq_q: usize, seq_k: usize) -> usize {
-        match self {
-            Mask::None => seq_k,
-            Mask::Causal => (row + 1 + seq_k).saturating_sub(seq_q).min(seq_k),
-        }
+    /// The keys query row `row` may see: a range, empty where it sees none.
+    pub fn visible_range(self, row: usize, seq_q: usize, seq_k: usize) -> std::ops::Range<usize> {
+        // The diagonal's key, `row + seq_k - seq_q`, in signed arithmetic (it may lie before key 0).
+        let diagonal = row as i128 + seq_k as i128 - seq_q as i128;
+        let (left, right) = match self {
+            Mask::None => return 0..seq_k,
+            Mask::Causal => (None, Some(0)),
+            Mask::Window { left, right } => (left, right),
+        };
+        let start = left.map_or(0, |l| (diagonal - l as i128).clamp(0, seq_k as i128) as usize);
+        let end = right.map_or(seq_k, |r| (diagonal + r as i128 + 1).clamp(0, seq_k as i128) as usize);
+        start..end.max(start)
+    }
+
+    /// Whether every row's keys start at key 0 (no mask, causal, or a window unbounded on the
+    /// left): kernels that walk keys from 0 need no more.
+    pub fn is_prefix(self) -> bool {
+        !matches!(self, Mask::Window { left: Some(_), .. })
     }
 }
 
@@ -186,6 +211,10 @@ pub struct Params {
     pub scale: Option<f32>,
     /// Which keys each query row sees.
     pub mask: Mask,
+    /// Caps the scaled scores before the softmax at `±cap`: `s -> cap · tanh(s / cap)`
+    /// (Gemma 2's logit soft-capping, FlashAttention's `softcap`); `None` leaves them. Must be
+    /// finite and positive.
+    pub softcap: Option<f32>,
     /// Whether to write the log-sum-exp of each row's scaled scores (f32, `[batch, heads_q,
     /// seq_q]` contiguous, natural log). Training needs it for the backward pass, split-KV needs
     /// it to merge partial results.
@@ -251,6 +280,24 @@ impl Problem {
         self
     }
 
+    /// Sets a sliding window ([`Mask::Window`]): `left` keys before the bottom-right diagonal
+    /// and `right` after it, `None` unbounded.
+    pub fn with_window(self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.with_mask(Mask::Window { left, right })
+    }
+
+    /// Sets the score soft-cap ([`Params::softcap`]).
+    pub fn with_softcap(mut self, cap: f32) -> Self {
+        self.params.softcap = Some(cap);
+        self
+    }
+
+    /// Whether anything beyond a plain or causal softmax is asked for: a window that is not
+    /// causal, or a soft-cap. The GPU kernels run these only where their plans say so.
+    pub fn has_score_modifiers(&self) -> bool {
+        matches!(self.params.mask, Mask::Window { .. }) || self.params.softcap.is_some()
+    }
+
     /// Sets the mask.
     pub fn with_mask(mut self, mask: Mask) -> Self {
         self.params.mask = mask;
@@ -286,10 +333,21 @@ impl Problem {
 
     /// Floating-point operations by the FlashAttention convention: `4·B·H·Sq·Sk·D`, halved for
     /// causal. Used for every TFLOP/s figure attn prints, so that ours compare with peers'.
+    ///
+    /// The halving applies to the square causal case, as the convention has it; under any other
+    /// mask (a causal one with `seq_q != seq_k`, a window) the FLOPs are counted over the
+    /// (query, key) pairs the mask lets through.
     pub fn flops(&self) -> f64 {
         let s = self.shape;
-        let f = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
-        if self.is_causal() { f / 2.0 } else { f }
+        let per_pair = 4.0 * (s.batch * s.heads_q) as f64 * s.head_dim as f64;
+        match self.params.mask {
+            Mask::None => per_pair * s.seq_q as f64 * s.seq_k as f64,
+            Mask::Causal if s.seq_q == s.seq_k => per_pair * s.seq_q as f64 * s.seq_k as f64 / 2.0,
+            mask => {
+                let pairs: usize = (0..s.seq_q).map(|i| mask.visible_range(i, s.seq_q, s.seq_k).len()).sum();
+                per_pair * pairs as f64
+            }
+        }
     }
 
     /// Elements (not bytes) each tensor's slice must hold at least.
@@ -363,6 +421,13 @@ impl Problem {
         {
             return Err(Error::NonFiniteScale { scale });
         }
+        if let Some(cap) = self.params.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(Error::InvalidParameter {
+                what: format!("softcap {cap}: it must be a finite positive number (or none)"),
+            });
+        }
         let s = self.shape;
         if !self.strides.o.is_non_overlapping(s.batch, s.heads_q, s.seq_q, s.head_dim) {
             return Err(Error::Stride {
@@ -382,8 +447,16 @@ impl Problem {
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.shape, self.dtype)?;
-        if self.is_causal() {
-            f.write_str(" causal")?;
+        match self.params.mask {
+            Mask::None => {}
+            Mask::Causal => f.write_str(" causal")?,
+            Mask::Window { left, right } => {
+                let bound = |b: Option<usize>| b.map_or("-1".to_string(), |b| b.to_string());
+                write!(f, " window=({},{})", bound(left), bound(right))?
+            }
+        }
+        if let Some(cap) = self.params.softcap {
+            write!(f, " softcap={cap}")?;
         }
         if let Some(scale) = self.params.scale {
             write!(f, " scale={scale}")?;
@@ -401,15 +474,61 @@ mod tests {
 
     #[test]
     fn causal_is_bottom_right() {
+        let keys = |m: Mask, i, sq, sk| m.visible_range(i, sq, sk);
         // seq_q < seq_k: the last query row sees every key, the first sees seq_k - seq_q + 1.
-        assert_eq!(Mask::Causal.visible_keys(0, 2, 5), 4);
-        assert_eq!(Mask::Causal.visible_keys(1, 2, 5), 5);
+        assert_eq!(keys(Mask::Causal, 0, 2, 5), 0..4);
+        assert_eq!(keys(Mask::Causal, 1, 2, 5), 0..5);
         // seq_q > seq_k: the first seq_q - seq_k rows see nothing.
-        assert_eq!(Mask::Causal.visible_keys(0, 5, 2), 0);
-        assert_eq!(Mask::Causal.visible_keys(2, 5, 2), 0);
-        assert_eq!(Mask::Causal.visible_keys(3, 5, 2), 1);
-        assert_eq!(Mask::Causal.visible_keys(4, 5, 2), 2);
-        assert_eq!(Mask::None.visible_keys(0, 5, 2), 2);
+        assert!(keys(Mask::Causal, 0, 5, 2).is_empty());
+        assert!(keys(Mask::Causal, 2, 5, 2).is_empty());
+        assert_eq!(keys(Mask::Causal, 3, 5, 2), 0..1);
+        assert_eq!(keys(Mask::Causal, 4, 5, 2), 0..2);
+        assert_eq!(keys(Mask::None, 0, 5, 2), 0..2);
+    }
+
+    #[test]
+    fn windows_are_bottom_right_and_clamped() {
+        let w = |left, right| Mask::Window { left, right };
+        // The documented example: seq 6, (2, 0): row 4 sees keys 2..=4.
+        assert_eq!(w(Some(2), Some(0)).visible_range(4, 6, 6), 2..5);
+        // (None, Some(0)) is causal, (None, None) is no mask, on every row of odd shapes.
+        for (sq, sk) in [(6, 6), (2, 5), (5, 2), (1, 9)] {
+            for i in 0..sq {
+                assert_eq!(w(None, Some(0)).visible_range(i, sq, sk), Mask::Causal.visible_range(i, sq, sk));
+                assert_eq!(w(None, None).visible_range(i, sq, sk), 0..sk);
+            }
+        }
+        // Wider than the sequence: clamped to the keys there are.
+        assert_eq!(w(Some(100), Some(100)).visible_range(1, 3, 3), 0..3);
+        // seq_q > seq_k: early rows' windows lie before key 0 and see nothing.
+        assert!(w(Some(1), Some(0)).visible_range(0, 5, 2).is_empty());
+        assert_eq!(w(Some(1), Some(0)).visible_range(4, 5, 2), 0..2);
+        // A window ahead of the diagonal only.
+        assert_eq!(w(Some(0), Some(2)).visible_range(0, 4, 4), 0..3);
+        assert_eq!(w(Some(0), Some(2)).visible_range(3, 4, 4), 3..4);
+        assert!(!w(Some(0), None).is_prefix() && w(None, Some(3)).is_prefix() && Mask::Causal.is_prefix());
+    }
+
+    #[test]
+    fn flops_count_the_pairs_a_mask_lets_through() {
+        let p = Problem::new(Shape::new(1, 1, 8, 4), DType::F32);
+        assert_eq!(p.flops(), 4.0 * 4.0 * 64.0);
+        assert_eq!(p.causal().flops(), 4.0 * 4.0 * 32.0); // the convention's halving
+        // seq_q 2, seq_k 8, causal: rows see 7 and 8 keys.
+        let q2 = Problem::new(Shape { seq_q: 2, seq_k: 8, ..Shape::new(1, 1, 8, 4) }, DType::F32);
+        assert_eq!(q2.causal().flops(), 4.0 * 4.0 * 15.0);
+        // A causal window of 2 back: rows see 1, 2, 3, 3, ... keys.
+        assert_eq!(p.with_window(Some(2), Some(0)).flops(), 4.0 * 4.0 * (1 + 2 + 3 * 6) as f64);
+    }
+
+    #[test]
+    fn softcap_must_be_finite_and_positive() {
+        let p = Problem::new(Shape::new(1, 1, 8, 4), DType::F32);
+        assert!(p.with_softcap(30.0).validate().is_ok());
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = p.with_softcap(bad).validate().unwrap_err().to_string();
+            assert!(e.contains("softcap") && e.contains("finite positive"), "{e}");
+        }
     }
 
     #[test]

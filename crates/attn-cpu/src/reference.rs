@@ -70,19 +70,23 @@ fn row_typed<T: Element>(
     let (d, g) = (s.head_dim, s.kv_head(h));
     let scale = p.scale() as f64;
     let qrow = &q[p.strides.q.offset(b, h, i)..][..d];
-    let visible = p.params.mask.visible_keys(i, s.seq_q, s.seq_k);
+    let visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
+    let softcap = p.params.softcap.map(f64::from);
     scores.clear();
-    scores.extend((0..visible).map(|j| {
+    scores.extend(visible.clone().map(|j| {
         let krow = &k[p.strides.k.offset(b, g, j)..][..d];
-        scale * qrow.iter().zip(krow).map(|(x, y)| x.to_f32() as f64 * y.to_f32() as f64).sum::<f64>()
+        let score =
+            scale * qrow.iter().zip(krow).map(|(x, y)| x.to_f32() as f64 * y.to_f32() as f64).sum::<f64>();
+        // The soft-cap acts on the scaled score: cap · tanh(score / cap).
+        softcap.map_or(score, |cap| cap * (score / cap).tanh())
     }));
     o.fill(0.0);
-    if visible == 0 {
+    if visible.is_empty() {
         return f64::NEG_INFINITY;
     }
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let mut sum = 0.0;
-    for (j, sc) in scores.iter().enumerate() {
+    for (j, sc) in visible.zip(scores.iter()) {
         let w = (sc - max).exp();
         sum += w;
         let vrow = &v[p.strides.v.offset(b, g, j)..][..d];

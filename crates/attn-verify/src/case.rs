@@ -75,11 +75,11 @@ impl Case {
         for b in 0..s.batch {
             for h in 0..s.heads_q {
                 for i in 0..s.seq_q {
-                    let visible = p.params.mask.visible_keys(i, s.seq_q, s.seq_k);
-                    if visible == 0 {
+                    let visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
+                    if visible.is_empty() {
                         continue;
                     }
-                    let j = rng.below(visible);
+                    let j = visible.start + rng.below(visible.len());
                     let (qo, ko) = (p.strides.q.offset(b, h, i), p.strides.k.offset(b, s.kv_head(h), j));
                     for x in 0..d {
                         q[qo + x] = alpha * k[ko + x];

@@ -4,7 +4,11 @@ use crate::case::{Case, Distribution};
 use attn_core::{DType, Layout, Problem, Shape, Strides, TensorStrides};
 
 fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
-    let mask = if problem.is_causal() { "causal" } else { "full" };
+    let mask = match problem.params.mask {
+        attn_core::Mask::None => "full",
+        attn_core::Mask::Causal => "causal",
+        attn_core::Mask::Window { .. } => "window",
+    };
     Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed }
 }
 
@@ -31,7 +35,7 @@ fn padded(problem: Problem) -> Problem {
     problem.with_strides(TensorStrides { q, k: kv, v: kv, o: q })
 }
 
-/// About thirty small cases covering every family: seconds on two cores.
+/// About forty small cases covering every family: seconds on two cores.
 pub fn quick() -> Vec<Case> {
     use DType::*;
     use Distribution::*;
@@ -91,6 +95,54 @@ pub fn quick() -> Vec<Case> {
             121,
         ),
         case("scale", "zero", p(Shape::new(1, 2, 100, 128), F16).with_scale(0.0), Normal, 122),
+        // Sliding windows: causal with a window behind the diagonal and seq_q < seq_k, windows
+        // on both sides wider than the sequence, seq_q > seq_k (rows whose window lies before
+        // key 0), and one ahead of the diagonal.
+        case(
+            "window",
+            "sq40sk150-l16r0",
+            p(sk(40, 150, 2, 64), F32).with_window(Some(16), Some(0)),
+            Normal,
+            140,
+        ),
+        case(
+            "window",
+            "wider-than-seq",
+            p(Shape::new(1, 2, 100, 64), Bf16).with_window(Some(500), Some(500)),
+            Normal,
+            141,
+        ),
+        case(
+            "window",
+            "sq150sk40-l8r0",
+            p(sk(150, 40, 2, 64), F16).with_window(Some(8), Some(0)),
+            Normal,
+            142,
+        ),
+        case(
+            "window",
+            "l0r24",
+            p(Shape::new(1, 2, 130, 32), F32).with_window(Some(0), Some(24)),
+            Normal,
+            143,
+        ),
+        // Soft-capping: large logits, where the cap decides the softmax; with a window and GQA.
+        case(
+            "softcap",
+            "cap30-large",
+            p(Shape::new(1, 2, 100, 64), F32).with_softcap(30.0),
+            LargeMagnitude,
+            150,
+        ),
+        case(
+            "softcap",
+            "cap5-window-gqa",
+            p(Shape { heads_kv: 2, ..Shape::new(1, 4, 96, 64) }, Bf16)
+                .with_softcap(5.0)
+                .with_window(Some(32), Some(0)),
+            Normal,
+            151,
+        ),
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
         case(

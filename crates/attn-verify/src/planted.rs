@@ -24,17 +24,23 @@ pub enum Flaw {
     /// Sees only the first 16,384 keys of a row, as a kernel whose loops a driver ends early
     /// (Mesa's software adapters' loop limit): finite output, an LSE too small.
     StopsAfterKeys,
+    /// A sliding window one key short on the left: the farthest key back is dropped.
+    WindowOffByOne,
+    /// The soft-cap applied to the unscaled score, then scaled: `scale · cap · tanh(q·k / cap)`.
+    SoftcapBeforeScale,
 }
 
 impl Flaw {
     /// Every planted flaw.
-    pub const ALL: [Flaw; 6] = [
+    pub const ALL: [Flaw; 8] = [
         Flaw::NoMaxSubtraction,
         Flaw::WrongKvHead,
         Flaw::TopLeftCausal,
         Flaw::DropsPartialTile,
         Flaw::SkipsLastRow,
         Flaw::StopsAfterKeys,
+        Flaw::WindowOffByOne,
+        Flaw::SoftcapBeforeScale,
     ];
 }
 
@@ -63,21 +69,37 @@ impl Planted {
                     if self.flaw == Flaw::SkipsLastRow && i == s.seq_q - 1 {
                         continue;
                     }
-                    let mut visible = p.params.mask.visible_keys(i, s.seq_q, s.seq_k);
+                    let mut visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
                     if self.flaw == Flaw::TopLeftCausal && p.is_causal() {
-                        visible = (i + 1).min(s.seq_k);
+                        visible = 0..(i + 1).min(s.seq_k);
                     }
-                    if self.flaw == Flaw::DropsPartialTile && !visible.is_multiple_of(64) && visible > 64 {
-                        visible -= visible % 64;
+                    let n = visible.len();
+                    if self.flaw == Flaw::DropsPartialTile && !n.is_multiple_of(64) && n > 64 {
+                        visible.end -= n % 64;
                     }
                     if self.flaw == Flaw::StopsAfterKeys {
-                        visible = visible.min(16_384);
+                        visible.end = visible.end.min(visible.start + 16_384);
+                    }
+                    if self.flaw == Flaw::WindowOffByOne
+                        && matches!(p.params.mask, attn_core::Mask::Window { left: Some(_), .. })
+                        && !visible.is_empty()
+                        && visible.start > 0
+                    {
+                        visible.start += 1;
                     }
                     let qo = p.strides.q.offset(b, h, i);
-                    let scores: Vec<f32> = (0..visible)
+                    let scores: Vec<f32> = visible
+                        .clone()
                         .map(|j| {
                             let ko = p.strides.k.offset(b, g, j);
-                            p.scale() * (0..d).map(|x| q[qo + x] * k[ko + x]).sum::<f32>()
+                            let dot = (0..d).map(|x| q[qo + x] * k[ko + x]).sum::<f32>();
+                            match p.params.softcap {
+                                Some(cap) if self.flaw == Flaw::SoftcapBeforeScale => {
+                                    p.scale() * cap * (dot / cap).tanh()
+                                }
+                                Some(cap) => cap * (p.scale() * dot / cap).tanh(),
+                                None => p.scale() * dot,
+                            }
                         })
                         .collect();
                     let max = if self.flaw == Flaw::NoMaxSubtraction {
@@ -89,8 +111,11 @@ impl Planted {
                     let sum: f32 = w.iter().sum();
                     let oo = p.strides.o.offset(b, h, i);
                     for x in 0..d {
-                        let acc: f32 =
-                            w.iter().enumerate().map(|(j, w)| w * v[p.strides.v.offset(b, g, j) + x]).sum();
+                        let acc: f32 = visible
+                            .clone()
+                            .zip(&w)
+                            .map(|(j, w)| w * v[p.strides.v.offset(b, g, j) + x])
+                            .sum();
                         let val = if sum > 0.0 { acc / sum } else { 0.0 };
                         set(&mut o, oo + x, val);
                     }

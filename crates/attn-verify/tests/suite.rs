@@ -57,6 +57,8 @@ fn planted_bugs_are_caught_by_their_named_cases() {
         (Flaw::DropsPartialTile, "odd-lengths"),
         (Flaw::SkipsLastRow, "standard"),
         (Flaw::StopsAfterKeys, "long-keys"),
+        (Flaw::WindowOffByOne, "window"),
+        (Flaw::SoftcapBeforeScale, "softcap"),
     ];
     assert_eq!(expected.len(), Flaw::ALL.len());
     let cases = grid::quick();

@@ -268,7 +268,7 @@ fn overlapping_outputs_are_typed_errors() {
 
 #[test]
 fn the_problem_carries_dtype_and_params() {
-    let params = Params { scale: Some(0.5), mask: Mask::Causal, return_lse: false };
+    let params = Params { scale: Some(0.5), mask: Mask::Causal, ..Params::default() };
     let x16 = Array4::<f16>::zeros((1, 2, 2, 8));
     let p = problem(&x16.view(), &x16.view(), &x16.view(), None, &params).unwrap();
     assert_eq!((p.dtype, p.params), (DType::F16, params));

@@ -68,12 +68,16 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     let rows = bm.min(s.seq_q - i0);
     let m = rows.div_ceil(K::MR) * K::MR;
     let mask = p.params.mask;
-    let visible = |r: usize| if r < rows { mask.visible_keys(i0 + r, s.seq_q, s.seq_k) } else { 0 };
+    // Each row's keys, a range whose ends grow with the row (every mask is bottom-right
+    // aligned); the padding rows past `rows` see none.
+    let visible = |r: usize| if r < rows { mask.visible_range(i0 + r, s.seq_q, s.seq_k) } else { 0..0 };
     let (kt_all, v_all) = pass.packed(b, s.kv_head(h));
 
     // Queries, widened and pre-scaled once for all key tiles. Rows rows..m only pad the last
     // micro-kernel block: their results are never written out.
     let scale = p.scale();
+    // The soft-cap acts on the scaled scores (the queries carry the scale).
+    let softcap = p.params.softcap;
     for r in 0..rows {
         let dst = &mut sc.q[r * d..(r + 1) * d];
         T::widen(&ctx.q[p.strides.q.offset(b, h, i0 + r)..][..d], dst);
@@ -82,8 +86,10 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
 
     sc.o[..m * dp].fill(0.0);
     sc.stats[..m].fill(RowStats::EMPTY);
-    let kv_end = visible(rows - 1); // rows see key prefixes that grow with r
-    for (t, j0) in (0..kv_end).step_by(bn).enumerate() {
+    // The block's keys: from its first row's first to its last row's last, whole tiles.
+    let (kv_start, kv_end) = (visible(0).start / bn * bn, visible(rows - 1).end);
+    for j0 in (kv_start..kv_end).step_by(bn) {
+        let t = j0 / bn;
         let cols = bn.min(kv_end - j0);
         let kt = &kt_all[t * d * bn..(t + 1) * d * bn];
         // `V` rows j0..j0 + cols: packed (bn rows, zero past seq_k) or in place (only `cols`).
@@ -98,9 +104,15 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
         // and the core overlaps one row's reductions (dependent chains) with the next row's.
         for r in 0..m {
             let row = &mut sc.s[r * bn..(r + 1) * bn];
-            let n_vis = visible(r).saturating_sub(j0).min(cols);
-            row[n_vis..].fill(f32::NEG_INFINITY);
-            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[..n_vis]), exp::<K::Madd>);
+            let keys = visible(r);
+            let hi = keys.end.saturating_sub(j0).min(cols);
+            let lo = keys.start.saturating_sub(j0).min(hi);
+            row[..lo].fill(f32::NEG_INFINITY);
+            row[hi..].fill(f32::NEG_INFINITY);
+            if let Some(cap) = softcap {
+                row[lo..hi].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+            }
+            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[lo..hi]), exp::<K::Madd>);
         }
         for (row, stats) in sc.s.chunks_exact_mut(bn).zip(&mut sc.stats[..m]) {
             stats.sum += exp_sub_sum::<K::Madd>(row, stats.exp_offset());

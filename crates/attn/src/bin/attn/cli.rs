@@ -76,6 +76,14 @@ pub struct ProblemArgs {
     /// Softmax scale (default 1/sqrt(head_dim)).
     #[arg(long)]
     pub scale: Option<f32>,
+    /// A sliding window `LEFT,RIGHT` of keys around the bottom-right diagonal, -1 unbounded
+    /// (FlashAttention's window_size; replaces the causal mask: `--window 4096,0` is causal
+    /// with 4096 keys back).
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Soft-cap the scaled scores at ±CAP (`cap · tanh(s / cap)`).
+    #[arg(long, value_name = "CAP")]
+    pub softcap: Option<f32>,
     /// Also compute the log-sum-exp per row.
     #[arg(long)]
     pub lse: bool,
@@ -106,6 +114,13 @@ impl ProblemArgs {
         }
         if let Some(s) = self.scale {
             p = p.with_scale(s);
+        }
+        if let Some(window) = &self.window {
+            let (left, right) = parse_window(window)?;
+            p = p.with_window(left, right);
+        }
+        if let Some(cap) = self.softcap {
+            p = p.with_softcap(cap);
         }
         p.validate()?;
         Ok(p)
@@ -238,4 +253,33 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("{} output elements are NaN or infinite", a.non_finite).into());
     }
     Ok(())
+}
+
+/// `LEFT,RIGHT` as window bounds, -1 meaning unbounded.
+fn parse_window(text: &str) -> attn::Result<(Option<usize>, Option<usize>)> {
+    let invalid = || attn::Error::InvalidParameter {
+        what: format!(
+            "--window {text}: expected LEFT,RIGHT, each a key count or -1 (unbounded), e.g. 4096,0"
+        ),
+    };
+    let bound = |b: &str| -> attn::Result<Option<usize>> {
+        match b.trim() {
+            "-1" => Ok(None),
+            n => n.parse().map(Some).map_err(|_| invalid()),
+        }
+    };
+    let (left, right) = text.split_once(',').ok_or_else(invalid)?;
+    Ok((bound(left)?, bound(right)?))
+}
+
+#[cfg(test)]
+mod window_tests {
+    #[test]
+    fn windows_parse_with_unbounded_sides() {
+        assert_eq!(super::parse_window("4096,0").unwrap(), (Some(4096), Some(0)));
+        assert_eq!(super::parse_window("-1, 3").unwrap(), (None, Some(3)));
+        for bad in ["", "4096", "a,b", "-2,0", "1,2,3"] {
+            assert!(super::parse_window(bad).unwrap_err().to_string().contains("LEFT,RIGHT"), "{bad}");
+        }
+    }
 }

@@ -29,11 +29,13 @@ pub fn run(r: &RunReport) {
         t.min_s * 1e3,
         t.max_s * 1e3
     );
-    println!(
-        "  speed     {:.1} GFLOP/s (4·B·H·Sq·Sk·D{})",
-        r.gflops,
-        if p.is_causal() { " / 2" } else { "" }
-    );
+    let s = p.shape;
+    let convention = match p.params.mask {
+        attn::Mask::None => "4·B·H·Sq·Sk·D",
+        attn::Mask::Causal if s.seq_q == s.seq_k => "4·B·H·Sq·Sk·D / 2",
+        _ => "4·B·H·D per visible (query, key) pair",
+    };
+    println!("  speed     {:.1} GFLOP/s ({convention})", r.gflops);
     match &r.accuracy {
         Some(a) => println!(
             "  accuracy  vs f64 reference on {} rows: max |err| {:.3e}, relative L2 {:.3e}{}  (inputs seed {})",
