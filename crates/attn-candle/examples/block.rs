@@ -73,8 +73,17 @@ impl Block {
     }
 }
 
-/// candle's own causal attention, as a model written with candle computes it.
-fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+/// The causal mask candle's attention adds to the scores, `[seq, seq]` (0 or -inf), built once
+/// per sequence length on the device, as a model keeps it.
+fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> =
+        (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
+}
+
+/// candle's own causal attention, as a model written with candle computes it (`mask` from
+/// [`causal_mask`]).
+fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let (b, s, _, _) = q.dims4()?;
     let repeat = |t: &Tensor| -> Result<Tensor> {
         let t = t.transpose(1, 2)?; // [b, kv, s, d]
@@ -82,12 +91,7 @@ fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     };
     let q = q.transpose(1, 2)?.contiguous()?;
     let (k, v) = (repeat(k)?.contiguous()?, repeat(v)?.contiguous()?);
-    let scores = (q.matmul(&k.t()?)? / (HEAD_DIM as f64).sqrt())?;
-    let mask: Vec<u8> = (0..s).flat_map(|i| (0..s).map(move |j| u8::from(j > i))).collect();
-    let mask = Tensor::from_vec(mask, (s, s), q.device())?;
-    let neg =
-        Tensor::new(f32::NEG_INFINITY, q.device())?.to_dtype(scores.dtype())?.broadcast_as(scores.shape())?;
-    let scores = mask.broadcast_as(scores.shape())?.where_cond(&neg, &scores)?;
+    let scores = (q.matmul(&k.t()?)? / (HEAD_DIM as f64).sqrt())?.broadcast_add(mask)?;
     let p = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(q.dtype())?;
     p.matmul(&v)?.transpose(1, 2)
 }
@@ -151,14 +155,16 @@ fn main() -> Result<()> {
         let x = Tensor::randn(0f32, 1.0, (batch, s, HIDDEN), &device)?.to_dtype(dtype)?;
         let rope = rope(s, dtype, &device)?;
         let (q, k, v) = block.qkv(&x, &rope)?;
-        let (t_candle_attn, a_candle) = time(&device, iters, || candle_attention(&q, &k, &v))?;
+        let mask = causal_mask(s, dtype, &device)?;
+        let (t_candle_attn, a_candle) = time(&device, iters, || candle_attention(&q, &k, &v, &mask))?;
         let (t_attn_attn, a_attn) = time(&device, iters, || attn_attention(&q, &k, &v))?;
-        let whole = |attention: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>| {
+        let whole = |attention: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>| {
             let (q, k, v) = block.qkv(&x, &rope)?;
             block.finish(&x, &attention(&q, &k, &v)?)
         };
-        let (t_candle, y_candle) = time(&device, iters, || whole(candle_attention))?;
-        let (t_attn, y_attn) = time(&device, iters, || whole(attn_attention))?;
+        let (t_candle, y_candle) =
+            time(&device, iters, || whole(&|q, k, v| candle_attention(q, k, v, &mask)))?;
+        let (t_attn, y_attn) = time(&device, iters, || whole(&attn_attention))?;
         let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
             (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
                 .abs()?

@@ -153,7 +153,7 @@ pub fn attention_into<T: Element>(
     let o_alone = [address_range(qs.as_ptr(), q_len), address_range(ks.as_ptr(), k_len)]
         .into_iter()
         .chain([address_range(vs.as_ptr(), v_len)])
-        .chain(lse_range)
+        .chain(lse_range.clone())
         .all(|r| r.end <= o_range.start || o_range.end <= r.start);
 
     let mut o_temp: Option<Array4<T>> = None;
@@ -166,10 +166,21 @@ pub fn attention_into<T: Element>(
         let temp = o_temp.insert(Array4::from_elem(o.raw_dim(), T::from_f32(0.0)));
         temp.as_slice_mut().expect("a new array is contiguous in standard order")
     };
+    // The LSE is written in place only where it is contiguous and its range meets none of the
+    // inputs' (views carved from one buffer could put it in a gap of q, k or v).
+    let lse_alone = lse_range.as_ref().is_some_and(|l| {
+        [
+            address_range(qs.as_ptr(), q_len),
+            address_range(ks.as_ptr(), k_len),
+            address_range(vs.as_ptr(), v_len),
+        ]
+        .iter()
+        .all(|r| r.end <= l.start || l.end <= r.start)
+    });
     let mut lse_temp: Option<Array3<f32>> = None;
     let lse_out: Option<&mut [f32]> = match lse.as_mut() {
         None => None,
-        Some(view) if view.is_standard_layout() => view.as_slice_mut(),
+        Some(view) if lse_alone => view.as_slice_mut(),
         Some(view) => lse_temp.insert(Array3::zeros(view.raw_dim())).as_slice_mut(),
     };
 

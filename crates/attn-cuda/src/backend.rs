@@ -40,6 +40,9 @@ pub(crate) struct Chosen {
     /// The device planned for: its name, compute capability and SM count (the Hopper family's
     /// persistent grid is one CTA per SM).
     pub(crate) device: (String, (u32, u32), u32),
+    /// The problem planned: the kernel is compiled for its head dim, dtype and mask, so a plan
+    /// whose (public) problem was edited since is refused.
+    pub(crate) problem: Problem,
 }
 
 impl Kernel {
@@ -299,6 +302,7 @@ impl Cuda {
             device: (info.name.clone(), info.compute_capability, info.sm_count),
             kernel: kernel.clone(),
             launch: launch.clone(),
+            problem: *problem,
         };
         Ok(Plan {
             backend: self.name().into(),
@@ -338,11 +342,11 @@ impl Attention for Cuda {
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {
-        plan.check_for(self.name(), &plan.problem)?;
+        // The plan decides what runs: the kernel and launch it holds, for the problem it planned.
+        let Chosen { kernel, launch, problem: planned, .. } = plan.payload::<Chosen>()?;
+        plan.check_for(self.name(), planned)?;
         let problem = &plan.problem;
         problem.check_inputs(&inputs)?;
-        // The plan decides what runs: the kernel and launch it holds.
-        let Chosen { kernel, launch, .. } = plan.payload::<Chosen>()?;
         if plan.execution != Execution::Gpu(launch.clone()) {
             return Err(Error::PlanMismatch {
                 what: format!("the launch of plan `{}` differs from the one its backend chose", plan.kernel),

@@ -21,8 +21,11 @@
 //! fills the kernel's parameter block (the Hopper family encodes four TMA descriptors) and
 //! launches. No allocation, no copy between host and device, no synchronization: the Hopper
 //! family's workspace (its scheduler's counters, which every launch leaves at zero, and the
-//! split tail's partial results) is allocated once per (context, stream) and reused; a problem
-//! that needs a larger one replaces it once, after waiting for the stream.
+//! split tail's partial results) is allocated on the first call on a (context, stream) and
+//! reused; a problem that needs a larger one allocates it then (the smaller one is kept until
+//! the backend is dropped, which waits for the device first). The first call on a stream thus
+//! allocates and waits for the context's default stream once; calls after it do neither. The
+//! backend holds each stream it has seen until it is dropped.
 //!
 //! The backend ([`Cuda`]) is `Send + Sync`: one instance serves any number of threads, streams
 //! and devices at once. A plan is made for one device model (its SM count sizes the Hopper
@@ -36,15 +39,23 @@ use crate::tensors::DevicePointers;
 use attn_core::{DType, Error, Mask, Plan, Problem, Result, Shape, TensorStrides};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig,
+    PushKernelArg,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// An element type the CUDA kernels read and write: `half::f16` or `half::bf16`.
-pub trait DeviceElement: Copy + 'static {
+/// An element type the CUDA kernels read and write: `half::f16` or `half::bf16` (sealed: the
+/// kernels' element sizes are fixed, so no other type may stand for a dtype).
+pub trait DeviceElement: sealed::Sealed + Copy + 'static {
     /// The problem dtype it stands for.
     const DTYPE: DType;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
 }
 
 impl DeviceElement for half::f16 {
@@ -61,10 +72,38 @@ pub(crate) struct Resident {
     /// Callers' contexts other than the backend's own (device 0's primary one), each with the
     /// kernels loaded there.
     contexts: Mutex<Vec<Arc<Gpu>>>,
-    /// Plans by (context, problem), for [`Cuda::plan_cached`].
+    /// Plans by (context, problem), for [`Cuda::plan_cached`]: at most [`PLANS_KEPT`].
     plans: Mutex<HashMap<(usize, ProblemKey), Arc<Plan>>>,
-    /// The Hopper family's workspace by (context, stream).
-    workspaces: Mutex<HashMap<(usize, usize), StreamWorkspace>>,
+    /// The Hopper family's workspace by [`StreamKey`].
+    workspaces: Mutex<HashMap<StreamKey, StreamWorkspace>>,
+    /// Workspaces a larger one replaced: a launch may still be using them (another thread
+    /// may have read their addresses just before), so they live as long as the backend.
+    retired: Mutex<Vec<StreamWorkspace>>,
+}
+
+/// Plans [`Cuda::plan_cached`] keeps; past this many, it starts afresh (planning again costs a
+/// lookup in the process's compile cache, not a compilation).
+pub const PLANS_KEPT: usize = 256;
+
+/// Which stream a workspace belongs to: the context, the stream's handle and, for the
+/// per-thread default stream (one handle, a different stream on each thread), the thread.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct StreamKey {
+    context: usize,
+    stream: usize,
+    thread: Option<std::thread::ThreadId>,
+}
+
+impl StreamKey {
+    fn of(context: &CudaContext, stream: &CudaStream) -> StreamKey {
+        // CU_STREAM_PER_THREAD.
+        let per_thread = stream.cu_stream() as usize == 0x2;
+        StreamKey {
+            context: context.cu_ctx() as usize,
+            stream: stream.cu_stream() as usize,
+            thread: per_thread.then(|| std::thread::current().id()),
+        }
+    }
 }
 
 /// A [`Problem`] as a hash key (its scale compared by bits).
@@ -92,16 +131,18 @@ impl ProblemKey {
 }
 
 /// One stream's Hopper workspace: zeroed counters and room for partial results, with their
-/// addresses.
+/// addresses, and the stream (held, so that its handle cannot be reused by a new stream while
+/// the workspace is keyed by it).
 struct StreamWorkspace {
     counters: CudaSlice<u32>,
     partials: Option<CudaSlice<f32>>,
     at: Workspace,
+    _stream: Arc<CudaStream>,
 }
 
 impl Drop for StreamWorkspace {
     /// A kernel on the caller's stream may still use the buffers: wait for the context before
-    /// they are freed (this happens when the backend is dropped, or once when a workspace grows).
+    /// they are freed (when the backend is dropped).
     fn drop(&mut self) {
         let _ = self.counters.context().synchronize();
     }
@@ -143,7 +184,11 @@ impl Cuda {
             return Ok(plan.clone());
         }
         let plan = Arc::new(self.plan_on(ctx, problem)?);
-        self.resident.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, plan.clone());
+        let mut plans = self.resident.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.len() >= PLANS_KEPT {
+            plans.clear();
+        }
+        plans.insert(key, plan.clone());
         Ok(plan)
     }
 
@@ -178,6 +223,23 @@ impl Cuda {
                     problem.dtype
                 ),
             });
+        }
+        // Memory of another context (another device) would fault on the device, where the error
+        // is sticky: refused here.
+        let ctx = stream.context().cu_ctx();
+        let contexts = [("q", q.stream()), ("k", k.stream()), ("v", v.stream()), ("o", o.stream())];
+        for (tensor, owner) in contexts.into_iter().chain(lse.as_ref().map(|l| ("lse", l.stream()))) {
+            if owner.context().cu_ctx() != ctx {
+                return Err(Error::Shape {
+                    tensor,
+                    what: format!(
+                        "its buffer belongs to the context of device {}, the stream to device {}'s: \
+                         tensors and stream must share a context",
+                        owner.context().ordinal(),
+                        stream.context().ordinal()
+                    ),
+                });
+            }
         }
         let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
         check_len("q", q.len(), q_len)?;
@@ -275,9 +337,10 @@ impl Cuda {
 
     /// Checks `plan` against the device of `stream` and the addresses, then launches its kernel.
     fn launch_resident(&self, plan: &Plan, at: DevicePointers, stream: &Arc<CudaStream>) -> Result<()> {
-        plan.check_for("cuda", &plan.problem)?;
-        let problem = &plan.problem;
         let chosen = plan.payload::<Chosen>()?;
+        // The kernel was compiled for the problem planned; one edited since is not the plan's.
+        plan.check_for("cuda", &chosen.problem)?;
+        let problem = &plan.problem;
         if problem.params.return_lse != at.lse.is_some() {
             return Err(Error::Shape {
                 tensor: "lse",
@@ -356,7 +419,8 @@ impl Cuda {
 
     /// The Hopper workspace of `stream` on `gpu` with at least `counters` counters and
     /// `partials` partial floats: the stream's own, allocated on first use (zeroed on the
-    /// context's default stream, which is then waited for, once) and grown where too small.
+    /// context's default stream, which is then waited for) and grown where too small (the
+    /// smaller one kept until the backend is dropped: a launch may hold its addresses).
     fn workspace(
         &self,
         gpu: &Gpu,
@@ -364,17 +428,20 @@ impl Cuda {
         counters: usize,
         partials: usize,
     ) -> Result<Workspace> {
-        let key = (gpu.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let key = StreamKey::of(gpu.context(), stream);
         let mut all = self.resident.workspaces.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = all.get(&key)
-            && w.counters.len() >= counters
-            && w.partials.as_ref().map_or(0, |p| p.len()) >= partials
-        {
-            return Ok(w.at);
+        let (mut counters, mut partials) = (counters.max(1), partials);
+        if let Some(w) = all.get(&key) {
+            let have = (w.counters.len(), w.partials.as_ref().map_or(0, |p| p.len()));
+            if have.0 >= counters && have.1 >= partials {
+                return Ok(w.at);
+            }
+            // Grown to hold both the old and the new need, so that problems that alternate do
+            // not replace it every call.
+            (counters, partials) = (counters.max(have.0), partials.max(have.1));
         }
         let own = gpu.context().default_stream();
-        let counter_slice =
-            own.alloc_zeros::<u32>(counters.max(1)).map_err(driver("allocate the tile counters"))?;
+        let counter_slice = own.alloc_zeros::<u32>(counters).map_err(driver("allocate the tile counters"))?;
         let partial_slice = match partials {
             0 => None,
             n => Some(
@@ -388,8 +455,11 @@ impl Cuda {
             counters: counter_slice.device_ptr(&own).0,
             partials: partial_slice.as_ref().map_or(0, |p| p.device_ptr(&own).0),
         };
-        // Replacing a smaller workspace drops it, which waits for the context (see Drop).
-        all.insert(key, StreamWorkspace { counters: counter_slice, partials: partial_slice, at });
+        let fresh =
+            StreamWorkspace { counters: counter_slice, partials: partial_slice, at, _stream: stream.clone() };
+        if let Some(old) = all.insert(key, fresh) {
+            self.resident.retired.lock().unwrap_or_else(|e| e.into_inner()).push(old);
+        }
         Ok(at)
     }
 }

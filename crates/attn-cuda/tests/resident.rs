@@ -316,10 +316,17 @@ fn bad_calls_are_typed_errors() {
     let short = t.q.slice(..t.q.len() - 1);
     let e = err(cuda.run_on_stream(&plan, &short, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
     assert!(e.contains("elements"), "{e}");
-    // A q starting one element (2 bytes) in.
-    let all = t.q.slice(1..);
-    let e = err(cuda.run_on_stream(&plan, &all, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
-    assert!(e.contains("aligned") || e.contains("elements"), "{e}");
+    // A q of the full length starting one element (2 bytes) into a larger buffer.
+    let q_len = p.required_lens()[0].1;
+    let wide = stream.clone_htod(&vec![bf16::ZERO; q_len + 8]).unwrap();
+    let shifted = wide.slice(1..1 + q_len);
+    let e = err(cuda.run_on_stream(&plan, &shifted, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
+    assert!(e.contains("16-byte aligned"), "{e}");
+    // A plan whose problem was edited after planning (the kernel is compiled for head dim 64).
+    let mut edited = plan.clone();
+    edited.problem.shape.head_dim = 32;
+    let e = err(cuda.run_on_stream(&edited, &t.q, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
+    assert!(e.contains("plan"), "{e}");
     // No LSE buffer for a problem that asks for it.
     let e = err(cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, None, &stream));
     assert!(e.contains("LSE"), "{e}");

@@ -5,7 +5,7 @@
 use super::*;
 use crate::{Availability, DType, DeviceKind, Execution, HostPrepared, Mask, Prepared, Tiles};
 use half::{bf16, f16};
-use ndarray::{Array3, Array4, ArrayView4, ArrayViewMut4, s};
+use ndarray::{Array2, Array3, Array4, ArrayView4, ArrayViewMut4, Axis, s};
 
 /// Writes `o[b, h, i, :] = q[b, h, i, :]` and `lse[b, h, i] = 100 b + 10 h + i`: every output
 /// element names the input element it came from.
@@ -132,6 +132,24 @@ fn an_output_interleaved_with_its_inputs_goes_through_a_temporary() {
     assert_eq!(plan.problem.strides.o, Layout::Bshd.strides(3, 4, 8), "o went through a temporary");
     assert_eq!(packed.slice(s![.., .., 1..;2, ..]), packed.slice(s![.., .., ..;2, ..]));
     assert_eq!(packed.slice(s![.., .., ..;2, ..]), iota((1, 4, 6, 8)).slice(s![.., .., ..;2, ..]));
+}
+
+/// An LSE view that lies in a gap of q's memory range (both carved from one buffer): written
+/// through a temporary, so that no `&mut` slice overlaps q's.
+#[test]
+fn an_lse_in_a_gap_of_q_goes_through_a_temporary() {
+    // Rows of 8: q takes columns 0..4 of both rows, the LSE columns 4..6 of row 0.
+    let mut buffer = Array2::<f32>::from_shape_fn((2, 8), |(r, c)| (8 * r + c) as f32);
+    let (q, lse) = buffer.multi_slice_mut((s![.., 0..4], s![0, 4..6]));
+    let q = q.insert_axis(Axis(0)).insert_axis(Axis(2)); // [1, 2, 1, 4], rows 8 apart
+    let lse = lse.insert_axis(Axis(0)).insert_axis(Axis(0));
+    let kv = Array4::<f32>::zeros((1, 3, 1, 4));
+    let mut o = Array4::<f32>::zeros((1, 2, 1, 4));
+    let params = Params { return_lse: true, ..Params::default() };
+    attention_into(&Echo, q.view(), kv.view(), kv.view(), o.view_mut(), Some(lse), &params).unwrap();
+    assert_eq!(o.as_slice().unwrap(), &[0.0, 1.0, 2.0, 3.0, 8.0, 9.0, 10.0, 11.0]);
+    assert_eq!(buffer.row(0).to_vec()[4..6], [lse_code(0, 0, 0), lse_code(0, 0, 1)]);
+    assert_eq!(buffer.row(0).to_vec()[..4], [0.0, 1.0, 2.0, 3.0], "q untouched");
 }
 
 #[test]
