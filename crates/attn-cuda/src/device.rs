@@ -287,6 +287,12 @@ impl Cuda {
     ///   kernel reads or another kernel uses meanwhile, and every earlier write to q, k and v
     ///   is ordered before this stream's next work.
     ///
+    /// - the memory is accessible from the stream's device, and a CUDA graph that captures this
+    ///   call is replayed only while the backend lives (the launch uses the backend's
+    ///   workspace for this stream, whose address the graph keeps);
+    /// - a stream whose handle is reused for a new one (after the old was destroyed) has
+    ///   finished the kernels this call enqueued on it: the workspace is keyed by the handle.
+    ///
     /// What is checked, with a typed error: the plan, the device, the alignment of each address,
     /// the LSE against the problem, the launch.
     pub unsafe fn run_raw(&self, plan: &Plan, at: DevicePointers, stream: CUstream) -> Result<()> {
@@ -479,7 +485,9 @@ fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
 
 /// The device-resident path behind the [`Attention`](attn_core::Attention) trait, for `attn
 /// verify --resident` and benchmarks: `prepare` copies the inputs into buffers it owns on a
-/// stream of its own (as a caller's would be), on a context it holds as a caller does; `run`
+/// stream of its own (as a caller's would be), on device 0's primary context, which it holds
+/// as a caller does (the same context as the backend's own, so the path through
+/// `Gpu::attach` is not what it exercises: `tests/resident.rs`'s two-device test does); `run`
 /// calls [`Cuda::run_on_stream`] and times it with CUDA events; `read` copies o and the LSE back.
 /// Its results must equal the `cuda` backend's bit for bit.
 #[derive(Default)]
