@@ -109,7 +109,7 @@ struct Planned {
 ///   its payload, never a kernel looked up again by name.
 #[derive(Default)]
 pub struct Cuda {
-    gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
+    pub(crate) gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     options: Options,
     /// State for the device-resident calls (`crate::device`): callers' contexts, plans by
     /// problem, workspaces by stream.

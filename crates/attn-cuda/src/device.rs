@@ -149,14 +149,16 @@ impl Drop for StreamWorkspace {
 }
 
 impl Cuda {
-    /// The backend's state for the context `ctx`: the backend's own device where `ctx` is that
-    /// context, else the caller's context, attached on first use (reading its device's
-    /// attributes; nothing is created on it).
+    /// The backend's state for the context `ctx`: the backend's own device where that is open
+    /// and `ctx` is its context, else the caller's context, attached on first use (reading its
+    /// device's attributes; nothing is created on it).
     fn context_for(&self, ctx: &Arc<CudaContext>) -> Result<Arc<Gpu>> {
-        if let Ok(own) = self.gpu()
+        // The backend's own device, where it is open already (a caller on another device must
+        // not make it open device 0).
+        if let Some(Ok(own)) = self.gpu.get()
             && own.context().cu_ctx() == ctx.cu_ctx()
         {
-            return Ok(own);
+            return Ok(own.clone());
         }
         let mut contexts = self.resident.contexts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(gpu) = contexts.iter().find(|g| g.context().cu_ctx() == ctx.cu_ctx()) {
@@ -311,10 +313,10 @@ impl Cuda {
     /// The state of the context `ctx` (raw): one the backend knows already (its own, or one
     /// attached by [`Cuda::plan_on`]), or a device's primary context, retained here.
     fn gpu_of_raw_context(&self, ctx: cudarc::driver::sys::CUcontext) -> Result<Arc<Gpu>> {
-        if let Ok(own) = self.gpu()
+        if let Some(Ok(own)) = self.gpu.get()
             && own.context().cu_ctx() == ctx
         {
-            return Ok(own);
+            return Ok(own.clone());
         }
         if let Some(gpu) = self
             .resident
