@@ -92,6 +92,24 @@ fn matches_the_reference_in_every_dtype_with_gqa_and_a_causal_offset() {
     }
 }
 
+/// Causal with more queries than keys: the first rows see no key, so their output is 0 and
+/// their LSE -inf (every element of both written, none left as allocated).
+#[test]
+fn rows_that_see_no_key_are_zero_with_an_lse_of_minus_infinity() {
+    let q = randn((1, 10, 2, 32), DType::F32);
+    let k = randn((1, 4, 2, 32), DType::F32);
+    let (o, lse) = attn_candle::flash_attn_with_lse(&q, &k, &k, 0.2, true).unwrap();
+    let (o, lse) = (values(&o), values(&lse));
+    // Rows 0..6 of each head see nothing; rows 6..10 see 1..4 keys.
+    for i in 0..10 {
+        let row = &o[i * 64..(i + 1) * 64];
+        assert_eq!(row.iter().all(|&x| x == 0.0), i < 6, "row {i}: {row:?}");
+        for h in 0..2 {
+            assert_eq!(lse[h * 10 + i] == f32::NEG_INFINITY, i < 6, "lse of head {h} row {i}");
+        }
+    }
+}
+
 #[test]
 fn agrees_with_candles_own_attention() {
     let q = randn((1, 64, 8, 32), DType::F32);

@@ -292,10 +292,24 @@ impl Problem {
         self
     }
 
-    /// Whether anything beyond a plain or causal softmax is asked for: a window that is not
-    /// causal, or a soft-cap. The GPU kernels run these only where their plans say so.
+    /// Whether anything beyond a plain or causal softmax is asked for: a window, or a soft-cap.
     pub fn has_score_modifiers(&self) -> bool {
         matches!(self.params.mask, Mask::Window { .. }) || self.params.softcap.is_some()
+    }
+
+    /// For a backend whose kernels take no mask or a causal one only: the typed error for a
+    /// problem with a window or a soft-cap ([`Problem::has_score_modifiers`]), naming `backend`.
+    pub fn require_plain_scores(&self, backend: &str) -> Result<()> {
+        if !self.has_score_modifiers() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            backend: backend.into(),
+            what: format!(
+                "{self}: sliding windows and soft-capping run on cpu-flash and cpu-reference so far \
+                 (this backend takes no mask or a causal one)"
+            ),
+        })
     }
 
     /// Sets the mask.

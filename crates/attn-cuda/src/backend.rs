@@ -255,15 +255,7 @@ impl Cuda {
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
-        if problem.has_score_modifiers() {
-            return Err(Error::Unsupported {
-                backend: "cuda".into(),
-                what: format!(
-                    "{problem}: sliding windows and soft-capping run on cpu-flash and cpu-reference so far \
-                     (this backend takes no mask or a causal one)"
-                ),
-            });
-        }
+        problem.require_plain_scores("cuda")?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
             match self.choose_family(gpu, problem)? {
                 Choice::Hopper(variant, launch, split) => {

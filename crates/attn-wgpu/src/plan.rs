@@ -470,15 +470,7 @@ pub fn choose_among(
     allowed: &dyn Fn(&Variant) -> bool,
 ) -> Result<Choice> {
     problem.validate()?;
-    if problem.has_score_modifiers() {
-        return Err(Error::Unsupported {
-            backend: "wgpu".into(),
-            what: format!(
-                "{problem}: sliding windows and soft-capping run on cpu-flash and cpu-reference so far \
-                 (this backend takes no mask or a causal one)"
-            ),
-        });
-    }
+    problem.require_plain_scores("wgpu")?;
     let s = problem.shape;
     let unsupported_dim = || Error::UnsupportedHeadDim {
         backend: "wgpu".into(),
