@@ -197,13 +197,14 @@ impl Cuda {
     /// Runs `plan` on tensors on the device, on `stream`: q, k and v (cudarc `CudaSlice`s or
     /// views) are read, o and, where the plan's problem asks for it, `lse` (`[batch, heads_q,
     /// seq_q]` f32) are written; each tensor's elements are where the problem's strides put them
-    /// from the start of its buffer. Asynchronous: one kernel is enqueued on `stream`, nothing
-    /// is allocated, copied or waited for (see the module's notes).
+    /// from the start of its buffer. Asynchronous: one kernel is enqueued on `stream`; nothing
+    /// is copied or waited for, and nothing allocated after the first call on this stream (see
+    /// the module's notes).
     ///
-    /// Errors, before anything is enqueued: a plan of another backend or device model, an
-    /// element type other than the problem's, a buffer shorter than the problem's strides
-    /// reach or not 16-byte aligned, an LSE buffer given or missing against the problem, a
-    /// failed launch.
+    /// Errors, before anything is enqueued: a plan of another backend or device model (or one
+    /// whose problem was edited since), an element type other than the problem's, a buffer of
+    /// another context than the stream's, shorter than the problem's strides reach or not
+    /// 16-byte aligned, an LSE buffer given or missing against the problem, a failed launch.
     pub fn run_on_stream<T: DeviceElement>(
         &self,
         plan: &Plan,
