@@ -124,7 +124,13 @@ pub struct Gpu {
     /// Functions loaded on this context, by (program key, entry function), so that each is
     /// loaded once; the program itself comes from [`compile::compile_cached`], keyed the same.
     kernels: Mutex<HashMap<(u64, String), Kernel>>,
+    /// What [`Gpu::ready_kernel`] hands out, by (program key, entry function): the function and
+    /// the dynamic shared memory it has been allowed, found without allocating.
+    ready: Mutex<ReadyKernels>,
 }
+
+/// [`Gpu::ready_kernel`]'s table: (program key, entry) to (function, shared bytes allowed).
+type ReadyKernels = HashMap<(u64, &'static str), (CudaFunction, u32)>;
 
 /// A kernel loaded on a [`Gpu`], with what ptxas reported about it.
 #[derive(Clone, Debug)]
@@ -135,9 +141,6 @@ pub struct Kernel {
     pub compiled: Arc<Compiled>,
     /// ptxas's report for this entry function; `None` if the log had none for it.
     pub resources: Option<KernelResources>,
-    /// The dynamic shared memory the function has been allowed so far, bytes
-    /// ([`Gpu::ready_kernel`] raises it once, not per call).
-    shared_allowed: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// What the driver says about a loaded function; the numbers a plan needs.
@@ -170,7 +173,13 @@ impl Gpu {
             Ok((ctx, stream, info))
         });
         let (ctx, stream, info) = opened.map_err(|e| Error::backend(BACKEND, e))?;
-        Ok(Gpu { ctx, stream: OnceLock::from(stream), info, kernels: Mutex::new(HashMap::new()) })
+        Ok(Gpu {
+            ctx,
+            stream: OnceLock::from(stream),
+            info,
+            kernels: Mutex::new(HashMap::new()),
+            ready: Mutex::new(HashMap::new()),
+        })
     }
 
     /// A caller's context (candle's, or any cudarc user's): reads the device's limits, creates
@@ -180,7 +189,13 @@ impl Gpu {
             probe::device_info(&ctx).map_err(|e| format!("cuDeviceGetAttribute: {e}"))
         })
         .map_err(|e| Error::backend(BACKEND, e))?;
-        Ok(Gpu { ctx, stream: OnceLock::new(), info, kernels: Mutex::new(HashMap::new()) })
+        Ok(Gpu {
+            ctx,
+            stream: OnceLock::new(),
+            info,
+            kernels: Mutex::new(HashMap::new()),
+            ready: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The device's name, compute capability, SM count and limits.
@@ -231,37 +246,36 @@ impl Gpu {
         let compiled = compile::compile_cached(req)?;
         let function = self.load(&compiled, kernel)?;
         let resources = compiled.resources_of(kernel).cloned();
-        let k = Kernel { function, compiled, resources, shared_allowed: Default::default() };
+        let k = Kernel { function, compiled, resources };
         kernels.insert(key, k.clone());
         Ok(k)
     }
 
     /// [`Gpu::kernel`] for a request whose key is known (`key`, from a plan; `request` is built
     /// only if the kernel is not loaded yet), allowed `shared_bytes` of dynamic shared memory:
-    /// after the first call, a lookup and no driver call.
+    /// after the first call, a lookup with neither a driver call nor an allocation (the hot path
+    /// of the device-resident calls).
     pub fn ready_kernel(
         &self,
         key: u64,
-        entry: &str,
+        entry: &'static str,
         request: impl FnOnce() -> CompileRequest,
         shared_bytes: u32,
     ) -> Result<CudaFunction> {
-        use std::sync::atomic::Ordering;
-        let loaded = self
-            .kernels
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&(key, entry.to_string()))
-            .cloned();
-        let kernel = match loaded {
-            Some(k) => k,
-            None => self.kernel(&request(), entry)?,
+        let ready = |r: &Mutex<ReadyKernels>| {
+            let found = r.lock().unwrap_or_else(|p| p.into_inner()).get(&(key, entry)).cloned();
+            found.filter(|(_, allowed)| *allowed >= shared_bytes).map(|(f, _)| f)
         };
-        if kernel.shared_allowed.load(Ordering::Acquire) < shared_bytes {
-            self.set_max_dynamic_shared(&kernel.function, shared_bytes)?;
-            kernel.shared_allowed.fetch_max(shared_bytes, Ordering::AcqRel);
+        if let Some(function) = ready(&self.ready) {
+            return Ok(function);
         }
-        Ok(kernel.function)
+        // First use here (or a larger opt-in): load and allow, outside the lookup's lock.
+        let function = self.kernel(&request(), entry)?.function;
+        self.set_max_dynamic_shared(&function, shared_bytes)?;
+        let mut all = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = all.entry((key, entry)).or_insert((function.clone(), 0));
+        slot.1 = slot.1.max(shared_bytes);
+        Ok(function)
     }
 
     /// Lets `function` be launched with up to `bytes` of dynamic shared memory. Needed above the
