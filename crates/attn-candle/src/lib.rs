@@ -232,31 +232,31 @@ impl candle_core::CustomOp3 for AttnOp {
         let o = match (s1, s2, s3) {
             (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => {
                 let mut o = vec![0f32; o_len];
-                let inputs = Inputs {
-                    q: Data::F32(from(q, offsets[0])?),
-                    k: Data::F32(from(k, offsets[1])?),
-                    v: Data::F32(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::F32(from(q, offsets[0])?),
+                    Data::F32(from(k, offsets[1])?),
+                    Data::F32(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::F32(&mut o), &mut lse)?;
                 CpuStorage::F32(o)
             }
             (CpuStorage::F16(q), CpuStorage::F16(k), CpuStorage::F16(v)) => {
                 let mut o = vec![half::f16::ZERO; o_len];
-                let inputs = Inputs {
-                    q: Data::F16(from(q, offsets[0])?),
-                    k: Data::F16(from(k, offsets[1])?),
-                    v: Data::F16(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::F16(from(q, offsets[0])?),
+                    Data::F16(from(k, offsets[1])?),
+                    Data::F16(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::F16(&mut o), &mut lse)?;
                 CpuStorage::F16(o)
             }
             (CpuStorage::BF16(q), CpuStorage::BF16(k), CpuStorage::BF16(v)) => {
                 let mut o = vec![half::bf16::ZERO; o_len];
-                let inputs = Inputs {
-                    q: Data::Bf16(from(q, offsets[0])?),
-                    k: Data::Bf16(from(k, offsets[1])?),
-                    v: Data::Bf16(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::Bf16(from(q, offsets[0])?),
+                    Data::Bf16(from(k, offsets[1])?),
+                    Data::Bf16(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::Bf16(&mut o), &mut lse)?;
                 CpuStorage::BF16(o)
             }

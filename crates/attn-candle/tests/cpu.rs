@@ -26,7 +26,7 @@ fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> (V
     attn_cpu::Reference
         .forward(
             &p,
-            Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() },
+            Inputs::new(q.as_data(), k.as_data(), v.as_data()),
             Outputs { o: o.as_data_mut(), lse: Some(&mut lse) },
         )
         .unwrap();
@@ -158,7 +158,7 @@ fn windows_match_the_reference() {
     attn_cpu::Reference
         .forward(
             &p,
-            Inputs { q: qb.as_data(), k: kb.as_data(), v: vb.as_data() },
+            Inputs::new(qb.as_data(), kb.as_data(), vb.as_data()),
             Outputs { o: want.as_data_mut(), lse: None },
         )
         .unwrap();

@@ -43,6 +43,7 @@ pub mod knobs;
 pub mod plan;
 pub mod problem;
 pub mod rng;
+pub mod sequences;
 pub mod softmax;
 pub mod tensor;
 
@@ -51,7 +52,8 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use knobs::Knob;
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
-pub use problem::{Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
+pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
+pub use sequences::{Alibi, Batching, Extras, KvRows, QueryRows, SeqMap};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};
 
 pub use half;

@@ -1,7 +1,7 @@
 //! Verification cases: a problem, a family, and how its inputs are drawn.
 
 use attn_core::rng::SplitMix64;
-use attn_core::{Buffer, Problem};
+use attn_core::{Buffer, Extras, Inputs, Problem};
 
 /// How the inputs of a case are drawn. Never all zeros: zeros hide unwritten outputs and wrong
 /// indexing.
@@ -35,9 +35,44 @@ pub struct Case {
     pub dist: Distribution,
     /// Seed of the inputs (printed in every failure).
     pub seed: u64,
+    /// The indices and slopes the problem needs (packed offsets, block table, ALiBi slopes).
+    pub extras: OwnedExtras,
+}
+
+/// The owned arrays behind [`attn_core::Extras`], each present when the case's problem needs it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct OwnedExtras {
+    /// `[batch + 1]` query offsets.
+    pub cu_seqlens_q: Option<Vec<i32>>,
+    /// `[batch + 1]` key offsets.
+    pub cu_seqlens_k: Option<Vec<i32>>,
+    /// `[batch]` keys used.
+    pub seqused_k: Option<Vec<i32>>,
+    /// `[batch, pages_per_seq]` pages.
+    pub block_table: Option<Vec<i32>>,
+    /// ALiBi slopes.
+    pub alibi_slopes: Option<Vec<f32>>,
+}
+
+impl OwnedExtras {
+    /// Borrowed, as inputs carry them.
+    pub fn borrow(&self) -> Extras<'_> {
+        Extras {
+            cu_seqlens_q: self.cu_seqlens_q.as_deref(),
+            cu_seqlens_k: self.cu_seqlens_k.as_deref(),
+            seqused_k: self.seqused_k.as_deref(),
+            block_table: self.block_table.as_deref(),
+            alibi_slopes: self.alibi_slopes.as_deref(),
+        }
+    }
 }
 
 impl Case {
+    /// `bufs` (from [`Case::inputs`]) with this case's extras, as a backend takes them.
+    pub fn as_inputs<'a>(&'a self, bufs: &'a [Buffer; 3]) -> Inputs<'a> {
+        Inputs::new(bufs[0].as_data(), bufs[1].as_data(), bufs[2].as_data()).with_extras(self.extras.borrow())
+    }
+
     /// Fresh inputs for this case: q, k, v, each long enough for the problem's strides.
     /// Elements outside the strided views are drawn too (they must not matter).
     pub fn inputs(&self) -> [Buffer; 3] {
@@ -72,19 +107,16 @@ impl Case {
         let s = p.shape;
         let d = s.head_dim;
         let alpha = 30.0 / (d as f32).sqrt() / p.scale() / (d as f32).sqrt();
-        for b in 0..s.batch {
-            for h in 0..s.heads_q {
-                for i in 0..s.seq_q {
-                    let visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
-                    if visible.is_empty() {
-                        continue;
-                    }
-                    let j = visible.start + rng.below(visible.len());
-                    let (qo, ko) = (p.strides.q.offset(b, h, i), p.strides.k.offset(b, s.kv_head(h), j));
-                    for x in 0..d {
-                        q[qo + x] = alpha * k[ko + x];
-                    }
-                }
+        let map = p.seq_map(self.extras.borrow()).expect("verification cases have valid extras");
+        for (b, h, i) in map.rows() {
+            let visible = map.visible(b, i);
+            if visible.is_empty() {
+                continue;
+            }
+            let j = visible.start + rng.below(visible.len());
+            let (qo, ko) = (map.q_offset(b, h, i), map.k_offset(b, s.kv_head(h), j));
+            for x in 0..d {
+                q[qo + x] = alpha * k[ko + x];
             }
         }
     }

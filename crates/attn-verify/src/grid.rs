@@ -1,15 +1,128 @@
 //! The case grids: `quick` (sub-minute, in every `cargo xtask test`) and `full`.
 
-use crate::case::{Case, Distribution};
-use attn_core::{DType, Layout, Problem, Shape, Strides, TensorStrides};
+use crate::case::{Case, Distribution, OwnedExtras};
+use attn_core::rng::SplitMix64;
+use attn_core::{Alibi, Batching, DType, KvRows, Layout, Problem, QueryRows, Shape, Strides, TensorStrides};
 
 fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
+    with_extras(family, tag, problem, OwnedExtras::default(), dist, seed)
+}
+
+fn with_extras(
+    family: &'static str,
+    tag: &str,
+    problem: Problem,
+    extras: OwnedExtras,
+    dist: Distribution,
+    seed: u64,
+) -> Case {
     let mask = match problem.params.mask {
         attn_core::Mask::None => "full",
         attn_core::Mask::Causal => "causal",
         attn_core::Mask::Window { .. } => "window",
     };
-    Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed }
+    Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed, extras }
+}
+
+/// ALiBi slopes as models use them: `2^(-8 (h + 1) / heads)`, for every (batch, head) when
+/// `per_batch` (each batch's slopes scaled differently, so that a wrong batch index shows).
+fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
+    let slope = |b: usize, h: usize| (1.0 + b as f32) * 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32);
+    match per_batch {
+        false => (0..heads).map(|h| slope(0, h)).collect(),
+        true => (0..batch).flat_map(|b| (0..heads).map(move |h| slope(b, h))).collect(),
+    }
+}
+
+/// Adds ALiBi slopes to a case's problem and extras.
+fn alibi(mut c: Case, per_batch: bool) -> Case {
+    let s = c.problem.shape;
+    c.problem = c.problem.with_alibi(if per_batch { Alibi::PerBatchHead } else { Alibi::PerHead });
+    c.extras.alibi_slopes = Some(alibi_slopes(s.batch, s.heads_q, per_batch));
+    c.name += if per_batch { "/alibi-per-batch" } else { "/alibi" };
+    c
+}
+
+/// Cumulative offsets of `lens`, from 0.
+fn offsets(lens: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |sum, &n| {
+            *sum += n as i32;
+            Some(*sum)
+        }))
+        .collect()
+}
+
+/// How the keys of a [`sequences`] problem are stored.
+#[derive(Clone, Copy)]
+enum Keys {
+    /// Packed back to back.
+    Packed,
+    /// In a paged cache of pages of this size, in shuffled order, with spare pages between.
+    Paged(usize),
+    /// Dense `[batch, seq_k]` rows, each sequence using `seqused_k[b]` of them.
+    DenseUsed,
+}
+
+/// A batch of sequences of `q_lens` queries and `k_lens` keys, queries packed (FlashAttention's
+/// `[total, heads, head_dim]`) unless `q_lens` are all equal and the keys are a cache, keys as
+/// `keys` says.
+fn sequences(
+    shape: Shape,
+    dtype: DType,
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: Keys,
+    seed: u64,
+) -> (Problem, OwnedExtras) {
+    assert_eq!(q_lens.len(), k_lens.len());
+    let batch = q_lens.len();
+    let d = shape.head_dim;
+    let seq_q = q_lens.iter().copied().max().unwrap_or(1).max(1);
+    let seq_k = k_lens.iter().copied().max().unwrap_or(1).max(1);
+    let shape = Shape { batch, seq_q, seq_k, ..shape };
+    let mut extras = OwnedExtras::default();
+    let packed_rows = |heads: usize| Strides { batch: 0, head: d, seq: heads * d };
+    let q_total: usize = q_lens.iter().sum();
+    let (q_rows, q_strides) = if q_lens.iter().all(|&n| n == seq_q) {
+        (QueryRows::Dense, Layout::Bshd.strides(shape.heads_q, seq_q, d))
+    } else {
+        extras.cu_seqlens_q = Some(offsets(q_lens));
+        (QueryRows::Packed { total: q_total.max(1) }, packed_rows(shape.heads_q))
+    };
+    let (kv, kv_strides, keys_used) = match keys {
+        Keys::Packed => {
+            extras.cu_seqlens_k = Some(offsets(k_lens));
+            (
+                KvRows::Packed { total: k_lens.iter().sum::<usize>().max(1) },
+                packed_rows(shape.heads_kv),
+                false,
+            )
+        }
+        Keys::DenseUsed => {
+            extras.seqused_k = Some(k_lens.iter().map(|&n| n as i32).collect());
+            (KvRows::Dense, Layout::Bshd.strides(shape.heads_kv, seq_k, d), true)
+        }
+        Keys::Paged(page_size) => {
+            let pages_per_seq = seq_k.div_ceil(page_size);
+            // Twice the pages needed, handed out in a shuffled order: pages are neither
+            // contiguous nor ordered, and some are never used.
+            let pages = 2 * batch * pages_per_seq;
+            let mut order: Vec<i32> = (0..pages as i32).collect();
+            let mut rng = SplitMix64::new(seed);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            extras.block_table = Some(order[..batch * pages_per_seq].to_vec());
+            extras.seqused_k = Some(k_lens.iter().map(|&n| n as i32).collect());
+            let strides = Strides { batch: page_size * shape.heads_kv * d, head: d, seq: shape.heads_kv * d };
+            (KvRows::Paged { page_size, pages, pages_per_seq }, strides, true)
+        }
+    };
+    let problem = p(shape, dtype)
+        .with_strides(TensorStrides { q: q_strides, k: kv_strides, v: kv_strides, o: q_strides })
+        .with_batching(Batching { q: q_rows, kv, keys_used });
+    (problem, extras)
 }
 
 fn p(shape: Shape, dtype: DType) -> Problem {
@@ -143,6 +256,70 @@ pub fn quick() -> Vec<Case> {
             Normal,
             151,
         ),
+        alibi(
+            case(
+                "alibi",
+                "sq40sk96-hq4hkv2",
+                p(Shape { heads_kv: 2, ..sk(40, 96, 4, 64) }, F32).causal(),
+                Normal,
+                160,
+            ),
+            false,
+        ),
+        alibi(case("alibi", "b2s80", p(Shape::new(2, 4, 80, 32), Bf16), Normal, 161), true),
+        alibi(
+            case(
+                "alibi",
+                "sq8sk70-window-cap",
+                p(sk(8, 70, 2, 64), F16).with_window(Some(20), Some(3)).with_softcap(10.0),
+                Normal,
+                162,
+            ),
+            false,
+        ),
+    ]);
+    // Sequences of different lengths: an empty one, one-token ones, queries longer than keys.
+    let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
+    let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 64) };
+    for (dtype, causal, seed) in [(F32, true, 170), (Bf16, false, 171)] {
+        let (mut problem, extras) = sequences(gqa, dtype, &q_lens, &k_lens, Keys::Packed, seed);
+        if causal {
+            problem = problem.causal();
+        }
+        v.push(with_extras("varlen", "b5-hq4hkv2", problem, extras, OneHotPeaked, seed));
+    }
+    let (problem, extras) = sequences(Shape::new(1, 2, 1, 32), F16, &q_lens, &k_lens, Keys::Packed, 172);
+    let windowed = problem.with_window(Some(6), Some(2)).with_softcap(8.0);
+    v.push(alibi(with_extras("varlen", "b5-window-cap", windowed, extras, Normal, 172), true));
+    // A paged cache: pages shuffled, sequences filling them partly; decode and a prefill chunk.
+    for (page, sq, dtype, seed) in [(16, 1, Bf16, 180), (16, 4, F32, 181), (64, 9, F16, 182)] {
+        let k_lens = [37, 1, 130, 64];
+        let (problem, extras) = sequences(gqa, dtype, &[sq; 4], &k_lens, Keys::Paged(page), seed);
+        v.push(with_extras(
+            "paged",
+            &format!("page{page}-sq{sq}"),
+            problem.causal(),
+            extras,
+            OneHotPeaked,
+            seed,
+        ));
+    }
+    let (problem, extras) = sequences(gqa, Bf16, &[3, 1, 8], &[50, 7, 90], Keys::Paged(16), 183);
+    v.push(alibi(
+        with_extras(
+            "paged",
+            "page16-varlen-window",
+            problem.with_window(Some(24), Some(0)),
+            extras,
+            Normal,
+            183,
+        ),
+        false,
+    ));
+    // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
+    let (problem, extras) = sequences(gqa, Bf16, &[2; 3], &[10, 100, 1], Keys::DenseUsed, 190);
+    v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
+    v.extend([
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
         case(

@@ -230,10 +230,12 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         measure::MIN_WARMUP,
         args.iters,
     )?;
-    let accuracy = (args.check_rows > 0).then(|| {
-        progress(&format!("checking {} rows against the f64 reference", args.check_rows));
-        measure::accuracy(&problem, &measure::inputs(&bufs), &o, args.check_rows)
-    });
+    let accuracy = (args.check_rows > 0)
+        .then(|| {
+            progress(&format!("checking {} rows against the f64 reference", args.check_rows));
+            measure::accuracy(&problem, &measure::inputs(&bufs), &o, args.check_rows)
+        })
+        .transpose()?;
     let report = RunReport {
         gflops: problem.flops() / timing.median_s / 1e9,
         plan,
