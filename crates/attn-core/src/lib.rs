@@ -53,7 +53,7 @@ pub use error::{Error, Result};
 pub use knobs::Knob;
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
-pub use sequences::{Alibi, Batching, Extras, KvRows, QueryRows, SeqMap};
+pub use sequences::{Alibi, Batching, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};
 
 pub use half;

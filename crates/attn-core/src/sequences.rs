@@ -126,6 +126,135 @@ pub struct Extras<'a> {
     pub alibi_slopes: Option<&'a [f32]>,
 }
 
+/// The owned arrays behind [`Extras`], each present when a problem needs it (what
+/// [`batch_of`] builds, and what a caller that makes its own indices can fill).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct OwnedExtras {
+    /// `[batch + 1]` query offsets.
+    pub cu_seqlens_q: Option<Vec<i32>>,
+    /// `[batch + 1]` key offsets.
+    pub cu_seqlens_k: Option<Vec<i32>>,
+    /// `[batch]` keys used.
+    pub seqused_k: Option<Vec<i32>>,
+    /// `[batch, pages_per_seq]` pages.
+    pub block_table: Option<Vec<i32>>,
+    /// ALiBi slopes.
+    pub alibi_slopes: Option<Vec<f32>>,
+}
+
+impl OwnedExtras {
+    /// Borrowed, as inputs carry them.
+    pub fn borrow(&self) -> Extras<'_> {
+        Extras {
+            cu_seqlens_q: self.cu_seqlens_q.as_deref(),
+            cu_seqlens_k: self.cu_seqlens_k.as_deref(),
+            seqused_k: self.seqused_k.as_deref(),
+            block_table: self.block_table.as_deref(),
+            alibi_slopes: self.alibi_slopes.as_deref(),
+        }
+    }
+}
+
+/// The slopes ALiBi's authors give for `heads` heads, `2^(-8 (h + 1) / heads)` for a power of
+/// two (the usual choice; other head counts interleave two such series, as models do).
+pub fn alibi_standard_slopes(heads: usize) -> Vec<f32> {
+    if heads == 0 {
+        return vec![];
+    }
+    let series = |n: usize| (0..n).map(move |h| 2f32.powf(-8.0 * (h + 1) as f32 / n as f32));
+    let pow2 = 1usize << heads.max(1).ilog2();
+    series(pow2).chain(series(2 * pow2).step_by(2).take(heads - pow2)).collect()
+}
+
+/// Cumulative offsets of `lens`, from 0.
+fn offsets(lens: &[usize]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |sum, &n| {
+            *sum += n as i32;
+            Some(*sum)
+        }))
+        .collect()
+}
+
+/// How [`batch_of`] stores the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyStore {
+    /// Packed back to back ([`KvRows::Packed`]).
+    Packed,
+    /// In a paged cache of `page_size`-key pages ([`KvRows::Paged`]), handed out in an order
+    /// shuffled by `seed`, with as many spare pages as used ones: pages are neither contiguous nor
+    /// ordered, as in a cache that has lived a while.
+    Paged {
+        /// Keys per page.
+        page_size: usize,
+        /// Seed of the page order.
+        seed: u64,
+    },
+    /// Dense `[batch, seq_k]` rows, sequence `b` using `seqused_k[b]` of them.
+    DenseUsed,
+}
+
+/// A problem for sequences of `q_lens` queries and `k_lens` keys (the same count of each) in
+/// FlashAttention's layouts, and its extras: queries dense `[batch, seq, heads, head_dim]` when all
+/// `q_lens` are equal, else packed `[total, heads, head_dim]`; keys as `keys` says. `shape` gives
+/// the heads and head dim (its batch and lengths are replaced). No mask, no LSE: add them to the
+/// problem.
+pub fn batch_of(
+    shape: crate::Shape,
+    dtype: crate::DType,
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+) -> (Problem, OwnedExtras) {
+    use crate::{Layout, Strides, TensorStrides};
+    let batch = q_lens.len().min(k_lens.len()).max(1);
+    let d = shape.head_dim;
+    let seq_q = q_lens.iter().copied().max().unwrap_or(1).max(1);
+    let seq_k = k_lens.iter().copied().max().unwrap_or(1).max(1);
+    let shape = crate::Shape { batch, seq_q, seq_k, ..shape };
+    let mut extras = OwnedExtras::default();
+    let packed_rows = |heads: usize| Strides { batch: 0, head: d, seq: heads * d };
+    let (q_rows, q_strides) = if q_lens.iter().all(|&n| n == seq_q) {
+        (QueryRows::Dense, Layout::Bshd.strides(shape.heads_q, seq_q, d))
+    } else {
+        extras.cu_seqlens_q = Some(offsets(q_lens));
+        (QueryRows::Packed { total: q_lens.iter().sum::<usize>().max(1) }, packed_rows(shape.heads_q))
+    };
+    let used = || Some(k_lens.iter().map(|&n| n as i32).collect());
+    let (kv, kv_strides, keys_used) = match keys {
+        KeyStore::Packed => {
+            extras.cu_seqlens_k = Some(offsets(k_lens));
+            (
+                KvRows::Packed { total: k_lens.iter().sum::<usize>().max(1) },
+                packed_rows(shape.heads_kv),
+                false,
+            )
+        }
+        KeyStore::DenseUsed => {
+            extras.seqused_k = used();
+            (KvRows::Dense, Layout::Bshd.strides(shape.heads_kv, seq_k, d), true)
+        }
+        KeyStore::Paged { page_size, seed } => {
+            let page_size = page_size.max(1);
+            let pages_per_seq = seq_k.div_ceil(page_size);
+            let pages = 2 * batch * pages_per_seq;
+            let mut order: Vec<i32> = (0..pages as i32).collect();
+            let mut rng = crate::rng::SplitMix64::new(seed);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            extras.block_table = Some(order[..batch * pages_per_seq].to_vec());
+            extras.seqused_k = used();
+            let strides = Strides { batch: page_size * shape.heads_kv * d, head: d, seq: shape.heads_kv * d };
+            (KvRows::Paged { page_size, pages, pages_per_seq }, strides, true)
+        }
+    };
+    let problem = Problem::new(shape, dtype)
+        .with_strides(TensorStrides { q: q_strides, k: kv_strides, v: kv_strides, o: q_strides })
+        .with_batching(Batching { q: q_rows, kv, keys_used });
+    (problem, extras)
+}
+
 impl Problem {
     /// Checks that `extras` holds exactly the arrays this problem's layout and parameters ask
     /// for, of the right lengths, with indices in range: offsets that start at 0 and never
@@ -477,6 +606,17 @@ mod tests {
         // A cache too small for seq_k is refused before any data is read.
         let small = example(KvRows::Paged { page_size: 2, pages: 3, pages_per_seq: 2 });
         assert!(small.validate().unwrap_err().to_string().contains("at most pages_per_seq * page_size"));
+    }
+
+    #[test]
+    fn standard_slopes_follow_the_alibi_schedule() {
+        assert_eq!(alibi_standard_slopes(8), (1..=8).map(|h| 0.5f32.powi(h)).collect::<Vec<_>>());
+        // 12 heads: the 8-head series, then every other slope of the 16-head one.
+        let twelve = alibi_standard_slopes(12);
+        assert_eq!(twelve.len(), 12);
+        assert_eq!(twelve[8], 2f32.powf(-0.5));
+        assert_eq!(twelve[11], 2f32.powf(-3.5));
+        assert!(alibi_standard_slopes(0).is_empty());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Verification cases: a problem, a family, and how its inputs are drawn.
 
 use attn_core::rng::SplitMix64;
-use attn_core::{Buffer, Extras, Inputs, Problem};
+use attn_core::sequences::OwnedExtras;
+use attn_core::{Buffer, Inputs, Problem};
 
 /// How the inputs of a case are drawn. Never all zeros: zeros hide unwritten outputs and wrong
 /// indexing.
@@ -37,34 +38,6 @@ pub struct Case {
     pub seed: u64,
     /// The indices and slopes the problem needs (packed offsets, block table, ALiBi slopes).
     pub extras: OwnedExtras,
-}
-
-/// The owned arrays behind [`attn_core::Extras`], each present when the case's problem needs it.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct OwnedExtras {
-    /// `[batch + 1]` query offsets.
-    pub cu_seqlens_q: Option<Vec<i32>>,
-    /// `[batch + 1]` key offsets.
-    pub cu_seqlens_k: Option<Vec<i32>>,
-    /// `[batch]` keys used.
-    pub seqused_k: Option<Vec<i32>>,
-    /// `[batch, pages_per_seq]` pages.
-    pub block_table: Option<Vec<i32>>,
-    /// ALiBi slopes.
-    pub alibi_slopes: Option<Vec<f32>>,
-}
-
-impl OwnedExtras {
-    /// Borrowed, as inputs carry them.
-    pub fn borrow(&self) -> Extras<'_> {
-        Extras {
-            cu_seqlens_q: self.cu_seqlens_q.as_deref(),
-            cu_seqlens_k: self.cu_seqlens_k.as_deref(),
-            seqused_k: self.seqused_k.as_deref(),
-            block_table: self.block_table.as_deref(),
-            alibi_slopes: self.alibi_slopes.as_deref(),
-        }
-    }
 }
 
 impl Case {

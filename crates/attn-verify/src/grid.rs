@@ -1,8 +1,8 @@
 //! The case grids: `quick` (sub-minute, in every `cargo xtask test`) and `full`.
 
-use crate::case::{Case, Distribution, OwnedExtras};
-use attn_core::rng::SplitMix64;
-use attn_core::{Alibi, Batching, DType, KvRows, Layout, Problem, QueryRows, Shape, Strides, TensorStrides};
+use crate::case::{Case, Distribution};
+use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
+use attn_core::{Alibi, DType, Layout, Problem, Shape, Strides, TensorStrides};
 
 fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
     with_extras(family, tag, problem, OwnedExtras::default(), dist, seed)
@@ -43,94 +43,24 @@ fn alibi(mut c: Case, per_batch: bool) -> Case {
     c
 }
 
-/// Cumulative offsets of `lens`, from 0.
-fn offsets(lens: &[usize]) -> Vec<i32> {
-    std::iter::once(0)
-        .chain(lens.iter().scan(0, |sum, &n| {
-            *sum += n as i32;
-            Some(*sum)
-        }))
-        .collect()
-}
-
-/// How the keys of a [`sequences`] problem are stored.
-#[derive(Clone, Copy)]
-enum Keys {
-    /// Packed back to back.
-    Packed,
-    /// In a paged cache of pages of this size, in shuffled order, with spare pages between.
-    Paged(usize),
-    /// Dense `[batch, seq_k]` rows, each sequence using `seqused_k[b]` of them.
-    DenseUsed,
-}
-
-/// A batch of sequences of `q_lens` queries and `k_lens` keys, queries packed (FlashAttention's
-/// `[total, heads, head_dim]`) unless `q_lens` are all equal and the keys are a cache, keys as
-/// `keys` says.
-fn sequences(
-    shape: Shape,
-    dtype: DType,
-    q_lens: &[usize],
-    k_lens: &[usize],
-    keys: Keys,
-    seed: u64,
-) -> (Problem, OwnedExtras) {
-    assert_eq!(q_lens.len(), k_lens.len());
-    let batch = q_lens.len();
-    let d = shape.head_dim;
-    let seq_q = q_lens.iter().copied().max().unwrap_or(1).max(1);
-    let seq_k = k_lens.iter().copied().max().unwrap_or(1).max(1);
-    let shape = Shape { batch, seq_q, seq_k, ..shape };
-    let mut extras = OwnedExtras::default();
-    let packed_rows = |heads: usize| Strides { batch: 0, head: d, seq: heads * d };
-    let q_total: usize = q_lens.iter().sum();
-    let (q_rows, q_strides) = if q_lens.iter().all(|&n| n == seq_q) {
-        (QueryRows::Dense, Layout::Bshd.strides(shape.heads_q, seq_q, d))
-    } else {
-        extras.cu_seqlens_q = Some(offsets(q_lens));
-        (QueryRows::Packed { total: q_total.max(1) }, packed_rows(shape.heads_q))
-    };
-    let (kv, kv_strides, keys_used) = match keys {
-        Keys::Packed => {
-            extras.cu_seqlens_k = Some(offsets(k_lens));
-            (
-                KvRows::Packed { total: k_lens.iter().sum::<usize>().max(1) },
-                packed_rows(shape.heads_kv),
-                false,
-            )
-        }
-        Keys::DenseUsed => {
-            extras.seqused_k = Some(k_lens.iter().map(|&n| n as i32).collect());
-            (KvRows::Dense, Layout::Bshd.strides(shape.heads_kv, seq_k, d), true)
-        }
-        Keys::Paged(page_size) => {
-            let pages_per_seq = seq_k.div_ceil(page_size);
-            // Twice the pages needed, handed out in a shuffled order: pages are neither
-            // contiguous nor ordered, and some are never used.
-            let pages = 2 * batch * pages_per_seq;
-            let mut order: Vec<i32> = (0..pages as i32).collect();
-            let mut rng = SplitMix64::new(seed);
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i + 1));
-            }
-            extras.block_table = Some(order[..batch * pages_per_seq].to_vec());
-            extras.seqused_k = Some(k_lens.iter().map(|&n| n as i32).collect());
-            let strides = Strides { batch: page_size * shape.heads_kv * d, head: d, seq: shape.heads_kv * d };
-            (KvRows::Paged { page_size, pages, pages_per_seq }, strides, true)
-        }
-    };
-    let problem = p(shape, dtype)
-        .with_strides(TensorStrides { q: q_strides, k: kv_strides, v: kv_strides, o: q_strides })
-        .with_batching(Batching { q: q_rows, kv, keys_used });
-    (problem, extras)
-}
-
 fn p(shape: Shape, dtype: DType) -> Problem {
     Problem::new(shape, dtype).with_lse(true)
 }
 
 fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
     Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
+}
+
+/// [`batch_of`] with the LSE asked for, as every case does.
+fn seqs(
+    shape: Shape,
+    dtype: DType,
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+) -> (Problem, OwnedExtras) {
+    let (problem, extras) = batch_of(shape, dtype, q_lens, k_lens, keys);
+    (problem.with_lse(true), extras)
 }
 
 /// Views into buffers whose rows and heads are padded: outputs have gaps that must stay
@@ -282,19 +212,20 @@ pub fn quick() -> Vec<Case> {
     let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
     let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 64) };
     for (dtype, causal, seed) in [(F32, true, 170), (Bf16, false, 171)] {
-        let (mut problem, extras) = sequences(gqa, dtype, &q_lens, &k_lens, Keys::Packed, seed);
+        let (mut problem, extras) = seqs(gqa, dtype, &q_lens, &k_lens, KeyStore::Packed);
         if causal {
             problem = problem.causal();
         }
         v.push(with_extras("varlen", "b5-hq4hkv2", problem, extras, OneHotPeaked, seed));
     }
-    let (problem, extras) = sequences(Shape::new(1, 2, 1, 32), F16, &q_lens, &k_lens, Keys::Packed, 172);
+    let (problem, extras) = seqs(Shape::new(1, 2, 1, 32), F16, &q_lens, &k_lens, KeyStore::Packed);
     let windowed = problem.with_window(Some(6), Some(2)).with_softcap(8.0);
     v.push(alibi(with_extras("varlen", "b5-window-cap", windowed, extras, Normal, 172), true));
     // A paged cache: pages shuffled, sequences filling them partly; decode and a prefill chunk.
     for (page, sq, dtype, seed) in [(16, 1, Bf16, 180), (16, 4, F32, 181), (64, 9, F16, 182)] {
         let k_lens = [37, 1, 130, 64];
-        let (problem, extras) = sequences(gqa, dtype, &[sq; 4], &k_lens, Keys::Paged(page), seed);
+        let (problem, extras) =
+            seqs(gqa, dtype, &[sq; 4], &k_lens, KeyStore::Paged { page_size: page, seed });
         v.push(with_extras(
             "paged",
             &format!("page{page}-sq{sq}"),
@@ -304,7 +235,8 @@ pub fn quick() -> Vec<Case> {
             seed,
         ));
     }
-    let (problem, extras) = sequences(gqa, Bf16, &[3, 1, 8], &[50, 7, 90], Keys::Paged(16), 183);
+    let (problem, extras) =
+        seqs(gqa, Bf16, &[3, 1, 8], &[50, 7, 90], KeyStore::Paged { page_size: 16, seed: 183 });
     v.push(alibi(
         with_extras(
             "paged",
@@ -317,7 +249,7 @@ pub fn quick() -> Vec<Case> {
         false,
     ));
     // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
-    let (problem, extras) = sequences(gqa, Bf16, &[2; 3], &[10, 100, 1], Keys::DenseUsed, 190);
+    let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
     v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
     v.extend([
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
