@@ -1,6 +1,7 @@
 //! The case grids: `quick` (sub-minute, in every `cargo xtask test`) and `full`.
 
 use crate::case::{Case, Distribution};
+use attn_core::rng::SplitMix64;
 use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
 use attn_core::{Alibi, DType, Layout, Problem, Shape, Strides, TensorStrides};
 
@@ -298,6 +299,16 @@ pub fn full() -> Vec<Case> {
                 ));
             }
         }
+        // A varlen prefill of 12 sequences of 1..=1100 tokens, and decode from a paged cache
+        // of 256-key pages holding up to 9000 keys, both under GQA.
+        let mut rng = SplitMix64::new(seed);
+        let lens: Vec<usize> = (0..12).map(|_| 1 + rng.below(1100)).collect();
+        let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 128) };
+        let (varlen, extras) = seqs(gqa, dtype, &lens, &lens, KeyStore::Packed);
+        v.push(with_extras("varlen", "b12-s1100", varlen.causal(), extras, Distribution::Normal, seed));
+        let keys: Vec<usize> = (0..6).map(|_| 1 + rng.below(9000)).collect();
+        let (paged, extras) = seqs(gqa, dtype, &[1; 6], &keys, KeyStore::Paged { page_size: 256, seed });
+        v.push(with_extras("paged", "b6-sk9000-page256", paged, extras, Distribution::Normal, seed));
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
         v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));
