@@ -40,6 +40,7 @@ pub mod dtype;
 pub mod error;
 pub mod host;
 pub mod knobs;
+pub mod kv_cache;
 pub mod plan;
 pub mod problem;
 pub mod rng;
@@ -51,6 +52,7 @@ pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics,
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use knobs::Knob;
+pub use kv_cache::{NewKv, append_kv};
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
 pub use sequences::{Alibi, Batching, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};
