@@ -26,8 +26,9 @@
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
 //!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]), ALiBi ([`flash_attn_alibi`]),
-//!   soft-capping ([`flash_attn_alibi_windowed_softcap`]) and packed variable-length batches
-//!   ([`flash_attn_varlen`]) run on CPU tensors so far (CUDA refuses them with a typed error);
+//!   soft-capping ([`flash_attn_alibi_windowed_softcap`]), packed variable-length batches
+//!   ([`flash_attn_varlen`]) and decoding against a dense or paged cache with in-place appends
+//!   ([`flash_attn_with_kvcache`]) run on CPU tensors so far (CUDA refuses them with a typed error);
 //!   and there is no
 //!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
 //!   from candle).
@@ -42,6 +43,9 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod kvcache;
+
+pub use kvcache::flash_attn_with_kvcache;
 
 /// `softmax(softmax_scale · q kᵀ + mask) v` for `[batch, seq, heads, head_dim]` tensors, with a
 /// bottom-right causal mask when `causal`; returns `[batch, seq_q, heads_q, head_dim]`, contiguous.
@@ -189,6 +193,8 @@ struct AttnOp {
     alibi: Option<Vec<f32>>,
     /// Packed sequences instead of a dense batch.
     varlen: Option<Varlen>,
+    /// Keys from a cache that each sequence fills partly, dense or paged.
+    cache: Option<kvcache::CacheIndex>,
     /// Whether to compute the LSE, and where the call leaves it for [`TakeLse`].
     with_lse: bool,
     lse: Arc<Mutex<Option<Lse>>>,
@@ -210,6 +216,7 @@ impl AttnOp {
             softcap: None,
             alibi: None,
             varlen: None,
+            cache: None,
             with_lse,
             lse: Arc::new(Mutex::new(None)),
         }
@@ -236,7 +243,9 @@ impl AttnOp {
         if l[2].dims() != l[1].dims() {
             return Err(msg(format!("attn: v's shape {:?} differs from k's {:?}", l[2].dims(), l[1].dims())));
         }
-        if bk != b || dk != d {
+        // A paged cache's first axis counts pages, not sequences.
+        let paged = self.cache.as_ref().is_some_and(|c| c.table.is_some());
+        if (bk != b && !paged) || dk != d {
             return Err(msg(format!(
                 "attn: k is {:?} but q is {:?}: batch and head_dim must agree",
                 l[1].dims(),
@@ -266,6 +275,14 @@ impl AttnOp {
         let tensor_strides =
             TensorStrides { q: strides(l[0], "q")?, k: strides(l[1], "k")?, v: strides(l[2], "v")?, o };
         let mut batching = attn_core::Batching::default();
+        if let Some(cache) = &self.cache {
+            batching.keys_used = true;
+            if let Some((_, pages_per_seq)) = cache.table {
+                // k is [pages, page_size, heads_kv, head_dim].
+                batching.kv = attn_core::KvRows::Paged { page_size: sk, pages: bk, pages_per_seq };
+                shape.seq_k = pages_per_seq * sk;
+            }
+        }
         if let Some(varlen) = &self.varlen {
             shape = AttnShape {
                 batch: varlen.cu_q.len().saturating_sub(1),
@@ -308,8 +325,9 @@ impl AttnOp {
         attn_core::Extras {
             cu_seqlens_q: self.varlen.as_ref().map(|v| v.cu_q.as_slice()),
             cu_seqlens_k: self.varlen.as_ref().map(|v| v.cu_k.as_slice()),
+            seqused_k: self.cache.as_ref().map(|c| c.seqused.as_slice()),
+            block_table: self.cache.as_ref().and_then(|c| c.table.as_ref()).map(|(t, _)| t.as_slice()),
             alibi_slopes: self.alibi.as_deref(),
-            ..Default::default()
         }
     }
 

@@ -281,3 +281,57 @@ fn alibi_matches_candles_attention_with_the_bias() {
     );
     assert!(bad.unwrap_err().to_string().contains("alibi_slopes"));
 }
+
+/// `flash_attn_with_kvcache`, dense and paged: new keys appended in place after each sequence's,
+/// then attention over exactly those keys, as `flash_attn` on each sequence's keys gathered alone.
+#[test]
+fn kvcache_appends_then_attends_like_each_sequence_alone() {
+    let (hk, d, page) = (2, 16, 4);
+    let used = [5usize, 0, 9];
+    let q = randn((3, 2, 4, d), DType::F32);
+    let (k_new, v_new) = (randn((3, 2, hk, d), DType::F32), randn((3, 2, hk, d), DType::F32));
+    let seqlens = Tensor::new(&[5u32, 0, 9], &Device::Cpu).unwrap();
+    for paged in [false, true] {
+        // Dense: [3, 12, hk, d]. Paged: 9 pages of 4, three per sequence, shuffled.
+        let table = [[4u32, 0, 7], [2, 8, 5], [1, 6, 3]];
+        let (k_cache, v_cache) = match paged {
+            false => (randn((3, 12, hk, d), DType::F32), randn((3, 12, hk, d), DType::F32)),
+            true => (randn((9, page, hk, d), DType::F32), randn((9, page, hk, d), DType::F32)),
+        };
+        // Key j of sequence b, wherever the cache keeps it.
+        let row = |t: &Tensor, b: usize, j: usize| match paged {
+            false => t.i((b, j)).unwrap(),
+            true => t.i((table[b][j / page] as usize, j % page)).unwrap(),
+        };
+        let block_table = paged.then(|| Tensor::new(&table, &Device::Cpu).unwrap());
+        let o = attn_candle::flash_attn_with_kvcache(
+            &q,
+            &k_cache,
+            &v_cache,
+            Some(&k_new),
+            Some(&v_new),
+            &seqlens,
+            block_table.as_ref(),
+            0.25,
+            true,
+        )
+        .unwrap();
+        for (b, &n) in used.iter().enumerate() {
+            let gather =
+                |t: &Tensor| Tensor::stack(&(0..n + 2).map(|j| row(t, b, j)).collect::<Vec<_>>(), 0).unwrap();
+            let (kb, vb) = (gather(&k_cache), gather(&v_cache));
+            // The appended rows are the new ones.
+            assert_eq!(values(&kb.narrow(0, n, 2).unwrap()), values(&k_new.i(b).unwrap()));
+            let alone = attn_candle::flash_attn(
+                &q.i(b..b + 1).unwrap(),
+                &kb.unsqueeze(0).unwrap(),
+                &vb.unsqueeze(0).unwrap(),
+                0.25,
+                true,
+            )
+            .unwrap();
+            let got = o.i(b..b + 1).unwrap();
+            assert!(max_diff(&values(&got), &values(&alone)) < 1e-6, "paged {paged}, sequence {b}");
+        }
+    }
+}
