@@ -26,10 +26,14 @@
 //! `attn-candle`) sit on those calls.
 //!
 //! ## Contract
-//! For each batch `b`, query head `h` and query row `i`:
-//! `o[b,h,i,:] = Σ_j p_j v[b,g,j,:]`, `p = softmax_j(scale · q[b,h,i,:]·k[b,g,j,:])` over the keys
-//! `j` the [`Mask`] lets row `i` see, with `g = h / (heads_q / heads_kv)`. A row that sees no key
-//! has `o = 0` and `lse = -inf`. Causal masks align the diagonal bottom-right.
+//! For each sequence `b`, query head `h` and query row `i`:
+//! `o[b,h,i,:] = Σ_j p_j v[b,g,j,:]`, `p = softmax_j(s_j)` over the keys `j` the [`Mask`] lets row
+//! `i` see, with `g = h / (heads_q / heads_kv)` and the score
+//! `s_j = cap(scale · q[b,h,i,:]·k[b,g,j,:]) + alibi(b, h, i, j)`: `cap` the optional soft-cap
+//! ([`Params::softcap`]), `alibi` the optional linear bias ([`Params::alibi`],
+//! [`sequences::alibi_bias`]). A row that sees no key has `o = 0` and `lse = -inf`. Masks align
+//! the diagonal bottom-right, on each sequence's own lengths when the batch holds sequences of
+//! different lengths ([`sequences`]: packed rows, a paged cache, per-sequence key counts).
 //!
 //! ## Numerical promises
 //! Backends accumulate in f32 or wider and round the output once to the input dtype. How close
