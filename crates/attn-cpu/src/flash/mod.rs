@@ -13,14 +13,15 @@
 //! at run time, so one binary runs well on any x86-64. [`Flash::with_isa`] (`ATTN_CPU_ISA`)
 //! forces a variant (for tests and comparisons).
 
+mod decode;
 mod exp;
 mod gemm;
 mod pack;
 mod tile;
 
 use attn_core::{
-    Attention, Availability, DeviceKind, Element, Error, Execution, HostPrepared, Inputs, Outputs, Plan,
-    Prepared, Problem, Result, SeqMap, Tiles,
+    Attention, Availability, DeviceKind, Element, Error, Execution, HostPrepared, Inputs, Outputs, Payload,
+    Plan, Prepared, Problem, Result, SeqMap, Tiles,
 };
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -278,8 +279,6 @@ impl Flash {
                 // tiles may cross pages.
                 let paged = matches!(problem.batching.kv, attn_core::KvRows::Paged { .. });
                 let v_direct = <$t>::as_f32(v_in).filter(|_| dp == problem.shape.head_dim && !paged);
-                let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
-                let (kt, v) = &mut *packed;
                 let ctx = Ctx::<$t> {
                     problem,
                     map,
@@ -294,7 +293,14 @@ impl Flash {
                     dp,
                     pack: PackDims::new(problem, plan.tiles.block_n, dp, v_direct.is_some()),
                 };
-                self.install(|| run_all(&ctx, isa, kt, v));
+                match plan.payload.get::<Path>() {
+                    Some(Path::Decode) => self.install(|| run_decode(&ctx, isa, self.threads())),
+                    _ => {
+                        let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
+                        let (kt, v) = &mut *packed;
+                        self.install(|| run_all(&ctx, isa, kt, v));
+                    }
+                }
             }};
         }
         match problem.dtype {
@@ -375,6 +381,44 @@ impl<T> RowWriter<T> {
         // SAFETY: in bounds (asserted); exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
     }
+}
+
+/// Which loops a plan runs, recorded in its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Packed K/V, a task per (sequence, query head, query block).
+    Prefill,
+    /// A task per (sequence, kv head, key range), K/V read in place ([`decode`]).
+    Decode,
+}
+
+/// The decode path: every split in parallel, then the merge.
+fn run_decode<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa, threads: usize) {
+    let splits = decode::splits(ctx, threads);
+    let parts: Vec<decode::Part> = splits
+        .par_iter()
+        .map(|split| match isa {
+            // SAFETY: `isa` came from Isa::supported, which checked the CPU has these features.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { decode_avx512(ctx, split) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { decode_avx2(ctx, split) },
+            _ => decode::run_split::<T, gemm::Portable>(ctx, split),
+        })
+        .collect();
+    decode::write(ctx, &splits, parts);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+fn decode_avx512<T: CpuElement>(ctx: &Ctx<'_, T>, split: &decode::Split) -> decode::Part {
+    decode::run_split::<T, gemm::Avx512>(ctx, split)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_avx2<T: CpuElement>(ctx: &Ctx<'_, T>, split: &decode::Split) -> decode::Part {
+    decode::run_split::<T, gemm::Avx2>(ctx, split)
 }
 
 /// Packs K/V for as many kv heads as fit [`Flash::PACK_BUDGET`], runs their tasks, and repeats.
@@ -471,6 +515,15 @@ impl Attention for Flash {
             None => (Self::BLOCK_M_SMALL, Self::BLOCK_N),
         };
         let mut notes = vec![];
+        let path =
+            if self.tiles.is_none() && decode::applies(problem) { Path::Decode } else { Path::Prefill };
+        if path == Path::Decode {
+            notes.push(format!(
+                "decode: {} query rows per (sequence, kv head) in one task, K/V read in place, keys split \
+                 over tasks and merged by LSE",
+                s.seq_q * s.group_size()
+            ));
+        }
         if !s.head_dim.is_multiple_of(isa.nr()) {
             notes.push(format!(
                 "head_dim {} padded to {} for the {}-wide micro-kernel",
@@ -482,22 +535,32 @@ impl Attention for Flash {
         Ok(Plan {
             backend: self.name().into(),
             kernel: format!(
-                "cpu-flash {} d{} bm{} bn{}{}",
+                "cpu-flash{} {} d{} bm{} bn{}{}",
+                if path == Path::Decode { " decode" } else { "" },
                 problem.dtype,
                 s.head_dim,
-                block_m,
+                if path == Path::Decode { s.seq_q * s.group_size() } else { block_m },
                 block_n,
                 if problem.is_causal() { " causal" } else { "" }
             ),
             problem: *problem,
-            tiles: Tiles { block_m, block_n, stages: 1 },
+            tiles: match path {
+                Path::Decode => {
+                    Tiles { block_m: s.seq_q * s.group_size(), block_n: Self::BLOCK_N, stages: 1 }
+                }
+                Path::Prefill => Tiles { block_m, block_n, stages: 1 },
+            },
             execution: Execution::Cpu {
                 threads: self.threads(),
-                tasks: tasks(block_m),
+                tasks: match path {
+                    // At most; a sequence of fewer key tiles is cut into fewer parts.
+                    Path::Decode => decode::tasks(s, Self::BLOCK_N, self.threads()),
+                    Path::Prefill => tasks(block_m),
+                },
                 isa: isa.name().into(),
             },
             notes,
-            payload: Default::default(),
+            payload: Payload::new(path),
         })
     }
 

@@ -52,6 +52,56 @@ pub(crate) fn with_scratch<R>(dims: (usize, usize, usize, usize), f: impl FnOnce
     })
 }
 
+/// What the softmax of one row of a tile needs: the keys the row sees, and where ALiBi is on, its
+/// slope and the key on its diagonal.
+pub(crate) struct RowKeys {
+    /// Visible keys (absolute key indices).
+    pub keys: std::ops::Range<usize>,
+    /// `(slope, diagonal key)`: each score less `slope · |diagonal - j|`
+    /// (`attn_core::sequences::alibi_bias`).
+    pub alibi: Option<(f32, i64)>,
+}
+
+/// Takes one key tile's scores into the rows' online softmax: `s` holds `stats.len()` rows of
+/// `bn` scaled scores for keys `j0..j0 + bn` (`cols` of them real); each row's keys outside what
+/// it sees become `-inf`, the rest are soft-capped and biased, the row's running max and sum move
+/// on (`factors` gets the factor each row's accumulated output must be scaled by) and `s` ends as
+/// the unnormalised probabilities for `P·V`.
+#[inline(always)]
+pub(crate) fn softmax_tile<K: Kernel>(
+    s: &mut [f32],
+    (j0, bn, cols): (usize, usize, usize),
+    row_keys: impl Fn(usize) -> RowKeys,
+    softcap: Option<f32>,
+    stats: &mut [RowStats],
+    factors: &mut [f32],
+) {
+    // In two passes over the rows, so that each pass's rows are independent of each other and
+    // the core overlaps one row's reductions (dependent chains) with the next row's.
+    for (r, (row, (stats, factor))) in
+        s.chunks_exact_mut(bn).zip(stats.iter_mut().zip(factors.iter_mut())).enumerate()
+    {
+        let RowKeys { keys, alibi } = row_keys(r);
+        let hi = keys.end.saturating_sub(j0).min(cols);
+        let lo = keys.start.saturating_sub(j0).min(hi);
+        row[..lo].fill(f32::NEG_INFINITY);
+        row[hi..].fill(f32::NEG_INFINITY);
+        if let Some(cap) = softcap {
+            row[lo..hi].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
+        if let Some((slope, diagonal)) = alibi {
+            let first = j0 as i64 + lo as i64 - diagonal;
+            for (c, x) in row[lo..hi].iter_mut().enumerate() {
+                *x -= slope * (first + c as i64).unsigned_abs() as f32;
+            }
+        }
+        *factor = stats.rescale_to_with(max(&row[lo..hi]), exp::<K::Madd>);
+    }
+    for (row, stats) in s.chunks_exact_mut(bn).zip(stats.iter_mut()) {
+        stats.sum += exp_sub_sum::<K::Madd>(row, stats.exp_offset());
+    }
+}
+
 /// Computes the output rows (and LSE) of `task`.
 #[inline(always)]
 pub(crate) fn run_task<T: CpuElement, K: Kernel>(
@@ -108,29 +158,18 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
 
         gemm::<K>(m, bn, d, &sc.q, d, kt, bn, &mut sc.s, bn, Accumulate::Overwrite);
 
-        // In two passes over the rows, so that each pass's rows are independent of each other
-        // and the core overlaps one row's reductions (dependent chains) with the next row's.
-        for r in 0..m {
-            let row = &mut sc.s[r * bn..(r + 1) * bn];
-            let keys = visible(r);
-            let hi = keys.end.saturating_sub(j0).min(cols);
-            let lo = keys.start.saturating_sub(j0).min(hi);
-            row[..lo].fill(f32::NEG_INFINITY);
-            row[hi..].fill(f32::NEG_INFINITY);
-            if let Some(cap) = softcap {
-                row[lo..hi].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-            }
-            if let Some(slope) = slope.filter(|_| r < rows) {
-                let first = j0 as i64 + lo as i64 - diagonal(r);
-                for (c, x) in row[lo..hi].iter_mut().enumerate() {
-                    *x -= slope * (first + c as i64).unsigned_abs() as f32;
-                }
-            }
-            sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[lo..hi]), exp::<K::Madd>);
-        }
-        for (row, stats) in sc.s.chunks_exact_mut(bn).zip(&mut sc.stats[..m]) {
-            stats.sum += exp_sub_sum::<K::Madd>(row, stats.exp_offset());
-        }
+        let row = |r: usize| RowKeys {
+            keys: visible(r),
+            alibi: slope.filter(|_| r < rows).map(|m| (m, diagonal(r))),
+        };
+        softmax_tile::<K>(
+            &mut sc.s[..m * bn],
+            (j0, bn, cols),
+            row,
+            softcap,
+            &mut sc.stats[..m],
+            &mut sc.factors[..m],
+        );
 
         gemm::<K>(m, dp, v_rows, &sc.s, bn, v, ldv, &mut sc.o, dp, Accumulate::ScaleRows(&sc.factors));
     }
