@@ -257,7 +257,7 @@ pub struct Params {
     /// ([`crate::Extras::alibi_slopes`]) in the shape this names; `None`: no bias.
     pub alibi: Option<Alibi>,
     /// Whether to write the log-sum-exp of each row's scaled scores (f32, `[batch, heads_q,
-    /// seq_q]` contiguous, natural log). Training needs it for the backward pass, split-KV needs
+    /// seq_q]` contiguous, or `[heads_q, total]` for packed queries; natural log). Training needs it for the backward pass, split-KV needs
     /// it to merge partial results.
     pub return_lse: bool,
 }
@@ -435,6 +435,9 @@ impl Problem {
     /// The halving applies to the square causal case, as the convention has it; under any other
     /// mask (a causal one with `seq_q != seq_k`, a window) the FLOPs are counted over the
     /// (query, key) pairs the mask lets through.
+    ///
+    /// The sizes are the shape's: for sequences of different lengths ([`Batching`]) that is the
+    /// longest of each; [`crate::SeqMap::flops`] counts each sequence's own pairs.
     pub fn flops(&self) -> f64 {
         let s = self.shape;
         let per_pair = 4.0 * (s.batch * s.heads_q) as f64 * s.head_dim as f64;
