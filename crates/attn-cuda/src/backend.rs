@@ -3,6 +3,7 @@
 
 use crate::ampere::{self, launch::KernelParams};
 use crate::compile::{Arch, CompileRequest, compile_cached};
+use crate::decode;
 use crate::hopper::{self, launch::Bound, split::Split};
 use crate::options::{Family, Options};
 use crate::runtime::{Gpu, Lead, driver};
@@ -26,6 +27,8 @@ pub(crate) enum Kernel {
     Ampere(ampere::Variant),
     /// With how its launch deals out the work.
     Hopper(hopper::Variant, Split),
+    /// With how its launch cuts the rows and keys.
+    Decode(decode::Variant, decode::Split),
 }
 
 /// What `plan` chose, carried in [`Plan::payload`] so that `prepare` (and the device-resident
@@ -50,6 +53,7 @@ impl Kernel {
         match self {
             Kernel::Ampere(v) => v.name(),
             Kernel::Hopper(v, _) => v.name(),
+            Kernel::Decode(v, _) => v.name(),
         }
     }
 
@@ -58,6 +62,7 @@ impl Kernel {
         match self {
             Kernel::Ampere(_) => "attn_fwd",
             Kernel::Hopper(..) => "attn_fwd_sm90",
+            Kernel::Decode(..) => "attn_decode",
         }
     }
 
@@ -66,6 +71,7 @@ impl Kernel {
         match self {
             Kernel::Ampere(v) => v.request(arch),
             Kernel::Hopper(v, _) => v.request(),
+            Kernel::Decode(v, _) => v.request(arch),
         }
     }
 
@@ -73,6 +79,7 @@ impl Kernel {
         match self {
             Kernel::Ampere(v) => v.shared_bytes(),
             Kernel::Hopper(v, _) => v.shared_bytes(),
+            Kernel::Decode(v, _) => v.shared_bytes(),
         }
     }
 }
@@ -83,6 +90,8 @@ enum Choice {
     Hopper(hopper::Variant, Launch, Split),
     /// The Ampere/Ada kernel, and why where the device would otherwise take the Hopper one.
     Ampere(Option<String>),
+    /// The decode kernel, already chosen, with its launch, its cut and the planner's notes.
+    Decode(decode::Variant, Launch, decode::Split, Vec<String>),
 }
 
 /// What a family's planner decided: the kernel, its launch, what the plan says about it, and
@@ -176,6 +185,19 @@ impl Cuda {
     fn choose_family(&self, gpu: &Gpu, problem: &Problem) -> Result<Choice> {
         let info = gpu.info();
         let (asked, sm90) = (self.options.family, &self.options.hopper);
+        // The decode family first, on every architecture, for short query lengths; forced, it
+        // runs or fails, and a forced other family (or ATTN_CUDA_DECODE=off) skips it.
+        let decode_allowed = self.options.decode != Some(false) && !sm90.any();
+        if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
+            let splits = self.options.decode_splits;
+            match decode::plan::choose(problem, &info.limits, info.sm_count, splits) {
+                Ok((variant, launch, split, notes)) => {
+                    return Ok(Choice::Decode(variant, launch, split, notes));
+                }
+                Err(e) if asked == Some(Family::Decode) => return Err(e),
+                Err(_) => {}
+            }
+        }
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
@@ -250,23 +272,52 @@ impl Cuda {
         let workspace = split.workspace(&variant);
         Ok(Planned { kernel, launch, notes, tiles, workspace })
     }
+    /// The plan of the decode family, for the variant and launch it chose.
+    fn plan_decode(
+        &self,
+        gpu: &Gpu,
+        variant: decode::Variant,
+        launch: Launch,
+        split: decode::Split,
+        mut notes: Vec<String>,
+    ) -> Result<Planned> {
+        let kernel = Kernel::Decode(variant, split);
+        let launch = self.compiled(gpu, &kernel, launch)?;
+        notes.push(match launch.registers_per_thread {
+            Some(registers) => {
+                format!("{registers} registers per thread, {} threads per CTA", variant.threads())
+            }
+            None => "registers per thread unknown: ptxas's report was missing from the NVRTC log".into(),
+        });
+        let tiles =
+            Tiles { block_m: variant.block_m(), block_n: variant.block_n, stages: variant.stages as usize };
+        let workspace = split.workspace(&variant);
+        Ok(Planned { kernel, launch, notes, tiles, workspace })
+    }
+
     /// The plan of `problem` on `gpu`. Where `host_buffers`, the host-copy path will allocate the
     /// tensors on the device, so they must fit its free memory now; the device-resident calls
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
-        problem.require_plain_scores("cuda")?;
-        let Planned { kernel, launch, mut notes, tiles, workspace } =
-            match self.choose_family(gpu, problem)? {
-                Choice::Hopper(variant, launch, split) => {
-                    self.plan_hopper(gpu, problem, variant, launch, split)?
-                }
-                Choice::Ampere(why) => {
-                    let mut planned = self.plan_ampere(gpu, problem)?;
-                    planned.notes.extend(why);
-                    planned
-                }
-            };
+        let choice = self.choose_family(gpu, problem)?;
+        // Windows and soft-caps: the decode family takes windows; the prefill families neither.
+        if !matches!(choice, Choice::Decode(..)) {
+            problem.require_plain_scores("cuda")?;
+        }
+        let Planned { kernel, launch, mut notes, tiles, workspace } = match choice {
+            Choice::Decode(variant, launch, split, notes) => {
+                self.plan_decode(gpu, variant, launch, split, notes)?
+            }
+            Choice::Hopper(variant, launch, split) => {
+                self.plan_hopper(gpu, problem, variant, launch, split)?
+            }
+            Choice::Ampere(why) => {
+                let mut planned = self.plan_ampere(gpu, problem)?;
+                planned.notes.extend(why);
+                planned
+            }
+        };
         let bytes = problem.bytes();
         if host_buffers {
             // The tensors must fit the device's free memory now: a typed error before anything is
@@ -367,6 +418,13 @@ impl Attention for Cuda {
                     trace,
                 )?))
             }
+            Kernel::Decode(v, split) => Params::Decode(Box::new(decode::launch::Bound::new(
+                tensors.pointers(),
+                stream,
+                problem,
+                v,
+                split,
+            )?)),
         };
         gpu.synchronize()?;
         let device_bytes = free_before.saturating_sub(free()?);
@@ -393,6 +451,7 @@ impl Attention for Cuda {
 enum Params {
     Ampere(KernelParams),
     Hopper(Box<Bound>),
+    Decode(Box<decode::launch::Bound>),
 }
 
 struct CudaPrepared {
@@ -415,6 +474,7 @@ impl CudaPrepared {
             match params {
                 Params::Ampere(p) => builder.arg(p),
                 Params::Hopper(bound) => builder.arg(&bound.params),
+                Params::Decode(bound) => builder.arg(&bound.params),
             };
             // SAFETY: the parameter block points at buffers owned by `self.tensors`, sized by
             // Problem::required_lens for the strides the kernel reads, and the launch is the

@@ -33,6 +33,7 @@
 
 use crate::ampere::launch::KernelParams;
 use crate::backend::{Chosen, Cuda, Kernel};
+use crate::decode::launch::DecodeParams;
 use crate::hopper::launch::{Sm90Params, Workspace};
 use crate::runtime::{Gpu, driver};
 use crate::tensors::DevicePointers;
@@ -394,8 +395,16 @@ impl Cuda {
             shared_mem_bytes: l.dynamic_shared_bytes,
         };
         let mut builder = stream.launch_builder(&function);
-        let (ampere, hopper);
+        let (ampere, hopper, decode);
         match kernel {
+            Kernel::Decode(variant, split) => {
+                let work = match split.splits > 1 {
+                    true => self.workspace(&gpu, stream, split.counters(), split.partial_floats(variant))?,
+                    false => Workspace { counters: 0, partials: 0 },
+                };
+                decode = DecodeParams::new(at, work, problem, variant, split);
+                builder.arg(&decode);
+            }
             Kernel::Ampere(_) => {
                 ampere = KernelParams::new(at, problem);
                 builder.arg(&ampere);

@@ -43,6 +43,7 @@
 pub mod ampere;
 mod backend;
 mod compile;
+pub mod decode;
 pub mod device;
 pub mod hopper;
 mod locate;

@@ -18,14 +18,32 @@ pub enum Family {
     Ampere,
     /// `kernels/flash_fwd_sm90.cu`: wgmma, TMA, mbarriers, warp specialization; sm_90 only.
     Hopper,
+    /// `kernels/decode.cu`: split-KV decode for short query lengths; sm_80 to sm_90.
+    Decode,
 }
 
 /// `ATTN_CUDA_FAMILY`.
 pub const FAMILY: Knob = Knob {
     name: "ATTN_CUDA_FAMILY",
-    allowed: "`ampere` | `hopper`",
-    default: "the Hopper family on compute capability 9.0 where it runs the problem (the plan says why where not), the Ampere/Ada family elsewhere",
-    purpose: "Forces one kernel family: the Ampere/Ada kernel on any device it runs on (Hopper too, to compare them), or the Hopper kernel, which then fails to plan what it cannot run instead of falling back.",
+    allowed: "`ampere` | `hopper` | `decode`",
+    default: "the decode family where a GQA group holds at most 64 query rows (heads_q / heads_kv x seq_q), else the Hopper family on compute capability 9.0 where it runs the problem (the plan says why where not), the Ampere/Ada family elsewhere",
+    purpose: "Forces one kernel family: the Ampere/Ada kernel on any device it runs on (Hopper too, to compare them), the Hopper kernel or the decode kernel, which then fail to plan what they cannot run instead of falling back.",
+};
+
+/// `ATTN_CUDA_DECODE`.
+pub const DECODE: Knob = Knob {
+    name: "ATTN_CUDA_DECODE",
+    allowed: "`on` | `off`",
+    default: "`on`: the decode family plans the problems it takes (short query lengths)",
+    purpose: "`off` leaves short query lengths to the prefill families, to time them against the decode kernel.",
+};
+
+/// `ATTN_CUDA_DECODE_SPLITS`.
+pub const DECODE_SPLITS: Knob = Knob {
+    name: "ATTN_CUDA_DECODE_SPLITS",
+    allowed: "`1`, `2`, ... (at most 128)",
+    default: "the fewest splits of the keys within 85% of the best wave efficiency (one where the batch and KV heads fill the device)",
+    purpose: "Forces the decode family's split count, to time others or verify the merge on a small problem.",
 };
 
 /// `ATTN_CUDA_RANK`.
@@ -119,6 +137,8 @@ pub const REQUIRE_CUDA: Knob = Knob {
 /// Every `ATTN_*` variable the crate reads (library, tests and examples), for `docs/tuning.md`.
 pub const KNOBS: &[Knob] = &[
     FAMILY,
+    DECODE,
+    DECODE_SPLITS,
     RANK,
     SM90_TILES,
     SM90_GRID,
@@ -142,6 +162,10 @@ pub struct Options {
     pub family: Option<Family>,
     /// [`RANK`]: a forced tile rank of the Ampere/Ada family.
     pub rank: Option<usize>,
+    /// [`DECODE`]: `Some(false)` leaves short query lengths to the prefill families.
+    pub decode: Option<bool>,
+    /// [`DECODE_SPLITS`]: a forced split count of the decode family.
+    pub decode_splits: Option<u32>,
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
@@ -163,7 +187,13 @@ impl Options {
             }
         };
         Ok(Options {
-            family: FAMILY.choice(&[("ampere", Family::Ampere), ("hopper", Family::Hopper)])?,
+            family: FAMILY.choice(&[
+                ("ampere", Family::Ampere),
+                ("hopper", Family::Hopper),
+                ("decode", Family::Decode),
+            ])?,
+            decode: DECODE.on_off()?,
+            decode_splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
             rank: RANK.parse(|r| r.parse().ok())?,
             hopper: hopper::Settings {
                 tiles: SM90_TILES.parse(tiles)?,
@@ -234,9 +264,14 @@ mod tests {
     #[test]
     fn a_value_that_cannot_be_read_names_the_variable() {
         // Only this test sets these variables; nothing else in this binary reads them.
-        for (knob, bad) in
-            [(SM90_GRID, "0"), (SM90_TILES, "128:x"), (TIMING_LEAD, "hold:"), (FAMILY, "volta")]
-        {
+        for (knob, bad) in [
+            (SM90_GRID, "0"),
+            (SM90_TILES, "128:x"),
+            (TIMING_LEAD, "hold:"),
+            (FAMILY, "volta"),
+            (DECODE_SPLITS, "0"),
+            (DECODE, "maybe"),
+        ] {
             // SAFETY: see above.
             unsafe { std::env::set_var(knob.name, bad) };
             let err = Options::from_env().unwrap_err();

@@ -1,12 +1,12 @@
 //! Every kernel specialisation the backend can choose compiles with NVRTC, with no warning, no
 //! spill, registers within the variant's budget and none of ptxas's notes on wgmma pipelines:
-//! the Ampere/Ada family for sm_80, sm_89 and sm_90a, the Hopper family for sm_90a; and the
+//! the Ampere/Ada and decode families for sm_80, sm_89 and sm_90a, the Hopper family for sm_90a; and the
 //! Hopper family's SASS (read with cuobjdump) has the shape its speed depends on. Runs on a
 //! machine without a GPU; CI requires NVRTC and cuobjdump (ATTN_REQUIRE_NVRTC=1), elsewhere each
 //! test is skipped by name when they are missing.
 
 use attn_cuda::options::{CUOBJDUMP, REQUIRE_NVRTC};
-use attn_cuda::{Arch, CompileRequest, Compiled, ampere, compile, hopper, nvrtc_available};
+use attn_cuda::{Arch, CompileRequest, Compiled, ampere, compile, decode, hopper, nvrtc_available};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -126,6 +126,25 @@ fn every_variant_compiles_without_spills_for_every_arch() {
             name: format!("{} {arch}", v.name()),
             request: v.request(arch),
             entry: "attn_fwd",
+            budget: v.register_budget(),
+        })
+        .collect();
+    assert_all_pass(&compile_all(jobs), check_resources);
+}
+
+/// The decode family, for every architecture it runs on: no spill, registers within 255.
+#[test]
+fn every_decode_variant_compiles_without_spills_for_every_arch() {
+    if !nvrtc_or_skip("every_decode_variant_compiles_without_spills_for_every_arch") {
+        return;
+    }
+    let jobs: Vec<Job> = decode::Variant::all()
+        .into_iter()
+        .flat_map(|v| [Arch::Sm80, Arch::Sm89, Arch::Sm90a].map(move |a| (v, a)))
+        .map(|(v, arch)| Job {
+            name: format!("{} {arch}", v.name()),
+            request: v.request(arch),
+            entry: "attn_decode",
             budget: v.register_budget(),
         })
         .collect();

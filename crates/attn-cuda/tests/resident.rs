@@ -27,6 +27,10 @@ fn problems() -> Vec<Problem> {
         let dtype = if i == 0 { DType::F16 } else { DType::Bf16 };
         all.push(Problem::new(Shape::new(1, 4, 200, d), dtype).causal().with_lse(true));
     }
+    // Decode rows (the decode family, several splits: its workspace): causal with 4 queries at
+    // D = 64 in f16, then the bf16 row the tests below take as the last.
+    let causal = Shape { heads_kv: 2, seq_q: 4, seq_k: 3001, ..Shape::new(2, 8, 1, 64) };
+    all.push(Problem::new(causal, DType::F16).causal().with_lse(true));
     let decode = Shape { seq_q: 1, seq_k: 4000, ..Shape::new(1, 8, 1, 128) };
     all.push(Problem::new(Shape { heads_kv: 2, ..decode }, DType::Bf16).with_lse(true));
     all
@@ -202,6 +206,9 @@ fn the_device_path_gives_the_host_paths_bits() {
     same_bits(&cuda, "default family");
     let ampere = Options { family: Some(Family::Ampere), ..Options::default() };
     same_bits(&Cuda::with_options(ampere), "ampere family");
+    // The decode rows on the prefill families (on Hopper its split tail: counters and partials).
+    let prefill = Options { decode: Some(false), ..Options::default() };
+    same_bits(&Cuda::with_options(prefill), "decode family off");
 }
 
 /// 8 threads, each with 2 streams of its own on one context, calling at once on their own
@@ -251,7 +258,7 @@ fn calls_take_no_device_memory() {
     let Some(cuda) = backend("calls_take_no_device_memory", Options::default()) else { return };
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
-    // The bf16 decode row (the Hopper family's split tail: counters and partial results).
+    // The bf16 decode row (the decode family's workspace: tickets and partial results).
     let p = *problems().last().unwrap();
     assert_eq!(p.dtype, DType::Bf16);
     let plan = cuda.plan_on(&ctx, &p).unwrap();

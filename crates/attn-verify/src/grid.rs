@@ -48,6 +48,11 @@ fn p(shape: Shape, dtype: DType) -> Problem {
     Problem::new(shape, dtype).with_lse(true)
 }
 
+/// A GQA shape: `hq` query heads over `hkv` K/V heads, `sq` queries, `sk` keys.
+fn gqa_shape(batch: usize, hq: usize, hkv: usize, sq: usize, sk: usize, d: usize) -> Shape {
+    Shape { heads_kv: hkv, seq_q: sq, seq_k: sk, ..Shape::new(batch, hq, 1, d) }
+}
+
 fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
     Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
 }
@@ -253,6 +258,28 @@ pub fn quick() -> Vec<Case> {
     let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
     v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
     v.extend([
+        // Decode: a few query rows per GQA group (the CUDA backend's split-KV family), with
+        // several splits, a causal mask whose last rows see more keys, two row blocks (64 rows),
+        // rows that see no key, a window, BSHD and padded views, D = 256 and a negative scale.
+        case("decode", "sq1-hq8hkv2-sk3000", p(gqa_shape(1, 8, 2, 1, 3000, 128), Bf16), Normal, 200),
+        case("decode", "sq4-hq8hkv2-sk777", p(gqa_shape(2, 8, 2, 4, 777, 64), F16).causal(), Normal, 201),
+        case("decode", "sq16-hq4hkv1-sk1500", p(gqa_shape(1, 4, 1, 16, 1500, 128), Bf16).causal(), Normal, 202),
+        case("decode", "sq8-sk5", p(gqa_shape(1, 4, 2, 8, 5, 64), Bf16).causal(), Normal, 203),
+        case(
+            "decode",
+            "sq3-sk5000-l700r0",
+            p(gqa_shape(1, 8, 2, 3, 5000, 128), Bf16).with_window(Some(700), Some(0)),
+            Normal,
+            204,
+        ),
+        case(
+            "decode",
+            "sq2-d256-bshd",
+            p(gqa_shape(2, 4, 2, 2, 900, 256), F16).with_layout(Layout::Bshd).with_scale(-0.07),
+            Normal,
+            205,
+        ),
+        case("decode", "sq1-padded-views", padded(p(gqa_shape(2, 8, 2, 1, 1000, 64), Bf16)), OneHotPeaked, 206),
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
         case(
@@ -309,6 +336,28 @@ pub fn full() -> Vec<Case> {
         let keys: Vec<usize> = (0..6).map(|_| 1 + rng.below(9000)).collect();
         let (paged, extras) = seqs(gqa, dtype, &[1; 6], &keys, KeyStore::Paged { page_size: 256, seed });
         v.push(with_extras("paged", "b6-sk9000-page256", paged, extras, Distribution::Normal, seed));
+        // Decode at the lengths users run: GQA 32:8 up to 32k keys, MHA at 128k, a window of 4k
+        // behind the diagonal at 64k, BSHD at D = 256.
+        if dtype != DType::F32 {
+            let rows = [
+                ("sq1-hq32hkv8-sk32768", p(gqa_shape(1, 32, 8, 1, 32_768, 128), dtype)),
+                ("sq4-hq32hkv8-sk33001", p(gqa_shape(1, 32, 8, 4, 33_001, 128), dtype).causal()),
+                ("sq16-hq8hkv2-sk32768", p(gqa_shape(1, 8, 2, 16, 32_768, 64), dtype).causal()),
+                ("sq1-hq4hkv4-sk131072", p(gqa_shape(1, 4, 4, 1, 131_072, 128), dtype)),
+                (
+                    "sq2-hq16hkv2-sk65536-l4096r0",
+                    p(gqa_shape(1, 16, 2, 2, 65_536, 128), dtype).with_window(Some(4096), Some(0)),
+                ),
+                (
+                    "b4-sq1-hq32hkv8-sk8192-d256-bshd",
+                    p(gqa_shape(4, 32, 8, 1, 8192, 256), dtype).with_layout(Layout::Bshd),
+                ),
+            ];
+            for (tag, problem) in rows {
+                seed += 1;
+                v.push(case("decode", tag, problem, Distribution::Normal, seed));
+            }
+        }
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
         v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));

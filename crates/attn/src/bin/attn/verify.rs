@@ -14,6 +14,9 @@ pub struct VerifyArgs {
     /// Only these backends (repeatable); default: every available one.
     #[arg(long)]
     backend: Vec<String>,
+    /// Only the cases of these families (repeatable; e.g. `decode`, `long-keys`); default: all.
+    #[arg(long)]
+    family: Vec<String>,
     /// Also run the deliberately broken test backends, to see each caught (they are expected to
     /// fail and do not change the exit code).
     #[arg(long)]
@@ -55,7 +58,13 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("backend `{wanted}` cannot be verified here: {why}").into());
         }
     }
-    let cases = if args.quick { grid::quick() } else { grid::full() };
+    let mut cases = if args.quick { grid::quick() } else { grid::full() };
+    if !args.family.is_empty() {
+        cases.retain(|c| args.family.iter().any(|f| f == c.family));
+        if cases.is_empty() {
+            return Err(format!("no case of the families {:?} in this grid", args.family).into());
+        }
+    }
     if !args.json {
         for (name, reason) in &skipped {
             eprintln!("skipped backend {name}: {reason}");

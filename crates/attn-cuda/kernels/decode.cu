@@ -1,0 +1,479 @@
+// Split-KV decode (flash-decoding) for short query lengths, on mma.sync (sm_80 and later).
+//
+// One CTA owns BM = 16 * MTILES query rows that read the same K/V head: the rows of a GQA group
+// (group * seq_q rows in all, head-major: row R is query R % seq_q of the group's head
+// R / seq_q), or a block of them where there are more than BM (`row_blocks`). The CTA reads
+// one split of the keys (flash-decoding: the keys are cut into `splits` runs of whole chunks,
+// one CTA each), so every K/V byte is read once per row block, not once per query head.
+//
+// Inside a CTA the WARPS warps take the split's chunks of BN keys in turn (warp w: chunks w,
+// w + WARPS, ...), each warp with its own STAGES-deep ring of cp.async copies (16 bytes a lane)
+// and its own online softmax over all BM rows: no block barrier in the key loop. Per chunk:
+//   S = Q K^T      mma.sync m16n8k16, Q from shared memory (ldmatrix), K (ldmatrix)
+//   online softmax in base 2, p = exp2(s * scale * log2(e) - max)
+//   O += P V       P from the S accumulators as A fragments, V by ldmatrix.trans
+// Shared-memory rows are padded to D + 8 elements, so that the 8 rows an ldmatrix phase reads
+// fall in distinct banks (no swizzle needed, any D that is a multiple of 16).
+//
+// Then the warps' results are merged through shared memory (in warp order), and:
+// - with one split, o and the LSE are written;
+// - with several, the split's normalised o (f32) and LSE go to the workspace, and the last CTA of
+//   the (batch, KV head, row block) to finish (an atomic ticket, reset to 0 by that CTA) merges
+//   all splits by log-sum-exp in split order (deterministic, whichever CTA is last): the math of
+//   attn-core's `softmax::merge`.
+//
+// Masks (ATTN_MASKED): a per-row window [i + shift - left, i + shift + right] with shift =
+// seq_k - seq_q (bottom-right); causal is left = unbounded, right = 0. The CTA walks only the
+// keys some of its rows see.
+//
+// Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_SHARED_BYTES (the
+// host's dynamic shared memory, checked against what this file computes). The host's plan
+// (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#if ATTN_BF16
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat162 elem2_t;
+#define MMA_T "bf16"
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+#else
+typedef __half elem_t;
+typedef __half2 elem2_t;
+#define MMA_T "f16"
+__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+#endif
+
+constexpr int D = ATTN_D;
+constexpr int DP = D + 8;  // padded shared-memory row, elements
+constexpr int MT = ATTN_MTILES;
+constexpr int BM = 16 * MT;
+constexpr int WARPS = ATTN_WARPS;
+constexpr int BN = ATTN_BN;
+constexpr int STAGES = ATTN_STAGES;
+constexpr bool MASKED = ATTN_MASKED;
+constexpr int THREADS = 32 * WARPS;
+constexpr int CPR = D / 8;  // 16-byte chunks per row
+#define NEG_INF __int_as_float(0xff800000)
+constexpr float RESCALE_SLACK = 8.f;
+constexpr float LN2 = 0.69314718055994531f;
+
+static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key chunk must be multiples of 16");
+static_assert(STAGES >= 1, "at least one stage");
+
+// Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
+// merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
+constexpr int Q_ELEMS = BM * DP;
+constexpr int CHUNK_ELEMS = BN * DP;
+constexpr int RING_ELEMS = STAGES * 2 * CHUNK_ELEMS;
+constexpr int KV_BYTES = (Q_ELEMS + WARPS * RING_ELEMS) * 2;
+constexpr int MERGE_BYTES = WARPS * BM * (D + 2) * 4;
+// The host's size (ATTN_SHARED_BYTES, `Variant::shared_bytes`) holds both.
+static_assert(ATTN_SHARED_BYTES >= KV_BYTES && ATTN_SHARED_BYTES >= MERGE_BYTES, "host and kernel disagree on shared memory");
+
+// Must match `DecodeParams` in crates/attn-cuda/src/decode/launch.rs field for field.
+struct Params {
+    const elem_t* q;
+    const elem_t* k;
+    const elem_t* v;
+    elem_t* o;
+    float* lse;          // null when not asked for
+    float* partial_o;    // [pairs][splits][BM][D], with several splits
+    float* partial_lse;  // [pairs][splits][BM]
+    unsigned* tickets;   // [pairs], zero before a launch and after it
+    long long q_sb, q_sh, q_ss;
+    long long k_sb, k_sh, k_ss;
+    long long v_sb, v_sh, v_ss;
+    long long o_sb, o_sh, o_ss;
+    int batch, heads_q, heads_kv, seq_q, seq_k;
+    int group;       // heads_q / heads_kv
+    int rows;        // group * seq_q
+    int row_blocks;  // ceil(rows / BM)
+    int splits;
+    int window_left, window_right;  // keys before / after the diagonal a row sees (masked only)
+    float scale_log2;               // softmax scale * log2(e)
+};
+
+// The element offset of key (or value) row `j` of KV head `g` of sequence `b`, in a tensor of
+// strides (sb, sh, ss). The one place a K/V row's address is formed: a paged cache replaces it
+// with a block-table lookup (page = table[b][j / page_size]) and nothing else changes.
+__device__ __forceinline__ long long kv_row(long long sb, long long sh, long long ss, int b, int g, int j) {
+    return (long long)b * sb + (long long)g * sh + (long long)j * ss;
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// One warp's copy of keys n0 .. n0 + BN into a chunk of its ring (K and V); keys at or past
+// `end` read as zeros (their scores are masked, and zero values keep P V finite).
+__device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* sv, int b, int g, int n0,
+                                           int end, int lane) {
+#pragma unroll
+    for (int it = 0; it < BN * CPR / 32; ++it) {
+        const int i = lane + it * 32;
+        const int r = i / CPR, c = i % CPR;
+        const int j = n0 + r;
+        const bool valid = j < end;
+        const int jj = valid ? j : 0;
+        const unsigned off = (r * DP + c * 8) * 2;
+        cp_async16(smem_u32(sk) + off, p.k + kv_row(p.k_sb, p.k_sh, p.k_ss, b, g, jj) + c * 8, valid);
+        cp_async16(smem_u32(sv) + off, p.v + kv_row(p.v_sb, p.v_sh, p.v_ss, b, g, jj) + c * 8, valid);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_constant__ Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    elem_t* sQ = reinterpret_cast<elem_t*>(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    elem_t* ring = sQ + Q_ELEMS + warp * RING_ELEMS;
+
+    const int split = blockIdx.x;
+    const int rb = blockIdx.y % p.row_blocks, g = blockIdx.y / p.row_blocks;
+    const int b = blockIdx.z;
+    const int pair = (b * p.heads_kv + g) * p.row_blocks + rb;
+    const int r0 = rb * BM;  // this block's first row of the group
+    const int shift = p.seq_k - p.seq_q;
+    const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
+
+    // Q: rows r0 .. r0 + BM of the group, zeros past its last; negated for a negative scale
+    // (scores are scaled inside the exponent by |scale|, see flash_fwd.cu).
+    const unsigned flip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+    for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = r0 + r;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (row < p.rows) {
+            const int h = g * p.group + row / p.seq_q, qi = row % p.seq_q;
+            x = *reinterpret_cast<const uint4*>(p.q + (long long)b * p.q_sb + (long long)h * p.q_sh +
+                                                (long long)qi * p.q_ss + c * 8);
+            x.x ^= flip, x.y ^= flip, x.z ^= flip, x.w ^= flip;
+        }
+        *reinterpret_cast<uint4*>(sQ + r * DP + c * 8) = x;
+    }
+
+    // The keys some row of the block sees: [lo, hi).
+    int lo = 0, hi = p.seq_k;
+    if (MASKED) {
+        const int last = min(p.rows, r0 + BM) - 1;
+        const bool one_head = r0 / p.seq_q == last / p.seq_q;
+        const int q_first = one_head ? r0 % p.seq_q : 0, q_last = one_head ? last % p.seq_q : p.seq_q - 1;
+        lo = max(0, q_first + shift - p.window_left);
+        hi = min(p.seq_k, max(0, q_last + shift + p.window_right + 1));
+    }
+    // This split's chunks of BN keys from lo, and this warp's share of them.
+    const int chunks = hi > lo ? (hi - lo + BN - 1) / BN : 0;
+    const int per_split = (chunks + p.splits - 1) / p.splits;
+    const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
+    const int mine = c_end - c_begin > warp ? (c_end - c_begin - warp + WARPS - 1) / WARPS : 0;
+
+    // This thread's rows (two per m-tile: lane / 4 and lane / 4 + 8) and the keys each sees.
+    int row_lo[MT][2], row_hi[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = r0 + t * 16 + lane / 4 + r * 8;
+            const int qi = row % p.seq_q;
+            row_lo[t][r] = MASKED ? qi + shift - p.window_left : 0;
+            row_hi[t][r] = MASKED ? qi + shift + p.window_right : p.seq_k - 1;
+            if (row >= p.rows) row_lo[t][r] = 1, row_hi[t][r] = 0;  // padding: sees nothing
+        }
+
+    float acc[MT][D / 8][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) acc[t][i][0] = acc[t][i][1] = acc[t][i][2] = acc[t][i][3] = 0.f;
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) row_max[t][0] = row_max[t][1] = NEG_INF, row_sum[t][0] = row_sum[t][1] = 0.f;
+
+    // ldmatrix addresses: Q's A fragments, K's (non-transposed) and V's (transposed) B fragments.
+    const unsigned q_addr = smem_u32(sQ) + ((lane & 15) * DP + (lane >> 4) * 8) * 2;
+    const unsigned k_off = (((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8) * 2;
+    const unsigned v_off = (((lane & 7) + (((lane >> 3) & 1) << 3)) * DP + (lane >> 4) * 8) * 2;
+
+    // Prologue: the first STAGES - 1 chunks (one commit group each, empty or not).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < mine) {
+            const int n0 = lo + (c_begin + warp + s * WARPS) * BN;
+            load_chunk(p, ring + s * 2 * CHUNK_ELEMS, ring + s * 2 * CHUNK_ELEMS + CHUNK_ELEMS, b, g, n0, hi,
+                       lane);
+        }
+        cp_commit();
+    }
+    __syncthreads();  // Q is in shared memory
+
+    for (int it = 0; it < mine; ++it) {
+        // Refill the stage chunk it - 1 used (every lane is past it) with chunk it + STAGES - 1.
+        __syncwarp();
+        if (it + STAGES - 1 < mine) {
+            const int s = (it + STAGES - 1) % STAGES;
+            const int n0 = lo + (c_begin + warp + (it + STAGES - 1) * WARPS) * BN;
+            load_chunk(p, ring + s * 2 * CHUNK_ELEMS, ring + s * 2 * CHUNK_ELEMS + CHUNK_ELEMS, b, g, n0, hi,
+                       lane);
+        }
+        cp_commit();
+        cp_wait<STAGES - 1>();  // chunk it has landed (for this lane) ...
+        __syncwarp();           // ... and for every lane of the warp
+        const int n0 = lo + (c_begin + warp + it * WARPS) * BN;
+        const unsigned sk = smem_u32(ring + (it % STAGES) * 2 * CHUNK_ELEMS);
+        const unsigned sv = sk + CHUNK_ELEMS * 2;
+
+        float s[MT][BN / 8][4];
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) ldsm_x4(q_addr + (t * 16 * DP + kk * 16) * 2, a[t]);
+#pragma unroll
+            for (int n2 = 0; n2 < BN / 16; ++n2) {
+                unsigned bk[4];
+                ldsm_x4(sk + k_off + (n2 * 16 * DP + kk * 16) * 2, bk);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma(s[t][2 * n2], a[t], bk[0], bk[1]);
+                    mma(s[t][2 * n2 + 1], a[t], bk[2], bk[3]);
+                }
+            }
+        }
+        if (MASKED || n0 + BN > hi) {
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                        if (col >= hi || col < row_lo[t][e >> 1] || col > row_hi[t][e >> 1]) s[t][nt][e] = NEG_INF;
+                    }
+        }
+        float new_max[MT][2];
+        bool grow = false;
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float m = NEG_INF;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt) m = fmaxf(m, fmaxf(s[t][nt][2 * r], s[t][nt][2 * r + 1]));
+                m = quad_max(m);
+                new_max[t][r] = fmaxf(row_max[t][r], m == NEG_INF ? NEG_INF : m * sl2);
+                grow |= new_max[t][r] > row_max[t][r] + RESCALE_SLACK;
+            }
+        if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float alpha =
+                        exp2_fast(row_max[t][r] - (new_max[t][r] == NEG_INF ? 0.f : new_max[t][r]));
+                    row_max[t][r] = new_max[t][r];
+                    row_sum[t][r] *= alpha;
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; ++dt) {
+                        acc[t][dt][2 * r] *= alpha;
+                        acc[t][dt][2 * r + 1] *= alpha;
+                    }
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+            const float base[2] = {row_max[t][0] == NEG_INF ? 0.f : row_max[t][0],
+                                   row_max[t][1] == NEG_INF ? 0.f : row_max[t][1]};
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], sl2, -base[e >> 1]));
+                    row_sum[t][e >> 1] += s[t][nt][e];
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                a[t][0] = as_u32(pack2(s[t][2 * kk][0], s[t][2 * kk][1]));
+                a[t][1] = as_u32(pack2(s[t][2 * kk][2], s[t][2 * kk][3]));
+                a[t][2] = as_u32(pack2(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]));
+                a[t][3] = as_u32(pack2(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]));
+            }
+#pragma unroll
+            for (int d2 = 0; d2 < D / 16; ++d2) {
+                unsigned bv[4];
+                ldsm_x4_trans(sv + v_off + (kk * 16 * DP + d2 * 16) * 2, bv);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma(acc[t][2 * d2], a[t], bv[0], bv[1]);
+                    mma(acc[t][2 * d2 + 1], a[t], bv[2], bv[3]);
+                }
+            }
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();  // every warp is done with its ring: shared memory becomes the merge area
+
+    // Each warp's unnormalised accumulators, running max (log2 units) and sum, per row.
+    float* m_acc = reinterpret_cast<float*>(smem);  // [WARPS][BM][D]
+    float* m_max = m_acc + WARPS * BM * D;          // [WARPS][BM]
+    float* m_sum = m_max + WARPS * BM;              // [WARPS][BM]
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = t * 16 + lane / 4 + r * 8;
+            const float sum = quad_sum(row_sum[t][r]);
+            if (lane % 4 == 0) {
+                m_max[warp * BM + row] = row_max[t][r];
+                m_sum[warp * BM + row] = sum;
+            }
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                const int col = dt * 8 + 2 * (lane % 4);
+                *reinterpret_cast<float2*>(m_acc + (warp * BM + row) * D + col) =
+                    make_float2(acc[t][dt][2 * r], acc[t][dt][2 * r + 1]);
+            }
+        }
+    __syncthreads();
+
+    // The warps merged in warp order: o = sum_w 2^(m_w - M) acc_w / L, L = sum_w 2^(m_w - M) l_w,
+    // lse = (M + log2 L) ln 2 (natural log of the scaled scores). A row that sees no key: o = 0,
+    // lse = -inf.
+    const int valid_rows = min(BM, p.rows - r0);
+    const bool direct = p.splits == 1;
+    const long long slot = (long long)pair * p.splits + split;
+    for (int i = threadIdx.x; i < valid_rows * (D / 4); i += THREADS) {
+        const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, m_max[w * BM + row]);
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+        if (mx != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float f = exp2f(m_max[w * BM + row] - mx);
+                l += f * m_sum[w * BM + row];
+                const float4 a = *reinterpret_cast<const float4*>(m_acc + (w * BM + row) * D + col);
+                o[0] += f * a.x, o[1] += f * a.y, o[2] += f * a.z, o[3] += f * a.w;
+            }
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse = l > 0.f ? (mx + log2f(l)) * LN2 : NEG_INF;
+        const int grow_ = r0 + row;
+        const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
+        if (direct) {
+            elem_t* out = p.o + (long long)b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
+            const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
+            *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
+            if (p.lse != nullptr && col == 0) p.lse[((long long)b * p.heads_q + h) * p.seq_q + qi] = lse;
+        } else {
+            *reinterpret_cast<float4*>(p.partial_o + (slot * BM + row) * D + col) =
+                make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+            if (col == 0) p.partial_lse[slot * BM + row] = lse;
+        }
+    }
+    if (direct) return;
+
+    // The ticket: the last CTA of this (batch, KV head, row block) merges every split.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(p.tickets + pair, 1u) == (unsigned)(p.splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+
+    // Per row, each split's weight exp(lse_s - lse) into shared memory (the merge area is free
+    // again: this CTA's own partials are in the workspace), and the row's LSE.
+    float* weight = reinterpret_cast<float*>(smem);  // [BM][splits]
+    const long long first = (long long)pair * p.splits;
+    for (int row = warp; row < valid_rows; row += WARPS) {
+        float mx = NEG_INF;
+        for (int s = lane; s < p.splits; s += 32) mx = fmaxf(mx, __ldcg(p.partial_lse + (first + s) * BM + row));
+#pragma unroll
+        for (int x = 16; x > 0; x /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, x));
+        float sum = 0.f;
+        for (int s = lane; s < p.splits; s += 32) {
+            const float l = __ldcg(p.partial_lse + (first + s) * BM + row);
+            const float w = mx == NEG_INF ? 0.f : expf(l - mx);
+            weight[row * p.splits + s] = w;
+            sum += w;
+        }
+#pragma unroll
+        for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffff, sum, x);
+        __syncwarp();
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int s = lane; s < p.splits; s += 32) weight[row * p.splits + s] *= inv;
+        if (lane == 0 && p.lse != nullptr) {
+            const int grow_ = r0 + row;
+            const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
+            p.lse[((long long)b * p.heads_q + h) * p.seq_q + qi] = sum > 0.f ? mx + logf(sum) : NEG_INF;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < valid_rows * (D / 4); i += THREADS) {
+        const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+        float o[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int s = 0; s < p.splits; ++s) {
+            const float w = weight[row * p.splits + s];
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(p.partial_o + ((first + s) * BM + row) * D + col));
+            o[0] += w * x.x, o[1] += w * x.y, o[2] += w * x.z, o[3] += w * x.w;
+        }
+        const int grow_ = r0 + row;
+        const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
+        elem_t* out = p.o + (long long)b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
+        *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(pack2(o[0], o[1])), as_u32(pack2(o[2], o[3])));
+    }
+    if (threadIdx.x == 0) p.tickets[pair] = 0;  // every split has taken its ticket: ready for the next launch
+}

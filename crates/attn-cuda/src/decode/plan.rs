@@ -1,0 +1,395 @@
+//! When the decode family runs a problem, with what variant, split count and launch, and whether
+//! it fits the device. Pure host logic, tested without a GPU against stated L4 and H100 limits.
+
+use super::variant::{Variant, WARPS};
+use crate::tensors::{check_alignment, check_supported};
+use attn_core::{DType, DeviceLimits, Error, Launch, Mask, Problem, Result};
+
+/// Head dimensions the kernel is specialised for (the others take the prefill families).
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The most query rows per GQA group (`heads_q / heads_kv · seq_q`) the family takes: up to 64
+/// rows a CTA holds them in one or a few row blocks (at D = 128, two of 32), each reading the
+/// K/V head once per split; past that the prefill kernels' 64- to 192-row tiles are full and
+/// read K/V once per tile, as this family would.
+pub const MAX_ROWS: usize = 64;
+
+/// The most splits of one (sequence, KV head, row block): the merging CTA reads this many
+/// partial rows and its weights fill `block_m · MAX_SPLITS` floats of shared memory.
+pub const MAX_SPLITS: u32 = 128;
+
+/// The fewest key chunks a split takes: two per warp, so that each warp's copy ring has a
+/// chunk in flight while it computes one.
+pub const MIN_CHUNKS_PER_SPLIT: u64 = 2 * WARPS as u64;
+
+/// A split count within this fraction of the best wave efficiency is taken if it is smaller
+/// (FlashAttention's rule for split-KV: fewer splits, less merging).
+pub const WAVE_EFFICIENCY: f64 = 0.85;
+
+/// 16-row tiles a CTA holds at most: the f32 accumulators (`block_m · D / 32` per lane) stay
+/// at or under 128 registers.
+pub fn max_m_tiles(head_dim: usize) -> u32 {
+    if head_dim > 128 { 1 } else { 2 }
+}
+
+/// Keys per chunk: a chunk of K and V is 16 KB or less per warp and stage (D = 64: 32 keys).
+pub fn block_n(head_dim: usize) -> usize {
+    if head_dim <= 64 { 32 } else { 16 }
+}
+
+/// Ring depths, preferred first; a device takes the first that fits its shared memory (three
+/// stages: about 104 KB at D = 128, two CTAs per H100 SM; fewer for an L4's 99 KB).
+pub fn stage_candidates(head_dim: usize) -> &'static [u32] {
+    if head_dim > 128 { &[3, 2, 1] } else { &[3, 2] }
+}
+
+/// How the launch cuts a problem: the query rows of a group into row blocks, the keys into
+/// splits, one CTA per (split, row block, KV head, sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    /// Splits of each row block's keys.
+    pub splits: u32,
+    /// Row blocks per GQA group.
+    pub row_blocks: u32,
+    /// (sequence, KV head, row block) triples: `batch · heads_kv · row_blocks`.
+    pub pairs: u32,
+    /// Chunks of `block_n` keys the rows of a group see.
+    pub chunks: u64,
+}
+
+impl Split {
+    /// The launch's u32 tickets, zero before and after it: one per pair, where there are
+    /// several splits.
+    pub fn counters(&self) -> usize {
+        if self.splits > 1 { self.pairs as usize } else { 0 }
+    }
+
+    /// The f32s of partial results: each split's normalised o and LSE per row, where there are
+    /// several splits.
+    pub fn partial_floats(&self, variant: &Variant) -> usize {
+        match self.splits {
+            0 | 1 => 0,
+            s => self.pairs as usize * s as usize * variant.block_m() * (variant.head_dim + 1),
+        }
+    }
+
+    /// The device memory a launch holds beyond the tensors, as the plan's memory note ends.
+    pub fn workspace(&self, variant: &Variant) -> String {
+        match self.partial_floats(variant) {
+            0 => "; no workspace (one split)".into(),
+            n => format!(
+                ", the split partial results ({} B) and tickets ({} B), once per stream",
+                4 * n,
+                4 * self.counters()
+            ),
+        }
+    }
+}
+
+/// Why the family does not take `problem`, or `Ok` where it does.
+pub fn applies(problem: &Problem) -> Result<()> {
+    let s = problem.shape;
+    check_supported(problem, "cuda decode", &HEAD_DIMS)?;
+    check_alignment(problem)?;
+    if problem.params.softcap.is_some() {
+        return Err(Error::Unsupported {
+            backend: "cuda decode".into(),
+            what: "soft-capping (sliding windows run; soft-caps on cpu-flash and cpu-reference so far)"
+                .into(),
+        });
+    }
+    let rows = s.heads_q / s.heads_kv * s.seq_q;
+    if rows > MAX_ROWS || s.seq_q == 0 || s.seq_k == 0 {
+        return Err(Error::Unsupported {
+            backend: "cuda decode".into(),
+            what: format!(
+                "{} query rows per GQA group ({} heads x {} queries): the decode family takes 1 to {MAX_ROWS}",
+                rows,
+                s.heads_q / s.heads_kv,
+                s.seq_q
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The kernel's window bounds (keys before and after the diagonal a row sees), with
+/// "unbounded" as `seq_k + seq_q`, which no row's window reaches past; `None` without a mask.
+pub fn window(problem: &Problem) -> Option<(i32, i32)> {
+    let s = problem.shape;
+    let unbounded = (s.seq_k + s.seq_q).min(i32::MAX as usize / 4);
+    let bound = |b: Option<usize>| b.map_or(unbounded, |x| x.min(unbounded)) as i32;
+    match problem.params.mask {
+        Mask::None => None,
+        Mask::Causal => Some((unbounded as i32, 0)),
+        Mask::Window { left, right } => Some((bound(left), bound(right))),
+    }
+}
+
+/// Keys some query row of the group sees: `[lo, hi)` (the kernel's for a row block holding
+/// every query).
+pub fn key_range(problem: &Problem) -> (usize, usize) {
+    let s = problem.shape;
+    match window(problem) {
+        None => (0, s.seq_k),
+        Some((left, right)) => {
+            let shift = s.seq_k as i64 - s.seq_q as i64;
+            let lo = (shift - left as i64).max(0);
+            let hi = (s.seq_q as i64 - 1 + shift + right as i64 + 1).clamp(0, s.seq_k as i64);
+            (lo as usize, (hi as usize).max(lo as usize))
+        }
+    }
+}
+
+/// The split count for `pairs` CTAs' worth of rows over `chunks` chunks, on `slots` CTAs that
+/// run at once: 1 where the pairs fill 80% of the slots; else the fewest splits within
+/// [`WAVE_EFFICIENCY`] of the best wave efficiency, each split at least
+/// [`MIN_CHUNKS_PER_SPLIT`] chunks, at most [`MAX_SPLITS`].
+pub fn splits_for(pairs: u64, chunks: u64, slots: u64) -> u32 {
+    let most = (chunks / MIN_CHUNKS_PER_SPLIT).clamp(1, MAX_SPLITS as u64);
+    if pairs * 5 >= slots * 4 || most == 1 {
+        return 1;
+    }
+    let efficiency = |s: u64| {
+        let n = pairs * s;
+        n as f64 / (n.div_ceil(slots) * slots) as f64
+    };
+    let best = (1..=most).map(efficiency).fold(0.0, f64::max);
+    (1..=most).find(|&s| efficiency(s) >= WAVE_EFFICIENCY * best).unwrap_or(1) as u32
+}
+
+/// CTAs of `variant` an SM holds at once, by shared memory (the per-SM pool is the per-block
+/// opt-in limit plus the 1 KB the driver reserves per block), at most 4.
+pub fn ctas_per_sm(variant: &Variant, limits: &DeviceLimits) -> u32 {
+    let per_block = variant.shared_bytes() + Variant::STATIC_SHARED + 1024;
+    ((limits.shared_per_block_optin + 1024) / per_block).clamp(1, 4)
+}
+
+impl Variant {
+    /// Every specialisation the backend can choose, for the CI compile check.
+    pub fn all() -> Vec<Variant> {
+        let mut v = vec![];
+        for dtype in [DType::F16, DType::Bf16] {
+            for head_dim in HEAD_DIMS {
+                for masked in [false, true] {
+                    for m_tiles in 1..=max_m_tiles(head_dim) {
+                        for &stages in stage_candidates(head_dim) {
+                            let block_n = block_n(head_dim);
+                            v.push(Variant { dtype, head_dim, m_tiles, block_n, stages, masked });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The launch: a CTA per (split, row block · KV head, sequence).
+    pub fn launch(&self, problem: &Problem, split: &Split) -> Launch {
+        let s = problem.shape;
+        Launch {
+            grid: [split.splits, (s.heads_kv as u32).saturating_mul(split.row_blocks), s.batch as u32],
+            block: [self.threads(), 1, 1],
+            dynamic_shared_bytes: self.shared_bytes(),
+            static_shared_bytes: Variant::STATIC_SHARED,
+            registers_per_thread: None,
+            spill_bytes: None,
+        }
+    }
+}
+
+/// Chooses the variant, split and launch for `problem` on a device with `limits` and `sms`
+/// multiprocessors, or says why the family cannot run it. `forced_splits` (the
+/// `ATTN_CUDA_DECODE_SPLITS` knob) replaces the chosen split count (clamped to 1 ..
+/// [`MAX_SPLITS`]).
+pub fn choose(
+    problem: &Problem,
+    limits: &DeviceLimits,
+    sms: u32,
+    forced_splits: Option<u32>,
+) -> Result<(Variant, Launch, Split, Vec<String>)> {
+    applies(problem)?;
+    let s = problem.shape;
+    let group = s.heads_q / s.heads_kv;
+    let rows = group * s.seq_q;
+    let m_tiles = (rows.div_ceil(16) as u32).min(max_m_tiles(s.head_dim));
+    let block_m = 16 * m_tiles as usize;
+    let row_blocks = rows.div_ceil(block_m) as u32;
+    let (lo, hi) = key_range(problem);
+    let bn = block_n(s.head_dim);
+    let chunks = (hi - lo).div_ceil(bn) as u64;
+    let pairs = s.batch as u64 * s.heads_kv as u64 * row_blocks as u64;
+    let mut last_err = None;
+    let mut notes = vec![];
+    for &stages in stage_candidates(s.head_dim) {
+        let variant = Variant {
+            dtype: problem.dtype,
+            head_dim: s.head_dim,
+            m_tiles,
+            block_n: bn,
+            stages,
+            masked: window(problem).is_some(),
+        };
+        let per_sm = ctas_per_sm(&variant, limits);
+        let slots = sms.max(1) as u64 * per_sm as u64;
+        let splits = match forced_splits {
+            Some(n) => n.clamp(1, MAX_SPLITS),
+            None => splits_for(pairs, chunks, slots),
+        };
+        let split = Split { splits, row_blocks, pairs: pairs.min(u32::MAX as u64) as u32, chunks };
+        let launch = variant.launch(problem, &split);
+        if let Err(e) = launch.validate(&variant.name(), limits) {
+            notes.push(format!("{} does not fit: {e}", variant.name()));
+            last_err = Some(e);
+            continue;
+        }
+        let ctas = pairs * splits as u64;
+        notes.push(format!(
+            "decode (split-KV): the {rows} query rows of each GQA group ({group} heads x {} queries) in {row_blocks} \
+             block(s) of {block_m}, so each K/V byte is read {row_blocks} time(s); chosen because {rows} <= {MAX_ROWS} rows",
+            s.seq_q
+        ));
+        notes.push(format!(
+            "{WARPS} warps per CTA, each walking its own chunks of {bn} keys through a {stages}-stage cp.async ring"
+        ));
+        notes.push(format!(
+            "{splits} split(s){} of {} keys ({chunks} chunks): {pairs} (sequence, KV head, row block) x {splits} = {ctas} CTAs, \
+             {per_sm} per SM on {sms} SMs = {:.2} waves",
+            if forced_splits.is_some() { " (forced by ATTN_CUDA_DECODE_SPLITS)" } else { "" },
+            hi - lo,
+            ctas as f64 / slots as f64
+        ));
+        notes.push(match splits {
+            1 => "one split: o and the LSE are written directly".into(),
+            _ => "the last CTA of each (sequence, KV head, row block) merges the splits by LSE, in split order \
+                  (deterministic)"
+                .into(),
+        });
+        if let Some((left, right)) = window(problem) {
+            notes.push(format!(
+                "mask: each row sees keys [i + {} - {left}, i + {} + {right}] (bottom-right)",
+                s.seq_k as i64 - s.seq_q as i64,
+                s.seq_k as i64 - s.seq_q as i64
+            ));
+        }
+        return Ok((variant, launch, split, notes));
+    }
+    Err(last_err.expect("at least one candidate"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::Shape;
+
+    fn decode(batch: usize, hq: usize, hkv: usize, sq: usize, sk: usize, d: usize) -> Problem {
+        Problem::new(
+            Shape { heads_kv: hkv, seq_q: sq, seq_k: sk, ..Shape::new(batch, hq, 1, d) },
+            DType::Bf16,
+        )
+    }
+
+    #[test]
+    fn the_rule_takes_short_groups_only() {
+        assert!(applies(&decode(1, 32, 8, 1, 4096, 128)).is_ok());
+        assert!(applies(&decode(1, 32, 8, 8, 4096, 128)).is_ok());
+        assert!(applies(&decode(1, 32, 32, 16, 4096, 128)).is_ok());
+        let err = applies(&decode(1, 32, 4, 9, 4096, 128)).unwrap_err().to_string();
+        assert!(err.contains("72 query rows"), "{err}");
+        assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 96)), Err(Error::UnsupportedHeadDim { .. })));
+        let f32 = Problem { dtype: DType::F32, ..decode(1, 8, 8, 1, 64, 128) };
+        assert!(matches!(applies(&f32), Err(Error::UnsupportedDType { .. })));
+        assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_softcap(5.0)).is_err());
+        assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_window(Some(16), Some(0))).is_ok());
+    }
+
+    #[test]
+    fn splits_fill_the_device_and_no_more() {
+        // 132 SMs, 2 CTAs each: 264 slots.
+        assert_eq!(splits_for(8, 2048, 264), 29); // 232 CTAs: 0.88 of a wave
+        assert_eq!(splits_for(64, 2048, 264), 4); // 256 CTAs
+        assert_eq!(splits_for(256, 2048, 264), 1); // the pairs fill the device already
+        assert_eq!(splits_for(8, 20, 264), 2); // 20 chunks: at most 2 splits of 8 or more
+        // One pair: at most MAX_SPLITS CTAs (0.48 of a wave), the fewest within 85% of that.
+        assert_eq!(splits_for(1, 1_000_000, 264), 109);
+        assert_eq!(splits_for(8, 7, 264), 1);
+    }
+
+    #[test]
+    fn row_blocks_and_tiles_follow_the_group() {
+        let h100 = DeviceLimits::h100();
+        let (v, launch, split, notes) = choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None).unwrap();
+        assert_eq!((v.m_tiles, split.row_blocks, v.stages), (1, 1, 3));
+        assert_eq!(launch.grid, [split.splits, 8, 1]);
+        assert!(split.splits > 16 && split.splits <= 33, "{split:?}");
+        assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
+        // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
+        let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None).unwrap();
+        assert_eq!((v.m_tiles, split.row_blocks), (2, 2));
+        assert_eq!(launch.grid[1..], [8, 2]);
+        // D = 256 holds 16 rows.
+        let (v, _, split, _) = choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None).unwrap();
+        assert_eq!((v.m_tiles, split.row_blocks), (1, 2));
+        // Large batches: one split, no workspace.
+        let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None).unwrap();
+        assert_eq!(split.splits, 1);
+        assert_eq!((split.counters(), split.partial_floats(&v)), (0, 0));
+    }
+
+    #[test]
+    fn shared_memory_fits_an_h100_twice_and_an_l4_once() {
+        let h100 = DeviceLimits::h100();
+        let l4 = DeviceLimits::l4();
+        let p = decode(1, 32, 8, 1, 4096, 128);
+        let (v, _, _, _) = choose(&p, &h100, 132, None).unwrap();
+        // Q 16 x 136 + 4 warps x 3 stages x (K + V) 16 x 136, 2 bytes each.
+        assert_eq!(v.shared_bytes(), (16 + 4 * 3 * 2 * 16) * 136 * 2);
+        assert_eq!(ctas_per_sm(&v, &h100), 2);
+        let (v, launch, _, notes) = choose(&p, &l4, 58, None).unwrap();
+        assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");
+        assert_eq!(v.stages, 2);
+        assert!(notes[0].contains("does not fit"), "{notes:?}");
+        for v in Variant::all() {
+            let fits = v.shared_bytes() + Variant::STATIC_SHARED <= l4.shared_per_block_optin;
+            // Every head dim's last candidate fits an L4.
+            if v.stages == *stage_candidates(v.head_dim).last().unwrap() {
+                assert!(fits, "{}: {} B", v.name(), v.shared_bytes());
+            }
+            assert!(v.shared_bytes() + Variant::STATIC_SHARED <= h100.shared_per_block_optin, "{}", v.name());
+        }
+    }
+
+    #[test]
+    fn forced_splits_and_windows() {
+        let h100 = DeviceLimits::h100();
+        let (_, launch, split, notes) =
+            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000)).unwrap();
+        assert_eq!((split.splits, launch.grid[0]), (MAX_SPLITS, MAX_SPLITS));
+        assert!(notes.iter().any(|n| n.contains("forced")), "{notes:?}");
+        // A window of 1000 keys behind the diagonal: the group's rows see 1000 + seq_q keys.
+        let p = decode(1, 8, 2, 4, 100_000, 128).with_window(Some(1000), Some(0));
+        assert_eq!(key_range(&p), (100_000 - 4 - 1000, 100_000));
+        let (v, _, split, _) = choose(&p, &h100, 132, None).unwrap();
+        assert!(v.masked);
+        assert_eq!(split.chunks, 1004u64.div_ceil(16));
+        assert_eq!(key_range(&decode(1, 8, 2, 4, 100, 128).causal()), (0, 100));
+        // seq_q > seq_k under a causal mask: the first rows see nothing.
+        assert_eq!(key_range(&decode(1, 8, 2, 8, 5, 128).causal()), (0, 5));
+    }
+
+    #[test]
+    fn grids_past_the_device_are_plan_errors() {
+        let h100 = DeviceLimits::h100();
+        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None).unwrap_err().to_string();
+        assert!(err.contains("grid z"), "{err}");
+    }
+
+    #[test]
+    fn every_variant_has_a_distinct_name() {
+        let all = Variant::all();
+        let mut names: Vec<String> = all.iter().map(|v| v.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+    }
+}

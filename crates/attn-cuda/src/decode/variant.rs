@@ -1,0 +1,98 @@
+//! One specialisation of `kernels/decode.cu`: its tiles, the shared memory they take and the
+//! NVRTC request that compiles it.
+
+use crate::compile::{Arch, CompileRequest};
+use attn_core::DType;
+
+/// The kernel source, compiled at run time for the device's exact architecture.
+pub const SOURCE: &str = include_str!("../../kernels/decode.cu");
+
+/// Warps per CTA: each walks its own chunks of the split's keys.
+pub const WARPS: u32 = 4;
+
+/// One compiled specialisation of `kernels/decode.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// f16 or bf16.
+    pub dtype: DType,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// 16-row tiles of query rows per CTA (`block_m = 16 · m_tiles`): the rows of a GQA group
+    /// that share a K/V head.
+    pub m_tiles: u32,
+    /// Keys per chunk (a warp's unit of work and of its copy ring).
+    pub block_n: usize,
+    /// Chunks in each warp's cp.async ring.
+    pub stages: u32,
+    /// A per-row key window compiled in (causal, or a sliding window).
+    pub masked: bool,
+}
+
+impl Variant {
+    /// Query rows per CTA.
+    pub fn block_m(&self) -> usize {
+        16 * self.m_tiles as usize
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        32 * WARPS
+    }
+
+    /// Dynamic shared memory: the larger of Q plus every warp's ring of K and V chunks (rows
+    /// padded to `head_dim + 8` elements) and the warps' merge area (f32 accumulators, maxima and
+    /// sums), and at least the split merge's weights for [`super::plan::MAX_SPLITS`] splits.
+    /// Mirrors `KV_BYTES` and `MERGE_BYTES` in `kernels/decode.cu`.
+    pub fn shared_bytes(&self) -> u32 {
+        let row = self.head_dim + 8;
+        let kv = (self.block_m() + WARPS as usize * self.stages as usize * 2 * self.block_n) * row * 2;
+        let merge = WARPS as usize * self.block_m() * (self.head_dim + 2) * 4;
+        let weights = self.block_m() * super::plan::MAX_SPLITS as usize * 4;
+        kv.max(merge).max(weights) as u32
+    }
+
+    /// Static shared memory: the ticket's flag (rounded up).
+    pub const STATIC_SHARED: u32 = 16;
+
+    /// The name of the specialisation.
+    pub fn name(&self) -> String {
+        format!(
+            "decode_{}_d{}_bm{}_bn{}_s{}{}",
+            self.dtype,
+            self.head_dim,
+            self.block_m(),
+            self.block_n,
+            self.stages,
+            if self.masked { "_masked" } else { "" }
+        )
+    }
+
+    /// The NVRTC `-D` defines that select it.
+    pub fn defines(&self) -> Vec<(String, String)> {
+        vec![
+            ("ATTN_BF16".into(), u8::from(self.dtype == DType::Bf16).to_string()),
+            ("ATTN_D".into(), self.head_dim.to_string()),
+            ("ATTN_MTILES".into(), self.m_tiles.to_string()),
+            ("ATTN_WARPS".into(), WARPS.to_string()),
+            ("ATTN_BN".into(), self.block_n.to_string()),
+            ("ATTN_STAGES".into(), self.stages.to_string()),
+            ("ATTN_MASKED".into(), u8::from(self.masked).to_string()),
+            ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
+        ]
+    }
+
+    /// The NVRTC request that compiles this specialisation for `arch`.
+    pub fn request(&self, arch: Arch) -> CompileRequest {
+        let mut req = CompileRequest::new(self.name(), SOURCE, arch);
+        for (k, v) in self.defines() {
+            req = req.define(k, v);
+        }
+        req
+    }
+
+    /// The registers one thread may use: 65536 / threads, at most 255. CI fails a variant over
+    /// it (or with any spill).
+    pub fn register_budget(&self) -> u32 {
+        (65536 / self.threads()).min(255)
+    }
+}
