@@ -27,7 +27,7 @@
 // keys some of its rows see.
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
-// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_SHARED_BYTES (the
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_SHARED_BYTES (the
 // host's dynamic shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
@@ -108,7 +108,11 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
 }
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+#if ATTN_L2_PREFETCH
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

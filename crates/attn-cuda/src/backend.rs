@@ -189,8 +189,8 @@ impl Cuda {
         // runs or fails, and a forced other family (or ATTN_CUDA_DECODE=off) skips it.
         let decode_allowed = self.options.decode != Some(false) && !sm90.any();
         if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
-            let splits = self.options.decode_splits;
-            match decode::plan::choose(problem, &info.limits, info.sm_count, splits) {
+            let (splits, tiles) = (self.options.decode_splits, self.options.decode_tiles);
+            match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles) {
                 Ok((variant, launch, split, notes)) => {
                     return Ok(Choice::Decode(variant, launch, split, notes));
                 }

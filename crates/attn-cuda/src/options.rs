@@ -46,6 +46,14 @@ pub const DECODE_SPLITS: Knob = Knob {
     purpose: "Forces the decode family's split count, to time others or verify the merge on a small problem.",
 };
 
+/// `ATTN_CUDA_DECODE_TILES`.
+pub const DECODE_TILES: Knob = Knob {
+    name: "ATTN_CUDA_DECODE_TILES",
+    allowed: "`<keys>:<stages>[:l2]`, e.g. `32:2` or `16:4:l2` (keys per chunk a multiple of 16; `l2`: the 256-byte L2 prefetch hint on K/V copies)",
+    default: "the head dim's chunk (32 keys at D=64, else 16) and the deepest ring that fits the device",
+    purpose: "Plans the decode kernel with this chunk, ring depth and copy hint, to time others; a shape that does not compile or fit is a plan error.",
+};
+
 /// `ATTN_CUDA_RANK`.
 pub const RANK: Knob = Knob {
     name: "ATTN_CUDA_RANK",
@@ -139,6 +147,7 @@ pub const KNOBS: &[Knob] = &[
     FAMILY,
     DECODE,
     DECODE_SPLITS,
+    DECODE_TILES,
     RANK,
     SM90_TILES,
     SM90_GRID,
@@ -166,6 +175,8 @@ pub struct Options {
     pub decode: Option<bool>,
     /// [`DECODE_SPLITS`]: a forced split count of the decode family.
     pub decode_splits: Option<u32>,
+    /// [`DECODE_TILES`]: forced tiles of the decode family.
+    pub decode_tiles: Option<crate::decode::plan::Tiles>,
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
@@ -193,6 +204,18 @@ impl Options {
                 ("decode", Family::Decode),
             ])?,
             decode: DECODE.on_off()?,
+            decode_tiles: DECODE_TILES.parse(|t| {
+                let parts: Vec<&str> = t.split(':').collect();
+                let l2_prefetch = match parts.get(2) {
+                    None => false,
+                    Some(&"l2") => true,
+                    Some(_) => return None,
+                };
+                let block_n: usize =
+                    parts.first()?.parse().ok().filter(|n| n % 16 == 0 && *n > 0 && *n <= 64)?;
+                let stages: u32 = parts.get(1)?.parse().ok().filter(|s| (1..=8).contains(s))?;
+                Some(crate::decode::plan::Tiles { block_n, stages, l2_prefetch })
+            })?,
             decode_splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
             rank: RANK.parse(|r| r.parse().ok())?,
             hopper: hopper::Settings {
@@ -271,6 +294,7 @@ mod tests {
             (FAMILY, "volta"),
             (DECODE_SPLITS, "0"),
             (DECODE, "maybe"),
+            (DECODE_TILES, "24:2"),
         ] {
             // SAFETY: see above.
             unsafe { std::env::set_var(knob.name, bad) };

@@ -43,6 +43,20 @@ pub fn stage_candidates(head_dim: usize) -> &'static [u32] {
     if head_dim > 128 { &[3, 2, 1] } else { &[3, 2] }
 }
 
+/// Tiles forced by `ATTN_CUDA_DECODE_TILES`: keys per chunk, ring stages, the L2 prefetch hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Keys per chunk, a multiple of 16.
+    pub block_n: usize,
+    /// Chunks in each warp's ring, at least 1.
+    pub stages: u32,
+    /// [`Variant::l2_prefetch`].
+    pub l2_prefetch: bool,
+}
+
+/// Whether K/V copies carry the L2 prefetch hint by default.
+pub const L2_PREFETCH: bool = false;
+
 /// How the launch cuts a problem: the query rows of a group into row blocks, the keys into
 /// splits, one CTA per (split, row block, KV head, sequence).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,7 +189,16 @@ impl Variant {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
                         for &stages in stage_candidates(head_dim) {
                             let block_n = block_n(head_dim);
-                            v.push(Variant { dtype, head_dim, m_tiles, block_n, stages, masked });
+                            let l2_prefetch = L2_PREFETCH;
+                            v.push(Variant {
+                                dtype,
+                                head_dim,
+                                m_tiles,
+                                block_n,
+                                stages,
+                                masked,
+                                l2_prefetch,
+                            });
                         }
                     }
                 }
@@ -201,12 +224,13 @@ impl Variant {
 /// Chooses the variant, split and launch for `problem` on a device with `limits` and `sms`
 /// multiprocessors, or says why the family cannot run it. `forced_splits` (the
 /// `ATTN_CUDA_DECODE_SPLITS` knob) replaces the chosen split count (clamped to 1 ..
-/// [`MAX_SPLITS`]).
+/// [`MAX_SPLITS`]); `forced_tiles` (`ATTN_CUDA_DECODE_TILES`) the chunk, stages and hint.
 pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
     sms: u32,
     forced_splits: Option<u32>,
+    forced_tiles: Option<Tiles>,
 ) -> Result<(Variant, Launch, Split, Vec<String>)> {
     applies(problem)?;
     let s = problem.shape;
@@ -216,12 +240,16 @@ pub fn choose(
     let block_m = 16 * m_tiles as usize;
     let row_blocks = rows.div_ceil(block_m) as u32;
     let (lo, hi) = key_range(problem);
-    let bn = block_n(s.head_dim);
+    let bn = forced_tiles.map_or(block_n(s.head_dim), |t| t.block_n);
+    let stages = match &forced_tiles {
+        Some(t) => std::slice::from_ref(&t.stages),
+        None => stage_candidates(s.head_dim),
+    };
     let chunks = (hi - lo).div_ceil(bn) as u64;
     let pairs = s.batch as u64 * s.heads_kv as u64 * row_blocks as u64;
     let mut last_err = None;
     let mut notes = vec![];
-    for &stages in stage_candidates(s.head_dim) {
+    for &stages in stages {
         let variant = Variant {
             dtype: problem.dtype,
             head_dim: s.head_dim,
@@ -229,6 +257,7 @@ pub fn choose(
             block_n: bn,
             stages,
             masked: window(problem).is_some(),
+            l2_prefetch: forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
         };
         let per_sm = ctas_per_sm(&variant, limits);
         let slots = sms.max(1) as u64 * per_sm as u64;
@@ -250,7 +279,9 @@ pub fn choose(
             s.seq_q
         ));
         notes.push(format!(
-            "{WARPS} warps per CTA, each walking its own chunks of {bn} keys through a {stages}-stage cp.async ring"
+            "{WARPS} warps per CTA, each walking its own chunks of {bn} keys through a {stages}-stage cp.async ring{}{}",
+            if variant.l2_prefetch { " (L2 256-byte prefetch hint)" } else { "" },
+            if forced_tiles.is_some() { " (forced by ATTN_CUDA_DECODE_TILES)" } else { "" }
         ));
         notes.push(format!(
             "{splits} split(s){} of {} keys ({chunks} chunks): {pairs} (sequence, KV head, row block) x {splits} = {ctas} CTAs, \
@@ -318,20 +349,21 @@ mod tests {
     #[test]
     fn row_blocks_and_tiles_follow_the_group() {
         let h100 = DeviceLimits::h100();
-        let (v, launch, split, notes) = choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None).unwrap();
+        let (v, launch, split, notes) =
+            choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks, v.stages), (1, 1, 3));
         assert_eq!(launch.grid, [split.splits, 8, 1]);
         assert!(split.splits > 16 && split.splits <= 33, "{split:?}");
         assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
         // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
-        let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None).unwrap();
+        let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (2, 2));
         assert_eq!(launch.grid[1..], [8, 2]);
         // D = 256 holds 16 rows.
-        let (v, _, split, _) = choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None).unwrap();
+        let (v, _, split, _) = choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (1, 2));
         // Large batches: one split, no workspace.
-        let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None).unwrap();
+        let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!(split.splits, 1);
         assert_eq!((split.counters(), split.partial_floats(&v)), (0, 0));
     }
@@ -341,11 +373,11 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let l4 = DeviceLimits::l4();
         let p = decode(1, 32, 8, 1, 4096, 128);
-        let (v, _, _, _) = choose(&p, &h100, 132, None).unwrap();
+        let (v, _, _, _) = choose(&p, &h100, 132, None, None).unwrap();
         // Q 16 x 136 + 4 warps x 3 stages x (K + V) 16 x 136, 2 bytes each.
         assert_eq!(v.shared_bytes(), (16 + 4 * 3 * 2 * 16) * 136 * 2);
         assert_eq!(ctas_per_sm(&v, &h100), 2);
-        let (v, launch, _, notes) = choose(&p, &l4, 58, None).unwrap();
+        let (v, launch, _, notes) = choose(&p, &l4, 58, None, None).unwrap();
         assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");
         assert_eq!(v.stages, 2);
         assert!(notes[0].contains("does not fit"), "{notes:?}");
@@ -363,13 +395,21 @@ mod tests {
     fn forced_splits_and_windows() {
         let h100 = DeviceLimits::h100();
         let (_, launch, split, notes) =
-            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000)).unwrap();
+            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000), None).unwrap();
         assert_eq!((split.splits, launch.grid[0]), (MAX_SPLITS, MAX_SPLITS));
         assert!(notes.iter().any(|n| n.contains("forced")), "{notes:?}");
+        let tiles = Tiles { block_n: 32, stages: 2, l2_prefetch: true };
+        let (v, _, _, notes) = choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(tiles)).unwrap();
+        assert_eq!((v.block_n, v.stages, v.l2_prefetch), (32, 2, true));
+        assert!(notes.iter().any(|n| n.contains("ATTN_CUDA_DECODE_TILES")), "{notes:?}");
+        let deep = Tiles { block_n: 64, stages: 8, l2_prefetch: false };
+        let err =
+            choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(deep)).unwrap_err().to_string();
+        assert!(err.contains("shared memory"), "{err}");
         // A window of 1000 keys behind the diagonal: the group's rows see 1000 + seq_q keys.
         let p = decode(1, 8, 2, 4, 100_000, 128).with_window(Some(1000), Some(0));
         assert_eq!(key_range(&p), (100_000 - 4 - 1000, 100_000));
-        let (v, _, split, _) = choose(&p, &h100, 132, None).unwrap();
+        let (v, _, split, _) = choose(&p, &h100, 132, None, None).unwrap();
         assert!(v.masked);
         assert_eq!(split.chunks, 1004u64.div_ceil(16));
         assert_eq!(key_range(&decode(1, 8, 2, 4, 100, 128).causal()), (0, 100));
@@ -380,7 +420,7 @@ mod tests {
     #[test]
     fn grids_past_the_device_are_plan_errors() {
         let h100 = DeviceLimits::h100();
-        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None).unwrap_err().to_string();
+        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None, None).unwrap_err().to_string();
         assert!(err.contains("grid z"), "{err}");
     }
 

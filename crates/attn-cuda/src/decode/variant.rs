@@ -26,6 +26,8 @@ pub struct Variant {
     pub stages: u32,
     /// A per-row key window compiled in (causal, or a sliding window).
     pub masked: bool,
+    /// K/V copies ask L2 to fetch 256 bytes per miss (`cp.async ... .L2::256B`).
+    pub l2_prefetch: bool,
 }
 
 impl Variant {
@@ -57,12 +59,13 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         format!(
-            "decode_{}_d{}_bm{}_bn{}_s{}{}",
+            "decode_{}_d{}_bm{}_bn{}_s{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
+            if self.l2_prefetch { "_l2" } else { "" },
             if self.masked { "_masked" } else { "" }
         )
     }
@@ -77,6 +80,7 @@ impl Variant {
             ("ATTN_BN".into(), self.block_n.to_string()),
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_MASKED".into(), u8::from(self.masked).to_string()),
+            ("ATTN_L2_PREFETCH".into(), u8::from(self.l2_prefetch).to_string()),
             ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
         ]
     }
