@@ -23,8 +23,10 @@ pub const MAX_SPLITS: u32 = 128;
 pub const MIN_CHUNKS_PER_SPLIT: u64 = 2 * WARPS as u64;
 
 /// A split count within this fraction of the best wave efficiency is taken if it is smaller
-/// (FlashAttention's rule for split-KV: fewer splits, less merging).
-pub const WAVE_EFFICIENCY: f64 = 0.85;
+/// (FlashAttention's rule for split-KV, which takes 85%: fewer splits, less merging). On the
+/// H100 a full wave was 1.5% faster than 0.88 of one (33 splits against 29 at 128k keys), and
+/// 128 splits 3% slower: the merge costs little, an idle SM more.
+pub const WAVE_EFFICIENCY: f64 = 0.95;
 
 /// 16-row tiles a CTA holds at most: the f32 accumulators (`block_m · D / 32` per lane) stay
 /// at or under 128 registers.
@@ -32,15 +34,21 @@ pub fn max_m_tiles(head_dim: usize) -> u32 {
     if head_dim > 128 { 1 } else { 2 }
 }
 
-/// Keys per chunk: a chunk of K and V is 16 KB or less per warp and stage (D = 64: 32 keys).
-pub fn block_n(head_dim: usize) -> usize {
-    if head_dim <= 64 { 32 } else { 16 }
-}
-
-/// Ring depths, preferred first; a device takes the first that fits its shared memory (three
-/// stages: about 104 KB at D = 128, two CTAs per H100 SM; fewer for an L4's 99 KB).
-pub fn stage_candidates(head_dim: usize) -> &'static [u32] {
-    if head_dim > 128 { &[3, 2, 1] } else { &[3, 2] }
+/// Tile configurations (keys per chunk, ring stages) of a head dim, preferred first; a device
+/// takes the first that fits its shared memory (the last ones fit an L4's 99 KB).
+///
+/// Measured on the H100 (bench/device/decode-explore.sh, at 16d50f8): at D = 128, chunks of 32
+/// keys in two stages (140 KB, one CTA per SM) read K/V 1-3% faster than 16 keys in three (two
+/// CTAs per SM), and 16 keys in four or two stages were no faster; the L2 prefetch hint
+/// ([`L2_PREFETCH`]) added 1-2% to either. Two row tiles at D = 128 keep 16-key chunks: with
+/// 32, the masked kernel spills (its S and O accumulators and P take every register).
+pub fn candidates(head_dim: usize, m_tiles: u32) -> &'static [(usize, u32)] {
+    match head_dim {
+        d if d <= 64 => &[(32, 3), (32, 2)],
+        d if d <= 128 && m_tiles == 1 => &[(32, 2), (16, 2)],
+        d if d <= 128 => &[(16, 3), (16, 2)],
+        _ => &[(16, 3), (16, 2), (16, 1)],
+    }
 }
 
 /// Tiles forced by `ATTN_CUDA_DECODE_TILES`: keys per chunk, ring stages, the L2 prefetch hint.
@@ -54,8 +62,9 @@ pub struct Tiles {
     pub l2_prefetch: bool,
 }
 
-/// Whether K/V copies carry the L2 prefetch hint by default.
-pub const L2_PREFETCH: bool = false;
+/// Whether K/V copies carry the L2 256-byte prefetch hint by default: measured 1-2% faster at
+/// D = 128 on the H100 (see [`candidates`]).
+pub const L2_PREFETCH: bool = true;
 
 /// How the launch cuts a problem: the query rows of a group into row blocks, the keys into
 /// splits, one CTA per (split, row block, KV head, sequence).
@@ -187,8 +196,7 @@ impl Variant {
             for head_dim in HEAD_DIMS {
                 for masked in [false, true] {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
-                        for &stages in stage_candidates(head_dim) {
-                            let block_n = block_n(head_dim);
+                        for &(block_n, stages) in candidates(head_dim, m_tiles) {
                             let l2_prefetch = L2_PREFETCH;
                             v.push(Variant {
                                 dtype,
@@ -240,16 +248,16 @@ pub fn choose(
     let block_m = 16 * m_tiles as usize;
     let row_blocks = rows.div_ceil(block_m) as u32;
     let (lo, hi) = key_range(problem);
-    let bn = forced_tiles.map_or(block_n(s.head_dim), |t| t.block_n);
-    let stages = match &forced_tiles {
-        Some(t) => std::slice::from_ref(&t.stages),
-        None => stage_candidates(s.head_dim),
+    let forced = forced_tiles.map(|t| [(t.block_n, t.stages)]);
+    let tried: &[(usize, u32)] = match &forced {
+        Some(one) => one,
+        None => candidates(s.head_dim, m_tiles),
     };
-    let chunks = (hi - lo).div_ceil(bn) as u64;
     let pairs = s.batch as u64 * s.heads_kv as u64 * row_blocks as u64;
     let mut last_err = None;
     let mut notes = vec![];
-    for &stages in stages {
+    for &(bn, stages) in tried {
+        let chunks = (hi - lo).div_ceil(bn) as u64;
         let variant = Variant {
             dtype: problem.dtype,
             head_dim: s.head_dim,
@@ -337,13 +345,16 @@ mod tests {
     #[test]
     fn splits_fill_the_device_and_no_more() {
         // 132 SMs, 2 CTAs each: 264 slots.
-        assert_eq!(splits_for(8, 2048, 264), 29); // 232 CTAs: 0.88 of a wave
+        assert_eq!(splits_for(8, 2048, 264), 32); // 256 CTAs: 0.97 of a wave
         assert_eq!(splits_for(64, 2048, 264), 4); // 256 CTAs
         assert_eq!(splits_for(256, 2048, 264), 1); // the pairs fill the device already
         assert_eq!(splits_for(8, 20, 264), 2); // 20 chunks: at most 2 splits of 8 or more
-        // One pair: at most MAX_SPLITS CTAs (0.48 of a wave), the fewest within 85% of that.
-        assert_eq!(splits_for(1, 1_000_000, 264), 109);
+        // One pair: at most MAX_SPLITS CTAs (0.48 of a wave), the fewest within 95% of that.
+        assert_eq!(splits_for(1, 1_000_000, 264), 122);
         assert_eq!(splits_for(8, 7, 264), 1);
+        // One CTA per SM: 132 slots.
+        assert_eq!(splits_for(8, 2048, 132), 16);
+        assert_eq!(splits_for(32, 2048, 132), 4);
     }
 
     #[test]
@@ -351,9 +362,10 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let (v, launch, split, notes) =
             choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None, None).unwrap();
-        assert_eq!((v.m_tiles, split.row_blocks, v.stages), (1, 1, 3));
+        assert_eq!((v.m_tiles, split.row_blocks, v.block_n, v.stages), (1, 1, 32, 2));
         assert_eq!(launch.grid, [split.splits, 8, 1]);
-        assert!(split.splits > 16 && split.splits <= 33, "{split:?}");
+        // One CTA per SM: 8 x 16 = 128 CTAs, 0.97 of a wave.
+        assert_eq!(split.splits, 16, "{split:?}");
         assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
         // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
         let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None).unwrap();
@@ -369,22 +381,22 @@ mod tests {
     }
 
     #[test]
-    fn shared_memory_fits_an_h100_twice_and_an_l4_once() {
+    fn shared_memory_fits_an_h100_and_an_l4() {
         let h100 = DeviceLimits::h100();
         let l4 = DeviceLimits::l4();
         let p = decode(1, 32, 8, 1, 4096, 128);
         let (v, _, _, _) = choose(&p, &h100, 132, None, None).unwrap();
-        // Q 16 x 136 + 4 warps x 3 stages x (K + V) 16 x 136, 2 bytes each.
-        assert_eq!(v.shared_bytes(), (16 + 4 * 3 * 2 * 16) * 136 * 2);
-        assert_eq!(ctas_per_sm(&v, &h100), 2);
+        // Q 16 x 136 + 4 warps x 2 stages x (K + V) 32 x 136, 2 bytes each.
+        assert_eq!(v.shared_bytes(), (16 + 4 * 2 * 2 * 32) * 136 * 2);
+        assert_eq!(ctas_per_sm(&v, &h100), 1);
         let (v, launch, _, notes) = choose(&p, &l4, 58, None, None).unwrap();
         assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");
-        assert_eq!(v.stages, 2);
+        assert_eq!((v.block_n, v.stages), (16, 2));
         assert!(notes[0].contains("does not fit"), "{notes:?}");
         for v in Variant::all() {
             let fits = v.shared_bytes() + Variant::STATIC_SHARED <= l4.shared_per_block_optin;
             // Every head dim's last candidate fits an L4.
-            if v.stages == *stage_candidates(v.head_dim).last().unwrap() {
+            if (v.block_n, v.stages) == *candidates(v.head_dim, v.m_tiles).last().unwrap() {
                 assert!(fits, "{}: {} B", v.name(), v.shared_bytes());
             }
             assert!(v.shared_bytes() + Variant::STATIC_SHARED <= h100.shared_per_block_optin, "{}", v.name());
@@ -411,7 +423,7 @@ mod tests {
         assert_eq!(key_range(&p), (100_000 - 4 - 1000, 100_000));
         let (v, _, split, _) = choose(&p, &h100, 132, None, None).unwrap();
         assert!(v.masked);
-        assert_eq!(split.chunks, 1004u64.div_ceil(16));
+        assert_eq!(split.chunks, 1004u64.div_ceil(32));
         assert_eq!(key_range(&decode(1, 8, 2, 4, 100, 128).causal()), (0, 100));
         // seq_q > seq_k under a causal mask: the first rows see nothing.
         assert_eq!(key_range(&decode(1, 8, 2, 8, 5, 128).causal()), (0, 5));
