@@ -42,7 +42,7 @@ pub const DECODE: Knob = Knob {
 pub const DECODE_SPLITS: Knob = Knob {
     name: "ATTN_CUDA_DECODE_SPLITS",
     allowed: "`1`, `2`, ... (at most 128)",
-    default: "the fewest splits of the keys within 85% of the best wave efficiency (one where the batch and KV heads fill the device)",
+    default: "the fewest splits of the keys within 95% of the best wave efficiency (one where the batch and KV heads fill the device)",
     purpose: "Forces the decode family's split count, to time others or verify the merge on a small problem.",
 };
 
