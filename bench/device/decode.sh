@@ -7,19 +7,22 @@
 # PyTorch SDPA cuDNN / flash (bench/peers/torch_sdpa_decode.py) on bench/device/decode-rows.txt,
 # in two alternating rounds, with the read-bandwidth roofline (torch.sum, copy) in each; then
 # bench/device/decode_report.py writes $OUT/h100-decode.json.
-# Usage: bash <bundle>/decode.sh [verify,bench]. The bundle folder holds bin/ (attn,
-# decode_bench, test-cuda-resident), this script, decode-rows.txt, torch_sdpa_decode.py,
-# decode_report.py and COMMIT.
+# Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device) `bash
+# bench/device/decode.sh [verify,bench]`. It also runs from a folder that holds bin/ (attn,
+# decode_bench, test-cuda-resident), this script, decode-rows.txt, decode_report.py,
+# torch_sdpa_decode.py and COMMIT (how it was run before the branch reached main).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-bin=$here/bin
+bin=$here/bin; [[ -d $bin ]] || bin=.device/bin
+peer=$here/torch_sdpa_decode.py; [[ -f $peer ]] || peer=bench/peers/torch_sdpa_decode.py
+commit_file=$here/COMMIT; [[ -f $commit_file ]] || commit_file=.device/COMMIT
 parts=${1:-verify,bench}
 iters=${ITERS:-50}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
-  echo "commit: $(cat "$here/COMMIT" 2>/dev/null)"
+  echo "commit: $(cat "$commit_file" 2>/dev/null)"
   if [[ $parts == *verify* ]]; then
     echo "== attn verify --backend cuda --resident --family decode"
     timeout 240 "$bin/attn" verify --backend cuda --resident --family decode 2>&1 | tail -6
@@ -39,9 +42,9 @@ iters=${ITERS:-50}
       echo "== round $round: attn"
       timeout 150 "$bin/decode_bench" "$here/decode-rows.txt" "$iters" | tee "$out/attn-r$round.jsonl"
       echo "== round $round: sdpa"
-      timeout 150 python3 "$here/torch_sdpa_decode.py" "$here/decode-rows.txt" --iters "$iters" | tee "$out/sdpa-r$round.jsonl"
+      timeout 150 python3 "$peer" "$here/decode-rows.txt" --iters "$iters" | tee "$out/sdpa-r$round.jsonl"
     done
-    python3 "$here/decode_report.py" "$out" "$(cat "$here/COMMIT" 2>/dev/null)" "bash bench/device/decode.sh bench" \
+    python3 "$here/decode_report.py" "$out" "$(cat "$commit_file" 2>/dev/null)" "bash bench/device/decode.sh bench" \
       > "$out/h100-decode.json" && python3 -c "import json,sys; [print(r['text']) for r in json.load(open(sys.argv[1]))['rows']]" "$out/h100-decode.json"
   fi
 } 2>&1 | tee "$out/summary.txt"

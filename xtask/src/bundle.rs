@@ -1,10 +1,9 @@
 //! `cargo xtask bundle`: what the GPU machine needs, which has no Rust toolchain. Builds the
 //! release `attn`, attn-wgpu's diagnostic examples (`pipeline_stats`, `adapters`, `fma_peak`),
-//! attn-cuda's `cubin` and `resident_overhead` examples, and the test binaries that need a GPU
-//! (`test-cuda-resident`, `test-cuda-gpu_smoke`, `test-wgpu-resident`) here (same x86-64),
-//! copies them, stripped,
-//! into `.device/bin` (git-ignored, sent with the device tool's `carry`), records the commit,
-//! and prints the command to run there.
+//! attn-cuda's `cubin`, `resident_overhead` and `decode_bench` examples, and the test binaries
+//! that need a GPU (`test-cuda-resident`, `test-cuda-gpu_smoke`, `test-wgpu-resident`) here (same
+//! x86-64), copies them, stripped, into `.device/bin` (git-ignored, sent with the device tool's
+//! `carry`), records the commit, and prints the command to run there.
 
 use crate::cmd;
 
@@ -22,6 +21,7 @@ pub fn bundle() -> Result<(), String> {
         ("attn-wgpu", "fma_peak"),
         ("attn-cuda", "cubin"),
         ("attn-cuda", "resident_overhead"),
+        ("attn-cuda", "decode_bench"),
     ];
     for (package, example) in examples {
         cmd::cargo_run(&["build", "--release", "-p", package, "--example", example])?;

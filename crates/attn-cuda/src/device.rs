@@ -19,9 +19,10 @@
 //! plan, the dtype, the buffers' lengths and alignment, finds the kernel loaded for the context
 //! (compiled once per process, loaded once per context, shared by all threads and streams),
 //! fills the kernel's parameter block (the Hopper family encodes four TMA descriptors) and
-//! launches. No allocation, no copy between host and device, no synchronization: the Hopper
-//! family's workspace (its scheduler's counters, which every launch leaves at zero, and the
-//! split tail's partial results) is allocated on the first call on a (context, stream) and
+//! launches. No allocation, no copy between host and device, no synchronization: the Hopper and
+//! decode families' workspace (counters, which every launch leaves at zero: the Hopper
+//! scheduler's or the decode merge's tickets; and partial results: the Hopper split tail's or
+//! the decode splits') is allocated on the first call on a (context, stream) and
 //! reused; a problem that needs a larger one allocates it then (the smaller one is kept until
 //! the backend is dropped, which waits for the device first). The first call on a stream thus
 //! allocates and waits for the context's default stream once; calls after it do neither. The
@@ -75,7 +76,7 @@ pub(crate) struct Resident {
     contexts: Mutex<Vec<Arc<Gpu>>>,
     /// Plans by (context, problem), for [`Cuda::plan_cached`]: at most [`PLANS_KEPT`].
     plans: Mutex<HashMap<(usize, ProblemKey), Arc<Plan>>>,
-    /// The Hopper family's workspace by [`StreamKey`].
+    /// The Hopper and decode families' workspace by [`StreamKey`].
     workspaces: Mutex<HashMap<StreamKey, StreamWorkspace>>,
     /// Workspaces a larger one replaced: a launch may still be using them (another thread
     /// may have read their addresses just before), so they live as long as the backend.
@@ -131,9 +132,9 @@ impl ProblemKey {
     }
 }
 
-/// One stream's Hopper workspace: zeroed counters and room for partial results, with their
-/// addresses, and the stream (held, so that its handle cannot be reused by a new stream while
-/// the workspace is keyed by it).
+/// One stream's workspace (Hopper and decode families): zeroed counters and room for partial
+/// results, with their addresses, and the stream (held, so that its handle cannot be reused by
+/// a new stream while the workspace is keyed by it).
 struct StreamWorkspace {
     counters: CudaSlice<u32>,
     partials: Option<CudaSlice<f32>>,
@@ -435,7 +436,8 @@ impl Cuda {
         unsafe { builder.launch(cfg) }.map(|_| ()).map_err(driver("cuLaunchKernel"))
     }
 
-    /// The Hopper workspace of `stream` on `gpu` with at least `counters` counters and
+    /// The workspace of `stream` on `gpu` (the Hopper and decode families share it: each leaves
+    /// the counters at zero) with at least `counters` counters and
     /// `partials` partial floats: the stream's own, allocated on first use (zeroed on the
     /// context's default stream, which is then waited for) and grown where too small (the
     /// smaller one kept until the backend is dropped: a launch may hold its addresses).

@@ -3,11 +3,12 @@
 //! The CUDA backend's plumbing: finding and loading CUDA at run time, compiling kernels with
 //! NVRTC, and running them through the driver API.
 //!
-//! Two kernel families run behind the one backend ([`Cuda`]): `kernels/flash_fwd.cu` for
-//! Ampere/Ada ([`ampere`]), and on Hopper (sm_90a) `kernels/flash_fwd_sm90.cu` ([`hopper`]),
-//! chosen where it applies; the plan says which ran and, on a Hopper device, why not. Each family
-//! is one module that owns its variants, its plan and its launch; the backend chooses a family
-//! and dispatches to it. Below both: compiling ([`compile()`]), finding CUDA (`locate`,
+//! Three kernel families run behind the one backend ([`Cuda`]): for decode (a GQA group of at
+//! most 64 query rows) `kernels/decode.cu` ([`decode`], split-KV, every architecture); else
+//! `kernels/flash_fwd.cu` for Ampere/Ada ([`ampere`]), and on Hopper (sm_90a)
+//! `kernels/flash_fwd_sm90.cu` ([`hopper`]), chosen where it applies; the plan says which ran and
+//! why. Each family is one module that owns its variants, its plan and its launch; the backend
+//! chooses a family and dispatches to it. Below them: compiling ([`compile()`]), finding CUDA (`locate`,
 //! [`probe()`]), ptxas's report ([`KernelResources`]), the device ([`Gpu`]) and the tensors on it.
 //! Every `ATTN_*` variable the crate reads is in [`options`] ([`KNOBS`], parsed into [`Options`]).
 //!
