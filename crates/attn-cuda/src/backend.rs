@@ -178,26 +178,43 @@ impl Cuda {
         Ok(launch)
     }
 
-    /// Which family plans `problem` on `gpu`. The Hopper family where the device is sm_90 and
-    /// it runs the problem, with the reason in the plan where it does not; any Hopper setting
-    /// (`hopper::Settings`) asks for the Hopper kernel, so that a problem it cannot run is then
-    /// an error rather than a silent run of the other family.
-    fn choose_family(&self, gpu: &Gpu, problem: &Problem) -> Result<Choice> {
+    /// Which family plans `problem` on `gpu`, and why not the decode family where the problem
+    /// has its short query length but it cannot run it. The decode family first, on every
+    /// architecture, where a GQA group holds few query rows (`decode::plan::applies`); forced
+    /// (`ATTN_CUDA_FAMILY=decode`) it runs or fails, and a forced other family, a Hopper knob or
+    /// `ATTN_CUDA_DECODE=off` skips it. Otherwise [`Cuda::choose_prefill`].
+    fn choose_family(&self, gpu: &Gpu, problem: &Problem) -> Result<(Choice, Option<String>)> {
         let info = gpu.info();
         let (asked, sm90) = (self.options.family, &self.options.hopper);
-        // The decode family first, on every architecture, for short query lengths; forced, it
-        // runs or fails, and a forced other family (or ATTN_CUDA_DECODE=off) skips it.
         let decode_allowed = self.options.decode != Some(false) && !sm90.any();
+        let mut why_not = None;
         if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
             let (splits, tiles) = (self.options.decode_splits, self.options.decode_tiles);
             match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles) {
                 Ok((variant, launch, split, notes)) => {
-                    return Ok(Choice::Decode(variant, launch, split, notes));
+                    return Ok((Choice::Decode(variant, launch, split, notes), None));
                 }
                 Err(e) if asked == Some(Family::Decode) => return Err(e),
-                Err(_) => {}
+                Err(e) => {
+                    let s = problem.shape;
+                    if s.heads_q / s.heads_kv.max(1) * s.seq_q <= decode::plan::MAX_ROWS {
+                        why_not = Some(format!(
+                            "the decode family does not run this problem ({e}): a prefill family does"
+                        ));
+                    }
+                }
             }
         }
+        Ok((self.choose_prefill(gpu, problem)?, why_not))
+    }
+
+    /// Which prefill family plans `problem` on `gpu`. The Hopper family where the device is sm_90
+    /// and it runs the problem, with the reason in the plan where it does not; any Hopper setting
+    /// (`hopper::Settings`) asks for the Hopper kernel, so that a problem it cannot run is then
+    /// an error rather than a silent run of the other family.
+    fn choose_prefill(&self, gpu: &Gpu, problem: &Problem) -> Result<Choice> {
+        let info = gpu.info();
+        let (asked, sm90) = (self.options.family, &self.options.hopper);
         if asked == Some(Family::Ampere) {
             return Ok(Choice::Ampere(None));
         }
@@ -300,7 +317,7 @@ impl Cuda {
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
-        let choice = self.choose_family(gpu, problem)?;
+        let (choice, why_not_decode) = self.choose_family(gpu, problem)?;
         // Windows and soft-caps: the decode family takes windows; the prefill families neither.
         if !matches!(choice, Choice::Decode(..)) {
             problem.require_plain_scores("cuda")?;
@@ -318,6 +335,7 @@ impl Cuda {
                 planned
             }
         };
+        notes.extend(why_not_decode);
         let bytes = problem.bytes();
         if host_buffers {
             // The tensors must fit the device's free memory now: a typed error before anything is

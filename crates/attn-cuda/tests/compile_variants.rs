@@ -148,7 +148,20 @@ fn every_decode_variant_compiles_without_spills_for_every_arch() {
             budget: v.register_budget(),
         })
         .collect();
-    assert_all_pass(&compile_all(jobs), check_resources);
+    // The static shared memory the plan adds to the dynamic (Variant::STATIC_SHARED) covers
+    // what ptxas reports.
+    assert_all_pass(&compile_all(jobs), |job, c| {
+        check_resources(job, c).or_else(|| {
+            let shared = c.resources_of(job.entry).map_or(0, |r| r.shared_bytes);
+            (shared > decode::Variant::STATIC_SHARED).then(|| {
+                format!(
+                    "{}: {shared} B of static shared memory, the plan counts {}",
+                    job.name,
+                    decode::Variant::STATIC_SHARED
+                )
+            })
+        })
+    });
 }
 
 /// The Hopper family, for sm_90a only; with `setmaxnreg` the budget is the cap at entry (the
