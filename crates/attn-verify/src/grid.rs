@@ -263,7 +263,13 @@ pub fn quick() -> Vec<Case> {
         // rows that see no key, a window, BSHD and padded views, D = 256 and a negative scale.
         case("decode", "sq1-hq8hkv2-sk3000", p(gqa_shape(1, 8, 2, 1, 3000, 128), Bf16), Normal, 200),
         case("decode", "sq4-hq8hkv2-sk777", p(gqa_shape(2, 8, 2, 4, 777, 64), F16).causal(), Normal, 201),
-        case("decode", "sq16-hq4hkv1-sk1500", p(gqa_shape(1, 4, 1, 16, 1500, 128), Bf16).causal(), Normal, 202),
+        case(
+            "decode",
+            "sq16-hq4hkv1-sk1500",
+            p(gqa_shape(1, 4, 1, 16, 1500, 128), Bf16).causal(),
+            Normal,
+            202,
+        ),
         case("decode", "sq8-sk5", p(gqa_shape(1, 4, 2, 8, 5, 64), Bf16).causal(), Normal, 203),
         case(
             "decode",
@@ -279,7 +285,13 @@ pub fn quick() -> Vec<Case> {
             Normal,
             205,
         ),
-        case("decode", "sq1-padded-views", padded(p(gqa_shape(2, 8, 2, 1, 1000, 64), Bf16)), OneHotPeaked, 206),
+        case(
+            "decode",
+            "sq1-padded-views",
+            padded(p(gqa_shape(2, 8, 2, 1, 1000, 64), Bf16)),
+            OneHotPeaked,
+            206,
+        ),
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
         case(

@@ -3,7 +3,7 @@
 
 use super::variant::{Variant, WARPS};
 use crate::tensors::{check_alignment, check_supported};
-use attn_core::{DType, DeviceLimits, Error, Launch, Mask, Problem, Result};
+use attn_core::{DType, DeviceLimits, Error, Feature, Launch, Mask, Problem, Result};
 
 /// Head dimensions the kernel is specialised for (the others take the prefill families).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -114,13 +114,9 @@ pub fn applies(problem: &Problem) -> Result<()> {
     let s = problem.shape;
     check_supported(problem, "cuda decode", &HEAD_DIMS)?;
     check_alignment(problem)?;
-    if problem.params.softcap.is_some() {
-        return Err(Error::Unsupported {
-            backend: "cuda decode".into(),
-            what: "soft-capping (sliding windows run; soft-caps on cpu-flash and cpu-reference so far)"
-                .into(),
-        });
-    }
+    // Sliding windows run; soft-caps, ALiBi, varlen and paged K/V not yet (the kernel forms
+    // each K/V row's address in one function, `kv_row`, for the paged cache to come).
+    problem.require_features("cuda decode", &[Feature::Window])?;
     let rows = s.heads_q / s.heads_kv * s.seq_q;
     if rows > MAX_ROWS || s.seq_q == 0 || s.seq_k == 0 {
         return Err(Error::Unsupported {
@@ -339,6 +335,9 @@ mod tests {
         let f32 = Problem { dtype: DType::F32, ..decode(1, 8, 8, 1, 64, 128) };
         assert!(matches!(applies(&f32), Err(Error::UnsupportedDType { .. })));
         assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_softcap(5.0)).is_err());
+        let alibi = decode(1, 8, 8, 1, 64, 128).with_alibi(attn_core::Alibi::PerHead);
+        let err = applies(&alibi).unwrap_err().to_string();
+        assert!(err.contains("ALiBi"), "{err}");
         assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_window(Some(16), Some(0))).is_ok());
     }
 
