@@ -22,8 +22,8 @@
     if (CAUSAL) {
         n_end = u32(clamp(i32(m0 + BM) + P.causal_offset, 0, i32(n_end)));
     }
-    let n_tiles = (n_end + BN - 1u) / BN;
-    let t_first = P.key_begin / BN;
+{{SCORE_SETUP}}    let n_tiles = (n_end + BN - 1u) / BN;
+    let t_first = {{FIRST_TILE}};
 
     // K and V (or, where P·V reads V straight from its buffer, K alone) pass through registers on
     // their way to workgroup memory: each stage's global loads (pre*) are issued before the

@@ -245,9 +245,12 @@ impl Attention for Wgpu {
                 ]
             });
             let timer = gpu.caps.timestamps.then(|| Timer::new(device));
-            ([input("q", &q), input("k", &k), input("v", &v)], o, lse, status, status_read, partial, timer)
+            // ALiBi's slopes as given (f32; `check_inputs` checked their count).
+            let slopes = inputs.extras.alibi_slopes.map(|x| input("alibi slopes", bytemuck::cast_slice(x)));
+            let qkv = [input("q", &q), input("k", &k), input("v", &v)];
+            (qkv, o, lse, status, status_read, partial, timer, slopes)
         })?;
-        let ([q, k, v], o, lse, status, status_read, partial, timer) = buffers;
+        let ([q, k, v], o, lse, status, status_read, partial, timer, slopes) = buffers;
         let dispatches = Dispatches::new(
             &gpu,
             &problem,
@@ -262,6 +265,7 @@ impl Attention for Wgpu {
                 lse: &lse,
                 status: &status,
                 partial: partial.as_ref().map(|[a, b, c]| [a, b, c]),
+                alibi_slopes: slopes.as_ref(),
             },
         )?;
         gpu.wait("uploading inputs")?;
@@ -445,18 +449,27 @@ mod tests {
     use crate::shader::generate;
     use attn_core::{Attention, Buffer, DType, Inputs, Outputs, Payload, Problem, Shape};
 
-    /// `Params` is written twice, here and in `flash.wgsl`: the WGSL struct (as naga lays it out)
-    /// must have the Rust struct's size, and as many 4-byte members, so that neither side can
-    /// gain or lose a field alone.
+    /// `Params` is written twice, here and in `bindings.wgsl`: the WGSL struct (as naga lays it
+    /// out) of a kernel with a window, a soft-cap or ALiBi must have the Rust struct's size, and as
+    /// many 4-byte members, so that neither side can gain or lose a field alone; a plain kernel's
+    /// is the same without the score parameters (the 15 words before them).
     #[test]
     fn params_match_the_wgsl_struct() {
-        let v = candidates(KernelType::F32, 64, false, None).next().expect("a variant");
-        let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
-        let (_, ty) =
-            module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params")).expect("struct Params");
-        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
-        assert_eq!(*span as usize, std::mem::size_of::<Params>());
-        assert_eq!(members.len(), std::mem::size_of::<Params>() / 4, "every field is 4 bytes");
+        let plain = candidates(KernelType::F32, 64, false, None).next().expect("a variant");
+        let scored = plain.with_every_score_feature();
+        for (v, words) in [(scored, std::mem::size_of::<Params>() / 4), (plain, 15)] {
+            let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
+            let (_, ty) = module
+                .types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some("Params"))
+                .expect("struct Params");
+            let naga::TypeInner::Struct { members, span } = &ty.inner else {
+                panic!("Params is not a struct")
+            };
+            assert_eq!(*span as usize, 4 * words, "{}", v.name());
+            assert_eq!(members.len(), words, "{}: every field is 4 bytes", v.name());
+        }
     }
 
     /// The same for the merge step's `Merge` and `kernels/merge.wgsl` (its padding is one Rust

@@ -10,7 +10,8 @@
 //! (`coop`) has its own layout ([`Variant::shared_bytes`]).
 
 use attn_core::{
-    DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
+    DType, DeviceKind, DeviceLimits, Error, Feature, Launch, Mask, Problem, Result, Strides, TensorStrides,
+    Tiles,
 };
 
 /// Invocations sharing one query row's scores (the `TX` of the kernel), in order of preference;
@@ -278,6 +279,19 @@ pub struct Variant {
     /// by keys). On the H100 f32 D=128's default (the driver then compiles it without spills),
     /// not D=64's (slower there; see `measured_best`).
     pub skip_unseen: bool,
+    /// A sliding window ([`attn_core::Mask::Window`]): each row sees the keys from
+    /// `win_left` before its bottom-right diagonal to `win_right` after it (run-time parameters,
+    /// the unbounded sides given as `seq_q + seq_k`); a block walks only the tiles between its
+    /// first row's first key and its last row's last key, and masks the tiles on either edge.
+    /// Not with `causal`; FMA kernel only.
+    pub window: bool,
+    /// Scores soft-capped, `cap · tanh(s / cap)` on the scaled score ([`attn_core::Params::softcap`];
+    /// the cap a run-time parameter). FMA kernel only.
+    pub softcap: bool,
+    /// ALiBi's bias `-slope · |i + seq_k - seq_q - j|` added after the soft-cap, the slopes read
+    /// from a storage buffer (one per query head, or per batch and query head: a run-time
+    /// stride). FMA kernel only.
+    pub alibi: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -316,8 +330,24 @@ impl Variant {
             interleave: 1,
             split_d: false,
             skip_unseen: false,
+            window: false,
+            softcap: false,
+            alibi: false,
             kernel,
         }
+    }
+
+    /// This shape with a window (in place of a causal mask), a soft-cap and ALiBi: what the
+    /// tests that generate every variant check besides the plain and causal ones.
+    #[cfg(test)]
+    pub(crate) fn with_every_score_feature(self) -> Variant {
+        Variant { causal: false, window: true, softcap: true, alibi: true, ..self }
+    }
+
+    /// Whether the scores are more than a plain or causal softmax's (a window, a soft-cap or
+    /// ALiBi): the kernel then declares the score parameters of `kernels/bindings.wgsl`.
+    pub fn score_mods(&self) -> bool {
+        self.window || self.softcap || self.alibi
     }
 
     /// Probabilities handed to the row's other invocations by subgroup shuffles (the FMA kernel
@@ -391,11 +421,11 @@ impl Variant {
         4 * (q + kv + p + red)
     }
 
-    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
+    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (`window`
+    /// in place of `causal` for a sliding window; with `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
     /// their buffers, `_vk` for V staged by keys, `_qr` for Q held in registers, `_il2` for two
     /// row groups' lanes interleaved, `_sd` for S split over the head dim, `_sk` for unseen stages
-    /// skipped).
+    /// skipped, `_cap` for a soft-cap, `_alibi` for ALiBi).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -407,7 +437,13 @@ impl Variant {
             self.block_m(),
             self.block_n(),
             self.chunk,
-            if self.causal { "causal" } else { "full" },
+            if self.causal {
+                "causal"
+            } else if self.window {
+                "window"
+            } else {
+                "full"
+            },
             if self.subgroup { "sg" } else { "wgmem" },
             if self.p_shuffle() { "_pshfl" } else { "" },
             if self.row_threads == ROW_THREADS[0] {
@@ -422,6 +458,8 @@ impl Variant {
             + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
             + if self.split_d { "_sd" } else { "" }
             + if self.skip_unseen { "_sk" } else { "" }
+            + if self.softcap { "_cap" } else { "" }
+            + if self.alibi { "_alibi" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
     }
 }
@@ -470,7 +508,7 @@ pub fn choose_among(
     allowed: &dyn Fn(&Variant) -> bool,
 ) -> Result<Choice> {
     problem.validate()?;
-    problem.require_plain_scores("wgpu")?;
+    problem.require_features("wgpu", &SCORE_FEATURES)?;
     let s = problem.shape;
     let unsupported_dim = || Error::UnsupportedHeadDim {
         backend: "wgpu".into(),
@@ -492,9 +530,28 @@ pub fn choose_among(
         }
     };
     let d = padded_head_dim(s.head_dim) as u32;
-    let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
+    let window = matches!(problem.params.mask, Mask::Window { .. });
+    let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    if window && s.seq_q.saturating_add(s.seq_k) > WINDOW_MAX_ROWS {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            what: format!(
+                "{problem}: a sliding window over seq_q + seq_k > {WINDOW_MAX_ROWS} rows (the kernel \
+                 computes each row's window in i32)"
+            ),
+        });
+    }
+    // The cooperative-matrix kernel computes plain and causal scores only.
+    let plain_scores = !(window || softcap || alibi);
+    let coop = coop_candidates(d, problem.is_causal())
+        .filter(|_| caps.coop_f16 && ty == KernelType::F16 && plain_scores);
     let mut wanted: Vec<Variant> = coop
-        .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
+        .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min).map(|v| Variant {
+            window,
+            softcap,
+            alibi,
+            ..v
+        }))
         .filter(|v| allowed(v))
         .collect();
     // Short causal problems at f32 D=128 take the measured shape's 64-row form, every stage
@@ -682,6 +739,9 @@ pub fn choose_among(
             )
         });
     }
+    if let Some(note) = score_note(problem) {
+        notes.push(note);
+    }
     if d as usize != s.head_dim {
         notes.push(format!("head dim {} padded with zeros to {d} on upload", s.head_dim));
     }
@@ -732,6 +792,36 @@ pub fn choose_among(
     }
     let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
     Ok(Choice { variant, launch, tiles, device_bytes, split, notes })
+}
+
+/// The features beyond dense plain or causal scores that the FMA kernel runs (the
+/// cooperative-matrix kernel none: such problems take the FMA kernel).
+pub const SCORE_FEATURES: [Feature; 3] = [Feature::Window, Feature::Softcap, Feature::Alibi];
+
+/// The longest `seq_q + seq_k` a sliding window is planned for: the kernel computes each row's
+/// first and last key in i32, from sums of up to about twice this.
+pub const WINDOW_MAX_ROWS: usize = 1 << 29;
+
+/// The plan's line on a window, a soft-cap or ALiBi, where the problem has one.
+fn score_note(problem: &Problem) -> Option<String> {
+    let p = &problem.params;
+    let mut parts = Vec::new();
+    if let Mask::Window { left, right } = p.mask {
+        let side = |b: Option<usize>| b.map_or("unbounded".to_string(), |n| n.to_string());
+        parts.push(format!(
+            "sliding window ({} left, {} right of the diagonal): each block walks only the key tiles \
+             between its first row's first key and its last row's last key, masking the edge tiles",
+            side(left),
+            side(right)
+        ));
+    }
+    if let Some(cap) = p.softcap {
+        parts.push(format!("scores soft-capped at {cap} (cap·tanh(s/cap), in f32)"));
+    }
+    if let Some(alibi) = p.alibi {
+        parts.push(format!("ALiBi bias after the soft-cap, slopes {alibi:?} from a storage buffer"));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// How `variant` splits `seq_k` keys on an adapter with `caps`: not at all where the adapter has
@@ -1170,6 +1260,49 @@ mod tests {
         let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
         let f16 = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
         assert_eq!(choose(&f16, &plain).unwrap().variant.kernel, Kernel::Fma);
+    }
+
+    /// Windows, soft-caps and ALiBi take the FMA kernel's usual shapes with the features on
+    /// (never the cooperative-matrix kernel), named by them; a window's rows must fit the
+    /// kernel's i32 arithmetic, and packed or paged sequences are still refused by name.
+    #[test]
+    fn score_features_take_the_fma_shapes() {
+        let caps = AdapterCaps {
+            workgroup_storage: 48 * 1024,
+            subgroup_min: Some(32),
+            coop_f16: true,
+            ..lavapipe()
+        };
+        let base = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
+        assert_eq!(choose(&base, &caps).unwrap().variant.kernel, Kernel::Coop);
+        for (p, suffix) in [
+            (base.with_window(Some(64), Some(0)), "_window_"),
+            (base.with_softcap(30.0), "_cap"),
+            (base.causal().with_alibi(attn_core::Alibi::PerHead), "_alibi"),
+        ] {
+            let c = choose(&p, &caps).unwrap();
+            let v = c.variant;
+            assert!(v.kernel == Kernel::Fma && v.name().contains(suffix), "{}", v.name());
+            // The same shape as the plain problem's on the FMA kernel.
+            let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
+            let mask = if p.is_causal() { base.causal() } else { base };
+            let w = choose(&mask, &plain).unwrap().variant;
+            assert_eq!(Variant { window: false, softcap: false, alibi: false, ..v }, w);
+            assert!(
+                c.notes.iter().any(|n| n.contains("sliding window")
+                    || n.contains("soft-capped")
+                    || n.contains("ALiBi"))
+            );
+        }
+        let long = Shape { seq_q: WINDOW_MAX_ROWS, seq_k: 1, ..Shape::new(1, 1, 1, 32) };
+        let p = Problem::new(long, DType::F32).with_window(Some(4), Some(0));
+        assert!(matches!(choose(&p, &caps), Err(Error::Unsupported { .. })));
+        let paged = Problem::new(Shape::new(2, 2, 16, 64), DType::F32).with_batching(attn_core::Batching {
+            kv: attn_core::KvRows::Paged { page_size: 16, pages: 4, pages_per_seq: 1 },
+            ..Default::default()
+        });
+        let err = choose(&paged, &caps).unwrap_err().to_string();
+        assert!(err.contains("paged KV cache") && err.contains("ALiBi"), "{err}");
     }
 
     #[test]

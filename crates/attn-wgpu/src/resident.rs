@@ -231,6 +231,15 @@ impl Wgpu {
             });
         }
         let problem = &plan.problem;
+        if problem.params.alibi.is_some() {
+            return Err(Error::Unsupported {
+                backend: "wgpu".into(),
+                what: format!(
+                    "{problem}: ALiBi on the device-resident path (its slopes are not among \
+                     DeviceInputs yet); the Attention trait's host path runs it"
+                ),
+            });
+        }
         let windows = windows(&gpu, problem, &inputs, &outputs)?;
         let variant = chosen.variant;
         let pack = gpu.repack_pipeline(Repack::Pack { src: problem.dtype, ty: variant.ty })?;
@@ -406,6 +415,8 @@ fn dispatches(gpu: &Gpu, problem: &Problem, chosen: &Chosen, scratch: &Scratch) 
         lse: s(4),
         status: s(STATUS),
         partial: chosen.split.map(|_| [s(6), s(7), s(8)]),
+        // `record` refuses ALiBi (its slopes are not among the device inputs yet).
+        alibi_slopes: None,
     };
     Dispatches::new(gpu, problem, &chosen.variant, chosen.grid, chosen.split, &buffers)
 }

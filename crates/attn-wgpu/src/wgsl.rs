@@ -1,8 +1,48 @@
 //! What every WGSL generator of the crate shares ([`crate::fma`], [`crate::coop`]): the bindings
 //! template, and [`fill`], which puts each generated piece of code at its named hook.
 
-/// Parameters and buffers, shared by every kernel template (hook `{{BINDINGS}}`).
+use crate::plan::Variant;
+
+/// Parameters and buffers, shared by every kernel template (hook `{{BINDINGS}}`, filled by
+/// [`bindings`]).
 pub(crate) const BINDINGS: &str = include_str!("../kernels/bindings.wgsl");
+
+/// The score parameters' members of `struct Params` (`dispatch::Params` has them always; a
+/// kernel declares them only where its scores use them, [`Variant::score_mods`], so that the
+/// plain and causal kernels are what they were before these features).
+const SCORE_PARAMS: &str = "\
+    // Sliding window (`Mask::Window`): row i sees keys i + causal_offset - win_left ..=
+    // i + causal_offset + win_right, an unbounded side given as seq_q + seq_k.
+    win_left: i32,
+    win_right: i32,
+    // Soft-cap in log2 units (cap·log2(e)) and its inverse: s -> softcap·tanh(s·inv_softcap).
+    softcap: f32,
+    inv_softcap: f32,
+    // ALiBi: the slope of (batch b, query head h) is alibi_slopes[b·alibi_batch_stride + h].
+    alibi_batch_stride: u32,
+    pad_scores0: u32,
+    pad_scores1: u32,
+    pad_scores2: u32,
+    pad_scores3: u32,
+";
+
+/// The ALiBi slopes' binding (f32, natural units), for the kernels with ALiBi.
+const ALIBI_BINDING: &str = "\
+// ALiBi slopes: [heads_q], or [batch, heads_q] (`Params::alibi_batch_stride`).
+@group(0) @binding(7) var<storage, read> alibi_slopes: array<f32>;
+";
+
+/// [`BINDINGS`] for `variant`: the score parameters where its scores use them, the slopes'
+/// binding where it has ALiBi.
+pub(crate) fn bindings(variant: &Variant) -> String {
+    fill(
+        BINDINGS,
+        &[
+            ("SCORE_PARAMS", if variant.score_mods() { SCORE_PARAMS } else { "" }),
+            ("SCORE_BINDINGS", if variant.alibi { ALIBI_BINDING } else { "" }),
+        ],
+    )
+}
 
 /// `template` with each hook `{{NAME}}` replaced by the code `hooks` gives for `NAME`, in one
 /// pass (the code put in is not searched again). Every hook in the template must have code, and
