@@ -29,7 +29,7 @@ struct Params {
     pad: u32,
 {{SCORE_PARAMS}}}
 
-@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(0) var<uniform> {{PARAMS_VAR}}: Params;
 @group(0) @binding(1) var<storage, read> q: array<IN>;
 @group(0) @binding(2) var<storage, read> k: array<IN>;
 @group(0) @binding(3) var<storage, read> v: array<IN>;

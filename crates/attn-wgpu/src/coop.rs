@@ -43,7 +43,7 @@ const M: u32 = 16;
 /// The WGSL source of `variant` (a `coop` one).
 pub(crate) fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
-    // Plain or causal scores only: the planner gives windows, soft-caps and ALiBi the FMA kernel.
+    // Plain or causal scores of dense batches only: the planner gives the rest the FMA kernel.
     debug_assert!(!variant.score_mods(), "{}", variant.name());
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);

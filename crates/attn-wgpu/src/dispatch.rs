@@ -101,6 +101,8 @@ pub(crate) struct Buffers<'a> {
     pub(crate) partial: Option<[&'a wgpu::Buffer; 3]>,
     /// With ALiBi: the slopes (f32, `[heads_q]` or `[batch, heads_q]`).
     pub(crate) alibi_slopes: Option<&'a wgpu::Buffer>,
+    /// With sequences of their own lengths: each sequence's query and key counts (u32 pairs).
+    pub(crate) seq_lens: Option<&'a wgpu::Buffer>,
 }
 
 /// The compiled dispatches of one plan over one set of [`Buffers`]: record them as often as the
@@ -177,14 +179,15 @@ impl Dispatches {
             for (i, &range) in parts.iter().enumerate() {
                 let u = uniform("params", bytemuck::bytes_of(&params(range)));
                 let b = buffers;
-                // The layout always has the slopes' binding; kernels without ALiBi do not
-                // declare it, and get q there (read-only, never read).
+                // The layout always has the slopes' and the lengths' bindings; kernels that do
+                // not declare them get q there (read-only, never read).
                 let slopes = b.alibi_slopes.unwrap_or(b.q);
+                let lens = b.seq_lens.unwrap_or(b.q);
                 flash.push(bind(
                     device,
                     &gpu.layout,
                     "attn flash",
-                    &[&u, b.q, b.k, b.v, o_dst, lse_dst, b.status, slopes],
+                    &[&u, b.q, b.k, b.v, o_dst, lse_dst, b.status, slopes, lens],
                 ));
                 if let Some([o_part, lse_part, o_acc]) = &buffers.partial {
                     let m = Merge {

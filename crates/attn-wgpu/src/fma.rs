@@ -57,6 +57,8 @@ pub(crate) fn generate(variant: &Variant) -> String {
         FMA_BLOCK,
         &[
             ("PRE_DECL", &staging.declare("    ")),
+            ("PARAMS_COPY", params_copy(variant)),
+            ("SEQ_LENS", seq_lens(variant)),
             ("SCORE_SETUP", &score_setup(variant)),
             ("FIRST_TILE", first_tile(variant)),
             ("FETCH_K_FIRST", &staging.fetch_k("        ", "t_first * BN", "0u")),
@@ -116,6 +118,26 @@ pub(crate) fn generate(variant: &Variant) -> String {
         ],
     );
     format!("// {}\n{}", variant.name(), src)
+}
+
+/// Sequences of their own lengths ([`Variant::seq_lens`]): the block's copy of the parameters,
+/// made first (hook `PARAMS_COPY` of [`FMA_BLOCK`]; `wgsl::bindings` declares it).
+fn params_copy(variant: &Variant) -> &'static str {
+    if variant.seq_lens { "    P = P_in;\n" } else { "" }
+}
+
+/// Sequences of their own lengths: once the buffers' bases are known (laid out by the longest
+/// sequence), the block's copy of the parameters takes its sequence's key count and diagonal,
+/// which every mask, window and ALiBi bias after reads (hook `SEQ_LENS` of [`FMA_BLOCK`]).
+fn seq_lens(variant: &Variant) -> &'static str {
+    if variant.seq_lens {
+        "    // This sequence's own key count and diagonal (the buffers hold every sequence padded to\n\
+         \x20   // the longest; rows past its queries are computed and never read back).\n\
+         \x20   P.seq_k = seq_lens[2u * b + 1u];\n\
+         \x20   P.causal_offset = i32(P.seq_k) - i32(seq_lens[2u * b]);\n"
+    } else {
+        ""
+    }
 }
 
 /// The block's share of a window, a soft-cap or ALiBi, after its key range is known (hook

@@ -292,6 +292,12 @@ pub struct Variant {
     /// from a storage buffer (one per query head, or per batch and query head: a run-time
     /// stride). FMA kernel only.
     pub alibi: bool,
+    /// Sequences of their own lengths (packed queries or keys, a paged cache, per-sequence key
+    /// counts): the host gathers each sequence's rows into the usual buffers, every sequence
+    /// padded to the longest (`seq_q`, `seq_k`), and the kernel reads each sequence's query and
+    /// key counts from a storage buffer, masking and aligning its diagonal by them. FMA kernel
+    /// only.
+    pub seq_lens: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -333,21 +339,24 @@ impl Variant {
             window: false,
             softcap: false,
             alibi: false,
+            seq_lens: false,
             kernel,
         }
     }
 
-    /// This shape with a window (in place of a causal mask), a soft-cap and ALiBi: what the
-    /// tests that generate every variant check besides the plain and causal ones.
+    /// This shape with a window (in place of a causal mask), a soft-cap, ALiBi and sequences of
+    /// their own lengths: what the tests that generate every variant check besides the plain and
+    /// causal ones.
     #[cfg(test)]
-    pub(crate) fn with_every_score_feature(self) -> Variant {
-        Variant { causal: false, window: true, softcap: true, alibi: true, ..self }
+    pub(crate) fn with_every_feature(self) -> Variant {
+        Variant { causal: false, window: true, softcap: true, alibi: true, seq_lens: true, ..self }
     }
 
     /// Whether the scores are more than a plain or causal softmax's (a window, a soft-cap or
-    /// ALiBi): the kernel then declares the score parameters of `kernels/bindings.wgsl`.
+    /// ALiBi) or its sequences have their own lengths: the kernel then declares the score
+    /// parameters of `kernels/bindings.wgsl`.
     pub fn score_mods(&self) -> bool {
-        self.window || self.softcap || self.alibi
+        self.window || self.softcap || self.alibi || self.seq_lens
     }
 
     /// Probabilities handed to the row's other invocations by subgroup shuffles (the FMA kernel
@@ -425,7 +434,8 @@ impl Variant {
     /// in place of `causal` for a sliding window; with `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
     /// their buffers, `_vk` for V staged by keys, `_qr` for Q held in registers, `_il2` for two
     /// row groups' lanes interleaved, `_sd` for S split over the head dim, `_sk` for unseen stages
-    /// skipped, `_cap` for a soft-cap, `_alibi` for ALiBi).
+    /// skipped, `_cap` for a soft-cap, `_alibi` for ALiBi, `_vl` for sequences of their own
+    /// lengths).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -460,6 +470,7 @@ impl Variant {
             + if self.skip_unseen { "_sk" } else { "" }
             + if self.softcap { "_cap" } else { "" }
             + if self.alibi { "_alibi" } else { "" }
+            + if self.seq_lens { "_vl" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
     }
 }
@@ -532,6 +543,7 @@ pub fn choose_among(
     let d = padded_head_dim(s.head_dim) as u32;
     let window = matches!(problem.params.mask, Mask::Window { .. });
     let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    let seq_lens = !problem.batching.is_dense();
     if window && s.seq_q.saturating_add(s.seq_k) > WINDOW_MAX_ROWS {
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
@@ -541,8 +553,8 @@ pub fn choose_among(
             ),
         });
     }
-    // The cooperative-matrix kernel computes plain and causal scores only.
-    let plain_scores = !(window || softcap || alibi);
+    // The cooperative-matrix kernel computes plain and causal scores of dense batches only.
+    let plain_scores = !(window || softcap || alibi || seq_lens);
     let coop = coop_candidates(d, problem.is_causal())
         .filter(|_| caps.coop_f16 && ty == KernelType::F16 && plain_scores);
     let mut wanted: Vec<Variant> = coop
@@ -550,6 +562,7 @@ pub fn choose_among(
             window,
             softcap,
             alibi,
+            seq_lens,
             ..v
         }))
         .filter(|v| allowed(v))
@@ -796,7 +809,15 @@ pub fn choose_among(
 
 /// The features beyond dense plain or causal scores that the FMA kernel runs (the
 /// cooperative-matrix kernel none: such problems take the FMA kernel).
-pub const SCORE_FEATURES: [Feature; 3] = [Feature::Window, Feature::Softcap, Feature::Alibi];
+pub const SCORE_FEATURES: [Feature; 7] = [
+    Feature::Window,
+    Feature::Softcap,
+    Feature::Alibi,
+    Feature::PackedQueries,
+    Feature::PackedKeys,
+    Feature::PagedKv,
+    Feature::KeysUsed,
+];
 
 /// The longest `seq_q + seq_k` a sliding window is planned for: the kernel computes each row's
 /// first and last key in i32, from sums of up to about twice this.
@@ -820,6 +841,14 @@ fn score_note(problem: &Problem) -> Option<String> {
     }
     if let Some(alibi) = p.alibi {
         parts.push(format!("ALiBi bias after the soft-cap, slopes {alibi:?} from a storage buffer"));
+    }
+    if !problem.batching.is_dense() {
+        parts.push(format!(
+            "sequences of their own lengths ({:?}): each sequence's rows gathered on the host into \
+             buffers padded to the longest (seq_q {}, seq_k {}); the kernel reads each sequence's \
+             query and key counts from a storage buffer",
+            problem.batching, problem.shape.seq_q, problem.shape.seq_k
+        ));
     }
     (!parts.is_empty()).then(|| parts.join("; "))
 }
@@ -1263,8 +1292,8 @@ mod tests {
     }
 
     /// Windows, soft-caps and ALiBi take the FMA kernel's usual shapes with the features on
-    /// (never the cooperative-matrix kernel), named by them; a window's rows must fit the
-    /// kernel's i32 arithmetic, and packed or paged sequences are still refused by name.
+    /// (never the cooperative-matrix kernel), named by them, and so do packed or paged sequences;
+    /// a window's rows must fit the kernel's i32 arithmetic.
     #[test]
     fn score_features_take_the_fma_shapes() {
         let caps = AdapterCaps {
@@ -1297,12 +1326,14 @@ mod tests {
         let long = Shape { seq_q: WINDOW_MAX_ROWS, seq_k: 1, ..Shape::new(1, 1, 1, 32) };
         let p = Problem::new(long, DType::F32).with_window(Some(4), Some(0));
         assert!(matches!(choose(&p, &caps), Err(Error::Unsupported { .. })));
-        let paged = Problem::new(Shape::new(2, 2, 16, 64), DType::F32).with_batching(attn_core::Batching {
-            kv: attn_core::KvRows::Paged { page_size: 16, pages: 4, pages_per_seq: 1 },
+        // Packed or paged sequences: the same, with the sequence lengths read by the kernel.
+        let paged = base.with_batching(attn_core::Batching {
+            kv: attn_core::KvRows::Paged { page_size: 256, pages: 4, pages_per_seq: 4 },
+            keys_used: true,
             ..Default::default()
         });
-        let err = choose(&paged, &caps).unwrap_err().to_string();
-        assert!(err.contains("paged KV cache") && err.contains("ALiBi"), "{err}");
+        let v = choose(&paged, &caps).unwrap().variant;
+        assert!(v.kernel == Kernel::Fma && v.seq_lens && v.name().ends_with("_vl"), "{}", v.name());
     }
 
     #[test]

@@ -53,7 +53,9 @@
 //! without `STORAGE` usage, an offset that is not a whole element, a buffer smaller than what the
 //! strides reach, an LSE buffer missing where the problem asks for one or given where it does not
 //! ([`Error::Shape`]), a tensor whose span exceeds one storage binding of the device
-//! ([`Error::OverDeviceLimit`]). Nothing outside the views is written: where a 16-bit element
+//! ([`Error::OverDeviceLimit`]), a problem that needs data beyond q, k and v: ALiBi's slopes,
+//! packed or paged sequences' indices ([`Error::Unsupported`]: [`DeviceInputs`] do not carry them
+//! yet; the host path runs them). Sliding windows and soft-caps need none and run here. Nothing outside the views is written: where a 16-bit element
 //! shares its 4-byte word with memory outside the view, only its half of the word is changed.
 //!
 //! ## Errors the GPU finds
@@ -231,12 +233,18 @@ impl Wgpu {
             });
         }
         let problem = &plan.problem;
-        if problem.params.alibi.is_some() {
+        // What needs data beyond q, k and v (`Extras`): ALiBi's slopes, packed or paged
+        // sequences' indices.
+        let needs = [
+            (problem.params.alibi.is_some(), "ALiBi (its slopes)"),
+            (!problem.batching.is_dense(), "packed or paged sequences (their indices)"),
+        ];
+        if let Some((_, what)) = needs.iter().find(|(on, _)| *on) {
             return Err(Error::Unsupported {
                 backend: "wgpu".into(),
                 what: format!(
-                    "{problem}: ALiBi on the device-resident path (its slopes are not among \
-                     DeviceInputs yet); the Attention trait's host path runs it"
+                    "{problem}: {what} on the device-resident path: DeviceInputs do not carry them \
+                     yet; the Attention trait's host path runs them"
                 ),
             });
         }
@@ -415,8 +423,10 @@ fn dispatches(gpu: &Gpu, problem: &Problem, chosen: &Chosen, scratch: &Scratch) 
         lse: s(4),
         status: s(STATUS),
         partial: chosen.split.map(|_| [s(6), s(7), s(8)]),
-        // `record` refuses ALiBi (its slopes are not among the device inputs yet).
+        // `record` refuses ALiBi and sequences of their own lengths (their data are not among
+        // the device inputs yet).
         alibi_slopes: None,
+        seq_lens: None,
     };
     Dispatches::new(gpu, problem, &chosen.variant, chosen.grid, chosen.split, &buffers)
 }

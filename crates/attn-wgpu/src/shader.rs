@@ -61,8 +61,7 @@ mod tests {
                     // Each FMA shape with every score feature (a window in place of the causal
                     // mask): the code they add is the same piece for each feature whether the
                     // others are on or not.
-                    let scored =
-                        candidates(ty, d, causal, subgroup_min).map(Variant::with_every_score_feature);
+                    let scored = candidates(ty, d, causal, subgroup_min).map(Variant::with_every_feature);
                     variants.extend(scored.filter(|v| seen.insert(*v)));
                 }
             }

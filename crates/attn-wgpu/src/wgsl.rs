@@ -32,14 +32,33 @@ const ALIBI_BINDING: &str = "\
 @group(0) @binding(7) var<storage, read> alibi_slopes: array<f32>;
 ";
 
+/// The sequence lengths' binding, and the parameters' block-local copy that `main` fills
+/// (`fma::params_copy`), for the kernels of sequences of their own lengths.
+const SEQ_LENS_BINDING: &str = "\
+// Sequences of their own lengths: seq_lens[2b] and seq_lens[2b + 1] are the queries and keys of
+// sequence b. The kernel reads the parameters through P, its copy of the uniform block P_in with
+// its sequence's key count and diagonal (seq_k, causal_offset); seq_q and seq_k in P_in are the
+// longest sequence's, by which the buffers are laid out.
+@group(0) @binding(8) var<storage, read> seq_lens: array<u32>;
+var<private> P: Params;
+";
+
 /// [`BINDINGS`] for `variant`: the score parameters where its scores use them, the slopes'
-/// binding where it has ALiBi.
+/// binding where it has ALiBi, the sequence lengths' where its sequences have their own.
 pub(crate) fn bindings(variant: &Variant) -> String {
+    let mut extra = String::new();
+    if variant.alibi {
+        extra.push_str(ALIBI_BINDING);
+    }
+    if variant.seq_lens {
+        extra.push_str(SEQ_LENS_BINDING);
+    }
     fill(
         BINDINGS,
         &[
+            ("PARAMS_VAR", if variant.seq_lens { "P_in" } else { "P" }),
             ("SCORE_PARAMS", if variant.score_mods() { SCORE_PARAMS } else { "" }),
-            ("SCORE_BINDINGS", if variant.alibi { ALIBI_BINDING } else { "" }),
+            ("SCORE_BINDINGS", &extra),
         ],
     )
 }

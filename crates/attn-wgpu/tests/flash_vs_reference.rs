@@ -8,9 +8,10 @@
 //! `ATTN_REQUIRE_WGPU=1` (set by `cargo xtask test`), where it fails.
 
 use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::sequences::{KeyStore, batch_of};
 use attn_core::{
-    Alibi, Attention, Availability, Batching, Buffer, DType, DeviceKind, Error, Extras, Inputs, KvRows,
-    Layout, Outputs, Plan, Problem, Shape, Strides, TensorStrides,
+    Alibi, Attention, Availability, Buffer, DType, DeviceKind, Extras, Inputs, Layout, Outputs, OwnedExtras,
+    Plan, Problem, Shape, Strides, TensorStrides,
 };
 use attn_cpu::Reference;
 use attn_wgpu::options::REQUIRE_WGPU;
@@ -517,19 +518,109 @@ fn scores_over_split_keys() {
     check_with(b, &p, 382, Some(&slopes(1, 2, false, 0.001)));
 }
 
-/// Features the kernel does not run are still refused by name, with what it runs.
-#[test]
-fn packed_and_paged_sequences_are_refused_by_name() {
-    let Some(b) = backend("packed_and_paged_sequences_are_refused_by_name") else { return };
-    let p = Problem::new(Shape::new(2, 2, 16, 64), DType::F32).with_batching(Batching {
-        kv: KvRows::Paged { page_size: 16, pages: 4, pages_per_seq: 1 },
-        ..Batching::default()
-    });
-    match b.plan(&p) {
-        Err(Error::Unsupported { what, .. }) => {
-            assert!(what.contains("paged KV cache"), "{what}");
-            assert!(what.contains("sliding window, soft-cap, ALiBi"), "{what}");
+/// Sequences of `q_lens` queries against `k_lens` keys stored as `keys` (the layouts of
+/// [`batch_of`]), with the LSE; `heads` query and key/value heads, head dim `d`.
+fn sequences(
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+    (heads_q, heads_kv, d): (usize, usize, usize),
+    dtype: DType,
+) -> (Problem, OwnedExtras) {
+    let shape = Shape { heads_kv, ..Shape::new(1, heads_q, 1, d) };
+    let (problem, extras) = batch_of(shape, dtype, q_lens, k_lens, keys);
+    (problem.with_lse(true), extras)
+}
+
+/// Runs the backend on packed or paged sequences and compares each sequence's rows and LSE
+/// with the reference; output rows of no sequence must stay poisoned.
+fn check_sequences(backend: &Wgpu, problem: &Problem, ix: &OwnedExtras, seed: u64) {
+    let mut rng = SplitMix64::new(seed);
+    let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
+    let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
+    let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
+    let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data()).with_extras(ix.borrow());
+    let mut o = Buffer::zeros(problem.dtype, o_len);
+    let mut lse = vec![0.0f32; problem.lse_len()];
+    let mut outputs = Outputs { o: o.as_data_mut(), lse: Some(lse.as_mut_slice()) };
+    outputs.poison();
+    let plan = backend.forward(problem, inputs, outputs).unwrap_or_else(|e| panic!("{problem}: {e}"));
+    assert!(plan.kernel.ends_with("_vl"), "{}", plan.kernel);
+    let (want_o, want_lse) = Reference::compute(problem, &inputs).unwrap();
+
+    let s = problem.shape;
+    let d = s.head_dim;
+    // The score bound of `check`, over every row of the buffers (all start at multiples of d).
+    let max_norm = |x: &Buffer| {
+        let x = x.to_f32_vec();
+        x.chunks(d).map(|r| r.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().sqrt()).fold(0.0, f64::max)
+    };
+    let v_max = v.to_f32_vec().iter().fold(0f64, |m, &y| m.max((y as f64).abs()));
+    let (atol, rtol) = tolerance(problem.dtype);
+    let bound = problem.scale() as f64 * max_norm(&q) * max_norm(&k);
+    let atol = atol + 8.0 * 2f64.powi(-24) * bound * v_max;
+    let map = problem.seq_map(ix.borrow()).unwrap();
+    let got = o.to_f32_vec();
+    let mut written = vec![false; o_len];
+    for (b, h, i) in map.rows() {
+        let row = (b * s.heads_q + h) * s.seq_q + i;
+        let at = map.o_offset(b, h, i);
+        for j in 0..d {
+            let (x, w) = (got[at + j] as f64, want_o[row * d + j]);
+            written[at + j] = true;
+            assert!(
+                (x - w).abs() <= atol + rtol * w.abs(),
+                "seed {seed} {problem} ({}): o[{b},{h},{i},{j}] = {x}, reference {w}",
+                plan.kernel
+            );
         }
-        other => panic!("{other:?}"),
+        let (l, w) = (lse[map.lse_index(b, h, i)] as f64, want_lse[row]);
+        let ok = if w == f64::NEG_INFINITY {
+            l == f64::NEG_INFINITY
+        } else {
+            (l - w).abs() <= 1e-4 * w.abs().max(1.0) + 8.0 * 2f64.powi(-24) * bound
+        };
+        assert!(ok, "seed {seed} {problem} ({}): lse[{b},{h},{i}] = {l}, reference {w}", plan.kernel);
     }
+    if let Some(i) = (0..o_len).find(|&i| !written[i] && !got[i].is_nan()) {
+        panic!("seed {seed} {problem}: element {i} of no sequence's rows was written");
+    }
+}
+
+/// Packed (varlen) queries and keys, a paged cache and per-sequence key counts: empty
+/// sequences, one-token ones, queries longer than keys, GQA, with a window, a soft-cap and
+/// ALiBi per (batch, head), through workgroup memory, and keys split over dispatches on a
+/// software adapter (one sequence long, the others short).
+#[test]
+fn packed_and_paged_sequences() {
+    let Some(b) = backend("packed_and_paged_sequences") else { return };
+    let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
+    let (p, ix) = sequences(&q_lens, &k_lens, KeyStore::Packed, (4, 2, 64), DType::F32);
+    check_sequences(b, &p.causal(), &ix, 400);
+    let (p, mut ix) = sequences(&q_lens, &k_lens, KeyStore::Packed, (2, 2, 32), DType::Bf16);
+    ix.alibi_slopes = Some(slopes(5, 2, true, 1.0));
+    let p = p.with_window(Some(6), Some(2)).with_softcap(8.0).with_alibi(Alibi::PerBatchHead);
+    check_sequences(b, &p, &ix, 401);
+    let (p, ix) = sequences(
+        &[4; 4],
+        &[37, 1, 130, 64],
+        KeyStore::Paged { page_size: 16, seed: 7 },
+        (4, 2, 128),
+        DType::F16,
+    );
+    check_sequences(b, &p.causal(), &ix, 402);
+    let (p, ix) = sequences(
+        &[3, 1, 8],
+        &[50, 7, 90],
+        KeyStore::Paged { page_size: 64, seed: 8 },
+        (4, 1, 96),
+        DType::F32,
+    );
+    check_sequences(b, &p.with_window(Some(24), Some(0)), &ix, 403);
+    let wgmem = with(Options { no_subgroups: true, ..Options::default() });
+    let (p, ix) = sequences(&[2; 3], &[10, 100, 1], KeyStore::DenseUsed, (4, 2, 64), DType::Bf16);
+    check_sequences(&wgmem, &p.causal(), &ix, 404);
+    let (p, ix) = sequences(&[3, 1, 2], &[40_000, 3, 1000], KeyStore::Packed, (2, 1, 64), DType::F32);
+    check_sequences(b, &p.causal(), &ix, 405);
 }

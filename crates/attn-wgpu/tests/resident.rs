@@ -333,8 +333,9 @@ fn long_keys_split_on_software_adapters() {
 }
 
 /// Sliding windows and soft-caps need no data beyond q, k and v: the device path runs them, bit
-/// for bit as the host path, split over keys on software adapters too. ALiBi needs its slopes,
-/// which the device inputs do not carry yet: a typed error before anything is recorded.
+/// for bit as the host path, split over keys on software adapters too. ALiBi needs its slopes
+/// and packed or paged sequences their indices, which the device inputs do not carry yet: a
+/// typed error before anything is recorded.
 #[test]
 fn windows_and_soft_caps_but_not_alibi() {
     let Some(b) = backend("windows_and_soft_caps_but_not_alibi") else { return };
@@ -365,6 +366,15 @@ fn windows_and_soft_caps_but_not_alibi() {
     let outputs = DeviceOutputs { o: t(&o), lse: None };
     match b.submit(&plan, inputs, outputs) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("ALiBi"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    // Paged keys likewise (their block table).
+    let paged = case.problem.with_batching(attn_core::Batching {
+        kv: attn_core::KvRows::Paged { page_size: 8, pages: 1, pages_per_seq: 1 },
+        ..Default::default()
+    });
+    match b.submit(&b.plan(&paged).unwrap(), inputs, outputs) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("paged"), "{what}"),
         other => panic!("{other:?}"),
     }
     assert!(download(b, &o).iter().all(|&x| x == POISON), "o was written");
