@@ -553,6 +553,15 @@ pub fn choose_among(
             ),
         });
     }
+    if let Some(cap) = problem.params.softcap.filter(|c| !SOFTCAP_RANGE.contains(c)) {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            what: format!(
+                "{problem}: a soft-cap of {cap}, outside {SOFTCAP_RANGE:?} (the kernel multiplies by its \
+                 f32 inverse, which must stay a normal number)"
+            ),
+        });
+    }
     // The cooperative-matrix kernel computes plain and causal scores of dense batches only.
     let plain_scores = !(window || softcap || alibi || seq_lens);
     let coop = coop_candidates(d, problem.is_causal())
@@ -822,6 +831,10 @@ pub const SCORE_FEATURES: [Feature; 7] = [
 /// The longest `seq_q + seq_k` a sliding window is planned for: the kernel computes each row's
 /// first and last key in i32, from sums of up to about twice this.
 pub const WINDOW_MAX_ROWS: usize = 1 << 29;
+
+/// The soft-caps planned: the kernel works in log2 units with the cap's f32 inverse, which
+/// stays a normal number across this range (wider than any model's, 30 or 50).
+pub const SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = 1e-30..=1e30;
 
 /// The plan's line on a window, a soft-cap or ALiBi, where the problem has one.
 fn score_note(problem: &Problem) -> Option<String> {
@@ -1322,6 +1335,10 @@ mod tests {
                     || n.contains("soft-capped")
                     || n.contains("ALiBi"))
             );
+        }
+        for cap in [1e-31, 2e30] {
+            let p = base.with_softcap(cap);
+            assert!(matches!(choose(&p, &caps), Err(Error::Unsupported { .. })), "{cap}");
         }
         let long = Shape { seq_q: WINDOW_MAX_ROWS, seq_k: 1, ..Shape::new(1, 1, 1, 32) };
         let p = Problem::new(long, DType::F32).with_window(Some(4), Some(0));
