@@ -143,6 +143,17 @@ pub struct OwnedExtras {
 }
 
 impl OwnedExtras {
+    /// A copy of `e`'s arrays.
+    pub fn copy_of(e: &Extras<'_>) -> Self {
+        OwnedExtras {
+            cu_seqlens_q: e.cu_seqlens_q.map(<[i32]>::to_vec),
+            cu_seqlens_k: e.cu_seqlens_k.map(<[i32]>::to_vec),
+            seqused_k: e.seqused_k.map(<[i32]>::to_vec),
+            block_table: e.block_table.map(<[i32]>::to_vec),
+            alibi_slopes: e.alibi_slopes.map(<[f32]>::to_vec),
+        }
+    }
+
     /// Borrowed, as inputs carry them.
     pub fn borrow(&self) -> Extras<'_> {
         Extras {

@@ -27,9 +27,9 @@ struct Params {
     // Trips of `loop_limit_probe`'s loop: 2, from the host, so that no compiler can unroll it.
     probe_trips: u32,
     pad: u32,
-}
+{{SCORE_PARAMS}}}
 
-@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(0) var<uniform> {{PARAMS_VAR}}: Params;
 @group(0) @binding(1) var<storage, read> q: array<IN>;
 @group(0) @binding(2) var<storage, read> k: array<IN>;
 @group(0) @binding(3) var<storage, read> v: array<IN>;
@@ -37,7 +37,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 // status[0]: set to 1 by an invocation whose loops were cut short (`loop_limit_probe`).
 @group(0) @binding(6) var<storage, read_write> status: array<u32>;
-
+{{SCORE_BINDINGS}}
 // Mesa's software adapters (llvmpipe, lavapipe) end every loop of an invocation once 65535
 // iterations have run in all its loops together, without an error: the kernel would go on with
 // the keys it has seen so far. Called last, after every other loop: a loop of two trips that no

@@ -102,12 +102,12 @@ fn main(
 
         // Mask only the tiles that reach past seq_k or past the first row's diagonal.
         let row0 = m0 + ty * 4u;
-        if (n0 + BN > P.seq_k || (CAUSAL && i32(n0 + BN) - 1 > i32(m0) + P.causal_offset)) {
+{{SCORE_MODS}}        if (n0 + BN > P.seq_k || {{MASK_TILE}}) {
             var lim = vec4<i32>(i32(P.seq_k));
             if (CAUSAL) {
                 lim = min(lim, vec4<i32>(i32(row0) + P.causal_offset + 1) + vec4<i32>(0, 1, 2, 3));
             }
-{{S_MASK}}
+{{WINDOW_LIM}}{{S_MASK}}
         }
 
         let m_new = max(m, row_max({{S_ROWMAX}}, tx, ty));

@@ -4,13 +4,13 @@
 
 use crate::dispatch::{self, Dispatches, Sizes};
 use crate::options::Options;
-use crate::pack::{pack_inputs, unpack_output};
+use crate::pack::{pack_inputs, seq_lens, unpack_lse, unpack_output};
 use crate::plan::{self, AdapterCaps, KeySplit, Variant};
 use crate::resident::Resident;
 use crate::runtime::Gpu;
 use attn_core::{
-    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, Payload, Plan, Prepared,
-    Problem, Result,
+    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, OwnedExtras, Payload, Plan,
+    Prepared, Problem, Result,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -211,7 +211,8 @@ impl Attention for Wgpu {
         let d = variant.head_dim as usize;
         let rows = plan::padded_rows(&variant, s.seq_q, s.seq_k);
         let k_tiles = variant.direct.then_some(variant.block_n() as usize);
-        let [q, k, v] = pack_inputs(&problem, &inputs, variant.ty, d, rows, k_tiles);
+        let map = problem.seq_map(inputs.extras)?;
+        let [q, k, v] = pack_inputs(&map, &inputs, variant.ty, d, rows, k_tiles);
         let sizes = Sizes::of(&problem, &variant, split);
         let device = &gpu.device;
         let buffers = gpu.scoped("allocating and uploading buffers", || {
@@ -245,9 +246,15 @@ impl Attention for Wgpu {
                 ]
             });
             let timer = gpu.caps.timestamps.then(|| Timer::new(device));
-            ([input("q", &q), input("k", &k), input("v", &v)], o, lse, status, status_read, partial, timer)
+            // ALiBi's slopes as given (f32; `check_inputs` checked their count).
+            let slopes = inputs.extras.alibi_slopes.map(|x| input("alibi slopes", bytemuck::cast_slice(x)));
+            // Each sequence's lengths, for the kernels of sequences of their own lengths.
+            let lens =
+                variant.seq_lens.then(|| input("sequence lengths", bytemuck::cast_slice(&seq_lens(&map))));
+            let qkv = [input("q", &q), input("k", &k), input("v", &v)];
+            (qkv, o, lse, status, status_read, partial, timer, [slopes, lens])
         })?;
-        let ([q, k, v], o, lse, status, status_read, partial, timer) = buffers;
+        let ([q, k, v], o, lse, status, status_read, partial, timer, [slopes, lens]) = buffers;
         let dispatches = Dispatches::new(
             &gpu,
             &problem,
@@ -262,6 +269,8 @@ impl Attention for Wgpu {
                 lse: &lse,
                 status: &status,
                 partial: partial.as_ref().map(|[a, b, c]| [a, b, c]),
+                alibi_slopes: slopes.as_ref(),
+                seq_lens: lens.as_ref(),
             },
         )?;
         gpu.wait("uploading inputs")?;
@@ -275,6 +284,7 @@ impl Attention for Wgpu {
             status_read,
             timer,
             variant,
+            extras: OwnedExtras::copy_of(&inputs.extras),
         }))
     }
 }
@@ -323,6 +333,8 @@ struct WgpuPrepared {
     status_read: wgpu::Buffer,
     timer: Option<Timer>,
     variant: Variant,
+    /// The call's extras, through which `read` finds each sequence's output rows.
+    extras: OwnedExtras,
 }
 
 impl Prepared for WgpuPrepared {
@@ -382,11 +394,12 @@ impl Prepared for WgpuPrepared {
     fn read(&mut self, mut outputs: Outputs<'_>) -> Result<()> {
         let problem = self.plan.problem;
         problem.check_outputs(&outputs)?;
+        let map = problem.seq_map(self.extras.borrow())?;
         let bytes = read_buffer(&self.gpu, &self.o)?;
-        unpack_output(&problem, self.variant.ty, self.variant.head_dim as usize, &bytes, &mut outputs.o);
+        unpack_output(&map, self.variant.ty, self.variant.head_dim as usize, &bytes, &mut outputs.o);
         if let Some(dst) = outputs.lse.as_deref_mut() {
             let bytes = read_buffer(&self.gpu, &self.lse)?;
-            dst.copy_from_slice(bytemuck::cast_slice(&bytes));
+            unpack_lse(&map, bytemuck::cast_slice(&bytes), dst);
         }
         Ok(())
     }
@@ -445,18 +458,27 @@ mod tests {
     use crate::shader::generate;
     use attn_core::{Attention, Buffer, DType, Inputs, Outputs, Payload, Problem, Shape};
 
-    /// `Params` is written twice, here and in `flash.wgsl`: the WGSL struct (as naga lays it out)
-    /// must have the Rust struct's size, and as many 4-byte members, so that neither side can
-    /// gain or lose a field alone.
+    /// `Params` is written twice, here and in `bindings.wgsl`: the WGSL struct (as naga lays it
+    /// out) of a kernel with a window, a soft-cap or ALiBi must have the Rust struct's size, and as
+    /// many 4-byte members, so that neither side can gain or lose a field alone; a plain kernel's
+    /// is the same without the score parameters (the 15 words before them).
     #[test]
     fn params_match_the_wgsl_struct() {
-        let v = candidates(KernelType::F32, 64, false, None).next().expect("a variant");
-        let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
-        let (_, ty) =
-            module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params")).expect("struct Params");
-        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
-        assert_eq!(*span as usize, std::mem::size_of::<Params>());
-        assert_eq!(members.len(), std::mem::size_of::<Params>() / 4, "every field is 4 bytes");
+        let plain = candidates(KernelType::F32, 64, false, None).next().expect("a variant");
+        let scored = plain.with_every_feature();
+        for (v, words) in [(scored, std::mem::size_of::<Params>() / 4), (plain, 15)] {
+            let module = naga::front::wgsl::parse_str(&generate(&v)).expect("the kernel parses");
+            let (_, ty) = module
+                .types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some("Params"))
+                .expect("struct Params");
+            let naga::TypeInner::Struct { members, span } = &ty.inner else {
+                panic!("Params is not a struct")
+            };
+            assert_eq!(*span as usize, 4 * words, "{}", v.name());
+            assert_eq!(members.len(), words, "{}: every field is 4 bytes", v.name());
+        }
     }
 
     /// The same for the merge step's `Merge` and `kernels/merge.wgsl` (its padding is one Rust

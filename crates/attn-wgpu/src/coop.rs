@@ -31,7 +31,7 @@
 //!   softmax was no faster.
 
 use crate::plan::Variant;
-use crate::wgsl::{BINDINGS, fill};
+use crate::wgsl::{bindings, fill};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -43,6 +43,8 @@ const M: u32 = 16;
 /// The WGSL source of `variant` (a `coop` one).
 pub(crate) fn generate(variant: &Variant) -> String {
     debug_assert!(variant.kernel == crate::plan::Kernel::Coop);
+    // Plain or causal scores of dense batches only: the planner gives the rest the FMA kernel.
+    debug_assert!(!variant.score_mods(), "{}", variant.name());
     let (d, bn) = (variant.head_dim, variant.block_n());
     let (d_blocks, n_blocks) = (d / M, bn / M);
     let mut q_load = String::new();
@@ -102,7 +104,7 @@ pub(crate) fn generate(variant: &Variant) -> String {
             ("BM", &variant.block_m().to_string()),
             ("BN", &bn.to_string()),
             ("CAUSAL", &variant.causal.to_string()),
-            ("BINDINGS", BINDINGS),
+            ("BINDINGS", &bindings(variant)),
             ("Q_LOAD", &q_load),
             ("O_DECL", &o_decl),
             ("S_MMA", &s_mma),

@@ -5,11 +5,13 @@
 
 use crate::plan::{KeySplit, Variant};
 use crate::runtime::Gpu;
-use attn_core::{Problem, Result};
+use attn_core::{Alibi, Mask, Problem, Result};
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
-/// The kernel's uniform block; field order and types match `struct Params` in `kernels/bindings.wgsl`.
+/// The kernel's uniform block; field order and types match `struct Params` in
+/// `kernels/bindings.wgsl` (whose score parameters only the kernels with a window, a soft-cap or
+/// ALiBi declare: the others read a prefix of the block).
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Params {
@@ -28,6 +30,13 @@ pub(crate) struct Params {
     key_end: u32,
     probe_trips: u32,
     pad: u32,
+    // The score parameters (`wgsl::SCORE_PARAMS`), declared by the kernels that use them.
+    win_left: i32,
+    win_right: i32,
+    softcap: f32,
+    inv_softcap: f32,
+    alibi_batch_stride: u32,
+    pad_scores: [u32; 4],
 }
 
 /// The merge step's uniform block; matches `struct Merge` in `merge.wgsl`.
@@ -90,6 +99,10 @@ pub(crate) struct Buffers<'a> {
     pub(crate) status: &'a wgpu::Buffer,
     /// With a split: each part's o and LSE, and the running o (f32).
     pub(crate) partial: Option<[&'a wgpu::Buffer; 3]>,
+    /// With ALiBi: the slopes (f32, `[heads_q]` or `[batch, heads_q]`).
+    pub(crate) alibi_slopes: Option<&'a wgpu::Buffer>,
+    /// With sequences of their own lengths: each sequence's query and key counts (u32 pairs).
+    pub(crate) seq_lens: Option<&'a wgpu::Buffer>,
 }
 
 /// The compiled dispatches of one plan over one set of [`Buffers`]: record them as often as the
@@ -141,6 +154,7 @@ impl Dispatches {
             key_end,
             probe_trips: 2,
             pad: 0,
+            ..score_params(problem)
         };
         let rows_q = (s.batch * s.heads_q * s.seq_q) as u32;
         let merge_groups = rows_q.div_ceil(MERGE_WORKGROUP);
@@ -165,11 +179,15 @@ impl Dispatches {
             for (i, &range) in parts.iter().enumerate() {
                 let u = uniform("params", bytemuck::bytes_of(&params(range)));
                 let b = buffers;
+                // The layout always has the slopes' and the lengths' bindings; kernels that do
+                // not declare them get q there (read-only, never read).
+                let slopes = b.alibi_slopes.unwrap_or(b.q);
+                let lens = b.seq_lens.unwrap_or(b.q);
                 flash.push(bind(
                     device,
                     &gpu.layout,
                     "attn flash",
-                    &[&u, b.q, b.k, b.v, o_dst, lse_dst, b.status],
+                    &[&u, b.q, b.k, b.v, o_dst, lse_dst, b.status, slopes, lens],
                 ));
                 if let Some([o_part, lse_part, o_acc]) = &buffers.partial {
                     let m = Merge {
@@ -207,6 +225,33 @@ impl Dispatches {
                 pass.dispatch_workgroups(*x, *y, *z);
             }
         }
+    }
+}
+
+/// The score parameters of `problem`'s uniform block, every other field zero: the window's
+/// sides (an unbounded one, and any longer, as `seq_q + seq_k`, which reaches past every key:
+/// the planner keeps that within i32, `plan::WINDOW_MAX_ROWS`), the soft-cap in the scores' log2
+/// units, and the slopes' batch stride.
+fn score_params(problem: &Problem) -> Params {
+    let s = problem.shape;
+    let p = &problem.params;
+    let unbounded = (s.seq_q + s.seq_k).min(i32::MAX as usize);
+    let side = |b: Option<usize>| b.map_or(unbounded, |n| n.min(unbounded)) as i32;
+    let (win_left, win_right) = match p.mask {
+        Mask::Window { left, right } => (side(left), side(right)),
+        Mask::None | Mask::Causal => (0, 0),
+    };
+    let cap = p.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E);
+    Params {
+        win_left,
+        win_right,
+        softcap: cap,
+        inv_softcap: if cap > 0.0 { 1.0 / cap } else { 0.0 },
+        alibi_batch_stride: match p.alibi {
+            Some(Alibi::PerBatchHead) => s.heads_q as u32,
+            Some(Alibi::PerHead) | None => 0,
+        },
+        ..bytemuck::Zeroable::zeroed()
     }
 }
 

@@ -7,7 +7,7 @@
 //! (rescale, P·V per head-dim chunk, store) are unrolled here, in Rust, where the count is known.
 
 use crate::plan::{MICRO, Variant};
-use crate::wgsl::{BINDINGS, fill};
+use crate::wgsl::{bindings, fill};
 use std::fmt::Write;
 
 /// The kernel template.
@@ -57,6 +57,10 @@ pub(crate) fn generate(variant: &Variant) -> String {
         FMA_BLOCK,
         &[
             ("PRE_DECL", &staging.declare("    ")),
+            ("PARAMS_COPY", params_copy(variant)),
+            ("SEQ_LENS", seq_lens(variant)),
+            ("SCORE_SETUP", &score_setup(variant)),
+            ("FIRST_TILE", first_tile(variant)),
             ("FETCH_K_FIRST", &staging.fetch_k("        ", "t_first * BN", "0u")),
             ("STAGE_Q", &stage_q(variant)),
         ],
@@ -75,7 +79,7 @@ pub(crate) fn generate(variant: &Variant) -> String {
             ("KG", &variant.key_groups.to_string()),
             ("CAUSAL", &variant.causal.to_string()),
             ("STAGES", "1"),
-            ("BINDINGS", BINDINGS),
+            ("BINDINGS", &bindings(variant)),
             ("QS_DECL", qs_decl(variant)),
             ("KV_DECL", kv_decl(variant)),
             ("PS_DECL", &ps_decl),
@@ -100,6 +104,9 @@ pub(crate) fn generate(variant: &Variant) -> String {
             ("FETCH_K_NEXT", &staging.fetch_k("                ", "n0", "c + 1u")),
             ("FETCH_V_FIRST", &after_last_k_chunk(variant, &staging)),
             ("QK", &qk(variant, &scores.fma)),
+            ("SCORE_MODS", &score_mods(variant)),
+            ("MASK_TILE", mask_tile(variant)),
+            ("WINDOW_LIM", window_lim(variant)),
             ("S_MASK", &scores.mask),
             ("S_ROWMAX", &scores.row_max),
             ("S_EXP", &scores.exp),
@@ -111,6 +118,135 @@ pub(crate) fn generate(variant: &Variant) -> String {
         ],
     );
     format!("// {}\n{}", variant.name(), src)
+}
+
+/// Sequences of their own lengths ([`Variant::seq_lens`]): the block's copy of the parameters,
+/// made first (hook `PARAMS_COPY` of [`FMA_BLOCK`]; `wgsl::bindings` declares it).
+fn params_copy(variant: &Variant) -> &'static str {
+    if variant.seq_lens { "    P = P_in;\n" } else { "" }
+}
+
+/// Sequences of their own lengths: once the buffers' bases are known (laid out by the longest
+/// sequence), the block's copy of the parameters takes its sequence's key count and diagonal,
+/// which every mask, window and ALiBi bias after reads (hook `SEQ_LENS` of [`FMA_BLOCK`]).
+fn seq_lens(variant: &Variant) -> &'static str {
+    if variant.seq_lens {
+        "    // This sequence's own key count and diagonal (the buffers hold every sequence padded to\n\
+         \x20   // the longest; rows past its queries are computed and never read back).\n\
+         \x20   P.seq_k = seq_lens[2u * b + 1u];\n\
+         \x20   P.causal_offset = i32(P.seq_k) - i32(seq_lens[2u * b]);\n"
+    } else {
+        ""
+    }
+}
+
+/// The block's share of a window, a soft-cap or ALiBi, after its key range is known (hook
+/// `SCORE_SETUP` of [`FMA_BLOCK`]): a window ends the block's keys at its last row's last key
+/// (`n_end`) and starts them at its first row's first key (`n_start`); ALiBi reads the head's
+/// slope once. Nothing for plain or causal scores.
+fn score_setup(variant: &Variant) -> String {
+    let mut s = String::new();
+    if variant.window {
+        s.push_str(
+            "    // Sliding window: the block's keys end at its last row's last key and start at its first\n\
+             \x20   // row's first key (rows see keys in order, so no row sees one outside).\n\
+             \x20   n_end = u32(clamp(i32(m0 + BM) + P.causal_offset + P.win_right, 0, i32(n_end)));\n\
+             \x20   let n_start = u32(clamp(i32(m0) + P.causal_offset - P.win_left, 0, i32(P.seq_k)));\n",
+        );
+    }
+    if variant.alibi {
+        s.push_str(
+            "    // ALiBi: this head's slope, in the scores' log2 units.\n\
+             \x20   let alibi_slope = alibi_slopes[b * P.alibi_batch_stride + h] * 1.4426950408889634;\n",
+        );
+    }
+    s
+}
+
+/// The block's first key tile (hook `FIRST_TILE` of [`FMA_BLOCK`]): this dispatch's first key
+/// (a multiple of the tile), or, with a window, the tile of its first row's first key if later.
+fn first_tile(variant: &Variant) -> &'static str {
+    if variant.window { "max(P.key_begin, n_start) / BN" } else { "P.key_begin / BN" }
+}
+
+/// The soft-cap and ALiBi on every tile's scores, before the mask (hook `SCORE_MODS`): the
+/// soft-cap `softcap·tanh(s·inv_softcap)` in log2 units, its argument clamped to ±15 where tanh
+/// is ±1 in f32 (so that no driver's tanh meets an overflowing exponential), then minus the
+/// slope times each key's distance from its row's diagonal. The scores are `s{i}_{g}` (row `i`,
+/// keys of group `g`) or, with S split over the head dim, `st{g}_{j}` (one key, four rows).
+fn score_mods(variant: &Variant) -> String {
+    let mut s = String::new();
+    if !(variant.softcap || variant.alibi) {
+        return s;
+    }
+    // (score, the four keys or the one key, which of the row diagonals: a row or all four)
+    let mut scores: Vec<(String, String, Option<&str>)> = Vec::new();
+    for g in 0..variant.key_groups {
+        if variant.split_d {
+            for j in 0..4 {
+                let key = format!("vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u))");
+                scores.push((format!("st{g}_{j}"), key, None));
+            }
+        } else {
+            for (i, l) in LANE.iter().enumerate() {
+                scores.push((format!("s{i}_{g}"), format!("ak{g}"), Some(l)));
+            }
+        }
+    }
+    if variant.softcap {
+        s.push_str(
+            "        // Soft-cap (log2 units); tanh's argument clamped to ±15, where tanh is ±1 in f32.\n",
+        );
+        for (x, _, _) in &scores {
+            let _ = writeln!(
+                s,
+                "        {x} = P.softcap * tanh(clamp({x} * P.inv_softcap, vec4<f32>(-15.0), vec4<f32>(15.0)));"
+            );
+        }
+    }
+    if variant.alibi {
+        s.push_str(
+            "        // ALiBi: minus the slope times each key's distance from its row's diagonal.\n\
+             \x20       let diag = vec4<i32>(i32(row0) + P.causal_offset) + vec4<i32>(0, 1, 2, 3);\n",
+        );
+        if !variant.split_d {
+            for g in 0..variant.key_groups {
+                let _ = writeln!(
+                    s,
+                    "        let ak{g} = vec4<i32>(vec4<u32>(n0 + ({g}u * TX + tx) * 4u) + vec4<u32>(0u, 1u, 2u, 3u));"
+                );
+            }
+        }
+        for (x, key, row) in &scores {
+            let diag = row.map_or("diag".to_string(), |l| format!("vec4<i32>(diag.{l})"));
+            let _ = writeln!(s, "        {x} = {x} - alibi_slope * abs(vec4<f32>({diag} - {key}));");
+        }
+    }
+    s
+}
+
+/// Which tiles are masked besides those that reach past `seq_k` (hook `MASK_TILE`): causal,
+/// those past the first row's diagonal; with a window, those past the first row's last key or
+/// before the last row's first key.
+fn mask_tile(variant: &Variant) -> &'static str {
+    if variant.window {
+        "i32(n0 + BN) - 1 > i32(m0) + P.causal_offset + P.win_right\n            \
+         || i32(n0) < i32(m0 + BM) - 1 + P.causal_offset - P.win_left"
+    } else {
+        "(CAUSAL && i32(n0 + BN) - 1 > i32(m0) + P.causal_offset)"
+    }
+}
+
+/// A window's bounds in a masked tile (hook `WINDOW_LIM`): each row's keys end before `lim`
+/// and start at `lo`.
+fn window_lim(variant: &Variant) -> &'static str {
+    if variant.window {
+        "            // Sliding window: row i sees keys lo.i..lim.i.\n\
+         \x20           lim = min(lim, vec4<i32>(i32(row0) + P.causal_offset + P.win_right + 1) + vec4<i32>(0, 1, 2, 3));\n\
+         \x20           let lo = vec4<i32>(i32(row0) + P.causal_offset - P.win_left) + vec4<i32>(0, 1, 2, 3);\n"
+    } else {
+        ""
+    }
 }
 
 /// The K/V stage buffers in workgroup memory, or (K and V read straight from their buffers)
@@ -407,10 +543,12 @@ impl Scores {
             for (i, l) in LANE.iter().enumerate() {
                 let _ = writeln!(c.decl, "        var s{i}_{g} = vec4<f32>(0.0);");
                 let _ = writeln!(c.fma, "                s{i}_{g} = fma(vec4<f32>(a.{l}), k{g}, s{i}_{g});");
-                let _ = writeln!(
-                    c.mask,
-                    "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, key{g} < vec4<i32>(lim.{l}));"
-                );
+                let seen = if variant.window {
+                    format!("(key{g} < vec4<i32>(lim.{l})) & (key{g} >= vec4<i32>(lo.{l}))")
+                } else {
+                    format!("key{g} < vec4<i32>(lim.{l})")
+                };
+                let _ = writeln!(c.mask, "            s{i}_{g} = select(vec4<f32>(NEG), s{i}_{g}, {seen});");
                 let _ = writeln!(c.exp, "        let p{i}_{g} = exp2(s{i}_{g} - vec4<f32>(m_use.{l}));");
             }
         }
@@ -441,10 +579,14 @@ impl Scores {
         for g in 0..variant.key_groups {
             for j in 0..4 {
                 let _ = writeln!(c.decl, "        var st{g}_{j} = vec4<f32>(0.0);");
-                let _ = writeln!(
-                    c.mask,
-                    "            st{g}_{j} = select(vec4<f32>(NEG), st{g}_{j}, vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u)) < lim);"
-                );
+                let key = format!("vec4<i32>(i32(n0 + ({g}u * TX + tx) * 4u + {j}u))");
+                let seen = if variant.window {
+                    format!("({key} < lim) & ({key} >= lo)")
+                } else {
+                    format!("{key} < lim")
+                };
+                let _ =
+                    writeln!(c.mask, "            st{g}_{j} = select(vec4<f32>(NEG), st{g}_{j}, {seen});");
                 let _ = writeln!(c.exp, "        let pt{g}_{j} = exp2(st{g}_{j} - m_use);");
                 names.push((format!("st{g}_{j}"), format!("pt{g}_{j}")));
             }

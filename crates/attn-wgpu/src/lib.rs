@@ -6,8 +6,14 @@
 //! ## Contract
 //! [`Wgpu`] implements [`attn_core::Attention`] for f32, f16 (where the adapter has
 //! `SHADER_F16`) and bf16 (widened to f32 on upload, exactly; the output is rounded once back to
-//! bf16), any sequence lengths, bottom-right causal masks, grouped-query attention and head dims
-//! up to 256 (padded with zeros to a multiple of 32). Inputs of any strides are packed on the host
+//! bf16), any sequence lengths, bottom-right causal masks, sliding windows, soft-capping and ALiBi
+//! (slopes per head or per batch and head), packed (varlen) queries and keys, a paged KV cache
+//! and per-sequence key counts, grouped-query attention and head dims up to 256 (padded with
+//! zeros to a multiple of 32). Windows, soft-caps, ALiBi and sequences of their own lengths run on
+//! the FMA kernel only (f16 then without cooperative matrices); a block walks only the key tiles
+//! its rows' windows reach. Packed and paged sequences are gathered on the host into the kernel's
+//! layout, each padded to the longest, and the kernel reads each sequence's lengths; the
+//! device-resident path refuses them and ALiBi (data beyond q, k and v) with a typed error. Inputs of any strides are packed on the host
 //! into contiguous BHSD buffers when prepared; the output is written back into the caller's view.
 //!
 //! ## Two paths: host slices, or the caller's device and buffers

@@ -10,7 +10,8 @@
 //! (`coop`) has its own layout ([`Variant::shared_bytes`]).
 
 use attn_core::{
-    DType, DeviceKind, DeviceLimits, Error, Launch, Problem, Result, Strides, TensorStrides, Tiles,
+    DType, DeviceKind, DeviceLimits, Error, Feature, Launch, Mask, Problem, Result, Strides, TensorStrides,
+    Tiles,
 };
 
 /// Invocations sharing one query row's scores (the `TX` of the kernel), in order of preference;
@@ -278,6 +279,25 @@ pub struct Variant {
     /// by keys). On the H100 f32 D=128's default (the driver then compiles it without spills),
     /// not D=64's (slower there; see `measured_best`).
     pub skip_unseen: bool,
+    /// A sliding window ([`attn_core::Mask::Window`]): each row sees the keys from
+    /// `win_left` before its bottom-right diagonal to `win_right` after it (run-time parameters,
+    /// the unbounded sides given as `seq_q + seq_k`); a block walks only the tiles between its
+    /// first row's first key and its last row's last key, and masks the tiles on either edge.
+    /// Not with `causal`; FMA kernel only.
+    pub window: bool,
+    /// Scores soft-capped, `cap · tanh(s / cap)` on the scaled score ([`attn_core::Params::softcap`];
+    /// the cap a run-time parameter). FMA kernel only.
+    pub softcap: bool,
+    /// ALiBi's bias `-slope · |i + seq_k - seq_q - j|` added after the soft-cap, the slopes read
+    /// from a storage buffer (one per query head, or per batch and query head: a run-time
+    /// stride). FMA kernel only.
+    pub alibi: bool,
+    /// Sequences of their own lengths (packed queries or keys, a paged cache, per-sequence key
+    /// counts): the host gathers each sequence's rows into the usual buffers, every sequence
+    /// padded to the longest (`seq_q`, `seq_k`), and the kernel reads each sequence's query and
+    /// key counts from a storage buffer, masking and aligning its diagonal by them. FMA kernel
+    /// only.
+    pub seq_lens: bool,
     /// Which kernel template this specialises; the fields above are the 4x8 kernel's and
     /// [`Kernel`] says what each other kernel makes of them.
     pub kernel: Kernel,
@@ -316,8 +336,27 @@ impl Variant {
             interleave: 1,
             split_d: false,
             skip_unseen: false,
+            window: false,
+            softcap: false,
+            alibi: false,
+            seq_lens: false,
             kernel,
         }
+    }
+
+    /// This shape with a window (in place of a causal mask), a soft-cap, ALiBi and sequences of
+    /// their own lengths: what the tests that generate every variant check besides the plain and
+    /// causal ones.
+    #[cfg(test)]
+    pub(crate) fn with_every_feature(self) -> Variant {
+        Variant { causal: false, window: true, softcap: true, alibi: true, seq_lens: true, ..self }
+    }
+
+    /// Whether the scores are more than a plain or causal softmax's (a window, a soft-cap or
+    /// ALiBi) or its sequences have their own lengths: the kernel then declares the score
+    /// parameters of `kernels/bindings.wgsl`.
+    pub fn score_mods(&self) -> bool {
+        self.window || self.softcap || self.alibi || self.seq_lens
     }
 
     /// Probabilities handed to the row's other invocations by subgroup shuffles (the FMA kernel
@@ -391,11 +430,12 @@ impl Variant {
         4 * (q + kv + p + red)
     }
 
-    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (with
-    /// `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
+    /// The name plans and errors use, e.g. `flash_f32_d128_m64n64_c64_causal_sg_pshfl` (`window`
+    /// in place of `causal` for a sliding window; with `_tx16` at the end for 16 invocations per row, `_vd_kd` for V and K read straight from
     /// their buffers, `_vk` for V staged by keys, `_qr` for Q held in registers, `_il2` for two
     /// row groups' lanes interleaved, `_sd` for S split over the head dim, `_sk` for unseen stages
-    /// skipped).
+    /// skipped, `_cap` for a soft-cap, `_alibi` for ALiBi, `_vl` for sequences of their own
+    /// lengths).
     pub fn name(&self) -> String {
         let ty = match self.ty {
             KernelType::F32 => "f32",
@@ -407,7 +447,13 @@ impl Variant {
             self.block_m(),
             self.block_n(),
             self.chunk,
-            if self.causal { "causal" } else { "full" },
+            if self.causal {
+                "causal"
+            } else if self.window {
+                "window"
+            } else {
+                "full"
+            },
             if self.subgroup { "sg" } else { "wgmem" },
             if self.p_shuffle() { "_pshfl" } else { "" },
             if self.row_threads == ROW_THREADS[0] {
@@ -422,6 +468,9 @@ impl Variant {
             + &if self.interleave > 1 { format!("_il{}", self.interleave) } else { String::new() }
             + if self.split_d { "_sd" } else { "" }
             + if self.skip_unseen { "_sk" } else { "" }
+            + if self.softcap { "_cap" } else { "" }
+            + if self.alibi { "_alibi" } else { "" }
+            + if self.seq_lens { "_vl" } else { "" }
             + if self.kernel == Kernel::Coop { "_coop" } else { "" }
     }
 }
@@ -470,7 +519,7 @@ pub fn choose_among(
     allowed: &dyn Fn(&Variant) -> bool,
 ) -> Result<Choice> {
     problem.validate()?;
-    problem.require_plain_scores("wgpu")?;
+    problem.require_features("wgpu", &SCORE_FEATURES)?;
     let s = problem.shape;
     let unsupported_dim = || Error::UnsupportedHeadDim {
         backend: "wgpu".into(),
@@ -492,9 +541,39 @@ pub fn choose_among(
         }
     };
     let d = padded_head_dim(s.head_dim) as u32;
-    let coop = coop_candidates(d, problem.is_causal()).filter(|_| caps.coop_f16 && ty == KernelType::F16);
+    let window = matches!(problem.params.mask, Mask::Window { .. });
+    let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    let seq_lens = !problem.batching.is_dense();
+    if window && s.seq_q.saturating_add(s.seq_k) > WINDOW_MAX_ROWS {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            what: format!(
+                "{problem}: a sliding window over seq_q + seq_k > {WINDOW_MAX_ROWS} rows (the kernel \
+                 computes each row's window in i32)"
+            ),
+        });
+    }
+    if let Some(cap) = problem.params.softcap.filter(|c| !SOFTCAP_RANGE.contains(c)) {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            what: format!(
+                "{problem}: a soft-cap of {cap}, outside {SOFTCAP_RANGE:?} (the kernel multiplies by its \
+                 f32 inverse, which must stay a normal number)"
+            ),
+        });
+    }
+    // The cooperative-matrix kernel computes plain and causal scores of dense batches only.
+    let plain_scores = !(window || softcap || alibi || seq_lens);
+    let coop = coop_candidates(d, problem.is_causal())
+        .filter(|_| caps.coop_f16 && ty == KernelType::F16 && plain_scores);
     let mut wanted: Vec<Variant> = coop
-        .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min))
+        .chain(candidates(ty, d, problem.is_causal(), caps.subgroup_min).map(|v| Variant {
+            window,
+            softcap,
+            alibi,
+            seq_lens,
+            ..v
+        }))
         .filter(|v| allowed(v))
         .collect();
     // Short causal problems at f32 D=128 take the measured shape's 64-row form, every stage
@@ -682,6 +761,9 @@ pub fn choose_among(
             )
         });
     }
+    if let Some(note) = score_note(problem) {
+        notes.push(note);
+    }
     if d as usize != s.head_dim {
         notes.push(format!("head dim {} padded with zeros to {d} on upload", s.head_dim));
     }
@@ -732,6 +814,56 @@ pub fn choose_among(
     }
     let tiles = Tiles { block_m: variant.block_m() as usize, block_n: variant.block_n() as usize, stages: 1 };
     Ok(Choice { variant, launch, tiles, device_bytes, split, notes })
+}
+
+/// The features beyond dense plain or causal scores that the FMA kernel runs (the
+/// cooperative-matrix kernel none: such problems take the FMA kernel).
+pub const SCORE_FEATURES: [Feature; 7] = [
+    Feature::Window,
+    Feature::Softcap,
+    Feature::Alibi,
+    Feature::PackedQueries,
+    Feature::PackedKeys,
+    Feature::PagedKv,
+    Feature::KeysUsed,
+];
+
+/// The longest `seq_q + seq_k` a sliding window is planned for: the kernel computes each row's
+/// first and last key in i32, from sums of up to about twice this.
+pub const WINDOW_MAX_ROWS: usize = 1 << 29;
+
+/// The soft-caps planned: the kernel works in log2 units with the cap's f32 inverse, which
+/// stays a normal number across this range (wider than any model's, 30 or 50).
+pub const SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = 1e-30..=1e30;
+
+/// The plan's line on a window, a soft-cap or ALiBi, where the problem has one.
+fn score_note(problem: &Problem) -> Option<String> {
+    let p = &problem.params;
+    let mut parts = Vec::new();
+    if let Mask::Window { left, right } = p.mask {
+        let side = |b: Option<usize>| b.map_or("unbounded".to_string(), |n| n.to_string());
+        parts.push(format!(
+            "sliding window ({} left, {} right of the diagonal): each block walks only the key tiles \
+             between its first row's first key and its last row's last key, masking the edge tiles",
+            side(left),
+            side(right)
+        ));
+    }
+    if let Some(cap) = p.softcap {
+        parts.push(format!("scores soft-capped at {cap} (cap·tanh(s/cap), in f32)"));
+    }
+    if let Some(alibi) = p.alibi {
+        parts.push(format!("ALiBi bias after the soft-cap, slopes {alibi:?} from a storage buffer"));
+    }
+    if !problem.batching.is_dense() {
+        parts.push(format!(
+            "sequences of their own lengths ({:?}): each sequence's rows gathered on the host into \
+             buffers padded to the longest (seq_q {}, seq_k {}); the kernel reads each sequence's \
+             query and key counts from a storage buffer",
+            problem.batching, problem.shape.seq_q, problem.shape.seq_k
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// How `variant` splits `seq_k` keys on an adapter with `caps`: not at all where the adapter has
@@ -1170,6 +1302,55 @@ mod tests {
         let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
         let f16 = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
         assert_eq!(choose(&f16, &plain).unwrap().variant.kernel, Kernel::Fma);
+    }
+
+    /// Windows, soft-caps and ALiBi take the FMA kernel's usual shapes with the features on
+    /// (never the cooperative-matrix kernel), named by them, and so do packed or paged sequences;
+    /// a window's rows must fit the kernel's i32 arithmetic.
+    #[test]
+    fn score_features_take_the_fma_shapes() {
+        let caps = AdapterCaps {
+            workgroup_storage: 48 * 1024,
+            subgroup_min: Some(32),
+            coop_f16: true,
+            ..lavapipe()
+        };
+        let base = Problem::new(Shape::new(1, 2, 1000, 128), DType::F16);
+        assert_eq!(choose(&base, &caps).unwrap().variant.kernel, Kernel::Coop);
+        for (p, suffix) in [
+            (base.with_window(Some(64), Some(0)), "_window_"),
+            (base.with_softcap(30.0), "_cap"),
+            (base.causal().with_alibi(attn_core::Alibi::PerHead), "_alibi"),
+        ] {
+            let c = choose(&p, &caps).unwrap();
+            let v = c.variant;
+            assert!(v.kernel == Kernel::Fma && v.name().contains(suffix), "{}", v.name());
+            // The same shape as the plain problem's on the FMA kernel.
+            let plain = AdapterCaps { coop_f16: false, ..caps.clone() };
+            let mask = if p.is_causal() { base.causal() } else { base };
+            let w = choose(&mask, &plain).unwrap().variant;
+            assert_eq!(Variant { window: false, softcap: false, alibi: false, ..v }, w);
+            assert!(
+                c.notes.iter().any(|n| n.contains("sliding window")
+                    || n.contains("soft-capped")
+                    || n.contains("ALiBi"))
+            );
+        }
+        for cap in [1e-31, 2e30] {
+            let p = base.with_softcap(cap);
+            assert!(matches!(choose(&p, &caps), Err(Error::Unsupported { .. })), "{cap}");
+        }
+        let long = Shape { seq_q: WINDOW_MAX_ROWS, seq_k: 1, ..Shape::new(1, 1, 1, 32) };
+        let p = Problem::new(long, DType::F32).with_window(Some(4), Some(0));
+        assert!(matches!(choose(&p, &caps), Err(Error::Unsupported { .. })));
+        // Packed or paged sequences: the same, with the sequence lengths read by the kernel.
+        let paged = base.with_batching(attn_core::Batching {
+            kv: attn_core::KvRows::Paged { page_size: 256, pages: 4, pages_per_seq: 4 },
+            keys_used: true,
+            ..Default::default()
+        });
+        let v = choose(&paged, &caps).unwrap().variant;
+        assert!(v.kernel == Kernel::Fma && v.seq_lens && v.name().ends_with("_vl"), "{}", v.name());
     }
 
     #[test]

@@ -53,7 +53,9 @@
 //! without `STORAGE` usage, an offset that is not a whole element, a buffer smaller than what the
 //! strides reach, an LSE buffer missing where the problem asks for one or given where it does not
 //! ([`Error::Shape`]), a tensor whose span exceeds one storage binding of the device
-//! ([`Error::OverDeviceLimit`]). Nothing outside the views is written: where a 16-bit element
+//! ([`Error::OverDeviceLimit`]), a problem that needs data beyond q, k and v: ALiBi's slopes,
+//! packed or paged sequences' indices ([`Error::Unsupported`]: [`DeviceInputs`] do not carry them
+//! yet; the host path runs them). Sliding windows and soft-caps need none and run here. Nothing outside the views is written: where a 16-bit element
 //! shares its 4-byte word with memory outside the view, only its half of the word is changed.
 //!
 //! ## Errors the GPU finds
@@ -231,6 +233,21 @@ impl Wgpu {
             });
         }
         let problem = &plan.problem;
+        // What needs data beyond q, k and v (`Extras`): ALiBi's slopes, packed or paged
+        // sequences' indices.
+        let needs = [
+            (problem.params.alibi.is_some(), "ALiBi (its slopes)"),
+            (!problem.batching.is_dense(), "packed or paged sequences (their indices)"),
+        ];
+        if let Some((_, what)) = needs.iter().find(|(on, _)| *on) {
+            return Err(Error::Unsupported {
+                backend: "wgpu".into(),
+                what: format!(
+                    "{problem}: {what} on the device-resident path: DeviceInputs do not carry them \
+                     yet; the Attention trait's host path runs them"
+                ),
+            });
+        }
         let windows = windows(&gpu, problem, &inputs, &outputs)?;
         let variant = chosen.variant;
         let pack = gpu.repack_pipeline(Repack::Pack { src: problem.dtype, ty: variant.ty })?;
@@ -406,6 +423,10 @@ fn dispatches(gpu: &Gpu, problem: &Problem, chosen: &Chosen, scratch: &Scratch) 
         lse: s(4),
         status: s(STATUS),
         partial: chosen.split.map(|_| [s(6), s(7), s(8)]),
+        // `record` refuses ALiBi and sequences of their own lengths (their data are not among
+        // the device inputs yet).
+        alibi_slopes: None,
+        seq_lens: None,
     };
     Dispatches::new(gpu, problem, &chosen.variant, chosen.grid, chosen.split, &buffers)
 }

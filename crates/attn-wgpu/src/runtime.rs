@@ -176,9 +176,10 @@ impl Gpu {
             "{} ({:?}, {:?}, {} {}{coop_note})",
             info.name, info.device_type, info.backend, info.driver, info.driver_info
         );
-        // `kernels/bindings.wgsl`: q, k, v; o, lse, status.
+        // `kernels/bindings.wgsl`: q, k, v; o, lse, status; the ALiBi slopes and the sequence
+        // lengths (declared only by the kernels that read them).
         let (layout, pipeline_layout) =
-            layouts(&device, "attn flash", &[true, true, true, false, false, false]);
+            layouts(&device, "attn flash", &[true, true, true, false, false, false, true, true]);
         // `kernels/merge.wgsl`: the part's o and lse; the running o, lse, o.
         let (merge_layout, merge_pipeline_layout) =
             layouts(&device, "attn merge", &[true, true, false, false, false]);

@@ -58,6 +58,11 @@ mod tests {
                     // The 8x8 kernel's shapes (the same for every subgroup size).
                     let all = coop.chain(candidates(ty, d, causal, subgroup_min));
                     variants.extend(all.filter(|v| seen.insert(*v)));
+                    // Each FMA shape with every score feature (a window in place of the causal
+                    // mask): the code they add is the same piece for each feature whether the
+                    // others are on or not.
+                    let scored = candidates(ty, d, causal, subgroup_min).map(Variant::with_every_feature);
+                    variants.extend(scored.filter(|v| seen.insert(*v)));
                 }
             }
         }

@@ -1,8 +1,67 @@
 //! What every WGSL generator of the crate shares ([`crate::fma`], [`crate::coop`]): the bindings
 //! template, and [`fill`], which puts each generated piece of code at its named hook.
 
-/// Parameters and buffers, shared by every kernel template (hook `{{BINDINGS}}`).
+use crate::plan::Variant;
+
+/// Parameters and buffers, shared by every kernel template (hook `{{BINDINGS}}`, filled by
+/// [`bindings`]).
 pub(crate) const BINDINGS: &str = include_str!("../kernels/bindings.wgsl");
+
+/// The score parameters' members of `struct Params` (`dispatch::Params` has them always; a
+/// kernel declares them only where its scores use them, [`Variant::score_mods`], so that the
+/// plain and causal kernels are what they were before these features).
+const SCORE_PARAMS: &str = "\
+    // Sliding window (`Mask::Window`): row i sees keys i + causal_offset - win_left ..=
+    // i + causal_offset + win_right, an unbounded side given as seq_q + seq_k.
+    win_left: i32,
+    win_right: i32,
+    // Soft-cap in log2 units (cap·log2(e)) and its inverse: s -> softcap·tanh(s·inv_softcap).
+    softcap: f32,
+    inv_softcap: f32,
+    // ALiBi: the slope of (batch b, query head h) is alibi_slopes[b·alibi_batch_stride + h].
+    alibi_batch_stride: u32,
+    pad_scores0: u32,
+    pad_scores1: u32,
+    pad_scores2: u32,
+    pad_scores3: u32,
+";
+
+/// The ALiBi slopes' binding (f32, natural units), for the kernels with ALiBi.
+const ALIBI_BINDING: &str = "\
+// ALiBi slopes: [heads_q], or [batch, heads_q] (`Params::alibi_batch_stride`).
+@group(0) @binding(7) var<storage, read> alibi_slopes: array<f32>;
+";
+
+/// The sequence lengths' binding, and the parameters' block-local copy that `main` fills
+/// (`fma::params_copy`), for the kernels of sequences of their own lengths.
+const SEQ_LENS_BINDING: &str = "\
+// Sequences of their own lengths: seq_lens[2b] and seq_lens[2b + 1] are the queries and keys of
+// sequence b. The kernel reads the parameters through P, its copy of the uniform block P_in with
+// its sequence's key count and diagonal (seq_k, causal_offset); seq_q and seq_k in P_in are the
+// longest sequence's, by which the buffers are laid out.
+@group(0) @binding(8) var<storage, read> seq_lens: array<u32>;
+var<private> P: Params;
+";
+
+/// [`BINDINGS`] for `variant`: the score parameters where its scores use them, the slopes'
+/// binding where it has ALiBi, the sequence lengths' where its sequences have their own.
+pub(crate) fn bindings(variant: &Variant) -> String {
+    let mut extra = String::new();
+    if variant.alibi {
+        extra.push_str(ALIBI_BINDING);
+    }
+    if variant.seq_lens {
+        extra.push_str(SEQ_LENS_BINDING);
+    }
+    fill(
+        BINDINGS,
+        &[
+            ("PARAMS_VAR", if variant.seq_lens { "P_in" } else { "P" }),
+            ("SCORE_PARAMS", if variant.score_mods() { SCORE_PARAMS } else { "" }),
+            ("SCORE_BINDINGS", &extra),
+        ],
+    )
+}
 
 /// `template` with each hook `{{NAME}}` replaced by the code `hooks` gives for `NAME`, in one
 /// pass (the code put in is not searched again). Every hook in the template must have code, and

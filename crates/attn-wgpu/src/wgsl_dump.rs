@@ -17,6 +17,9 @@ fn every_variant() -> Vec<Variant> {
                     let coop = coop_candidates(d, causal).filter(|_| ty == KernelType::F16);
                     let list = coop.chain(candidates(ty, d, causal, subgroup_min));
                     all.extend(list.filter(|v| seen.insert(*v)));
+                    // With a window (the measured shapes of `causal` too), a soft-cap and ALiBi.
+                    let scored = candidates(ty, d, causal, subgroup_min).map(Variant::with_every_feature);
+                    all.extend(scored.filter(|v| seen.insert(*v)));
                 }
             }
         }

@@ -8,9 +8,10 @@
 //! `ATTN_REQUIRE_WGPU=1` (set by `cargo xtask test`), where it fails.
 
 use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::sequences::{KeyStore, batch_of};
 use attn_core::{
-    Attention, Availability, Buffer, DType, DeviceKind, Inputs, Layout, Outputs, Plan, Problem, Shape,
-    Strides, TensorStrides,
+    Alibi, Attention, Availability, Buffer, DType, DeviceKind, Extras, Inputs, Layout, Outputs, OwnedExtras,
+    Plan, Problem, Shape, Strides, TensorStrides,
 };
 use attn_cpu::Reference;
 use attn_wgpu::options::REQUIRE_WGPU;
@@ -46,13 +47,19 @@ fn tolerance(dtype: DType) -> (f64, f64) {
 
 /// Runs the backend on normal inputs and compares every row and LSE with the reference.
 fn check(backend: &Wgpu, problem: &Problem, seed: u64) {
+    check_with(backend, problem, seed, None)
+}
+
+/// [`check`] with ALiBi slopes (where the problem has ALiBi): `[heads_q]` or `[batch, heads_q]`.
+fn check_with(backend: &Wgpu, problem: &Problem, seed: u64, alibi_slopes: Option<&[f32]>) {
     let problem = problem.with_lse(true);
     let mut rng = SplitMix64::new(seed);
     let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
     let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
     let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
     let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
-    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data())
+        .with_extras(Extras { alibi_slopes, ..Extras::default() });
     let mut o = Buffer::zeros(problem.dtype, o_len);
     let mut lse = vec![0.0f32; problem.lse_len()];
     let mut outputs = Outputs { o: o.as_data_mut(), lse: Some(lse.as_mut_slice()) };
@@ -381,4 +388,239 @@ fn sixteen_lane_subgroups_inner() {
             check(&b, &p, seed + extra + 20);
         }
     }
+}
+
+/// The kernel `b` plans for `p`, which must be one with a window, a soft-cap or ALiBi as `p` has
+/// them.
+fn scored_plan(b: &Wgpu, p: &Problem) -> String {
+    let kernel = b.plan(p).unwrap_or_else(|e| panic!("{p}: {e}")).kernel;
+    let window = matches!(p.params.mask, attn_core::Mask::Window { .. });
+    assert_eq!(kernel.contains("_window_"), window, "{kernel}");
+    assert_eq!(kernel.contains("_cap"), p.params.softcap.is_some(), "{kernel}");
+    assert_eq!(kernel.contains("_alibi"), p.params.alibi.is_some(), "{kernel}");
+    kernel
+}
+
+/// Sliding windows on every kernel shape lavapipe runs: the measured shapes (S split over the
+/// head dim, D=64 and 128, with and without the skip of unseen stages), the generic shuffled
+/// ones (D=32, 96), the workgroup-memory path, and K/V read straight from their buffers (D=256
+/// with 16 KiB). Windows behind the diagonal with seq_q < seq_k, on both sides wider than the
+/// sequence, seq_q > seq_k (rows whose window lies before key 0 see nothing), ahead of the
+/// diagonal only, unbounded on one side, and long keys where a block's window starts many tiles
+/// in (its first tile not the dispatch's).
+#[test]
+fn sliding_windows() {
+    let Some(b) = backend("sliding_windows") else { return };
+    let cases = [
+        Problem::new(sk(40, 150, 2, 64), DType::F32).with_window(Some(16), Some(0)),
+        Problem::new(Shape::new(1, 2, 100, 64), DType::Bf16).with_window(Some(500), Some(500)),
+        Problem::new(sk(150, 40, 2, 64), DType::F16).with_window(Some(8), Some(0)),
+        Problem::new(Shape::new(1, 2, 130, 32), DType::F32).with_window(Some(0), Some(24)),
+        Problem::new(Shape { heads_kv: 1, ..sk(90, 150, 3, 128) }, DType::F32).with_window(Some(33), Some(7)),
+        Problem::new(sk(70, 700, 2, 96), DType::F32).with_window(Some(100), Some(3)),
+        Problem::new(sk(130, 600, 2, 128), DType::F16).with_window(None, Some(0)),
+        Problem::new(Shape::new(2, 2, 80, 64), DType::F32).with_window(Some(5), None),
+        Problem::new(sk(64, 1000, 2, 64), DType::F32).with_window(Some(0), Some(0)),
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        scored_plan(b, p);
+        check(b, p, 300 + i as u64);
+    }
+    // The 128-row measured shape that skips unseen stages, and the 64-row one.
+    for (i, rows) in [64, 128].into_iter().enumerate() {
+        let b = with(Options { rows: Some(rows), ..Options::default() });
+        let p = Problem::new(sk(100, 333, 2, 128), DType::F32).with_window(Some(40), Some(17));
+        check(&b, &p, 320 + i as u64);
+    }
+    let wgmem = with(Options { no_subgroups: true, ..Options::default() });
+    let p =
+        Problem::new(Shape { heads_kv: 1, ..sk(70, 250, 4, 96) }, DType::F32).with_window(Some(30), Some(2));
+    assert!(scored_plan(&wgmem, &p).contains("_wgmem"));
+    check(&wgmem, &p, 330);
+    let direct = with(Options { workgroup_storage: Some(16 * 1024), ..Options::default() });
+    let p = Problem::new(sk(50, 180, 2, 256), DType::F32).with_window(Some(20), Some(20));
+    assert!(scored_plan(&direct, &p).ends_with("_vd_kd"));
+    check(&direct, &p, 331);
+}
+
+/// Soft-capping: large logits (where the cap decides the softmax), alone, with a window and GQA,
+/// causal in f16, through workgroup memory.
+#[test]
+fn soft_caps() {
+    let Some(b) = backend("soft_caps") else { return };
+    let cases = [
+        Problem::new(Shape::new(1, 2, 100, 64), DType::F32).with_softcap(30.0).with_scale(1.0),
+        Problem::new(Shape { heads_kv: 1, ..sk(60, 200, 4, 128) }, DType::F32)
+            .with_softcap(5.0)
+            .with_window(Some(32), Some(0)),
+        Problem::new(sk(70, 90, 2, 96), DType::F16).with_softcap(2.0).with_scale(3.0).causal(),
+        Problem::new(Shape::new(2, 2, 65, 32), DType::Bf16).with_softcap(50.0),
+    ];
+    for (i, p) in cases.iter().enumerate() {
+        scored_plan(b, p);
+        check(b, p, 340 + i as u64);
+    }
+    let wgmem = with(Options { no_subgroups: true, ..Options::default() });
+    check(&wgmem, &Problem::new(Shape::new(1, 2, 50, 64), DType::F32).with_softcap(4.0).with_scale(2.0), 350);
+}
+
+/// Slopes like ALiBi's (2^(-8(h+1)/H)), scaled by `boost` so that the bias matters at these
+/// lengths, and varied by batch where `per_batch`.
+fn slopes(batch: usize, heads: usize, per_batch: bool, boost: f32) -> Vec<f32> {
+    let n = if per_batch { batch * heads } else { heads };
+    (0..n)
+        .map(|i| boost * 2f32.powf(-8.0 * ((i % heads) + 1) as f32 / heads as f32) * (1 + i / heads) as f32)
+        .collect()
+}
+
+/// ALiBi: slopes per head and per (batch, head), without a mask, causal with seq_q < seq_k, with
+/// a window and a soft-cap (the bias comes after the cap), GQA, every dtype, the split and plain
+/// S paths and workgroup memory.
+#[test]
+fn alibi() {
+    let Some(b) = backend("alibi") else { return };
+    let wgmem = with(Options { no_subgroups: true, ..Options::default() });
+    let cases: [(&Wgpu, Problem, bool); 6] = [
+        (b, Problem::new(Shape::new(1, 4, 90, 64), DType::F32), false),
+        (b, Problem::new(Shape::new(2, 4, 80, 32), DType::Bf16), true),
+        (b, Problem::new(Shape { heads_kv: 1, ..sk(40, 150, 2, 128) }, DType::F32).causal(), true),
+        (
+            b,
+            Problem::new(sk(8, 70, 2, 64), DType::F16).with_window(Some(20), Some(3)).with_softcap(10.0),
+            false,
+        ),
+        (b, Problem::new(sk(150, 60, 2, 96), DType::F32).with_window(Some(9), Some(40)), true),
+        (&wgmem, Problem::new(Shape::new(2, 2, 70, 64), DType::F32).causal(), true),
+    ];
+    for (i, (b, p, per_batch)) in cases.into_iter().enumerate() {
+        let s = p.shape;
+        let p = p.with_alibi(if per_batch { Alibi::PerBatchHead } else { Alibi::PerHead });
+        scored_plan(b, &p);
+        check_with(b, &p, 360 + i as u64, Some(&slopes(s.batch, s.heads_q, per_batch, 4.0)));
+    }
+}
+
+/// Windows, soft-caps and ALiBi over long keys: on a software adapter the keys are split over
+/// dispatches, and a block's window may lie in one part, span two, or miss a part entirely (that
+/// part's partial output is then empty and the merge must keep the others').
+#[test]
+fn scores_over_split_keys() {
+    let Some(b) = backend("scores_over_split_keys") else { return };
+    let p = Problem::new(sk(20, 40_000, 2, 64), DType::F32).with_window(Some(3000), Some(0));
+    scored_plan(b, &p);
+    check(b, &p, 380);
+    let p =
+        Problem::new(sk(1, 40_000, 2, 128), DType::F16).with_window(Some(100), Some(0)).with_softcap(20.0);
+    check(b, &p, 381);
+    let p = Problem::new(Shape { heads_kv: 1, ..sk(3, 33_333, 2, 64) }, DType::F32)
+        .with_softcap(5.0)
+        .with_alibi(Alibi::PerHead);
+    check_with(b, &p, 382, Some(&slopes(1, 2, false, 0.001)));
+}
+
+/// Sequences of `q_lens` queries against `k_lens` keys stored as `keys` (the layouts of
+/// [`batch_of`]), with the LSE; `heads` query and key/value heads, head dim `d`.
+fn sequences(
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+    (heads_q, heads_kv, d): (usize, usize, usize),
+    dtype: DType,
+) -> (Problem, OwnedExtras) {
+    let shape = Shape { heads_kv, ..Shape::new(1, heads_q, 1, d) };
+    let (problem, extras) = batch_of(shape, dtype, q_lens, k_lens, keys);
+    (problem.with_lse(true), extras)
+}
+
+/// Runs the backend on packed or paged sequences and compares each sequence's rows and LSE
+/// with the reference; output rows of no sequence must stay poisoned.
+fn check_sequences(backend: &Wgpu, problem: &Problem, ix: &OwnedExtras, seed: u64) {
+    let mut rng = SplitMix64::new(seed);
+    let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
+    let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
+    let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
+    let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data()).with_extras(ix.borrow());
+    let mut o = Buffer::zeros(problem.dtype, o_len);
+    let mut lse = vec![0.0f32; problem.lse_len()];
+    let mut outputs = Outputs { o: o.as_data_mut(), lse: Some(lse.as_mut_slice()) };
+    outputs.poison();
+    let plan = backend.forward(problem, inputs, outputs).unwrap_or_else(|e| panic!("{problem}: {e}"));
+    assert!(plan.kernel.ends_with("_vl"), "{}", plan.kernel);
+    let (want_o, want_lse) = Reference::compute(problem, &inputs).unwrap();
+
+    let s = problem.shape;
+    let d = s.head_dim;
+    // The score bound of `check`, over every row of the buffers (all start at multiples of d).
+    let max_norm = |x: &Buffer| {
+        let x = x.to_f32_vec();
+        x.chunks(d).map(|r| r.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().sqrt()).fold(0.0, f64::max)
+    };
+    let v_max = v.to_f32_vec().iter().fold(0f64, |m, &y| m.max((y as f64).abs()));
+    let (atol, rtol) = tolerance(problem.dtype);
+    let bound = problem.scale() as f64 * max_norm(&q) * max_norm(&k);
+    let atol = atol + 8.0 * 2f64.powi(-24) * bound * v_max;
+    let map = problem.seq_map(ix.borrow()).unwrap();
+    let got = o.to_f32_vec();
+    let mut written = vec![false; o_len];
+    for (b, h, i) in map.rows() {
+        let row = (b * s.heads_q + h) * s.seq_q + i;
+        let at = map.o_offset(b, h, i);
+        for j in 0..d {
+            let (x, w) = (got[at + j] as f64, want_o[row * d + j]);
+            written[at + j] = true;
+            assert!(
+                (x - w).abs() <= atol + rtol * w.abs(),
+                "seed {seed} {problem} ({}): o[{b},{h},{i},{j}] = {x}, reference {w}",
+                plan.kernel
+            );
+        }
+        let (l, w) = (lse[map.lse_index(b, h, i)] as f64, want_lse[row]);
+        let ok = if w == f64::NEG_INFINITY {
+            l == f64::NEG_INFINITY
+        } else {
+            (l - w).abs() <= 1e-4 * w.abs().max(1.0) + 8.0 * 2f64.powi(-24) * bound
+        };
+        assert!(ok, "seed {seed} {problem} ({}): lse[{b},{h},{i}] = {l}, reference {w}", plan.kernel);
+    }
+    if let Some(i) = (0..o_len).find(|&i| !written[i] && !got[i].is_nan()) {
+        panic!("seed {seed} {problem}: element {i} of no sequence's rows was written");
+    }
+}
+
+/// Packed (varlen) queries and keys, a paged cache and per-sequence key counts: empty
+/// sequences, one-token ones, queries longer than keys, GQA, with a window, a soft-cap and
+/// ALiBi per (batch, head), through workgroup memory, and keys split over dispatches on a
+/// software adapter (one sequence long, the others short).
+#[test]
+fn packed_and_paged_sequences() {
+    let Some(b) = backend("packed_and_paged_sequences") else { return };
+    let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
+    let (p, ix) = sequences(&q_lens, &k_lens, KeyStore::Packed, (4, 2, 64), DType::F32);
+    check_sequences(b, &p.causal(), &ix, 400);
+    let (p, mut ix) = sequences(&q_lens, &k_lens, KeyStore::Packed, (2, 2, 32), DType::Bf16);
+    ix.alibi_slopes = Some(slopes(5, 2, true, 1.0));
+    let p = p.with_window(Some(6), Some(2)).with_softcap(8.0).with_alibi(Alibi::PerBatchHead);
+    check_sequences(b, &p, &ix, 401);
+    let (p, ix) = sequences(
+        &[4; 4],
+        &[37, 1, 130, 64],
+        KeyStore::Paged { page_size: 16, seed: 7 },
+        (4, 2, 128),
+        DType::F16,
+    );
+    check_sequences(b, &p.causal(), &ix, 402);
+    let (p, ix) = sequences(
+        &[3, 1, 8],
+        &[50, 7, 90],
+        KeyStore::Paged { page_size: 64, seed: 8 },
+        (4, 1, 96),
+        DType::F32,
+    );
+    check_sequences(b, &p.with_window(Some(24), Some(0)), &ix, 403);
+    let wgmem = with(Options { no_subgroups: true, ..Options::default() });
+    let (p, ix) = sequences(&[2; 3], &[10, 100, 1], KeyStore::DenseUsed, (4, 2, 64), DType::Bf16);
+    check_sequences(&wgmem, &p.causal(), &ix, 404);
+    let (p, ix) = sequences(&[3, 1, 2], &[40_000, 3, 1000], KeyStore::Packed, (2, 1, 64), DType::F32);
+    check_sequences(b, &p.causal(), &ix, 405);
 }

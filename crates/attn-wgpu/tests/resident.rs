@@ -332,6 +332,55 @@ fn long_keys_split_on_software_adapters() {
     }
 }
 
+/// Sliding windows and soft-caps need no data beyond q, k and v: the device path runs them, bit
+/// for bit as the host path, split over keys on software adapters too. ALiBi needs its slopes
+/// and packed or paged sequences their indices, which the device inputs do not carry yet: a
+/// typed error before anything is recorded.
+#[test]
+fn windows_and_soft_caps_but_not_alibi() {
+    let Some(b) = backend("windows_and_soft_caps_but_not_alibi") else { return };
+    for (i, p) in [
+        Problem::new(shape(2, 4, 2, 37, 90, 64), DType::F32).with_window(Some(10), Some(3)).with_lse(true),
+        Problem::new(shape(1, 2, 2, 70, 45, 128), DType::F16).with_softcap(3.0).causal(),
+        Problem::new(shape(1, 2, 1, 3, 20_000, 32), DType::Bf16)
+            .with_window(Some(5000), Some(0))
+            .with_softcap(8.0)
+            .with_lse(true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = Case::new(b, p, 60 + i as u64);
+        assert!(
+            case.plan.kernel.contains("_window_") || case.plan.kernel.contains("_cap"),
+            "{}",
+            case.plan.kernel
+        );
+        case.run_and_check(b, AT_ZERO);
+    }
+    let case = Case::new(b, Problem::new(shape(1, 2, 2, 8, 8, 32), DType::F32), 70);
+    let plan = b.plan(&case.problem.with_alibi(attn_core::Alibi::PerHead)).unwrap();
+    let [q, k, v, o, lse] = case.buffers(b, AT_ZERO);
+    let t = DeviceTensor::new;
+    let inputs = DeviceInputs { q: t(&q), k: t(&k), v: t(&v) };
+    let outputs = DeviceOutputs { o: t(&o), lse: None };
+    match b.submit(&plan, inputs, outputs) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("ALiBi"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    // Paged keys likewise (their block table).
+    let paged = case.problem.with_batching(attn_core::Batching {
+        kv: attn_core::KvRows::Paged { page_size: 8, pages: 1, pages_per_seq: 1 },
+        ..Default::default()
+    });
+    match b.submit(&b.plan(&paged).unwrap(), inputs, outputs) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("paged"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(download(b, &o).iter().all(|&x| x == POISON), "o was written");
+    let _ = lse;
+}
+
 /// Two calls recorded into the caller's encoder between the caller's own copies, one submit:
 /// the copy before feeds q, the copy after reads o.
 #[test]
