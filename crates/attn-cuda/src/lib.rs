@@ -50,6 +50,7 @@ pub mod options;
 mod probe;
 mod ptxas;
 mod runtime;
+pub mod scores;
 mod tensors;
 
 pub use backend::Cuda;

@@ -2,6 +2,7 @@
 //! Pure host logic: testable (and tested against stated L4 and H100 limits) without a GPU.
 
 use super::variant::Variant;
+use crate::scores::KernelMask;
 use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
 
@@ -9,14 +10,27 @@ use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
 impl Variant {
-    /// Every specialisation the backend can choose, for the CI compile check.
+    /// Every specialisation the backend can choose, for the CI compile check: each mask (none,
+    /// causal, window) with and without the soft-cap.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
-                for causal in [false, true] {
-                    for &(warps, m_tiles, block_n, stages) in candidates(head_dim) {
-                        v.push(Variant { dtype, head_dim, warps, m_tiles, block_n, stages, causal });
+                for mask in [KernelMask::None, KernelMask::Causal, KernelMask::Window] {
+                    for softcap in [false, true] {
+                        for &(warps, m_tiles, block_n, stages) in candidates(head_dim) {
+                            v.push(Variant {
+                                dtype,
+                                head_dim,
+                                warps,
+                                m_tiles,
+                                block_n,
+                                stages,
+                                causal: mask == KernelMask::Causal,
+                                window: mask == KernelMask::Window,
+                                softcap,
+                            });
+                        }
                     }
                 }
             }
@@ -83,11 +97,14 @@ pub fn choose(
             m_tiles,
             block_n,
             stages,
-            causal: problem.is_causal(),
+            causal: KernelMask::of(problem) == KernelMask::Causal,
+            window: KernelMask::of(problem) == KernelMask::Window,
+            softcap: problem.params.softcap.is_some(),
         };
         let launch = variant.launch(problem);
         match launch.validate(&variant.name(), limits) {
             Ok(()) => {
+                notes.extend(crate::scores::notes(problem, variant.block_m(), variant.block_n));
                 if launch.needs_shared_optin(limits) {
                     notes.push(format!(
                         "{} B of shared memory: above the {} B default, uses the opt-in limit ({} B)",
@@ -187,6 +204,31 @@ mod tests {
         assert!(notes[0].contains("candidate 3"), "{notes:?}");
         let (v, _, _) = choose(&problem(64, DType::Bf16), &h100, Some(5)).unwrap();
         assert_eq!((v.warps, v.m_tiles, v.block_n, v.stages), *candidates(64).last().unwrap());
+    }
+
+    #[test]
+    fn windows_and_soft_caps_plan_compiled_variants() {
+        let all = Variant::all();
+        for d in HEAD_DIMS {
+            let p = Problem::new(Shape::new(1, 8, 2048, d), DType::F16);
+            let masks = [p, p.causal(), p.with_window(Some(256), Some(0)), p.with_window(Some(4), Some(9))];
+            for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(5.0)]) {
+                for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
+                    let (v, launch, notes) = choose(&m, &limits, None).unwrap();
+                    assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                    assert_eq!(
+                        (v.window, v.softcap),
+                        (!m.params.mask.is_prefix(), m.params.softcap.is_some())
+                    );
+                    // A window keeps the plain grid order (its blocks see about as many keys each).
+                    assert_eq!(
+                        launch.grid[1] as usize,
+                        if v.causal { 2048usize.div_ceil(v.block_m()) } else { 8 }
+                    );
+                    assert_eq!(notes.iter().any(|n| n.contains("sliding window")), v.window, "{notes:?}");
+                }
+            }
+        }
     }
 
     #[test]
