@@ -25,7 +25,7 @@
 //!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
-//!   ([`flash_attn_with_lse`]), windows ([`flash_attn_windowed`]) run on CPU only so far,
+//!   ([`flash_attn_with_lse`]), windows ([`flash_attn_windowed`]) run on CPU and CUDA,
 //!   softcap and ALiBi are not exposed yet, and there is no
 //!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
 //!   from candle).
@@ -57,7 +57,7 @@ pub fn flash_attn(
 /// [`flash_attn`] with a sliding window (candle-flash-attn's `flash_attn_windowed`): row `i`
 /// sees the keys from `window_size_left` before its bottom-right diagonal to
 /// `window_size_right` after it, `None` unbounded (`(None, Some(0))` is causal). Runs on CPU
-/// tensors so far; the CUDA kernels refuse windows with a typed error.
+/// and CUDA tensors.
 pub fn flash_attn_windowed(
     q: &Tensor,
     k: &Tensor,

@@ -306,7 +306,7 @@ impl Problem {
         Err(Error::Unsupported {
             backend: backend.into(),
             what: format!(
-                "{self}: sliding windows and soft-capping run on cpu-flash and cpu-reference so far \
+                "{self}: sliding windows and soft-capping run on cpu-flash, cpu-reference and cuda so far \
                  (this backend takes no mask or a causal one)"
             ),
         })

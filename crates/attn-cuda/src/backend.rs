@@ -255,7 +255,6 @@ impl Cuda {
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
-        problem.require_plain_scores("cuda")?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
             match self.choose_family(gpu, problem)? {
                 Choice::Hopper(variant, launch, split) => {
