@@ -18,7 +18,8 @@ impl Variant {
             for head_dim in HEAD_DIMS {
                 for mask in [KernelMask::None, KernelMask::Causal, KernelMask::Window] {
                     for softcap in [false, true] {
-                        for &(warps, m_tiles, block_n, stages) in candidates(head_dim) {
+                        let window = mask == KernelMask::Window;
+                        for &(warps, m_tiles, block_n, stages) in candidates_for(head_dim, window, softcap) {
                             v.push(Variant {
                                 dtype,
                                 head_dim,
@@ -27,7 +28,7 @@ impl Variant {
                                 block_n,
                                 stages,
                                 causal: mask == KernelMask::Causal,
-                                window: mask == KernelMask::Window,
+                                window,
                                 softcap,
                             });
                         }
@@ -63,6 +64,22 @@ pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize, u32)] {
     }
 }
 
+/// [`candidates`] for a variant with a window or a soft-cap, whose extra live values (the first
+/// key tile, the bounds; tanh's temporaries) push some 255-register configurations of D = 96 and
+/// 128 into spills on one architecture or another (NVRTC 13, measured by the CI compile check):
+/// D = 128 with a soft-cap keeps only 32-key tiles (64 and 48 keys spilled 8-24 bytes), with a
+/// window alone drops 48 keys in one stage; D = 96 with either keeps one m-tile. The others are
+/// [`candidates`]' own.
+pub fn candidates_for(head_dim: usize, window: bool, softcap: bool) -> &'static [(u32, u32, usize, u32)] {
+    match head_dim {
+        d if d > 128 || d <= 64 => candidates(head_dim),
+        d if d > 96 && softcap => &[(4, 2, 32, 1), (4, 1, 32, 1)],
+        d if d > 96 && window => &[(4, 2, 64, 2), (4, 2, 48, 2), (4, 2, 32, 1), (4, 1, 32, 1)],
+        d if d <= 96 && (window || softcap) => &[(4, 1, 32, 1)],
+        _ => candidates(head_dim),
+    }
+}
+
 /// Chooses the variant for `problem` on a device with `limits`, or says why none fits. `rank`
 /// restricts the choice to the candidate of that rank (0 = preferred; the last one where the
 /// list is shorter), so that tuning and tests can run every compiled configuration.
@@ -76,7 +93,9 @@ pub fn choose(
     check_alignment(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
-    let all = candidates(s.head_dim);
+    let mask = KernelMask::of(problem);
+    let softcap = problem.params.softcap.is_some();
+    let all = candidates_for(s.head_dim, mask == KernelMask::Window, softcap);
     let tried = match rank {
         None => all,
         Some(r) => {
@@ -97,9 +116,9 @@ pub fn choose(
             m_tiles,
             block_n,
             stages,
-            causal: KernelMask::of(problem) == KernelMask::Causal,
-            window: KernelMask::of(problem) == KernelMask::Window,
-            softcap: problem.params.softcap.is_some(),
+            causal: mask == KernelMask::Causal,
+            window: mask == KernelMask::Window,
+            softcap,
         };
         let launch = variant.launch(problem);
         match launch.validate(&variant.name(), limits) {
