@@ -8,22 +8,40 @@
 #             none at S=4096 and 8192, with and without the causal mask; every configuration
 #             once per round, ROUNDS rounds interleaved, each a CUDA-event median of ITERS runs
 # Expects the release `attn` at $ATTN (default .device/bin/attn, from `cargo xtask bundle`).
-# Writes $OUT/window/ (logs, verify JSON) and $OUT/window/h100-window-softcap.json, the
-# self-describing result that bench/results/ keeps. STEPS="verify sanitize time" (default all).
+# Writes $OUT/window.tgz (every log, the verify JSON) and $OUT/h100-window-softcap.json, the
+# self-describing result that bench/results/ keeps (packed after each step, so that a step cut
+# short keeps the ones before it). STEPS="sanitize verify time" (default all); TIME_BUDGET: seconds
+# after which the timing step starts no new run (default: what is left of 540 s from the start).
 set -uo pipefail
-final=${OUT:-/tmp/out}; out=$final/window; mkdir -p "$out"
+final=${OUT:-/tmp/out}; out=/tmp/window; mkdir -p "$out" "$final"
+pack() { echo "step $1 done at ${SECONDS}s" >> "$out/steps.txt"; tar -czf "$final/window.tgz" -C /tmp window; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 attn=${ATTN:-.device/bin/attn}
-steps=${STEPS:-verify sanitize time}
+steps=${STEPS:-sanitize verify time}
 rounds=${ROUNDS:-2}
 iters=${ITERS:-20}
 has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 
+if has sanitize; then
+  : > "$out/sanitizer.log"
+  for fam in ampere hopper; do
+    echo "== compute-sanitizer memcheck, $fam: Sq=300 Sk=500 Hq=4 Hkv=2 D=128, window (64,16), soft-cap 30"
+    ATTN_CUDA_FAMILY=$fam timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $attn run --backend cuda \
+      --dtype bf16 -d 128 --seq-q 300 --seq-k 500 --heads 4 --kv-heads 2 --window 64,16 --softcap 30 --lse \
+      --iters 1 --warmup 0 --check-rows 300 > "$out/sanitizer-$fam.txt" 2>&1
+    rc=$?
+    echo "memcheck $fam: exit $rc, $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$out/sanitizer-$fam.txt")" | tee -a "$out/sanitizer.log"
+    grep -E '"kernel"|max_abs|rel_l2' "$out/sanitizer-$fam.txt" | head -4
+  done
+fi
+
+pack sanitize
+
 if has verify; then
   for fam in ampere hopper; do
     echo "== verify (cuda, $fam family)"
-    ATTN_CUDA_FAMILY=$fam timeout 240 $attn verify --backend cuda --json > "$out/verify-$fam.json" 2> "$out/verify-$fam.log"
+    ATTN_CUDA_FAMILY=$fam timeout 210 $attn verify --backend cuda --json > "$out/verify-$fam.json" 2> "$out/verify-$fam.log"
     echo "verify $fam exit $?"
     python3 - "$out/verify-$fam.json" <<'PY' || tail -5 "$out/verify-$fam.log"
 import json, sys
@@ -38,22 +56,11 @@ PY
   done
 fi
 
-if has sanitize; then
-  : > "$out/sanitizer.log"
-  for fam in ampere hopper; do
-    echo "== compute-sanitizer memcheck, $fam: Sq=300 Sk=500 Hq=4 Hkv=2 D=128, window (64,16), soft-cap 30"
-    ATTN_CUDA_FAMILY=$fam timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $attn run --backend cuda \
-      --dtype bf16 -d 128 --seq-q 300 --seq-k 500 --heads 4 --kv-heads 2 --window 64,16 --softcap 30 --lse \
-      --iters 1 --warmup 0 --check-rows 300 > "$out/sanitizer-$fam.txt" 2>&1
-    rc=$?
-    echo "memcheck $fam: exit $rc, $(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$out/sanitizer-$fam.txt")" | tee -a "$out/sanitizer.log"
-    grep -E '"kernel"|max_abs|rel_l2' "$out/sanitizer-$fam.txt" | head -4
-  done
-fi
+pack verify
 
 if has time; then
   echo "== timings (rounds $rounds, iters $iters)"
-  ATTN="$attn" ROUNDS=$rounds ITERS=$iters OUTDIR="$out" python3 - <<'PY'
+  ATTN="$attn" ROUNDS=$rounds ITERS=$iters OUTDIR="$out" BUDGET=${TIME_BUDGET:-$(( SECONDS < 480 ? 540 - SECONDS : 60 ))} FINAL="$final" COMMIT_FILE=${COMMIT_FILE:-.device/COMMIT} python3 - <<'PY'
 import json, os, subprocess, sys, time
 attn, rounds, iters, outdir = os.environ["ATTN"], int(os.environ["ROUNDS"]), int(os.environ["ITERS"]), os.environ["OUTDIR"]
 base = ["--backend", "cuda", "--dtype", "bf16", "-d", "128", "--batch", "1", "--heads", "16",
@@ -70,8 +77,12 @@ for fam in ["ampere", "hopper"]:
             configs.append((fam, f"{tag}-softcap30", s, mask + ["--softcap", "30"]))
 times = {}
 kernels = {}
+started, budget = time.time(), float(os.environ["BUDGET"])
 for r in range(rounds):
     for fam, name, s, flags in configs:
+        if time.time() - started > budget:
+            print("time budget spent: no more runs", flush=True)
+            break
         cmd = [attn, "run", "--seq", str(s)] + base + flags
         p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ATTN_CUDA_FAMILY": fam}, timeout=120)
         key = f"{fam}/s{s}/{name}"
@@ -118,12 +129,13 @@ meta = {
     "timing": f"attn run --json: CUDA-event median of {iters} launches after 5 warm-up ones, per process; "
               f"{rounds} rounds of every configuration interleaved; ratios from the best round of each",
     "device": subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-    "commit": open(".device-window/COMMIT").read().strip() if os.path.exists(".device-window/COMMIT") else "unknown",
+    "commit": open(os.environ["COMMIT_FILE"]).read().strip() if os.path.exists(os.environ["COMMIT_FILE"]) else "unknown",
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "command": "bash bench/device/window.sh (ATTN=<release attn>, STEPS=\"verify sanitize time\")",
 }
 json.dump({**meta, **result}, open(os.path.join(outdir, "h100-window-softcap.json"), "w"), indent=1)
+json.dump({**meta, **result}, open(os.path.join(os.environ["FINAL"], "h100-window-softcap.json"), "w"), indent=1)
 print(json.dumps(result, indent=1))
 PY
 fi
-for f in "$out"/verify-*.json; do [ -f "$f" ] && gzip -kf "$f"; done
+pack time
