@@ -48,10 +48,9 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print("verdict:", r.get("verdict"))
 for c in r.get("results", []):
-    kind = next(iter(c["outcome"])) if isinstance(c["outcome"], dict) else str(c["outcome"])
-    if c["family"] in ("window", "softcap") or kind != "Pass":
-        why = c["outcome"][kind].get("reason", "") if isinstance(c["outcome"], dict) else ""
-        print(f"  {kind:4s} {c['worst_ratio']:6.3f}  {c['case']}  {why[:200]}")
+    o = c["outcome"]
+    if c["family"] in ("window", "softcap") or o["status"] == "fail":
+        print(f"  {o['status']:4s} {c['worst_ratio']:6.3f}  {c['case']}  {o.get('reason', '')[:120]}")
 PY
   done
 fi
@@ -133,6 +132,19 @@ meta = {
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "command": "bash bench/device/window.sh (ATTN=<release attn>, STEPS=\"verify sanitize time\")",
 }
+# The verify and memcheck steps of the same call, where they ran.
+verify = {}
+for fam in ["ampere", "hopper"]:
+    path = os.path.join(outdir, f"verify-{fam}.json")
+    if os.path.exists(path):
+        v = json.load(open(path))
+        cases = [c for c in v["results"] if c["family"] in ("window", "softcap") and c["outcome"]["status"] != "skip"]
+        verify[fam] = {"verdict": v["verdict"], "window_softcap_cases": len(cases),
+                       "worst_ratio_window_softcap": max((c["worst_ratio"] for c in cases), default=None)}
+result["verify"] = verify
+for name, key in [("sanitizer.log", "sanitizer"), ("steps.txt", "device_steps_s")]:
+    path = os.path.join(outdir, name)
+    result[key] = open(path).read().strip().splitlines() if os.path.exists(path) else []
 json.dump({**meta, **result}, open(os.path.join(outdir, "h100-window-softcap.json"), "w"), indent=1)
 json.dump({**meta, **result}, open(os.path.join(os.environ["FINAL"], "h100-window-softcap.json"), "w"), indent=1)
 print(json.dumps(result, indent=1))
