@@ -247,22 +247,25 @@ __device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k,
 #if ATTN_WINDOW
 // mask() under a window: key columns past seq_k or outside the row's window (`left` keys before
 // its diagonal to `right` after it) to -inf, each row's first and last visible key found once.
+// The window's two sides are masked one after the other, so that only two bounds are live at a
+// time (with all four, D=256's consumers spilled).
 __device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int seq_k, int shift, int left, int right) {
-    const int first_col = n0 + 2 * (threadIdx.x % 4);
-    int first[2], last[2];  // per row, the first and last visible columns' offsets from first_col
+    const int diag = row + shift - n0 - 2 * (threadIdx.x % 4);  // this thread's first diagonal, from its first column
+    int bound[2];  // per row, the last visible column's offset, then the first's
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int diag = row + 8 * r + shift;
-        first[r] = diag - left - first_col;
-        last[r] = min(seq_k - 1, diag + right) - first_col;
-    }
+    for (int r = 0; r < 2; ++r) bound[r] = min(seq_k - 1 - n0 - 2 * (int)(threadIdx.x % 4), diag + 8 * r + right);
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int col = 8 * c + (e & 1);
-            if (col > last[e >> 1] || col < first[e >> 1]) s[4 * c + e] = NEG_INF;
-        }
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) > bound[e >> 1]) s[4 * c + e] = NEG_INF;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) bound[r] = diag + 8 * r - left;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) < bound[e >> 1]) s[4 * c + e] = NEG_INF;
 }
 #endif
 
