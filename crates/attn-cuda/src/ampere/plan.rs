@@ -65,13 +65,15 @@ pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize, u32)] {
 }
 
 /// [`candidates`] for a variant with a window or a soft-cap, whose extra live values (the first
-/// key tile, the bounds; tanh's temporaries) push some 255-register configurations of D = 96 and
-/// 128 into spills on one architecture or another (NVRTC 13, measured by the CI compile check):
-/// D = 128 with a soft-cap keeps only 32-key tiles (64 and 48 keys spilled 8-24 bytes), with a
-/// window alone drops 48 keys in one stage; D = 96 with either keeps one m-tile. The others are
-/// [`candidates`]' own.
+/// key tile, the bounds; tanh's temporaries) push some configurations into spills on one
+/// architecture or another (NVRTC 13, found by the CI compile check): D = 128 with a soft-cap
+/// keeps only 32-key tiles (64 and 48 keys spilled 8-24 bytes), with a window alone drops 48
+/// keys in one stage; D = 96 with either keeps one m-tile; D <= 64 with a window keeps only the
+/// first (the one-stage and one-m-tile forms spilled 8-24 bytes of cold values on sm_90a or
+/// sm_80). The others are [`candidates`]' own.
 pub fn candidates_for(head_dim: usize, window: bool, softcap: bool) -> &'static [(u32, u32, usize, u32)] {
     match head_dim {
+        d if d <= 64 && window => &candidates(head_dim)[..1],
         d if d > 128 || d <= 64 => candidates(head_dim),
         d if d > 96 && softcap => &[(4, 2, 32, 1), (4, 1, 32, 1)],
         d if d > 96 && window => &[(4, 2, 64, 2), (4, 2, 48, 2), (4, 2, 32, 1), (4, 1, 32, 1)],
