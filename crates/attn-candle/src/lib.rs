@@ -25,11 +25,11 @@
 //!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
-//!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]), ALiBi ([`flash_attn_alibi`]),
-//!   soft-capping ([`flash_attn_alibi_windowed_softcap`]), packed variable-length batches
-//!   ([`flash_attn_varlen`]) and decoding against a dense or paged cache with in-place appends
-//!   ([`flash_attn_with_kvcache`]) run on CPU tensors so far (CUDA refuses them with a typed error);
-//!   and there is no
+//!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]) and soft-caps run on CPU and
+//!   CUDA tensors; ALiBi ([`flash_attn_alibi`], [`flash_attn_alibi_windowed_softcap`]), packed
+//!   variable-length batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
+//!   with in-place appends ([`flash_attn_with_kvcache`]) run on CPU tensors so far (CUDA refuses
+//!   them with a typed error); and there is no
 //!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
 //!   from candle).
 //!
@@ -63,7 +63,7 @@ pub fn flash_attn(
 /// [`flash_attn`] with a sliding window (candle-flash-attn's `flash_attn_windowed`): row `i`
 /// sees the keys from `window_size_left` before its bottom-right diagonal to
 /// `window_size_right` after it, `None` unbounded (`(None, Some(0))` is causal). Runs on CPU
-/// tensors so far; the CUDA kernels refuse windows with a typed error.
+/// and CUDA tensors.
 pub fn flash_attn_windowed(
     q: &Tensor,
     k: &Tensor,

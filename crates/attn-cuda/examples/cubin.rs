@@ -3,8 +3,8 @@
 //! Hopper family, ptxas's whole log: its notes on wgmma pipelines).
 //!
 //! ```text
-//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]
-//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]
+//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [sm_80|sm_89|sm_90a]
+//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]
 //! ```
 
 use attn_core::DType;
@@ -16,7 +16,7 @@ fn main() {
     if args.first().map(String::as_str) == Some("sm90") {
         return hopper_cubin(&args[1..]);
     }
-    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal] [sm_80|sm_89|sm_90a]";
+    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [sm_80|sm_89|sm_90a]";
     if args.len() < 6 {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -32,6 +32,8 @@ fn main() {
         block_n: num(4),
         stages: num(5) as u32,
         causal: args.iter().any(|a| a == "causal"),
+        window: args.iter().any(|a| a == "window"),
+        softcap: args.iter().any(|a| a == "softcap"),
     };
     let arch = match args.iter().find(|a| a.starts_with("sm_")).map(String::as_str) {
         Some("sm_80") => Arch::Sm80,
@@ -59,7 +61,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d)) = (args.first(), args.get(1)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -79,6 +81,8 @@ fn hopper_cubin(args: &[String]) {
         stages: tiles.stages,
         consumers: tiles.consumers,
         causal: args.iter().any(|a| a == "causal"),
+        window: args.iter().any(|a| a == "window"),
+        softcap: args.iter().any(|a| a == "softcap"),
         q_slots: 1,
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),

@@ -20,7 +20,10 @@
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16 (else f16), ATTN_D (head dim, multiple of
 // 16), ATTN_WARPS, ATTN_MTILES, ATTN_BN (keys per tile, multiple of 16), ATTN_STAGES (1 or 2),
-// ATTN_CAUSAL. The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
+// ATTN_CAUSAL, ATTN_WINDOW (a sliding window: each query block walks only the key tiles its rows
+// see, from the first to the last, and masks the tiles at either edge; its bounds are run-time
+// parameters), ATTN_SOFTCAP (scores capped at +-cap: cap * tanh(scaled score / cap), the cap a
+// run-time parameter). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
 // computed here.
 
 #include <cuda_fp16.h>
@@ -47,6 +50,9 @@ constexpr int BN = ATTN_BN;
 constexpr int STAGES = ATTN_STAGES;
 static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
 constexpr bool CAUSAL = ATTN_CAUSAL;
+// ATTN_WINDOW and ATTN_SOFTCAP are read by `#if` alone: a constant of each would add a PTX global
+// to every variant, whose PTX stays what it was without them.
+static_assert(!(ATTN_CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
 // NVRTC has no <math.h>, hence no INFINITY.
@@ -69,6 +75,14 @@ struct Params {
     long long o_sb, o_sh, o_ss;
     int batch, heads_q, heads_kv, seq_q, seq_k;
     float scale_log2;  // softmax scale * log2(e)
+#if ATTN_WINDOW || ATTN_SOFTCAP
+    // Only these variants declare the fields (the others' parameter block, and so their code,
+    // stays as it was); the host passes them to every variant, and the driver copies the size
+    // the kernel declares.
+    int win_left, win_right;  // row i sees keys i + shift - win_left ..= i + shift + win_right
+    float softcap_in;         // 2 log2(e) |scale| / cap: tanh's argument, times 2 log2(e)
+    float softcap_out;        // cap * log2(e): the capped score in base-2 softmax units
+#endif
 };
 
 // Physical 16-byte chunk of logical chunk `c` in row `row`: XOR within groups of 8 chunks (128
@@ -188,6 +202,18 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
+#if ATTN_SOFTCAP
+// tanh(x) from y = 2^(2 x log2(e)) as 1 - 2 / (1 + y): one MUFU.EX2 and one MUFU.RCP, within a
+// few f32 ulps of 1 in absolute error (tanh.approx.f32's 2^-11 relative error would move a
+// capped score of 30 by 0.015 and the LSE past the verify tolerance). 2^+inf gives 1, 2^-inf -1.
+__device__ __forceinline__ float tanh_from_exp2(float x2) {
+    float y, r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x2));
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + y));
+    return fmaf(-2.f, r, 1.f);
+}
+#endif
+
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
 
 // Max / sum over the 4 threads of a quad, which together hold one row of an accumulator tile.
@@ -198,6 +224,26 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffff, x, 1);
     return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// Whether key tile [n0, n0 + BN) crosses a window's edge for the WM rows whose first diagonal is
+// `diag0` (row + shift): its last key past the first row's last visible one, or its first key
+// before the last row's first visible one. Always false without a window.
+__device__ __forceinline__ bool window_edge(const Params& p, int n0, int diag0) {
+#if ATTN_WINDOW
+    return n0 + BN - 1 > diag0 + p.win_right || n0 < diag0 + WM - 1 - p.win_left;
+#else
+    return false;
+#endif
+}
+
+// Whether key `col` lies outside the window of the row whose diagonal is `diag`.
+__device__ __forceinline__ bool outside_window(const Params& p, int col, int diag) {
+#if ATTN_WINDOW
+    return col > diag + p.win_right || col < diag - p.win_left;
+#else
+    return false;
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_constant__ Params p) {
@@ -226,7 +272,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     // sl2 > 0 (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by
     // negating Q in shared memory once instead, and a zero scale runs as 1e-30: every score
     // times it then rounds to nothing next to the max, and exp2 gives 1, as it would for 0.
+    // With a soft-cap the exponent's factor is cap * log2(e) instead (positive too): the capped
+    // score is cap * tanh(.), and tanh's argument carries |scale| (Params::softcap_in).
+#if ATTN_SOFTCAP
+    const float sl2 = p.softcap_out;
+#else
     const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
+#endif
 
     const elem_t* q = p.q + b * p.q_sb + h * p.q_sh;
     const elem_t* k = p.k + b * p.k_sb + g * p.k_sh;
@@ -234,17 +286,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 
     int n_end = p.seq_k;
     if (CAUSAL) n_end = min(p.seq_k, max(0, m0 + BM + shift));
+    // Key tiles [j_begin, n_tiles): under a window, from the first key the block's first row
+    // sees to the last its last row sees (none where the window lies outside the keys).
+    int j_begin = 0;
+#if ATTN_WINDOW
+    n_end = min(p.seq_k, max(0, m0 + BM + shift + p.win_right));
+    j_begin = min(max(0, m0 + shift - p.win_left), n_end) / BN;
+#endif
     const int n_tiles = (n_end + BN - 1) / BN;
+    const int n_first = j_begin * BN;
 
     // Commit groups: (Q, K_0) with one stage; (Q, K_0, V_0), (K_1, V_1) with two.
     load_tile<BM>(sQ, q, p.q_ss, m0, p.seq_q);
-    if (n_tiles > 0) load_tile<BN>(sK, k, p.k_ss, 0, p.seq_k);
+    if (n_tiles > j_begin) load_tile<BN>(sK, k, p.k_ss, n_first, p.seq_k);
     if (STAGES == 2) {
-        if (n_tiles > 0) load_tile<BN>(sV, v, p.v_ss, 0, p.seq_k);
+        if (n_tiles > j_begin) load_tile<BN>(sV, v, p.v_ss, n_first, p.seq_k);
         cp_commit();
-        if (n_tiles > 1) {
-            load_tile<BN>(sK + BN * D, k, p.k_ss, BN, p.seq_k);
-            load_tile<BN>(sV + BN * D, v, p.v_ss, BN, p.seq_k);
+        if (n_tiles > j_begin + 1) {
+            load_tile<BN>(sK + BN * D, k, p.k_ss, n_first + BN, p.seq_k);
+            load_tile<BN>(sV + BN * D, v, p.v_ss, n_first + BN, p.seq_k);
         }
     }
     cp_commit();
@@ -265,9 +325,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const FragAddr k_frag(sK, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     const FragAddr v_frag(sV, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
 
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = j_begin; j < n_tiles; ++j) {
         const int n0 = j * BN;
-        const int stage = STAGES == 2 ? j & 1 : 0;
+        const int stage = STAGES == 2 ? (j - j_begin) & 1 : 0;
         const FragAddr kf = k_frag.shifted(stage * BN * D * 2);
         const FragAddr vf = v_frag.shifted(stage * BN * D * 2);
         if (STAGES == 1) {
@@ -279,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
             cp_wait<1>();     // tile j has landed (tile j+1 may still be in flight)
             __syncthreads();  // ... for every thread
         }
-        if (j == 0 && p.scale_log2 < 0.f) {
+        if (j == j_begin && p.scale_log2 < 0.f) {
             // Each warp reads only its own rows of Q: it flips their signs itself.
 #pragma unroll
             for (int it = 0; it < WM * CPR / 32; ++it) {
@@ -320,9 +380,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
             }
         }
 
-        // Mask: only tiles that reach past the sequence or the diagonal (one branch per tile, so
-        // the other tiles run no mask code at all).
-        if (n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift)) {
+#if ATTN_SOFTCAP
+        // s <- tanh(|scale| s / cap); sl2 = cap * log2(e) scales it in the exponent. Before the
+        // mask, which must leave -inf.
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[t][nt][e] = tanh_from_exp2(s[t][nt][e] * p.softcap_in);
+#endif
+        // Mask: only tiles that reach past the sequence or the diagonal, or (window) whose first
+        // key some row of the warp does not see yet (one branch per tile, so the other tiles run
+        // no mask code at all).
+        if (n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift) || window_edge(p, n0, m0 + warp * WM + shift)) {
 #pragma unroll
             for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -331,7 +402,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
                     for (int e = 0; e < 4; ++e) {
                         const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
                         const int row = row0 + t * 16 + (e >> 1) * 8;
-                        if (col >= p.seq_k || (CAUSAL && col > row + shift)) s[t][nt][e] = NEG_INF;
+                        if (col >= p.seq_k || (CAUSAL && col > row + shift) || outside_window(p, col, row + shift))
+                            s[t][nt][e] = NEG_INF;
                     }
         }
         float tile_max[MT][2];

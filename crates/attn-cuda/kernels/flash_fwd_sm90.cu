@@ -21,7 +21,11 @@
 //
 // Variants (NVRTC -D, chosen by crates/attn-cuda/src/hopper/plan.rs):
 //   ATTN_BF16, ATTN_D (64, 128 or 256), ATTN_BN (keys per tile), ATTN_CONSUMERS (2 to 4),
-//   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask),
+//   ATTN_STAGES (K/V ring depth), ATTN_CAUSAL (bottom-right mask), ATTN_WINDOW (a sliding
+//   window, never with CAUSAL: a tile's piece is the key tiles its rows see, from the first to
+//   the last, as the causal mask's ends at the diagonal; the tiles at either edge are masked;
+//   the bounds are run-time parameters; no split tail), ATTN_SOFTCAP (scores capped at +-cap,
+//   cap * tanh(scaled score / cap), the cap a run-time parameter),
 // and in every variant: a producer warpgroup copies Q, K and V with TMA; inside a consumer
 // warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (and S_j
 // was issued with it); the consumer warpgroups take turns issuing their products (named
@@ -87,13 +91,16 @@ constexpr int CONSUMERS = ATTN_CONSUMERS;
 constexpr int BM = 64 * CONSUMERS;
 constexpr int STAGES = ATTN_STAGES;
 constexpr bool CAUSAL = ATTN_CAUSAL;
+// ATTN_WINDOW and ATTN_SOFTCAP are read by `#if` alone: a constant of each would add a PTX global
+// to every variant, and their code stays out of the variants without them, whose PTX is what it
+// was before they existed.
 constexpr bool O_STAGED = ATTN_O_STAGED;
 constexpr bool BOTTOM = ATTN_BOTTOM;
 constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 // Two Q slots stage O in the Q slot of its own piece (free_prev_q).
 constexpr bool O_IN_Q = Q_SLOTS == 2;
 constexpr bool STORER = O_STAGED && !O_IN_Q && CONSUMERS <= 3;
-constexpr bool SPLIT_TAIL = !CAUSAL;  // the host splits no causal variant's tail
+constexpr bool SPLIT_TAIL = !CAUSAL && !ATTN_WINDOW;  // the host splits no masked variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -109,6 +116,7 @@ static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column 
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
 static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "128 to 256 query rows: several consumer warpgroups taking turns");
 static_assert(!BOTTOM || (CAUSAL && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
+static_assert(!(CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && O_STAGED), "two Q slots: O staged");
 static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to four consumer warpgroups");
 
@@ -118,7 +126,8 @@ static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to fou
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
 // `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
 // schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704,
-// trace 712; 768 bytes in all.
+// trace 712, win_left 720; 768 bytes in all (the last four fields fill what was padding, so the
+// parameter block of the variants that do not read them is what it was).
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -151,6 +160,9 @@ struct Params {
     // [slot][consumer warpgroup][NO / 4 + 1][128 threads] float4s (see merge_partials).
     float* partials;
     long long* trace;  // ATTN_TRACE: [CTA][TRACE_PIECES + 1][TRACE_ROLES][TRACE_EVENTS] stamps
+    int win_left, win_right;  // ATTN_WINDOW: row i sees keys i + shift - win_left ..= i + shift + win_right
+    float softcap_in;         // ATTN_SOFTCAP: 2 log2(e) |scale| / cap, tanh's argument times 2 log2(e)
+    float softcap_out;        // ATTN_SOFTCAP: cap * log2(e), the capped score in base-2 softmax units
 };
 
 // The pieces, in this order: each relies on what the ones before it declare (the configuration

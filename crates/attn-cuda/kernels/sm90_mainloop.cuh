@@ -15,7 +15,8 @@
 // the ping-pong ring's (256). A consumer leaves sm90_epilogue.cuh the piece's O, not yet divided
 // by the row sums, and its RowState (finalized under the overlapped loop's last P V;
 // store_output finalizes it where it is not). Flags: D, BN, STAGES, CONSUMERS, CAUSAL,
-// Q_SLOTS (O_IN_Q), SPECULATE.
+// Q_SLOTS (O_IN_Q), SPECULATE, and ATTN_WINDOW, ATTN_SOFTCAP (by `#if`, so that the variants
+// without them compile to what they did before they existed).
 #pragma once
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
@@ -243,6 +244,49 @@ __device__ __forceinline__ void mask(float (&s)[NS], int row, int n0, int seq_k,
             if (8 * c + (e & 1) > last[e >> 1]) s[4 * c + e] = NEG_INF;
 }
 
+#if ATTN_WINDOW
+// mask() under a window: key columns past seq_k or outside the row's window (`left` keys before
+// its diagonal to `right` after it) to -inf, each row's first and last visible key found once.
+// The window's two sides are masked one after the other, so that only two bounds are live at a
+// time (with all four, D=256's consumers spilled).
+__device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int seq_k, int shift, int left, int right) {
+    const int diag = row + shift - n0 - 2 * (threadIdx.x % 4);  // this thread's first diagonal, from its first column
+    int bound[2];  // per row, the last visible column's offset, then the first's
+#pragma unroll
+    for (int r = 0; r < 2; ++r) bound[r] = min(seq_k - 1 - n0 - 2 * (int)(threadIdx.x % 4), diag + 8 * r + right);
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) > bound[e >> 1]) s[4 * c + e] = NEG_INF;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) bound[r] = diag + 8 * r - left;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (8 * c + (e & 1) < bound[e >> 1]) s[4 * c + e] = NEG_INF;
+}
+#endif
+
+#if ATTN_SOFTCAP
+// The soft-cap, in place on a tile's raw scores: s <- tanh(|scale| s / cap), which the
+// exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped score. tanh(x) is
+// 1 - 2 / (1 + 2^(2 x log2(e))): one MUFU.EX2 and one MUFU.RCP, within a few f32 ulps of 1 in
+// absolute error (tanh.approx.f32's 2^-11 relative error would move a capped score of 30 by
+// 0.015, and the LSE past the verify tolerance). 2^+inf gives 1, 2^-inf -1. Before the mask,
+// which must leave -inf.
+__device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+        float y, r;
+        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(s[i] * softcap_in));
+        asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + y));
+        s[i] = fmaf(-2.f, r, 1.f);
+    }
+}
+#endif
+
 // The new running max of a tile's scores; returns, per row, the factor by which the old sums
 // and O must be scaled (1 where the max did not move). The max moves only when some row of the
 // warp outgrew it by more than RESCALE_SLACK: until then probabilities stay below
@@ -351,7 +395,7 @@ struct Ctx {
     const Params& p;
     const Smem& s;
     int wg, lane;
-    float sl2;         // |scale| * log2(e), at least 1e-30 (see negate_q_rows)
+    float sl2;         // |scale| * log2(e), at least 1e-30 (see negate_q_rows); cap * log2(e) with a soft-cap
     int shift;         // seq_k - seq_q: row i sees keys j <= i + shift
     int row0;          // this thread's first row (the other is row0 + 8)
     int warp_row0;     // this warp's first row: a key tile past its diagonal needs the mask
@@ -392,10 +436,28 @@ struct Ctx {
     }
 };
 
-// Masks, then exponentiates tile j's scores in place; returns whether O must be rescaled.
+#if ATTN_WINDOW
+// A window's mask on the tile of keys from n0, where it crosses the keys' end or either edge of
+// the window of the warp's 16 rows (the first row's last key, the last row's first).
+__device__ __forceinline__ void mask_window_tile(const Ctx& c, float (&sc)[NS], int n0) {
+    const int diag0 = c.warp_row0 + c.shift;
+    if (n0 + BN > c.p.seq_k || n0 + BN - 1 > diag0 + c.p.win_right || n0 < diag0 + 15 - c.p.win_left)
+        mask_window(sc, c.row0, n0, c.p.seq_k, c.shift, c.p.win_left, c.p.win_right);
+}
+#endif
+
+// Caps (ATTN_SOFTCAP), masks, then exponentiates tile j's scores in place; returns whether O
+// must be rescaled.
 __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
     const int n0 = j * BN;
+#if ATTN_SOFTCAP
+    cap_scores(sc, c.p.softcap_in);
+#endif
+#if ATTN_WINDOW
+    mask_window_tile(c, sc, n0);
+#else
     if (n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift)) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+#endif
     const bool moved = update_max(sc, st, c.sl2, alpha);
     exponentiate(sc, st, c.sl2);
     return moved;
@@ -413,8 +475,15 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
                                                     float (&sc)[NS], RowState& st, int j, unsigned k_smem,
                                                     float (&alpha)[2]) {
     const int n0 = j * BN;
+#if ATTN_SOFTCAP
+    cap_scores(sc, c.p.softcap_in);
+#endif
+#if ATTN_WINDOW
+    mask_window_tile(c, sc, n0);
+#else
     const bool masked = n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift);
     if (masked) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+#endif
     const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
     float sums[2] = {0.f, 0.f};
     if (!fresh) exponentiate_rows(sc, st, c.sl2, sums);
@@ -530,7 +599,11 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
                s,
                wg,
                lane,
+#if ATTN_SOFTCAP
+               p.softcap_out,
+#else
                fmaxf(fabsf(p.scale_log2), 1e-30f),
+#endif
                p.seq_k - p.seq_q,
                tile.m0 + 64 * wg + 16 * warp + lane / 4,
                tile.m0 + 64 * wg + 16 * warp,

@@ -28,6 +28,17 @@ __device__ __forceinline__ int visible_key_tiles(const Params& p, int row_end) {
     return (n_end + BN - 1) / BN;
 }
 
+#if ATTN_WINDOW
+// Under a window: the end of the keys that query rows m0 .. m0 + BM - 1 see (the last row's
+// last key), and the first key tile (the first row's first key's; at most the end's).
+__device__ __forceinline__ int window_end(const Params& p, int m0) {
+    return min(p.seq_k, max(0, m0 + BM + p.seq_k - p.seq_q + p.win_right));
+}
+__device__ __forceinline__ int window_first_tile(const Params& p, int m0) {
+    return min(max(0, m0 + p.seq_k - p.seq_q - p.win_left), window_end(p, m0)) / BN;
+}
+#endif
+
 // Without a mask a head's query blocks are neighbours, so the CTAs running at once share K/V
 // in L2. Under a causal mask the longest tiles go first, but across all heads at once each
 // wave of CTAs would read every head's K/V (at S=2048, D=128: 128 MB, against 50 MB of L2) and
@@ -50,11 +61,16 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     tile.h = bh % p.heads_q;
     // BOTTOM: the first block starts before row 0 where BM does not divide seq_q.
     tile.m0 = BOTTOM ? p.seq_q - (p.q_blocks - qb) * BM : qb * BM;
+#if ATTN_WINDOW
+    tile.n_kv = (window_end(p, tile.m0) + BN - 1) / BN;
+#else
     tile.n_kv = CAUSAL ? visible_key_tiles(p, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
+#endif
     return tile;
 }
 
-// A piece of work: key tiles [j0, j1) of tile t. The units of work a CTA draws are whole tiles
+// A piece of work: key tiles [j0, j1) of tile t (under a window, a whole tile's piece starts at
+// its first visible key tile). The units of work a CTA draws are whole tiles
 // (`unit` -1), then, past `whole`, the tail's units: without a mask every tile has the same
 // key tiles, and the tail's tail_iters of them, tile after tile, are dealt to tail_units units
 // in runs as even as integers allow. A run may cross from one tile into the next, so a unit is
@@ -79,7 +95,14 @@ __device__ __forceinline__ Piece run_at(const Params& p, int g, int x) {
 
 // The first piece of unit of work u.
 __device__ __forceinline__ Piece first_piece(const Params& p, int u) {
+#if ATTN_WINDOW
+    // A window's tiles are never split: the piece is the tile's key tiles, first to last.
+    if (u >= p.tiles) return Piece{u, 0, 0, -1};
+    const Tile tile = tile_at(p, u);
+    return Piece{u, window_first_tile(p, tile.m0), tile.n_kv, -1};
+#else
     if (!SPLIT_TAIL || u < p.whole) return Piece{u, 0, u < p.tiles ? tile_at(p, u).n_kv : 0, -1};
+#endif
     const int g = u - p.whole;
     if (g >= p.tail_units) return Piece{p.tiles, 0, 0, -1};
     return run_at(p, g, unit_start(p, g));

@@ -9,8 +9,8 @@ use crate::options::{Family, Options};
 use crate::runtime::{Gpu, Lead, driver};
 use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
-    Attention, Availability, DeviceKind, Error, Execution, Inputs, Launch, Numerics, Outputs, Payload, Plan,
-    Prepared, Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Error, Execution, Feature, Inputs, Launch, Numerics, Outputs,
+    Payload, Plan, Prepared, Problem, Result, Tiles,
 };
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, OnceLock};
@@ -318,9 +318,10 @@ impl Cuda {
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
         let (choice, why_not_decode) = self.choose_family(gpu, problem)?;
-        // Windows and soft-caps: the decode family takes windows; the prefill families neither.
+        // What the prefill families run beyond plain and causal masks (the decode family checks
+        // its own set in decode/plan.rs).
         if !matches!(choice, Choice::Decode(..)) {
-            problem.require_plain_scores("cuda")?;
+            problem.require_features("cuda", &[Feature::Window, Feature::Softcap])?;
         }
         let Planned { kernel, launch, mut notes, tiles, workspace } = match choice {
             Choice::Decode(variant, launch, split, notes) => {

@@ -52,6 +52,7 @@ pub mod options;
 mod probe;
 mod ptxas;
 mod runtime;
+pub mod scores;
 mod tensors;
 
 pub use backend::Cuda;

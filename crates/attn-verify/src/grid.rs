@@ -374,5 +374,44 @@ pub fn full() -> Vec<Case> {
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
         v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));
     }
+    // Windows and soft-caps long enough that GPU kernels skip key tiles before and after a query
+    // block's window and mask only its edges: several blocks and tiles, GQA, seq_q != seq_k
+    // both ways (rows that see no key), each side unbounded in turn, every head dim family.
+    let gqa = |seq, d| Shape { heads_kv: 2, ..Shape::new(1, 4, seq, d) };
+    for dtype in [DType::Bf16, DType::F16] {
+        let windows = [
+            ("s2048d128-l300r0-gqa", p(gqa(2048, 128), dtype).with_window(Some(300), Some(0))),
+            ("sq700sk1500d64-l200r77", p(sk(700, 1500, 4, 64), dtype).with_window(Some(200), Some(77))),
+            ("sq1500sk700d256-l64r0", p(sk(1500, 700, 2, 256), dtype).with_window(Some(64), Some(0))),
+            ("s1000d64-l-r100", p(gqa(1000, 64), dtype).with_window(None, Some(100))),
+            ("s1000d96-l50r-", p(Shape::new(1, 2, 1000, 96), dtype).with_window(Some(50), None)),
+        ];
+        let caps = [
+            (
+                "s1024d128-cap30",
+                p(gqa(1024, 128), dtype).causal().with_softcap(30.0),
+                Distribution::LargeMagnitude,
+            ),
+            ("s1000d64-cap50", p(Shape::new(1, 4, 1000, 64), dtype).with_softcap(50.0), Distribution::Normal),
+            (
+                "s2048d128-cap30-l512r0",
+                p(gqa(2048, 128), dtype).with_softcap(30.0).with_window(Some(512), Some(0)),
+                Distribution::Normal,
+            ),
+            (
+                "s700d256-cap5-l100r100",
+                p(Shape::new(1, 2, 700, 256), dtype).with_softcap(5.0).with_window(Some(100), Some(100)),
+                Distribution::Normal,
+            ),
+        ];
+        for (tag, problem) in windows {
+            seed += 1;
+            v.push(case("window", tag, problem, Distribution::Normal, seed));
+        }
+        for (tag, problem, dist) in caps {
+            seed += 1;
+            v.push(case("softcap", tag, problem, dist, seed));
+        }
+    }
     v
 }

@@ -1,5 +1,6 @@
 //! The Ampere/Ada kernel's parameter block.
 
+use crate::scores::ScoreParams;
 use crate::tensors::{DevicePointers, strides};
 use attn_core::Problem;
 use cudarc::driver::DeviceRepr;
@@ -24,6 +25,12 @@ pub struct KernelParams {
     seq_q: i32,
     seq_k: i32,
     scale_log2: f32,
+    // Declared by the window and soft-cap variants only (`#if` in the kernel): the driver copies
+    // as many bytes as the kernel declares, so the other variants never see these.
+    window_left: i32,
+    window_right: i32,
+    softcap_in: f32,
+    softcap_out: f32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -34,6 +41,7 @@ impl KernelParams {
     pub fn new(at: DevicePointers, problem: &Problem) -> KernelParams {
         let s = problem.shape;
         let t = problem.strides;
+        let scores = ScoreParams::of(problem);
         KernelParams {
             q: at.q,
             k: at.k,
@@ -50,6 +58,10 @@ impl KernelParams {
             seq_q: s.seq_q as i32,
             seq_k: s.seq_k as i32,
             scale_log2: problem.scale() * std::f32::consts::LOG2_E,
+            window_left: scores.window_left,
+            window_right: scores.window_right,
+            softcap_in: scores.softcap_in,
+            softcap_out: scores.softcap_out,
         }
     }
 }
@@ -58,8 +70,10 @@ impl KernelParams {
 mod tests {
     #[test]
     fn layout_matches_the_kernel() {
-        // 5 pointers + 12 strides (8 bytes each) + 5 ints + 1 float = 160 bytes, no padding.
-        assert_eq!(std::mem::size_of::<super::KernelParams>(), 160);
+        // 5 pointers + 12 strides (8 bytes each) + 5 ints + 1 float = 160 bytes, no padding;
+        // then the window and soft-cap variants' 2 ints and 2 floats.
+        assert_eq!(std::mem::offset_of!(super::KernelParams, window_left), 160);
+        assert_eq!(std::mem::size_of::<super::KernelParams>(), 176);
         assert_eq!(std::mem::align_of::<super::KernelParams>(), 8);
     }
 }

@@ -2,6 +2,7 @@
 //! Pure host logic: testable (and tested against stated L4 and H100 limits) without a GPU.
 
 use super::variant::Variant;
+use crate::scores::KernelMask;
 use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
 
@@ -9,14 +10,28 @@ use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
 impl Variant {
-    /// Every specialisation the backend can choose, for the CI compile check.
+    /// Every specialisation the backend can choose, for the CI compile check: each mask (none,
+    /// causal, window) with and without the soft-cap.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
-                for causal in [false, true] {
-                    for &(warps, m_tiles, block_n, stages) in candidates(head_dim) {
-                        v.push(Variant { dtype, head_dim, warps, m_tiles, block_n, stages, causal });
+                for mask in [KernelMask::None, KernelMask::Causal, KernelMask::Window] {
+                    for softcap in [false, true] {
+                        let window = mask == KernelMask::Window;
+                        for &(warps, m_tiles, block_n, stages) in candidates_for(head_dim, window, softcap) {
+                            v.push(Variant {
+                                dtype,
+                                head_dim,
+                                warps,
+                                m_tiles,
+                                block_n,
+                                stages,
+                                causal: mask == KernelMask::Causal,
+                                window,
+                                softcap,
+                            });
+                        }
                     }
                 }
             }
@@ -49,6 +64,24 @@ pub fn candidates(head_dim: usize) -> &'static [(u32, u32, usize, u32)] {
     }
 }
 
+/// [`candidates`] for a variant with a window or a soft-cap, whose extra live values (the first
+/// key tile, the bounds; tanh's temporaries) push some configurations into spills on one
+/// architecture or another (NVRTC 13, found by the CI compile check): D = 128 with a soft-cap
+/// keeps only 32-key tiles (64 and 48 keys spilled 8-24 bytes), with a window alone drops 48
+/// keys in one stage; D = 96 with either keeps one m-tile; D <= 64 with a window keeps only the
+/// first (the one-stage and one-m-tile forms spilled 8-24 bytes of cold values on sm_90a or
+/// sm_80). The others are [`candidates`]' own.
+pub fn candidates_for(head_dim: usize, window: bool, softcap: bool) -> &'static [(u32, u32, usize, u32)] {
+    match head_dim {
+        d if d <= 64 && window => &candidates(head_dim)[..1],
+        d if d > 128 || d <= 64 => candidates(head_dim),
+        d if d > 96 && softcap => &[(4, 2, 32, 1), (4, 1, 32, 1)],
+        d if d > 96 && window => &[(4, 2, 64, 2), (4, 2, 48, 2), (4, 2, 32, 1), (4, 1, 32, 1)],
+        d if d <= 96 && (window || softcap) => &[(4, 1, 32, 1)],
+        _ => candidates(head_dim),
+    }
+}
+
 /// Chooses the variant for `problem` on a device with `limits`, or says why none fits. `rank`
 /// restricts the choice to the candidate of that rank (0 = preferred; the last one where the
 /// list is shorter), so that tuning and tests can run every compiled configuration.
@@ -62,7 +95,9 @@ pub fn choose(
     check_alignment(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
-    let all = candidates(s.head_dim);
+    let mask = KernelMask::of(problem);
+    let softcap = problem.params.softcap.is_some();
+    let all = candidates_for(s.head_dim, mask == KernelMask::Window, softcap);
     let tried = match rank {
         None => all,
         Some(r) => {
@@ -83,11 +118,14 @@ pub fn choose(
             m_tiles,
             block_n,
             stages,
-            causal: problem.is_causal(),
+            causal: mask == KernelMask::Causal,
+            window: mask == KernelMask::Window,
+            softcap,
         };
         let launch = variant.launch(problem);
         match launch.validate(&variant.name(), limits) {
             Ok(()) => {
+                notes.extend(crate::scores::notes(problem, variant.block_m(), variant.block_n));
                 if launch.needs_shared_optin(limits) {
                     notes.push(format!(
                         "{} B of shared memory: above the {} B default, uses the opt-in limit ({} B)",
@@ -187,6 +225,31 @@ mod tests {
         assert!(notes[0].contains("candidate 3"), "{notes:?}");
         let (v, _, _) = choose(&problem(64, DType::Bf16), &h100, Some(5)).unwrap();
         assert_eq!((v.warps, v.m_tiles, v.block_n, v.stages), *candidates(64).last().unwrap());
+    }
+
+    #[test]
+    fn windows_and_soft_caps_plan_compiled_variants() {
+        let all = Variant::all();
+        for d in HEAD_DIMS {
+            let p = Problem::new(Shape::new(1, 8, 2048, d), DType::F16);
+            let masks = [p, p.causal(), p.with_window(Some(256), Some(0)), p.with_window(Some(4), Some(9))];
+            for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(5.0)]) {
+                for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
+                    let (v, launch, notes) = choose(&m, &limits, None).unwrap();
+                    assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                    assert_eq!(
+                        (v.window, v.softcap),
+                        (!m.params.mask.is_prefix(), m.params.softcap.is_some())
+                    );
+                    // A window keeps the plain grid order (its blocks see about as many keys each).
+                    assert_eq!(
+                        launch.grid[1] as usize,
+                        if v.causal { 2048usize.div_ceil(v.block_m()) } else { 8 }
+                    );
+                    assert_eq!(notes.iter().any(|n| n.contains("sliding window")), v.window, "{notes:?}");
+                }
+            }
+        }
     }
 
     #[test]

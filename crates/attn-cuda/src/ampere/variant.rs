@@ -26,6 +26,11 @@ pub struct Variant {
     pub stages: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
+    /// A sliding window compiled in (`ATTN_WINDOW`; never with `causal`): each block walks only
+    /// the key tiles its rows see. The bounds are run-time parameters (`crate::scores`).
+    pub window: bool,
+    /// Score soft-capping compiled in (`ATTN_SOFTCAP`); the cap is a run-time parameter.
+    pub softcap: bool,
 }
 
 impl Variant {
@@ -45,17 +50,19 @@ impl Variant {
         ((self.block_m() + 2 * self.stages as usize * self.block_n) * self.head_dim * 2) as u32
     }
 
-    /// The name of the specialisation: dtype, head dim, tiles, mask.
+    /// The name of the specialisation: dtype, head dim, tiles, mask, soft-cap.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}",
+            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.warps,
             self.block_n,
             self.stages,
-            if self.causal { "_causal" } else { "" }
+            if self.causal { "_causal" } else { "" },
+            if self.window { "_window" } else { "" },
+            if self.softcap { "_softcap" } else { "" }
         )
     }
 
@@ -69,6 +76,8 @@ impl Variant {
             ("ATTN_BN".into(), self.block_n.to_string()),
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_CAUSAL".into(), u8::from(self.causal).to_string()),
+            ("ATTN_WINDOW".into(), u8::from(self.window).to_string()),
+            ("ATTN_SOFTCAP".into(), u8::from(self.softcap).to_string()),
         ]
     }
 

@@ -4,6 +4,7 @@ use super::plan::head_group;
 use super::split::Split;
 use super::variant::Variant;
 use crate::runtime::driver;
+use crate::scores::ScoreParams;
 use crate::tensors::{DevicePointers, strides};
 use attn_core::{DType, Error, Problem, Result, Strides};
 use cudarc::driver::sys::{
@@ -48,6 +49,11 @@ pub struct Sm90Params {
     tail_iters: i32,
     partials: u64,
     trace: u64,
+    // The window and soft-cap variants' values (`crate::scores`), in what was the padding.
+    window_left: i32,
+    window_right: i32,
+    softcap_in: f32,
+    softcap_out: f32,
 }
 
 /// Device addresses of the Hopper kernel's workspace: the persistent scheduler's counters (zero
@@ -147,6 +153,7 @@ impl Sm90Params {
         };
         let (q, k, v, o) = (at.q, at.k, at.v, at.o);
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
+        let scores = ScoreParams::of(problem);
         Ok(Sm90Params {
             q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
             k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
@@ -177,6 +184,10 @@ impl Sm90Params {
             tail_iters: split.tail_iters() as i32,
             partials: work.partials,
             trace: 0,
+            window_left: scores.window_left,
+            window_right: scores.window_right,
+            softcap_in: scores.softcap_in,
+            softcap_out: scores.softcap_out,
         })
     }
 
@@ -298,8 +309,9 @@ mod tests {
     #[test]
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
-        // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, padded to the
-        // 128-byte alignment: 768.
+        // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, the window and
+        // soft-cap's 2 ints and 2 floats (736), padded to the 128-byte alignment: 768, as before
+        // they were added.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
@@ -314,7 +326,8 @@ mod tests {
             offset_of!(super::Sm90Params, whole),
             offset_of!(super::Sm90Params, partials),
             offset_of!(super::Sm90Params, trace),
+            offset_of!(super::Sm90Params, window_left),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720]);
     }
 }

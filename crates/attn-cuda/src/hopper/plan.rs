@@ -3,6 +3,7 @@
 
 use super::split::Split;
 use super::variant::{HEAD_DIMS, PRODUCER_REGISTERS, Variant};
+use crate::scores::KernelMask;
 use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
 
@@ -10,9 +11,49 @@ impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each head dim's
     /// tiles (and the `long_tiles` and `short_causal_tiles` where a head dim has them), both
     /// masks, both dtypes, each with two Q slots ([`Variant::q_slots`]) where they fit, and the
-    /// causal ones in both block orders ([`Variant::bottom`]) where they have two. Tiles forced
-    /// by `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
+    /// causal ones in both block orders ([`Variant::bottom`]) where they have two; a window on
+    /// each head dim's tiles; and each of these with the soft-cap. Tiles forced by
+    /// `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
+        let mut v = Self::all_plain();
+        for dtype in [DType::F16, DType::Bf16] {
+            for head_dim in HEAD_DIMS {
+                let Tiles { block_n, stages, consumers } = tiles(head_dim);
+                v.push(Variant {
+                    dtype,
+                    head_dim,
+                    block_n,
+                    stages,
+                    consumers,
+                    causal: false,
+                    window: true,
+                    softcap: false,
+                    q_slots: 1,
+                    bottom: false,
+                    trace: false,
+                });
+            }
+        }
+        let capped: Vec<Variant> = v.iter().filter_map(|x| x.capped()).collect();
+        v.extend(capped);
+        v
+    }
+
+    /// The soft-capped form of this variant as the plan makes it ([`capped_causal_tiles`]), or
+    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows).
+    fn capped(&self) -> Option<Variant> {
+        let v = Variant { softcap: true, ..*self };
+        match (v.causal, v.window, v.head_dim, v.consumers) {
+            (true, _, 128, 3) | (_, true, 256, _) => None,
+            (true, _, d, _) => {
+                Some(capped_causal_tiles(d).map_or(v, |t| Variant { block_n: t.block_n, ..v }))
+            }
+            _ => Some(v),
+        }
+    }
+
+    /// The variants without a window or a soft-cap.
+    fn all_plain() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
@@ -25,6 +66,8 @@ impl Variant {
                         stages,
                         consumers,
                         causal,
+                        window: false,
+                        softcap: false,
                         q_slots: 1,
                         bottom: false,
                         trace: false,
@@ -127,6 +170,7 @@ impl Variant {
                 }
             ));
         }
+        notes.extend(crate::scores::notes(problem, self.block_m(), self.block_n));
         notes.push(match self.o_staged() {
             true if self.q_slots == 2 => "O leaves through its tile's Q slot and a TMA store".into(),
             true => "O leaves through shared memory and a TMA store".into(),
@@ -191,6 +235,17 @@ pub fn short_causal_tiles(head_dim: usize, causal: bool) -> Option<Tiles> {
     }
 }
 
+/// Tiles for the soft-cap under a causal mask where [`tiles`]' spill registers with the cap's
+/// tanh: D = 64's three consumers (128 registers each at entry) spilled 44 bytes on 112-key
+/// tiles, none on 96. (D = 128's [`short_causal_tiles`] spilled 92 bytes: a soft-capped causal
+/// D = 128 takes [`tiles`].)
+pub fn capped_causal_tiles(head_dim: usize) -> Option<Tiles> {
+    match head_dim {
+        64 => Some(Tiles { block_n: 96, ..tiles(head_dim) }),
+        _ => None,
+    }
+}
+
 /// The most keys for which [`short_causal_tiles`] are taken.
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
 
@@ -214,13 +269,25 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 /// keys; [`long_tiles`] where the keys they pad the sequence to, at their lower cost per key,
 /// come to less than [`tiles`]' (S = 8192 and 16384 at D = 128, not S = 2048 or 4096); else
 /// [`tiles`].
+///
+/// A window takes [`tiles`]: its key tiles per query block are few (their ends masked), and
+/// neither the causal tiles' nor the long tiles' measurements apply. A soft-cap under a causal
+/// mask takes [`capped_causal_tiles`] where a head dim has them, and never the short causal ones.
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
-    if let Some(t) = short_causal_tiles(d, problem.is_causal()).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS) {
+    let causal = match KernelMask::of(problem) {
+        KernelMask::Window => return tiles(d),
+        mask => mask == KernelMask::Causal,
+    };
+    let capped = problem.params.softcap.is_some();
+    if let Some(t) = capped_causal_tiles(d).filter(|_| causal && capped) {
+        return t;
+    }
+    if let Some(t) = short_causal_tiles(d, causal).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS && !capped) {
         return t;
     }
     let short = tiles(d);
-    match long_tiles(d, problem.is_causal()) {
+    match long_tiles(d, causal) {
         Some(long)
             if seq_k.div_ceil(long.block_n) * long.block_n * LONG_TILE_COST_PER_MILLE
                 < seq_k.div_ceil(short.block_n) * short.block_n * 1000 =>
@@ -243,6 +310,14 @@ pub fn choose(
 ) -> Result<(Variant, Launch)> {
     let s = problem.shape;
     check_supported(problem, "cuda (Hopper family)", &HEAD_DIMS)?;
+    if s.head_dim == 256 && KernelMask::of(problem) == KernelMask::Window && problem.params.softcap.is_some()
+    {
+        // Its consumers spill registers (20 bytes): the Ampere/Ada family runs it.
+        return Err(Error::Unsupported {
+            backend: "cuda (Hopper family)".into(),
+            what: format!("{problem}: a window with a soft-cap at D=256 (the Ampere/Ada family runs it)"),
+        });
+    }
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     check_alignment(problem)?;
@@ -265,19 +340,27 @@ pub fn choose(
             ),
         });
     }
+    let mask = KernelMask::of(problem);
     let variant = Variant {
         dtype: problem.dtype,
         head_dim: s.head_dim,
         block_n,
         stages,
         consumers,
-        causal: problem.is_causal(),
+        causal: mask == KernelMask::Causal,
+        window: mask == KernelMask::Window,
+        softcap: problem.params.softcap.is_some(),
         q_slots: 1,
         bottom: false,
         trace: false,
     };
-    // Two slots where they are the default and fit (forced tiles may leave no room).
-    let variant = variant.with_q_slots(q_slots_for(s.head_dim, problem.is_causal())).unwrap_or(variant);
+    // Two slots where they are the default and fit (forced tiles may leave no room); one under
+    // a window (its variants are compiled with one).
+    let slots = match mask {
+        KernelMask::Window => 1,
+        _ => q_slots_for(s.head_dim, mask == KernelMask::Causal),
+    };
+    let variant = variant.with_q_slots(slots).unwrap_or(variant);
     // Causal blocks from the bottom where the variant can lay them so (Variant::bottom).
     let variant = Variant { bottom: Variant { bottom: true, ..variant }.bottoms(), ..variant };
     let launch = variant.launch(problem, sms, split);
@@ -574,10 +657,50 @@ mod tests {
         // each with one and two Q slots (4); D=128 causal with one and two slots and from the
         // bottom (3); D=256 with either mask (2: no room for a second Q tile, O not staged).
         // 512 (three consumers): D=64 without a mask with one and two slots, causal with one and
-        // two and from the bottom (5); D=128's short causal tiles, from the bottom (1).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * 9);
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * 6);
-        assert_eq!(Variant::all().len(), 30);
+        // two and from the bottom (5); D=128's short causal tiles, from the bottom (1). A window
+        // on each head dim's tiles (one more at each). Each of these with the soft-cap too, but
+        // D=256's window and D=128's short causal tiles (Variant::capped).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 2 + 9 + 1));
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 1 + 5 + 1));
+        assert_eq!(Variant::all().len(), 68);
+    }
+
+    #[test]
+    fn windows_and_soft_caps_plan_compiled_variants() {
+        let h100 = DeviceLimits::h100();
+        let all = Variant::all();
+        for d in HEAD_DIMS {
+            for s in [1024, 4096, 16384] {
+                let p = Problem::new(Shape::new(1, 16, s, d), DType::Bf16);
+                let masks = [
+                    p,
+                    p.causal(),
+                    p.with_window(Some(256), Some(0)),
+                    p.with_window(None, Some(0)),
+                    p.with_window(Some(8), None),
+                ];
+                for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]) {
+                    let windowed = KernelMask::of(&m) == KernelMask::Window;
+                    if d == 256 && windowed && m.params.softcap.is_some() {
+                        let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
+                        assert!(e.contains("Ampere/Ada family runs it"), "{e}");
+                        continue;
+                    }
+                    let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
+                    assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                    assert_eq!(v.softcap, m.params.softcap.is_some());
+                    if v.window {
+                        // One Q slot, the head dim's tiles, no split tail.
+                        assert_eq!((v.q_slots, v.block_n), (1, tiles(d).block_n), "{}", v.name());
+                        assert_eq!(v.split(&m, launch.grid[0]).units, 0);
+                    }
+                }
+            }
+        }
+        // A window equal to the causal mask takes the causal variant.
+        let p = Problem::new(Shape::new(1, 16, 8192, 128), DType::Bf16);
+        let (causal, _) = choose(&p.causal(), &h100, 132, None, true).unwrap();
+        assert_eq!(choose(&p.with_window(None, Some(0)), &h100, 132, None, true).unwrap().0, causal);
     }
 
     #[test]

@@ -59,6 +59,12 @@ pub struct Variant {
     pub consumers: u32,
     /// Causal (bottom-right) masking compiled in.
     pub causal: bool,
+    /// A sliding window compiled in (`ATTN_WINDOW`; never with `causal`): a tile's piece is the
+    /// key tiles its rows see, first to last; no split tail. The bounds are run-time parameters
+    /// (`crate::scores`).
+    pub window: bool,
+    /// Score soft-capping compiled in (`ATTN_SOFTCAP`); the cap is a run-time parameter.
+    pub softcap: bool,
     /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
     /// consumer has issued its last S of this one; or 2 (where shared memory has room), so that the next piece's Q loads while this one's key tiles run, with O staged
     /// in its own tile's Q slot. See [`Variant::with_q_slots`].
@@ -181,10 +187,11 @@ impl Variant {
         }
     }
 
-    /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask.
+    /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask,
+    /// soft-cap.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -193,6 +200,8 @@ impl Variant {
             if self.q_slots == 2 { "_q2" } else { "" },
             if self.bottoms() { "_bottom" } else { "" },
             if self.causal { "_causal" } else { "" },
+            if self.window { "_window" } else { "" },
+            if self.softcap { "_softcap" } else { "" },
             if self.trace { "_trace" } else { "" }
         )
     }
@@ -211,6 +220,8 @@ impl Variant {
             ("ATTN_CONSUMERS".into(), self.consumers.to_string()),
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_CAUSAL".into(), flag(self.causal)),
+            ("ATTN_WINDOW".into(), flag(self.window)),
+            ("ATTN_SOFTCAP".into(), flag(self.softcap)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
