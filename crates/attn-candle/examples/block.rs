@@ -227,7 +227,7 @@ fn op_overhead(q: &Tensor, k: &Tensor, v: &Tensor, device: &Device) -> Result<()
         Ok(attn_core::Buffer::from_f32(dtype, v))
     };
     let (hq, hk, hv) = (host(q)?, host(k)?, host(v)?);
-    let inputs = attn_core::Inputs { q: hq.as_data(), k: hk.as_data(), v: hv.as_data() };
+    let inputs = attn_core::Inputs::new(hq.as_data(), hk.as_data(), hv.as_data());
     let mut prepared = cuda.prepare(&plan, inputs).map_err(candle_core::Error::wrap)?;
     let stream = device.as_cuda_device()?.cuda_stream();
     let event = |what| {

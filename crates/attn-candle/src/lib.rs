@@ -25,8 +25,11 @@
 //!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
-//!   ([`flash_attn_with_lse`]), windows ([`flash_attn_windowed`]) run on CPU and CUDA,
-//!   softcap and ALiBi are not exposed yet, and there is no
+//!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]) run on CPU and CUDA; ALiBi
+//!   ([`flash_attn_alibi`]), soft-capping ([`flash_attn_alibi_windowed_softcap`]), packed
+//!   variable-length batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
+//!   with in-place appends ([`flash_attn_with_kvcache`]) run on CPU tensors so far (CUDA refuses
+//!   them with a typed error); and there is no
 //!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
 //!   from candle).
 //!
@@ -40,6 +43,9 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod kvcache;
+
+pub use kvcache::flash_attn_with_kvcache;
 
 /// `softmax(softmax_scale · q kᵀ + mask) v` for `[batch, seq, heads, head_dim]` tensors, with a
 /// bottom-right causal mask when `causal`; returns `[batch, seq_q, heads_q, head_dim]`, contiguous.
@@ -87,12 +93,108 @@ pub fn flash_attn_with_lse(
     Ok((o, lse))
 }
 
+/// [`flash_attn`] with ALiBi (candle-flash-attn's `flash_attn_alibi`): `alibi_slopes` is an f32
+/// tensor of `[heads_q]` or `[batch, heads_q]` slopes, and each scaled score gains
+/// `-slope · |i + seq_k - seq_q - j|`. Runs on CPU tensors so far.
+pub fn flash_attn_alibi(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<Tensor> {
+    let mut op = AttnOp::new(softmax_scale, causal, false);
+    op.alibi = Some(slopes(alibi_slopes)?);
+    q.apply_op3_no_bwd(k, v, &op)
+}
+
+/// Everything at once (candle-flash-attn's `flash_attn_alibi_windowed_softcap` shape): optional
+/// ALiBi slopes, a window (`None` bounds unbounded; `(None, Some(0))` is causal) and a soft-cap of
+/// the scaled scores, `cap · tanh(s / cap)`. Runs on CPU tensors so far.
+pub fn flash_attn_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: Option<f32>,
+) -> candle_core::Result<Tensor> {
+    let mut op = AttnOp::new(softmax_scale, false, false);
+    op.window = Some((window_size_left, window_size_right));
+    op.softcap = softcap;
+    op.alibi = alibi_slopes.map(slopes).transpose()?;
+    q.apply_op3_no_bwd(k, v, &op)
+}
+
+/// Variable-length batches (candle-flash-attn's `flash_attn_varlen`): `q` is `[total_q,
+/// heads_q, head_dim]` and `k`, `v` are `[total_k, heads_kv, head_dim]`, the sequences packed
+/// back to back; `seqlens_q`/`seqlens_k` are u32 tensors of `batch + 1` cumulative offsets from
+/// 0; `max_seqlen_q`/`max_seqlen_k` bound each sequence's length. Each sequence's causal diagonal
+/// aligns bottom-right on its own lengths. Returns `[total_q, heads_q, head_dim]`. Runs on CPU
+/// tensors so far.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<Tensor> {
+    let mut op = AttnOp::new(softmax_scale, causal, false);
+    op.varlen = Some(Varlen {
+        cu_q: offsets(seqlens_q, "seqlens_q")?,
+        cu_k: offsets(seqlens_k, "seqlens_k")?,
+        max_q: max_seqlen_q,
+        max_k: max_seqlen_k,
+    });
+    q.apply_op3_no_bwd(k, v, &op)
+}
+
+/// Slopes as host f32s (a copy of `[heads]` or `[batch, heads]` values: small).
+fn slopes(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// Cumulative offsets as host i32s.
+fn offsets(t: &Tensor, name: &str) -> candle_core::Result<Vec<i32>> {
+    t.to_dtype(DType::U32)?
+        .to_vec1::<u32>()?
+        .into_iter()
+        .map(|x| {
+            i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("attn: {name} holds {x}, past i32")))
+        })
+        .collect()
+}
+
+/// Packed sequences: their offsets (from 0) and longest lengths.
+struct Varlen {
+    cu_q: Vec<i32>,
+    cu_k: Vec<i32>,
+    max_q: usize,
+    max_k: usize,
+}
+
 /// The custom op: one attention call.
 struct AttnOp {
     scale: f32,
     causal: bool,
     /// A sliding window (left, right), instead of `causal`.
     window: Option<(Option<usize>, Option<usize>)>,
+    /// A soft-cap of the scaled scores.
+    softcap: Option<f32>,
+    /// ALiBi slopes, `[heads_q]` or `[batch, heads_q]`.
+    alibi: Option<Vec<f32>>,
+    /// Packed sequences instead of a dense batch.
+    varlen: Option<Varlen>,
+    /// Keys from a cache that each sequence fills partly, dense or paged.
+    cache: Option<kvcache::CacheIndex>,
     /// Whether to compute the LSE, and where the call leaves it for [`TakeLse`].
     with_lse: bool,
     lse: Arc<Mutex<Option<Lse>>>,
@@ -107,32 +209,44 @@ enum Lse {
 
 impl AttnOp {
     fn new(scale: f32, causal: bool, with_lse: bool) -> Self {
-        AttnOp { scale, causal, window: None, with_lse, lse: Arc::new(Mutex::new(None)) }
+        AttnOp {
+            scale,
+            causal,
+            window: None,
+            softcap: None,
+            alibi: None,
+            varlen: None,
+            cache: None,
+            with_lse,
+            lse: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// The attn problem of these tensors: shapes and strides from the layouts (in candle's
     /// `[batch, seq, heads, head_dim]` order, the last axis contiguous), the output contiguous
     /// in the same order.
     fn problem(&self, dtype: DType, l: [&Layout; 3]) -> candle_core::Result<Problem> {
+        let msg = |m: String| candle_core::Error::Msg(m);
+        // Packed tensors are `[total, heads, head_dim]`: one "batch" of `total` rows.
+        let rank = if self.varlen.is_some() { 3 } else { 4 };
+        let what = if rank == 3 { "[total, heads, head_dim]" } else { "[batch, seq, heads, head_dim]" };
         let dims = |l: &Layout, name: &str| -> candle_core::Result<[usize; 4]> {
-            l.dims().try_into().map_err(|_| {
-                candle_core::Error::Msg(format!(
-                    "attn: {name} must be [batch, seq, heads, head_dim], got shape {:?}",
-                    l.dims()
-                ))
-            })
+            let d = l.dims();
+            match (rank, d) {
+                (4, &[b, s, h, x]) => Ok([b, s, h, x]),
+                (3, &[s, h, x]) => Ok([1, s, h, x]),
+                _ => Err(msg(format!("attn: {name} must be {what}, got shape {d:?}"))),
+            }
         };
         let [b, sq, hq, d] = dims(l[0], "q")?;
         let [bk, sk, hk, dk] = dims(l[1], "k")?;
         if l[2].dims() != l[1].dims() {
-            return Err(candle_core::Error::Msg(format!(
-                "attn: v's shape {:?} differs from k's {:?}",
-                l[2].dims(),
-                l[1].dims()
-            )));
+            return Err(msg(format!("attn: v's shape {:?} differs from k's {:?}", l[2].dims(), l[1].dims())));
         }
-        if bk != b || dk != d {
-            return Err(candle_core::Error::Msg(format!(
+        // A paged cache's first axis counts pages, not sequences.
+        let paged = self.cache.as_ref().is_some_and(|c| c.table.is_some());
+        if (bk != b && !paged) || dk != d {
+            return Err(msg(format!(
                 "attn: k is {:?} but q is {:?}: batch and head_dim must agree",
                 l[1].dims(),
                 l[0].dims()
@@ -140,10 +254,12 @@ impl AttnOp {
         }
         let strides = |l: &Layout, name: &str| -> candle_core::Result<Strides> {
             let st = l.stride();
+            let st = if rank == 3 { [0, st[0], st[1], st[2]] } else { [st[0], st[1], st[2], st[3]] };
             if st[3] != 1 {
-                return Err(candle_core::Error::Msg(format!(
-                    "attn: {name}'s head_dim axis has stride {} (strides {st:?}); it must be contiguous (1)",
-                    st[3]
+                return Err(msg(format!(
+                    "attn: {name}'s head_dim axis has stride {} (strides {:?}); it must be contiguous (1)",
+                    st[3],
+                    l.stride()
                 )));
             }
             Ok(Strides { batch: st[0], head: st[2], seq: st[1] })
@@ -152,18 +268,34 @@ impl AttnOp {
             DType::F32 => AttnDType::F32,
             DType::F16 => AttnDType::F16,
             DType::BF16 => AttnDType::Bf16,
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "attn: dtype {other:?} (f32, f16 and bf16 run)"
-                )));
-            }
+            other => return Err(msg(format!("attn: dtype {other:?} (f32, f16 and bf16 run)"))),
         };
-        let shape = AttnShape { batch: b, heads_q: hq, heads_kv: hk, seq_q: sq, seq_k: sk, head_dim: d };
+        let mut shape = AttnShape { batch: b, heads_q: hq, heads_kv: hk, seq_q: sq, seq_k: sk, head_dim: d };
         let o = attn_core::Layout::Bshd.strides(hq, sq, d);
         let tensor_strides =
             TensorStrides { q: strides(l[0], "q")?, k: strides(l[1], "k")?, v: strides(l[2], "v")?, o };
+        let mut batching = attn_core::Batching::default();
+        if let Some(cache) = &self.cache {
+            batching.keys_used = true;
+            if let Some((_, pages_per_seq)) = cache.table {
+                // k is [pages, page_size, heads_kv, head_dim].
+                batching.kv = attn_core::KvRows::Paged { page_size: sk, pages: bk, pages_per_seq };
+                shape.seq_k = pages_per_seq * sk;
+            }
+        }
+        if let Some(varlen) = &self.varlen {
+            shape = AttnShape {
+                batch: varlen.cu_q.len().saturating_sub(1),
+                seq_q: varlen.max_q,
+                seq_k: varlen.max_k,
+                ..shape
+            };
+            batching.q = attn_core::QueryRows::Packed { total: sq };
+            batching.kv = attn_core::KvRows::Packed { total: sk };
+        }
         let mut problem = Problem::new(shape, dtype)
             .with_strides(tensor_strides)
+            .with_batching(batching)
             .with_scale(self.scale)
             .with_lse(self.with_lse);
         if self.causal {
@@ -172,15 +304,46 @@ impl AttnOp {
         if let Some((left, right)) = self.window {
             problem = problem.with_window(left, right);
         }
+        if let Some(cap) = self.softcap {
+            problem = problem.with_softcap(cap);
+        }
+        if let Some(slopes) = &self.alibi {
+            let per_batch = slopes.len() != hq;
+            problem = problem.with_alibi(if per_batch {
+                attn_core::Alibi::PerBatchHead
+            } else {
+                attn_core::Alibi::PerHead
+            });
+        }
         problem.validate().map_err(candle_core::Error::wrap)?;
+        problem.check_extras(&self.extras()).map_err(candle_core::Error::wrap)?;
         Ok(problem)
     }
 
+    /// The indices and slopes the call's inputs carry.
+    fn extras(&self) -> attn_core::Extras<'_> {
+        attn_core::Extras {
+            cu_seqlens_q: self.varlen.as_ref().map(|v| v.cu_q.as_slice()),
+            cu_seqlens_k: self.varlen.as_ref().map(|v| v.cu_k.as_slice()),
+            seqused_k: self.cache.as_ref().map(|c| c.seqused.as_slice()),
+            block_table: self.cache.as_ref().and_then(|c| c.table.as_ref()).map(|(t, _)| t.as_slice()),
+            alibi_slopes: self.alibi.as_deref(),
+        }
+    }
+
     /// The output's shape, `[batch, seq_q, heads_q, head_dim]`, and the LSE's, `[batch,
-    /// heads_q, seq_q]`.
+    /// heads_q, seq_q]`; for packed queries `[total, heads_q, head_dim]` and `[heads_q, total]`.
     fn shapes(p: &Problem) -> (Shape, Shape) {
         let s = p.shape;
-        (Shape::from((s.batch, s.seq_q, s.heads_q, s.head_dim)), Shape::from((s.batch, s.heads_q, s.seq_q)))
+        match p.batching.q {
+            attn_core::QueryRows::Packed { total } => {
+                (Shape::from((total, s.heads_q, s.head_dim)), Shape::from((s.heads_q, total)))
+            }
+            attn_core::QueryRows::Dense => (
+                Shape::from((s.batch, s.seq_q, s.heads_q, s.head_dim)),
+                Shape::from((s.batch, s.heads_q, s.seq_q)),
+            ),
+        }
     }
 }
 
@@ -225,38 +388,38 @@ impl candle_core::CustomOp3 for AttnOp {
         let run = |inputs: Inputs<'_>, o: DataMut<'_>, lse: &mut [f32]| -> candle_core::Result<()> {
             let lse = self.with_lse.then_some(lse);
             cpu_flash()
-                .forward(&problem, inputs, Outputs { o, lse })
+                .forward(&problem, inputs.with_extras(self.extras()), Outputs { o, lse })
                 .map(|_| ())
                 .map_err(candle_core::Error::wrap)
         };
         let o = match (s1, s2, s3) {
             (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => {
                 let mut o = vec![0f32; o_len];
-                let inputs = Inputs {
-                    q: Data::F32(from(q, offsets[0])?),
-                    k: Data::F32(from(k, offsets[1])?),
-                    v: Data::F32(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::F32(from(q, offsets[0])?),
+                    Data::F32(from(k, offsets[1])?),
+                    Data::F32(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::F32(&mut o), &mut lse)?;
                 CpuStorage::F32(o)
             }
             (CpuStorage::F16(q), CpuStorage::F16(k), CpuStorage::F16(v)) => {
                 let mut o = vec![half::f16::ZERO; o_len];
-                let inputs = Inputs {
-                    q: Data::F16(from(q, offsets[0])?),
-                    k: Data::F16(from(k, offsets[1])?),
-                    v: Data::F16(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::F16(from(q, offsets[0])?),
+                    Data::F16(from(k, offsets[1])?),
+                    Data::F16(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::F16(&mut o), &mut lse)?;
                 CpuStorage::F16(o)
             }
             (CpuStorage::BF16(q), CpuStorage::BF16(k), CpuStorage::BF16(v)) => {
                 let mut o = vec![half::bf16::ZERO; o_len];
-                let inputs = Inputs {
-                    q: Data::Bf16(from(q, offsets[0])?),
-                    k: Data::Bf16(from(k, offsets[1])?),
-                    v: Data::Bf16(from(v, offsets[2])?),
-                };
+                let inputs = Inputs::new(
+                    Data::Bf16(from(q, offsets[0])?),
+                    Data::Bf16(from(k, offsets[1])?),
+                    Data::Bf16(from(v, offsets[2])?),
+                );
                 run(inputs, DataMut::Bf16(&mut o), &mut lse)?;
                 CpuStorage::BF16(o)
             }

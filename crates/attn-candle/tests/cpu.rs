@@ -26,7 +26,7 @@ fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> (V
     attn_cpu::Reference
         .forward(
             &p,
-            Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() },
+            Inputs::new(q.as_data(), k.as_data(), v.as_data()),
             Outputs { o: o.as_data_mut(), lse: Some(&mut lse) },
         )
         .unwrap();
@@ -158,7 +158,7 @@ fn windows_match_the_reference() {
     attn_cpu::Reference
         .forward(
             &p,
-            Inputs { q: qb.as_data(), k: kb.as_data(), v: vb.as_data() },
+            Inputs::new(qb.as_data(), kb.as_data(), vb.as_data()),
             Outputs { o: want.as_data_mut(), lse: None },
         )
         .unwrap();
@@ -191,4 +191,147 @@ fn what_it_does_not_take_is_an_error() {
     let q3 = q.i(0).unwrap();
     assert!(msg(attn_candle::flash_attn(&q3, &k, &k, 1.0, false)).contains("[batch, seq, heads, head_dim]"));
     let _ = D::Minus1;
+}
+
+/// Packed sequences give what each sequence gives alone, through `flash_attn` (itself checked
+/// against the reference above): the offsets, each sequence's own causal diagonal, an empty
+/// sequence.
+#[test]
+fn varlen_equals_each_sequence_alone() {
+    let (q_lens, k_lens) = ([7usize, 0, 1, 30], [12usize, 4, 1, 25]);
+    let (tq, tk) = (q_lens.iter().sum::<usize>(), k_lens.iter().sum::<usize>());
+    let q = Tensor::randn(0f32, 1.0, (tq, 4, 32), &Device::Cpu).unwrap();
+    let k = Tensor::randn(0f32, 1.0, (tk, 2, 32), &Device::Cpu).unwrap();
+    let v = Tensor::randn(0f32, 1.0, (tk, 2, 32), &Device::Cpu).unwrap();
+    let cu = |lens: &[usize]| {
+        let mut sum = 0u32;
+        let offsets: Vec<u32> = std::iter::once(0)
+            .chain(lens.iter().map(|&n| {
+                sum += n as u32;
+                sum
+            }))
+            .collect();
+        Tensor::new(offsets, &Device::Cpu).unwrap()
+    };
+    for causal in [false, true] {
+        let o = attn_candle::flash_attn_varlen(&q, &k, &v, &cu(&q_lens), &cu(&k_lens), 30, 25, 0.2, causal)
+            .unwrap();
+        assert_eq!(o.dims(), &[tq, 4, 32]);
+        let (mut at_q, mut at_k) = (0, 0);
+        for (&nq, &nk) in q_lens.iter().zip(&k_lens) {
+            if nq > 0 {
+                let part = |t: &Tensor, at, n| t.narrow(0, at, n).unwrap().unsqueeze(0).unwrap();
+                let alone = attn_candle::flash_attn(
+                    &part(&q, at_q, nq),
+                    &part(&k, at_k, nk),
+                    &part(&v, at_k, nk),
+                    0.2,
+                    causal,
+                )
+                .unwrap();
+                let packed = o.narrow(0, at_q, nq).unwrap();
+                assert!(
+                    max_diff(&values(&packed), &values(&alone)) < 1e-6,
+                    "causal {causal}, sequence at {at_q}"
+                );
+            }
+            at_q += nq;
+            at_k += nk;
+        }
+    }
+    // Offsets that do not fit the tensors are attn's typed error.
+    let bad =
+        attn_candle::flash_attn_varlen(&q, &k, &v, &cu(&[7, 0, 1, 31]), &cu(&k_lens), 31, 25, 0.2, false);
+    assert!(bad.unwrap_err().to_string().contains("cu_seqlens_q"), "the error names the offsets");
+}
+
+/// ALiBi against candle's own attention with the bias added: `-slope · |i + sk - sq - j|`.
+#[test]
+fn alibi_matches_candles_attention_with_the_bias() {
+    let (sq, sk, h) = (5, 11, 4);
+    let q = randn((1, sq, h, 16), DType::F32);
+    let k = randn((1, sk, h, 16), DType::F32);
+    let v = randn((1, sk, h, 16), DType::F32);
+    let slopes = [0.5f32, 0.25, 0.125, 0.0625];
+    let o =
+        attn_candle::flash_attn_alibi(&q, &k, &v, &Tensor::new(&slopes, &Device::Cpu).unwrap(), 0.25, false)
+            .unwrap();
+    let bias: Vec<f32> = slopes
+        .iter()
+        .flat_map(|m| {
+            (0..sq)
+                .flat_map(move |i| (0..sk).map(move |j| -m * (i as f32 + (sk - sq) as f32 - j as f32).abs()))
+        })
+        .collect();
+    let bias = Tensor::from_vec(bias, (1, h, sq, sk), &Device::Cpu).unwrap();
+    let qt = q.transpose(1, 2).unwrap().contiguous().unwrap();
+    let (kt, vt) =
+        (k.transpose(1, 2).unwrap().contiguous().unwrap(), v.transpose(1, 2).unwrap().contiguous().unwrap());
+    let s = ((qt.matmul(&kt.t().unwrap()).unwrap() * 0.25).unwrap() + bias).unwrap();
+    let want = candle_nn::ops::softmax_last_dim(&s).unwrap().matmul(&vt).unwrap().transpose(1, 2).unwrap();
+    assert!(max_diff(&values(&o), &values(&want)) < 1e-5);
+    // Slopes of the wrong length: attn's typed error.
+    let bad = attn_candle::flash_attn_alibi(
+        &q,
+        &k,
+        &v,
+        &Tensor::new(&[0.5f32, 0.25], &Device::Cpu).unwrap(),
+        0.25,
+        false,
+    );
+    assert!(bad.unwrap_err().to_string().contains("alibi_slopes"));
+}
+
+/// `flash_attn_with_kvcache`, dense and paged: new keys appended in place after each sequence's,
+/// then attention over exactly those keys, as `flash_attn` on each sequence's keys gathered alone.
+#[test]
+fn kvcache_appends_then_attends_like_each_sequence_alone() {
+    let (hk, d, page) = (2, 16, 4);
+    let used = [5usize, 0, 9];
+    let q = randn((3, 2, 4, d), DType::F32);
+    let (k_new, v_new) = (randn((3, 2, hk, d), DType::F32), randn((3, 2, hk, d), DType::F32));
+    let seqlens = Tensor::new(&[5u32, 0, 9], &Device::Cpu).unwrap();
+    for paged in [false, true] {
+        // Dense: [3, 12, hk, d]. Paged: 9 pages of 4, three per sequence, shuffled.
+        let table = [[4u32, 0, 7], [2, 8, 5], [1, 6, 3]];
+        let (k_cache, v_cache) = match paged {
+            false => (randn((3, 12, hk, d), DType::F32), randn((3, 12, hk, d), DType::F32)),
+            true => (randn((9, page, hk, d), DType::F32), randn((9, page, hk, d), DType::F32)),
+        };
+        // Key j of sequence b, wherever the cache keeps it.
+        let row = |t: &Tensor, b: usize, j: usize| match paged {
+            false => t.i((b, j)).unwrap(),
+            true => t.i((table[b][j / page] as usize, j % page)).unwrap(),
+        };
+        let block_table = paged.then(|| Tensor::new(&table, &Device::Cpu).unwrap());
+        let o = attn_candle::flash_attn_with_kvcache(
+            &q,
+            &k_cache,
+            &v_cache,
+            Some(&k_new),
+            Some(&v_new),
+            &seqlens,
+            block_table.as_ref(),
+            0.25,
+            true,
+        )
+        .unwrap();
+        for (b, &n) in used.iter().enumerate() {
+            let gather =
+                |t: &Tensor| Tensor::stack(&(0..n + 2).map(|j| row(t, b, j)).collect::<Vec<_>>(), 0).unwrap();
+            let (kb, vb) = (gather(&k_cache), gather(&v_cache));
+            // The appended rows are the new ones.
+            assert_eq!(values(&kb.narrow(0, n, 2).unwrap()), values(&k_new.i(b).unwrap()));
+            let alone = attn_candle::flash_attn(
+                &q.i(b..b + 1).unwrap(),
+                &kb.unsqueeze(0).unwrap(),
+                &vb.unsqueeze(0).unwrap(),
+                0.25,
+                true,
+            )
+            .unwrap();
+            let got = o.i(b..b + 1).unwrap();
+            assert!(max_diff(&values(&got), &values(&alone)) < 1e-6, "paged {paged}, sequence {b}");
+        }
+    }
 }

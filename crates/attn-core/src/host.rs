@@ -80,7 +80,7 @@ pub fn problem<T: Element>(
         o: o_strides,
     };
     let shape = Shape { batch, heads_q, heads_kv, seq_q, seq_k, head_dim };
-    let problem = Problem { shape, dtype: T::DTYPE, params: *params, strides };
+    let problem = Problem { shape, dtype: T::DTYPE, params: *params, strides, batching: Default::default() };
     problem.validate()?;
     Ok(problem)
 }
@@ -145,7 +145,7 @@ pub fn attention_into<T: Element>(
     // other thread mutates memory in the gaps of q, k, v or o (through another view split off
     // the same array) while this call runs; nothing here accesses it, but the slices cover it.
     let (qs, ks, vs) = unsafe { (span(&q, q_len), span(&k, k_len), span(&v, v_len)) };
-    let inputs = Inputs { q: T::data(qs), k: T::data(ks), v: T::data(vs) };
+    let inputs = Inputs::new(T::data(qs), T::data(ks), T::data(vs));
 
     let lse_direct = lse.as_ref().filter(|l| l.is_standard_layout());
     let lse_range = lse_direct.map(|l| address_range(l.as_ptr(), l.len()));

@@ -40,9 +40,11 @@ pub mod dtype;
 pub mod error;
 pub mod host;
 pub mod knobs;
+pub mod kv_cache;
 pub mod plan;
 pub mod problem;
 pub mod rng;
+pub mod sequences;
 pub mod softmax;
 pub mod tensor;
 
@@ -50,8 +52,10 @@ pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics,
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use knobs::Knob;
+pub use kv_cache::{CacheTensor, NewRows, append_kv, append_rows};
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
-pub use problem::{Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
+pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
+pub use sequences::{Alibi, Batching, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};
 
 pub use half;

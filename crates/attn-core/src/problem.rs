@@ -1,5 +1,6 @@
 //! What an attention call computes: shape, dtype, layout (strides) and parameters.
 
+use crate::sequences::{Alibi, Batching, KvRows, QueryRows};
 use crate::{DType, Error, Result};
 use std::fmt;
 
@@ -204,6 +205,42 @@ impl fmt::Display for Strides {
     }
 }
 
+/// A feature beyond a dense batch under no mask or a causal one, as [`Problem::features`] lists
+/// them and backends declare which they run ([`Problem::require_features`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feature {
+    /// [`Mask::Window`].
+    Window,
+    /// [`Params::softcap`].
+    Softcap,
+    /// [`Params::alibi`].
+    Alibi,
+    /// [`QueryRows::Packed`].
+    PackedQueries,
+    /// [`KvRows::Packed`].
+    PackedKeys,
+    /// [`KvRows::Paged`].
+    PagedKv,
+    /// [`Batching::keys_used`].
+    KeysUsed,
+}
+
+impl Feature {
+    /// The feature's name in messages and the README's feature table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::Window => "sliding window",
+            Feature::Softcap => "soft-cap",
+            Feature::Alibi => "ALiBi",
+            Feature::PackedQueries => "packed (varlen) queries",
+            Feature::PackedKeys => "packed (varlen) keys",
+            Feature::PagedKv => "paged KV cache",
+            Feature::KeysUsed => "per-sequence key counts (seqused_k)",
+        }
+    }
+}
+
 /// Options of the computation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Params {
@@ -215,6 +252,10 @@ pub struct Params {
     /// (Gemma 2's logit soft-capping, FlashAttention's `softcap`); `None` leaves them. Must be
     /// finite and positive.
     pub softcap: Option<f32>,
+    /// Adds ALiBi's linear bias `-slope · |i + seq_k - seq_q - j|` to each scaled (and capped)
+    /// score ([`crate::sequences::alibi_bias`]), with slopes given as data
+    /// ([`crate::Extras::alibi_slopes`]) in the shape this names; `None`: no bias.
+    pub alibi: Option<Alibi>,
     /// Whether to write the log-sum-exp of each row's scaled scores (f32, `[batch, heads_q,
     /// seq_q]` contiguous, natural log). Training needs it for the backward pass, split-KV needs
     /// it to merge partial results.
@@ -245,6 +286,9 @@ pub struct Problem {
     pub params: Params,
     /// Memory layout of each tensor.
     pub strides: TensorStrides,
+    /// Where each sequence's rows are: dense (the default), packed, paged
+    /// ([`crate::sequences`]).
+    pub batching: Batching,
 }
 
 impl Problem {
@@ -260,6 +304,7 @@ impl Problem {
                 v: Strides { batch: 0, head: 0, seq: 0 },
                 o: Strides { batch: 0, head: 0, seq: 0 },
             },
+            batching: Batching::default(),
         };
         p = p.with_layout(Layout::Bhsd);
         p
@@ -292,22 +337,61 @@ impl Problem {
         self
     }
 
-    /// Whether anything beyond a plain or causal softmax is asked for: a window, or a soft-cap.
-    pub fn has_score_modifiers(&self) -> bool {
-        matches!(self.params.mask, Mask::Window { .. }) || self.params.softcap.is_some()
+    /// Sets ALiBi slopes of the given shape ([`Params::alibi`]); the slopes themselves go in
+    /// [`crate::Extras::alibi_slopes`].
+    pub fn with_alibi(mut self, alibi: Alibi) -> Self {
+        self.params.alibi = Some(alibi);
+        self
     }
 
-    /// For a backend whose kernels take no mask or a causal one only: the typed error for a
-    /// problem with a window or a soft-cap ([`Problem::has_score_modifiers`]), naming `backend`.
+    /// Sets where each sequence's rows are ([`Batching`]). The strides keep their meaning per
+    /// row; see [`QueryRows`] and [`KvRows`] for what the batch stride becomes.
+    pub fn with_batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self
+    }
+
+    /// [`Problem::require_features`] with none supported: for backends whose kernels take dense
+    /// batches with no mask or a causal one only.
     pub fn require_plain_scores(&self, backend: &str) -> Result<()> {
-        if !self.has_score_modifiers() {
+        self.require_features(backend, &[])
+    }
+
+    /// The features beyond a dense, plain or causal softmax that this problem asks for.
+    pub fn features(&self) -> Vec<Feature> {
+        let b = self.batching;
+        [
+            (Feature::Window, matches!(self.params.mask, Mask::Window { .. })),
+            (Feature::Softcap, self.params.softcap.is_some()),
+            (Feature::Alibi, self.params.alibi.is_some()),
+            (Feature::PackedQueries, matches!(b.q, QueryRows::Packed { .. })),
+            (Feature::PackedKeys, matches!(b.kv, KvRows::Packed { .. })),
+            (Feature::PagedKv, matches!(b.kv, KvRows::Paged { .. })),
+            (Feature::KeysUsed, b.keys_used),
+        ]
+        .into_iter()
+        .filter_map(|(f, on)| on.then_some(f))
+        .collect()
+    }
+
+    /// The typed error, naming `backend`, for a problem that asks for a [`Feature`] outside
+    /// `supported`; `Ok` when it asks for none.
+    pub fn require_features(&self, backend: &str, supported: &[Feature]) -> Result<()> {
+        let missing: Vec<&str> =
+            self.features().into_iter().filter(|f| !supported.contains(f)).map(Feature::name).collect();
+        if missing.is_empty() {
             return Ok(());
         }
+        let takes = match supported {
+            [] => "dense batches with no mask or a causal one".to_string(),
+            some => some.iter().map(|f| f.name()).collect::<Vec<_>>().join(", "),
+        };
         Err(Error::Unsupported {
             backend: backend.into(),
             what: format!(
-                "{self}: sliding windows and soft-capping run on cpu-flash, cpu-reference and cuda so far \
-                 (this backend takes no mask or a causal one)"
+                "{self}: {} not supported by this backend yet (it takes: {takes}); cpu-flash and \
+                 cpu-reference run every feature",
+                missing.join(", ")
             ),
         })
     }
@@ -364,16 +448,37 @@ impl Problem {
         }
     }
 
+    /// Per tensor (q, k, v, o): the (batch or page, heads, rows) its strides address. Dense
+    /// tensors are `[batch, heads, seq]`; packed ones one "batch" of `total` rows; a paged cache
+    /// `pages` of `page_size` rows.
+    fn extents(&self) -> [(usize, usize, usize); 4] {
+        let s = self.shape;
+        let q = match self.batching.q {
+            QueryRows::Dense => (s.batch, s.heads_q, s.seq_q),
+            QueryRows::Packed { total } => (1, s.heads_q, total),
+        };
+        let kv = match self.batching.kv {
+            KvRows::Dense => (s.batch, s.heads_kv, s.seq_k),
+            KvRows::Packed { total } => (1, s.heads_kv, total),
+            KvRows::Paged { page_size, pages, .. } => (pages, s.heads_kv, page_size),
+        };
+        [q, kv, kv, q]
+    }
+
+    /// The (batch, heads, rows) the output's strides address: `[batch, heads_q, seq_q]`, or one
+    /// batch of the packed total. Rows of packed outputs that no sequence covers are in it.
+    pub fn output_extent(&self) -> (usize, usize, usize) {
+        self.extents()[3]
+    }
+
     /// Elements (not bytes) each tensor's slice must hold at least.
     pub fn required_lens(&self) -> [(&'static str, usize); 4] {
-        let s = self.shape;
         let t = self.strides;
-        [
-            ("q", t.q.required_len(s.batch, s.heads_q, s.seq_q, s.head_dim)),
-            ("k", t.k.required_len(s.batch, s.heads_kv, s.seq_k, s.head_dim)),
-            ("v", t.v.required_len(s.batch, s.heads_kv, s.seq_k, s.head_dim)),
-            ("o", t.o.required_len(s.batch, s.heads_q, s.seq_q, s.head_dim)),
-        ]
+        let [q, k, v, o] = self.extents();
+        let len = |st: Strides, (n, heads, rows): (usize, usize, usize)| {
+            st.required_len(n, heads, rows, self.shape.head_dim)
+        };
+        [("q", len(t.q, q)), ("k", len(t.k, k)), ("v", len(t.v, v)), ("o", len(t.o, o))]
     }
 
     /// Bytes of q, k, v and o (as their strides lay them out) and of the LSE when asked for:
@@ -384,21 +489,29 @@ impl Problem {
     }
 
     /// Elements of q, k, v, o (last element's offset + 1, as [`Problem::required_lens`]) and the
-    /// LSE, in `u128` so that no size overflows.
+    /// LSE, in `u128` so that no size overflows. Every extent is at least 1 (validated first).
     fn spans(&self) -> [u128; 5] {
-        let s = self.shape;
         let t = self.strides;
-        let span = |st: Strides, heads: usize, seq: usize| {
+        let span = |st: Strides, (n, heads, rows): (usize, usize, usize)| {
             let last = |n: usize, stride: usize| (n as u128 - 1) * stride as u128;
-            last(s.batch, st.batch) + last(heads, st.head) + last(seq, st.seq) + s.head_dim as u128
+            last(n, st.batch) + last(heads, st.head) + last(rows, st.seq) + self.shape.head_dim as u128
         };
+        let [q, k, v, o] = self.extents();
         [
-            span(t.q, s.heads_q, s.seq_q),
-            span(t.k, s.heads_kv, s.seq_k),
-            span(t.v, s.heads_kv, s.seq_k),
-            span(t.o, s.heads_q, s.seq_q),
-            s.batch as u128 * s.heads_q as u128 * s.seq_q as u128,
+            span(t.q, q),
+            span(t.k, k),
+            span(t.v, v),
+            span(t.o, o),
+            self.lse_rows() as u128 * self.shape.heads_q as u128,
         ]
+    }
+
+    /// Query rows per head: `batch · seq_q`, or the packed total.
+    fn lse_rows(&self) -> usize {
+        match self.batching.q {
+            QueryRows::Dense => self.shape.batch.saturating_mul(self.shape.seq_q),
+            QueryRows::Packed { total } => total,
+        }
     }
 
     /// Every tensor's bytes fit one allocation (`isize::MAX`), so that sizes computed in
@@ -420,15 +533,52 @@ impl Problem {
         Ok(())
     }
 
-    /// Length of the LSE output, `batch · heads_q · seq_q`.
+    /// Length of the LSE output: `batch · heads_q · seq_q` (`[batch, heads_q, seq_q]`), or
+    /// `heads_q · total` for packed queries (`[heads_q, total]`).
     pub fn lse_len(&self) -> usize {
-        self.shape.batch * self.shape.heads_q * self.shape.seq_q
+        self.shape.heads_q * self.lse_rows()
+    }
+
+    /// The sizes of [`Batching`] that need no data to check: packed totals and pages not empty,
+    /// pages that hold `seq_k` keys per sequence.
+    fn validate_batching(&self) -> Result<()> {
+        let b = self.batching;
+        if let QueryRows::Packed { total: 0 } = b.q {
+            return Err(Error::EmptyDimension { dim: "total_q (packed query rows)" });
+        }
+        match b.kv {
+            KvRows::Dense => {}
+            KvRows::Packed { total } => {
+                if total == 0 {
+                    return Err(Error::EmptyDimension { dim: "total_k (packed key rows)" });
+                }
+            }
+            KvRows::Paged { page_size, pages, pages_per_seq } => {
+                for (dim, n) in [("page_size", page_size), ("pages", pages), ("pages_per_seq", pages_per_seq)]
+                {
+                    if n == 0 {
+                        return Err(Error::EmptyDimension { dim });
+                    }
+                }
+                if (page_size as u128) * (pages_per_seq as u128) < self.shape.seq_k as u128 {
+                    return Err(Error::InvalidParameter {
+                        what: format!(
+                            "a paged cache of {pages_per_seq} pages of {page_size} keys per sequence holds \
+                             fewer than seq_k = {} keys; seq_k is at most pages_per_seq * page_size",
+                            self.shape.seq_k
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks everything that does not depend on a backend: non-empty dims, GQA divisibility,
     /// a finite scale, output strides that do not overlap.
     pub fn validate(&self) -> Result<()> {
         self.shape.validate()?;
+        self.validate_batching()?;
         self.check_sizes()?;
         if let Some(scale) = self.params.scale
             && !scale.is_finite()
@@ -442,15 +592,15 @@ impl Problem {
                 what: format!("softcap {cap}: it must be a finite positive number (or none)"),
             });
         }
-        let s = self.shape;
-        if !self.strides.o.is_non_overlapping(s.batch, s.heads_q, s.seq_q, s.head_dim) {
+        let (n, heads, rows) = self.extents()[3];
+        let d = self.shape.head_dim;
+        if !self.strides.o.is_non_overlapping(n, heads, rows, d) {
             return Err(Error::Stride {
                 tensor: "o",
                 strides: self.strides.o.to_string(),
                 what: format!(
-                    "output elements would overlap for [batch {}, heads {}, seq {}, dim {}]; \
-                     the output needs distinct addresses, e.g. contiguous BHSD or BSHD strides",
-                    s.batch, s.heads_q, s.seq_q, s.head_dim
+                    "output elements would overlap for [batch {n}, heads {heads}, seq {rows}, dim {d}]; \
+                     the output needs distinct addresses, e.g. contiguous BHSD or BSHD strides"
                 ),
             });
         }
@@ -471,6 +621,26 @@ impl fmt::Display for Problem {
         }
         if let Some(cap) = self.params.softcap {
             write!(f, " softcap={cap}")?;
+        }
+        if let Some(alibi) = self.params.alibi {
+            f.write_str(match alibi {
+                Alibi::PerHead => " alibi",
+                Alibi::PerBatchHead => " alibi(per batch)",
+            })?;
+        }
+        let b = self.batching;
+        if let QueryRows::Packed { total } = b.q {
+            write!(f, " q-packed({total})")?;
+        }
+        match b.kv {
+            KvRows::Dense => {}
+            KvRows::Packed { total } => write!(f, " kv-packed({total})")?,
+            KvRows::Paged { page_size, pages, pages_per_seq } => {
+                write!(f, " kv-paged({pages}x{page_size}, {pages_per_seq}/seq)")?
+            }
+        }
+        if b.keys_used {
+            f.write_str(" seqused_k")?;
         }
         if let Some(scale) = self.params.scale {
             write!(f, " scale={scale}")?;

@@ -3,7 +3,7 @@
 //! Shapes and strides live in the [`Problem`]; a tensor here is only its elements. The enums let
 //! an object-safe trait carry any of the three dtypes without generics.
 
-use crate::{DType, Element, Error, Problem, Result};
+use crate::{DType, Element, Error, Extras, Problem, Result};
 use half::{bf16, f16};
 
 /// Borrowed elements of one tensor.
@@ -130,17 +130,17 @@ impl<'a> DataMut<'a> {
         }
     }
 
-    /// Copies the rows of `problem`'s output view from `src` (same dtype and strides); elements in
-    /// the gaps of a strided view are left untouched.
+    /// Copies the rows of `problem`'s output view ([`Problem::output_extent`]) from `src` (same
+    /// dtype and strides); elements in the gaps of a strided view are left untouched.
     pub fn copy_view_from(&mut self, src: Data<'_>, problem: &Problem) -> Result<()> {
-        let s = problem.shape;
-        let d = s.head_dim;
+        let d = problem.shape.head_dim;
         if self.dtype() != src.dtype() || src.len() < problem.required_lens()[3].1 {
             return self.copy_from(src); // reports the mismatch
         }
-        for b in 0..s.batch {
-            for h in 0..s.heads_q {
-                for i in 0..s.seq_q {
+        let (batch, heads, rows) = problem.output_extent();
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..rows {
                     let r = problem.strides.o.offset(b, h, i)..problem.strides.o.offset(b, h, i) + d;
                     match (&mut *self, src) {
                         (DataMut::F32(dst), Data::F32(src)) => dst[r.clone()].copy_from_slice(&src[r]),
@@ -233,7 +233,7 @@ impl Buffer {
     }
 }
 
-/// The three inputs of a call.
+/// The inputs of a call: q, k, v, and the indices and slopes some problems need.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
     /// Queries.
@@ -242,6 +242,21 @@ pub struct Inputs<'a> {
     pub k: Data<'a>,
     /// Values.
     pub v: Data<'a>,
+    /// Sequence offsets, key counts, the block table, ALiBi slopes: each present exactly when
+    /// the problem asks for it ([`Problem::check_extras`]).
+    pub extras: Extras<'a>,
+}
+
+impl<'a> Inputs<'a> {
+    /// q, k and v, with no extras (a dense problem without ALiBi).
+    pub fn new(q: Data<'a>, k: Data<'a>, v: Data<'a>) -> Self {
+        Inputs { q, k, v, extras: Extras::default() }
+    }
+
+    /// The same inputs with `extras`.
+    pub fn with_extras(self, extras: Extras<'a>) -> Self {
+        Inputs { extras, ..self }
+    }
 }
 
 /// The outputs of a call.
@@ -270,9 +285,11 @@ impl Outputs<'_> {
 }
 
 impl Problem {
-    /// Checks that the inputs have the problem's dtype and are long enough for its strides.
+    /// Checks that the inputs have the problem's dtype, are long enough for its strides, and
+    /// carry the extras it needs ([`Problem::check_extras`]).
     pub fn check_inputs(&self, inputs: &Inputs<'_>) -> Result<()> {
         self.validate()?;
+        self.check_extras(&inputs.extras)?;
         let lens = self.required_lens();
         for ((name, need), data) in lens.iter().take(3).zip([inputs.q, inputs.k, inputs.v]) {
             check_tensor(self.dtype, name, *need, data.dtype(), data.len())?;

@@ -37,7 +37,7 @@ fn flash(c: &mut Criterion) {
                     let name = format!("{dtype}/d{d}/s{seq}/{}", if causal { "causal" } else { "full" });
                     group.bench_function(name, |bench| {
                         bench.iter(|| {
-                            let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+                            let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
                             let outputs = Outputs { o: out.as_data_mut(), lse: None };
                             backend.run_into(&plan, &inputs, outputs).unwrap();
                         })

@@ -1,8 +1,9 @@
 //! The exact reference: naive attention in f64, one query row at a time.
 
+use attn_core::sequences::alibi_bias;
 use attn_core::{
     Attention, Availability, Buffer, DataMut, DeviceKind, Element, Execution, HostPrepared, Inputs, Numerics,
-    Outputs, Plan, Prepared, Problem, Result, Tiles, with_elements,
+    Outputs, Plan, Prepared, Problem, Result, SeqMap, Tiles, with_elements,
 };
 use rayon::prelude::*;
 
@@ -25,62 +26,81 @@ pub struct RefRow {
 }
 
 impl Reference {
-    /// Computes query row `i` of head `h` in batch `b`, exactly.
-    pub fn row(problem: &Problem, inputs: &Inputs<'_>, b: usize, h: usize, i: usize) -> RefRow {
-        let mut scores = Vec::new();
-        let mut o = vec![0.0; problem.shape.head_dim];
-        let lse = with_elements!(inputs.q, |q| {
-            let k = inputs.k.typed().expect("k has q's dtype (checked by Problem::check_inputs)");
-            let v = inputs.v.typed().expect("v has q's dtype (checked by Problem::check_inputs)");
-            row_typed(problem, q, k, v, b, h, i, &mut scores, &mut o)
-        });
-        RefRow { o, lse }
+    /// Computes query row `i` of head `h` in sequence `b`, exactly. Errors where the inputs do
+    /// not fit the problem (dtype, lengths, extras); rows past the sequence's queries see no key.
+    pub fn row(problem: &Problem, inputs: &Inputs<'_>, b: usize, h: usize, i: usize) -> Result<RefRow> {
+        problem.check_inputs(inputs)?;
+        let map = problem.seq_map(inputs.extras)?;
+        let (mut scores, mut o) = (Vec::new(), vec![0.0; problem.shape.head_dim]);
+        let lse = row_any(&map, inputs, (b, h, i), &mut scores, &mut o);
+        Ok(RefRow { o, lse })
     }
 
     /// Every row, in f64: `o` as `[batch, heads_q, seq_q, head_dim]` contiguous and `lse` as
-    /// `[batch, heads_q, seq_q]`. Parallel over rows.
+    /// `[batch, heads_q, seq_q]`, whatever the problem's layout (sequences' rows at their index
+    /// within the sequence; rows a sequence does not have are 0 with an LSE of `-inf`). Parallel
+    /// over rows.
     pub fn compute(problem: &Problem, inputs: &Inputs<'_>) -> Result<(Vec<f64>, Vec<f64>)> {
         problem.check_inputs(inputs)?;
+        let map = problem.seq_map(inputs.extras)?;
         let s = problem.shape;
         let d = s.head_dim;
         let mut o = vec![0.0; s.batch * s.heads_q * s.seq_q * d];
         let mut lse = vec![0.0; s.batch * s.heads_q * s.seq_q];
-        o.par_chunks_mut(d).zip(lse.par_iter_mut()).enumerate().for_each(|(row, (o, lse))| {
-            let (bh, i) = (row / s.seq_q, row % s.seq_q);
-            let r = Self::row(problem, inputs, bh / s.heads_q, bh % s.heads_q, i);
-            o.copy_from_slice(&r.o);
-            *lse = r.lse;
-        });
+        o.par_chunks_mut(d).zip(lse.par_iter_mut()).enumerate().for_each_init(
+            Vec::new,
+            |scores, (row, (o, lse))| {
+                let (bh, i) = (row / s.seq_q, row % s.seq_q);
+                *lse = row_any(&map, inputs, (bh / s.heads_q, bh % s.heads_q, i), scores, o);
+            },
+        );
         Ok((o, lse))
     }
 }
 
-fn row_typed<T: Element>(
-    p: &Problem,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    b: usize,
-    h: usize,
-    i: usize,
+/// Row `(b, h, i)` into `o`, returning its LSE; `scores` is scratch.
+fn row_any(
+    map: &SeqMap<'_>,
+    inputs: &Inputs<'_>,
+    at: (usize, usize, usize),
     scores: &mut Vec<f64>,
     o: &mut [f64],
 ) -> f64 {
-    let s = p.shape;
-    let (d, g) = (s.head_dim, s.kv_head(h));
+    with_elements!(inputs.q, |q| {
+        let k = inputs.k.typed().expect("k has q's dtype (checked by Problem::check_inputs)");
+        let v = inputs.v.typed().expect("v has q's dtype (checked by Problem::check_inputs)");
+        row_typed(map, [q, k, v], at, scores, o)
+    })
+}
+
+fn row_typed<T: Element>(
+    map: &SeqMap<'_>,
+    [q, k, v]: [&[T]; 3],
+    (b, h, i): (usize, usize, usize),
+    scores: &mut Vec<f64>,
+    o: &mut [f64],
+) -> f64 {
+    o.fill(0.0);
+    let p = map.problem();
+    let (d, g) = (p.shape.head_dim, p.shape.kv_head(h));
+    if i >= map.q_len(b) {
+        return f64::NEG_INFINITY;
+    }
     let scale = p.scale() as f64;
-    let qrow = &q[p.strides.q.offset(b, h, i)..][..d];
-    let visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
+    let qrow = &q[map.q_offset(b, h, i)..][..d];
+    let visible = map.visible(b, i);
     let softcap = p.params.softcap.map(f64::from);
+    let slope = map.alibi_slope(b, h);
+    let (q_len, k_len) = (map.q_len(b), map.k_len(b));
     scores.clear();
     scores.extend(visible.clone().map(|j| {
-        let krow = &k[p.strides.k.offset(b, g, j)..][..d];
+        let krow = &k[map.k_offset(b, g, j)..][..d];
         let score =
             scale * qrow.iter().zip(krow).map(|(x, y)| x.to_f32() as f64 * y.to_f32() as f64).sum::<f64>();
-        // The soft-cap acts on the scaled score: cap · tanh(score / cap).
-        softcap.map_or(score, |cap| cap * (score / cap).tanh())
+        // The soft-cap acts on the scaled score: cap · tanh(score / cap); ALiBi's bias comes after.
+        let capped = softcap.map_or(score, |cap| cap * (score / cap).tanh());
+        capped + slope.map_or(0.0, |m| alibi_bias(m, i, j, q_len, k_len))
     }));
-    o.fill(0.0);
     if visible.is_empty() {
         return f64::NEG_INFINITY;
     }
@@ -89,7 +109,7 @@ fn row_typed<T: Element>(
     for (j, sc) in visible.zip(scores.iter()) {
         let w = (sc - max).exp();
         sum += w;
-        let vrow = &v[p.strides.v.offset(b, g, j)..][..d];
+        let vrow = &v[map.v_offset(b, g, j)..][..d];
         for (o, x) in o.iter_mut().zip(vrow) {
             *o += w * x.to_f32() as f64;
         }
@@ -99,16 +119,18 @@ fn row_typed<T: Element>(
 }
 
 impl Reference {
-    /// Computes every row and writes it, rounded once, into `outputs`.
+    /// Computes every row and writes it, rounded once, into `outputs`: the rows the sequences
+    /// have, at their places in the problem's layout; nothing else is written.
     pub fn forward_into(problem: &Problem, inputs: &Inputs<'_>, mut outputs: Outputs<'_>) -> Result<()> {
         problem.check_outputs(&outputs)?;
         let (o, lse) = Self::compute(problem, inputs)?;
+        let map = problem.seq_map(inputs.extras)?;
         let s = problem.shape;
         let d = s.head_dim;
         let rounded = Buffer::from_f32(problem.dtype, o.iter().map(|&x| x as f32));
-        for row in 0..s.batch * s.heads_q * s.seq_q {
-            let (bh, i) = (row / s.seq_q, row % s.seq_q);
-            let off = problem.strides.o.offset(bh / s.heads_q, bh % s.heads_q, i);
+        for (b, h, i) in map.rows() {
+            let row = (b * s.heads_q + h) * s.seq_q + i;
+            let off = map.o_offset(b, h, i);
             let src = row * d..row * d + d;
             match (&mut outputs.o, &rounded) {
                 (DataMut::F32(dst), Buffer::F32(v)) => dst[off..off + d].copy_from_slice(&v[src]),
@@ -116,9 +138,9 @@ impl Reference {
                 (DataMut::Bf16(dst), Buffer::Bf16(v)) => dst[off..off + d].copy_from_slice(&v[src]),
                 _ => unreachable!("dtypes checked by check_outputs"),
             }
-        }
-        if let Some(dst) = outputs.lse.as_deref_mut() {
-            dst.iter_mut().zip(&lse).for_each(|(d, &l)| *d = l as f32);
+            if let Some(dst) = outputs.lse.as_deref_mut() {
+                dst[map.lse_index(b, h, i)] = lse[row] as f32;
+            }
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ fn check(flash: &Flash, problem: &Problem, seed: u64, sigma: f64) -> Result<(), 
     let q = normal_buffer(&mut rng, problem.dtype, q_len, sigma);
     let k = normal_buffer(&mut rng, problem.dtype, k_len, sigma);
     let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
-    let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
     let mut o = Buffer::zeros(problem.dtype, o_len);
     let mut lse = vec![0.0f32; problem.lse_len()];
     let mut outputs =
@@ -52,7 +52,7 @@ fn check(flash: &Flash, problem: &Problem, seed: u64, sigma: f64) -> Result<(), 
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             for i in 0..s.seq_q {
-                let want = Reference::row(problem, &inputs, b, h, i);
+                let want = Reference::row(problem, &inputs, b, h, i).unwrap();
                 let off = problem.strides.o.offset(b, h, i);
                 for (d, &w) in want.o.iter().enumerate() {
                     let x = got[off + d] as f64;
@@ -194,7 +194,7 @@ fn mismatched_inputs_are_typed_errors() {
     let err = Flash::new()
         .forward(
             &p,
-            Inputs { q: short.as_data(), k: short.as_data(), v: short.as_data() },
+            Inputs::new(short.as_data(), short.as_data(), short.as_data()),
             Outputs { o: o.as_data_mut(), lse: None },
         )
         .unwrap_err();
@@ -202,7 +202,7 @@ fn mismatched_inputs_are_typed_errors() {
     let err = Flash::new()
         .forward(
             &p,
-            Inputs { q: f32s.as_data(), k: f32s.as_data(), v: f32s.as_data() },
+            Inputs::new(f32s.as_data(), f32s.as_data(), f32s.as_data()),
             Outputs { o: o.as_data_mut(), lse: None },
         )
         .unwrap_err();

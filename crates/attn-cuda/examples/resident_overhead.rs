@@ -53,7 +53,7 @@ fn main() -> attn_core::Result<()> {
                 // The bare kernel (the host-copy path's timed launches) and the device path on a
                 // caller's buffers and stream, alternating launch by launch, 40 of each.
                 let host_plan = cuda.plan(&p)?;
-                let inputs = Inputs { q: x[0].as_data(), k: x[1].as_data(), v: x[2].as_data() };
+                let inputs = Inputs::new(x[0].as_data(), x[1].as_data(), x[2].as_data());
                 let mut prepared = cuda.prepare(&host_plan, inputs)?;
                 let plan = cuda.plan_on(&ctx, &p)?;
                 let (q, k, v) = (upload(&stream, &x[0]), upload(&stream, &x[1]), upload(&stream, &x[2]));

@@ -8,8 +8,8 @@ use crate::options::{Family, Options};
 use crate::runtime::{Gpu, Lead, driver};
 use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
-    Attention, Availability, DeviceKind, Error, Execution, Inputs, Launch, Numerics, Outputs, Payload, Plan,
-    Prepared, Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Error, Execution, Feature, Inputs, Launch, Numerics, Outputs,
+    Payload, Plan, Prepared, Problem, Result, Tiles,
 };
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, OnceLock};
@@ -255,6 +255,7 @@ impl Cuda {
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
+        problem.require_features("cuda", &[Feature::Window, Feature::Softcap])?;
         let Planned { kernel, launch, mut notes, tiles, workspace } =
             match self.choose_family(gpu, problem)? {
                 Choice::Hopper(variant, launch, split) => {

@@ -61,7 +61,7 @@ fn inputs(problem: &Problem, seed: u64) -> [Buffer; 3] {
 fn host_path(cuda: &Cuda, problem: &Problem, x: &[Buffer; 3]) -> (Vec<u16>, Vec<f32>) {
     let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
     let mut lse = vec![0f32; problem.lse_len()];
-    let inputs = Inputs { q: x[0].as_data(), k: x[1].as_data(), v: x[2].as_data() };
+    let inputs = Inputs::new(x[0].as_data(), x[1].as_data(), x[2].as_data());
     let lse_out = problem.params.return_lse.then_some(lse.as_mut_slice());
     cuda.forward(problem, inputs, Outputs { o: o.as_data_mut(), lse: lse_out }).unwrap();
     (bits(&o), lse)

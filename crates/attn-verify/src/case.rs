@@ -1,7 +1,8 @@
 //! Verification cases: a problem, a family, and how its inputs are drawn.
 
 use attn_core::rng::SplitMix64;
-use attn_core::{Buffer, Problem};
+use attn_core::sequences::OwnedExtras;
+use attn_core::{Buffer, Inputs, Problem};
 
 /// How the inputs of a case are drawn. Never all zeros: zeros hide unwritten outputs and wrong
 /// indexing.
@@ -35,9 +36,16 @@ pub struct Case {
     pub dist: Distribution,
     /// Seed of the inputs (printed in every failure).
     pub seed: u64,
+    /// The indices and slopes the problem needs (packed offsets, block table, ALiBi slopes).
+    pub extras: OwnedExtras,
 }
 
 impl Case {
+    /// `bufs` (from [`Case::inputs`]) with this case's extras, as a backend takes them.
+    pub fn as_inputs<'a>(&'a self, bufs: &'a [Buffer; 3]) -> Inputs<'a> {
+        Inputs::new(bufs[0].as_data(), bufs[1].as_data(), bufs[2].as_data()).with_extras(self.extras.borrow())
+    }
+
     /// Fresh inputs for this case: q, k, v, each long enough for the problem's strides.
     /// Elements outside the strided views are drawn too (they must not matter).
     pub fn inputs(&self) -> [Buffer; 3] {
@@ -72,19 +80,16 @@ impl Case {
         let s = p.shape;
         let d = s.head_dim;
         let alpha = 30.0 / (d as f32).sqrt() / p.scale() / (d as f32).sqrt();
-        for b in 0..s.batch {
-            for h in 0..s.heads_q {
-                for i in 0..s.seq_q {
-                    let visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
-                    if visible.is_empty() {
-                        continue;
-                    }
-                    let j = visible.start + rng.below(visible.len());
-                    let (qo, ko) = (p.strides.q.offset(b, h, i), p.strides.k.offset(b, s.kv_head(h), j));
-                    for x in 0..d {
-                        q[qo + x] = alpha * k[ko + x];
-                    }
-                }
+        let map = p.seq_map(self.extras.borrow()).expect("verification cases have valid extras");
+        for (b, h, i) in map.rows() {
+            let visible = map.visible(b, i);
+            if visible.is_empty() {
+                continue;
+            }
+            let j = visible.start + rng.below(visible.len());
+            let (qo, ko) = (map.q_offset(b, h, i), map.k_offset(b, s.kv_head(h), j));
+            for x in 0..d {
+                q[qo + x] = alpha * k[ko + x];
             }
         }
     }

@@ -1,15 +1,47 @@
 //! The case grids: `quick` (sub-minute, in every `cargo xtask test`) and `full`.
 
 use crate::case::{Case, Distribution};
-use attn_core::{DType, Layout, Problem, Shape, Strides, TensorStrides};
+use attn_core::rng::SplitMix64;
+use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
+use attn_core::{Alibi, DType, Layout, Problem, Shape, Strides, TensorStrides};
 
 fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
+    with_extras(family, tag, problem, OwnedExtras::default(), dist, seed)
+}
+
+fn with_extras(
+    family: &'static str,
+    tag: &str,
+    problem: Problem,
+    extras: OwnedExtras,
+    dist: Distribution,
+    seed: u64,
+) -> Case {
     let mask = match problem.params.mask {
         attn_core::Mask::None => "full",
         attn_core::Mask::Causal => "causal",
         attn_core::Mask::Window { .. } => "window",
     };
-    Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed }
+    Case { family, name: format!("{family}/{}/{mask}/{tag}", problem.dtype), problem, dist, seed, extras }
+}
+
+/// ALiBi slopes as models use them: `2^(-8 (h + 1) / heads)`, for every (batch, head) when
+/// `per_batch` (each batch's slopes scaled differently, so that a wrong batch index shows).
+fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
+    let slope = |b: usize, h: usize| (1.0 + b as f32) * 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32);
+    match per_batch {
+        false => (0..heads).map(|h| slope(0, h)).collect(),
+        true => (0..batch).flat_map(|b| (0..heads).map(move |h| slope(b, h))).collect(),
+    }
+}
+
+/// Adds ALiBi slopes to a case's problem and extras.
+fn alibi(mut c: Case, per_batch: bool) -> Case {
+    let s = c.problem.shape;
+    c.problem = c.problem.with_alibi(if per_batch { Alibi::PerBatchHead } else { Alibi::PerHead });
+    c.extras.alibi_slopes = Some(alibi_slopes(s.batch, s.heads_q, per_batch));
+    c.name += if per_batch { "/alibi-per-batch" } else { "/alibi" };
+    c
 }
 
 fn p(shape: Shape, dtype: DType) -> Problem {
@@ -18,6 +50,18 @@ fn p(shape: Shape, dtype: DType) -> Problem {
 
 fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
     Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
+}
+
+/// [`batch_of`] with the LSE asked for, as every case does.
+fn seqs(
+    shape: Shape,
+    dtype: DType,
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+) -> (Problem, OwnedExtras) {
+    let (problem, extras) = batch_of(shape, dtype, q_lens, k_lens, keys);
+    (problem.with_lse(true), extras)
 }
 
 /// Views into buffers whose rows and heads are padded: outputs have gaps that must stay
@@ -143,6 +187,72 @@ pub fn quick() -> Vec<Case> {
             Normal,
             151,
         ),
+        alibi(
+            case(
+                "alibi",
+                "sq40sk96-hq4hkv2",
+                p(Shape { heads_kv: 2, ..sk(40, 96, 4, 64) }, F32).causal(),
+                Normal,
+                160,
+            ),
+            false,
+        ),
+        alibi(case("alibi", "b2s80", p(Shape::new(2, 4, 80, 32), Bf16), Normal, 161), true),
+        alibi(
+            case(
+                "alibi",
+                "sq8sk70-window-cap",
+                p(sk(8, 70, 2, 64), F16).with_window(Some(20), Some(3)).with_softcap(10.0),
+                Normal,
+                162,
+            ),
+            false,
+        ),
+    ]);
+    // Sequences of different lengths: an empty one, one-token ones, queries longer than keys.
+    let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
+    let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 64) };
+    for (dtype, causal, seed) in [(F32, true, 170), (Bf16, false, 171)] {
+        let (mut problem, extras) = seqs(gqa, dtype, &q_lens, &k_lens, KeyStore::Packed);
+        if causal {
+            problem = problem.causal();
+        }
+        v.push(with_extras("varlen", "b5-hq4hkv2", problem, extras, OneHotPeaked, seed));
+    }
+    let (problem, extras) = seqs(Shape::new(1, 2, 1, 32), F16, &q_lens, &k_lens, KeyStore::Packed);
+    let windowed = problem.with_window(Some(6), Some(2)).with_softcap(8.0);
+    v.push(alibi(with_extras("varlen", "b5-window-cap", windowed, extras, Normal, 172), true));
+    // A paged cache: pages shuffled, sequences filling them partly; decode and a prefill chunk.
+    for (page, sq, dtype, seed) in [(16, 1, Bf16, 180), (16, 4, F32, 181), (64, 9, F16, 182)] {
+        let k_lens = [37, 1, 130, 64];
+        let (problem, extras) =
+            seqs(gqa, dtype, &[sq; 4], &k_lens, KeyStore::Paged { page_size: page, seed });
+        v.push(with_extras(
+            "paged",
+            &format!("page{page}-sq{sq}"),
+            problem.causal(),
+            extras,
+            OneHotPeaked,
+            seed,
+        ));
+    }
+    let (problem, extras) =
+        seqs(gqa, Bf16, &[3, 1, 8], &[50, 7, 90], KeyStore::Paged { page_size: 16, seed: 183 });
+    v.push(alibi(
+        with_extras(
+            "paged",
+            "page16-varlen-window",
+            problem.with_window(Some(24), Some(0)),
+            extras,
+            Normal,
+            183,
+        ),
+        false,
+    ));
+    // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
+    let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
+    v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
+    v.extend([
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
         case(
@@ -189,6 +299,16 @@ pub fn full() -> Vec<Case> {
                 ));
             }
         }
+        // A varlen prefill of 12 sequences of 1..=1100 tokens, and decode from a paged cache
+        // of 256-key pages holding up to 9000 keys, both under GQA.
+        let mut rng = SplitMix64::new(seed);
+        let lens: Vec<usize> = (0..12).map(|_| 1 + rng.below(1100)).collect();
+        let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 128) };
+        let (varlen, extras) = seqs(gqa, dtype, &lens, &lens, KeyStore::Packed);
+        v.push(with_extras("varlen", "b12-s1100", varlen.causal(), extras, Distribution::Normal, seed));
+        let keys: Vec<usize> = (0..6).map(|_| 1 + rng.below(9000)).collect();
+        let (paged, extras) = seqs(gqa, dtype, &[1; 6], &keys, KeyStore::Paged { page_size: 256, seed });
+        v.push(with_extras("paged", "b6-sk9000-page256", paged, extras, Distribution::Normal, seed));
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
         v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));

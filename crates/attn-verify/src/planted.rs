@@ -3,9 +3,10 @@
 //!
 //! They share a naive row-at-a-time f32 implementation that is correct without its flaw.
 
+use attn_core::sequences::alibi_bias;
 use attn_core::{
-    Attention, Availability, DeviceKind, Element, Execution, HostPrepared, Inputs, Outputs, Plan, Prepared,
-    Problem, Result, Tiles,
+    Attention, Availability, DeviceKind, Element, Execution, HostPrepared, Inputs, KvRows, Outputs, Plan,
+    Prepared, Problem, Result, Tiles,
 };
 
 /// One classic attention-kernel bug.
@@ -28,11 +29,19 @@ pub enum Flaw {
     WindowOffByOne,
     /// The soft-cap applied to the unscaled score, then scaled: `scale · cap · tanh(q·k / cap)`.
     SoftcapBeforeScale,
+    /// ALiBi's distance taken from the top-left diagonal, `|i - j|`, ignoring `seq_k - seq_q`.
+    AlibiTopLeft,
+    /// Every sequence of a packed batch masked as if it had the longest lengths (`seq_q`,
+    /// `seq_k`): the causal diagonal of shorter sequences lands in the wrong place.
+    VarlenMaxLengths,
+    /// The block table ignored: a sequence's pages read as if stored in order,
+    /// `b · pages_per_seq + j / page_size`.
+    PagesInOrder,
 }
 
 impl Flaw {
     /// Every planted flaw.
-    pub const ALL: [Flaw; 8] = [
+    pub const ALL: [Flaw; 11] = [
         Flaw::NoMaxSubtraction,
         Flaw::WrongKvHead,
         Flaw::TopLeftCausal,
@@ -41,6 +50,9 @@ impl Flaw {
         Flaw::StopsAfterKeys,
         Flaw::WindowOffByOne,
         Flaw::SoftcapBeforeScale,
+        Flaw::AlibiTopLeft,
+        Flaw::VarlenMaxLengths,
+        Flaw::PagesInOrder,
     ];
 }
 
@@ -60,70 +72,85 @@ impl Planted {
     fn compute(&self, p: &Problem, inputs: &Inputs<'_>, mut outputs: Outputs<'_>) -> Result<()> {
         let s = p.shape;
         let d = s.head_dim;
+        let map = p.seq_map(inputs.extras)?;
         let (q, k, v) = (widen(inputs.q), widen(inputs.k), widen(inputs.v));
+        // Where key (or, with `value`, value) `j` of sequence `b` is, with the flaw that ignores
+        // the block table.
+        let k_place = |b: usize, g: usize, j: usize, value: bool| match p.batching.kv {
+            KvRows::Paged { page_size, pages_per_seq, .. } if self.flaw == Flaw::PagesInOrder => {
+                let strides = if value { p.strides.v } else { p.strides.k };
+                strides.offset(b * pages_per_seq + j / page_size, g, j % page_size)
+            }
+            _ if value => map.v_offset(b, g, j),
+            _ => map.k_offset(b, g, j),
+        };
         let mut o = outputs.o.reborrow();
-        for b in 0..s.batch {
-            for h in 0..s.heads_q {
-                let g = if self.flaw == Flaw::WrongKvHead { h % s.heads_kv } else { s.kv_head(h) };
-                for i in 0..s.seq_q {
-                    if self.flaw == Flaw::SkipsLastRow && i == s.seq_q - 1 {
-                        continue;
-                    }
-                    let mut visible = p.params.mask.visible_range(i, s.seq_q, s.seq_k);
-                    if self.flaw == Flaw::TopLeftCausal && p.is_causal() {
-                        visible = 0..(i + 1).min(s.seq_k);
-                    }
-                    let n = visible.len();
-                    if self.flaw == Flaw::DropsPartialTile && !n.is_multiple_of(64) && n > 64 {
-                        visible.end -= n % 64;
-                    }
-                    if self.flaw == Flaw::StopsAfterKeys {
-                        visible.end = visible.end.min(visible.start + 16_384);
-                    }
-                    if self.flaw == Flaw::WindowOffByOne
-                        && matches!(p.params.mask, attn_core::Mask::Window { left: Some(_), .. })
-                        && !visible.is_empty()
-                        && visible.start > 0
-                    {
-                        visible.start += 1;
-                    }
-                    let qo = p.strides.q.offset(b, h, i);
-                    let scores: Vec<f32> = visible
-                        .clone()
-                        .map(|j| {
-                            let ko = p.strides.k.offset(b, g, j);
-                            let dot = (0..d).map(|x| q[qo + x] * k[ko + x]).sum::<f32>();
-                            match p.params.softcap {
-                                Some(cap) if self.flaw == Flaw::SoftcapBeforeScale => {
-                                    p.scale() * cap * (dot / cap).tanh()
-                                }
-                                Some(cap) => cap * (p.scale() * dot / cap).tanh(),
-                                None => p.scale() * dot,
-                            }
-                        })
-                        .collect();
-                    let max = if self.flaw == Flaw::NoMaxSubtraction {
-                        0.0
-                    } else {
-                        scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+        for (b, h, i) in map.rows() {
+            let g = if self.flaw == Flaw::WrongKvHead { h % s.heads_kv } else { s.kv_head(h) };
+            let (q_len, k_len) = match self.flaw {
+                Flaw::VarlenMaxLengths => (s.seq_q, s.seq_k),
+                _ => (map.q_len(b), map.k_len(b)),
+            };
+            if self.flaw == Flaw::SkipsLastRow && i == q_len - 1 {
+                continue;
+            }
+            let mut visible = p.params.mask.visible_range(i, q_len, k_len);
+            visible.end = visible.end.min(map.k_len(b));
+            visible.start = visible.start.min(visible.end);
+            if self.flaw == Flaw::TopLeftCausal && p.is_causal() {
+                visible = 0..(i + 1).min(k_len);
+            }
+            let n = visible.len();
+            if self.flaw == Flaw::DropsPartialTile && !n.is_multiple_of(64) && n > 64 {
+                visible.end -= n % 64;
+            }
+            if self.flaw == Flaw::StopsAfterKeys {
+                visible.end = visible.end.min(visible.start + 16_384);
+            }
+            if self.flaw == Flaw::WindowOffByOne
+                && matches!(p.params.mask, attn_core::Mask::Window { left: Some(_), .. })
+                && !visible.is_empty()
+                && visible.start > 0
+            {
+                visible.start += 1;
+            }
+            let slope = map.alibi_slope(b, h);
+            let qo = map.q_offset(b, h, i);
+            let scores: Vec<f32> = visible
+                .clone()
+                .map(|j| {
+                    let ko = k_place(b, g, j, false);
+                    let dot = (0..d).map(|x| q[qo + x] * k[ko + x]).sum::<f32>();
+                    let score = match p.params.softcap {
+                        Some(cap) if self.flaw == Flaw::SoftcapBeforeScale => {
+                            p.scale() * cap * (dot / cap).tanh()
+                        }
+                        Some(cap) => cap * (p.scale() * dot / cap).tanh(),
+                        None => p.scale() * dot,
                     };
-                    let w: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let sum: f32 = w.iter().sum();
-                    let oo = p.strides.o.offset(b, h, i);
-                    for x in 0..d {
-                        let acc: f32 = visible
-                            .clone()
-                            .zip(&w)
-                            .map(|(j, w)| w * v[p.strides.v.offset(b, g, j) + x])
-                            .sum();
-                        let val = if sum > 0.0 { acc / sum } else { 0.0 };
-                        set(&mut o, oo + x, val);
-                    }
-                    if let Some(lse) = outputs.lse.as_deref_mut() {
-                        lse[(b * s.heads_q + h) * s.seq_q + i] =
-                            if sum > 0.0 { max + sum.ln() } else { f32::NEG_INFINITY };
-                    }
-                }
+                    let bias = match (slope, self.flaw) {
+                        (Some(m), Flaw::AlibiTopLeft) => -m * (i as f32 - j as f32).abs(),
+                        (Some(m), _) => alibi_bias(m, i, j, q_len, k_len) as f32,
+                        (None, _) => 0.0,
+                    };
+                    score + bias
+                })
+                .collect();
+            let max = if self.flaw == Flaw::NoMaxSubtraction {
+                0.0
+            } else {
+                scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+            };
+            let w: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f32 = w.iter().sum();
+            let oo = map.o_offset(b, h, i);
+            for x in 0..d {
+                let acc: f32 = visible.clone().zip(&w).map(|(j, w)| w * v[k_place(b, g, j, true) + x]).sum();
+                let val = if sum > 0.0 { acc / sum } else { 0.0 };
+                set(&mut o, oo + x, val);
+            }
+            if let Some(lse) = outputs.lse.as_deref_mut() {
+                lse[map.lse_index(b, h, i)] = if sum > 0.0 { max + sum.ln() } else { f32::NEG_INFINITY };
             }
         }
         Ok(())

@@ -2,7 +2,7 @@
 
 use crate::case::Case;
 use crate::tolerance::Tolerance;
-use attn_core::{Attention, Buffer, Data, Inputs, Outputs, Problem};
+use attn_core::{Attention, Buffer, Data, Outputs, SeqMap};
 use attn_cpu::Reference;
 use rayon::prelude::*;
 
@@ -65,24 +65,18 @@ impl Expected {
     /// Computes the reference for `case` on `inputs`.
     pub fn compute(case: &Case, inputs: &[Buffer; 3]) -> Expected {
         let p = &case.problem;
-        let ins = as_inputs(inputs);
+        let ins = case.as_inputs(inputs);
         let (o, lse) = Reference::compute(p, &ins).expect("verification cases are valid problems");
+        let map = p.seq_map(ins.extras).expect("verification cases have valid extras");
         let s = p.shape;
-        let row_norm_max = |data: Data<'_>, strides: attn_core::Strides, heads: usize, seq: usize| {
-            let mut m = 0.0f64;
-            for b in 0..s.batch {
-                for h in 0..heads {
-                    for i in 0..seq {
-                        let off = strides.offset(b, h, i);
-                        let n2: f64 = (0..s.head_dim).map(|d| (data.get_f32(off + d) as f64).powi(2)).sum();
-                        m = m.max(n2.sqrt());
-                    }
-                }
-            }
-            m
+        let norm = |data: Data<'_>, off: usize| {
+            (0..s.head_dim).map(|d| (data.get_f32(off + d) as f64).powi(2)).sum::<f64>().sqrt()
         };
-        let qn = row_norm_max(ins.q, p.strides.q, s.heads_q, s.seq_q);
-        let kn = row_norm_max(ins.k, p.strides.k, s.heads_kv, s.seq_k);
+        let qn = map.rows().map(|(b, h, i)| norm(ins.q, map.q_offset(b, h, i))).fold(0.0, f64::max);
+        let kn = (0..s.batch)
+            .flat_map(|b| (0..s.heads_kv).flat_map(move |g| (0..map.k_len(b)).map(move |j| (b, g, j))))
+            .map(|(b, g, j)| norm(ins.k, map.k_offset(b, g, j)))
+            .fold(0.0, f64::max);
         let v_max = (0..ins.v.len()).map(|i| ins.v.get_f32(i).abs() as f64).fold(0.0, f64::max);
         Expected { o, lse, score_bound: p.scale().abs() as f64 * qn * kn, v_max }
     }
@@ -93,11 +87,6 @@ impl Expected {
     pub fn tolerance(&self, base: Tolerance) -> Tolerance {
         base.widened(self.score_bound, self.v_max)
     }
-}
-
-/// Borrows three buffers as inputs.
-pub fn as_inputs(bufs: &[Buffer; 3]) -> Inputs<'_> {
-    Inputs { q: bufs[0].as_data(), k: bufs[1].as_data(), v: bufs[2].as_data() }
 }
 
 /// Runs `case` on `backend` with poisoned outputs and compares with `expected` within
@@ -118,24 +107,27 @@ pub fn run_case(
     let mut lse = vec![0.0f32; p.lse_len()];
     let mut outputs = Outputs { o: o.as_data_mut(), lse: p.params.return_lse.then_some(lse.as_mut_slice()) };
     outputs.poison();
-    if let Err(e) = backend.forward(p, as_inputs(inputs), outputs) {
+    if let Err(e) = backend.forward(p, case.as_inputs(inputs), outputs) {
         return Outcome::Fail { stats: None, reason: format!("the backend returned an error: {e}") };
     }
-    compare(p, &o, &lse, expected, tolerance)
+    let map = p.seq_map(case.extras.borrow()).expect("verification cases have valid extras");
+    compare(&map, &o, &lse, expected, tolerance)
 }
 
-fn compare(p: &Problem, o: &Buffer, lse: &[f32], expected: &Expected, tol: Tolerance) -> Outcome {
+fn compare(map: &SeqMap<'_>, o: &Buffer, lse: &[f32], expected: &Expected, tol: Tolerance) -> Outcome {
+    let p = map.problem();
     let s = p.shape;
     let d = s.head_dim;
     let got = o.as_data();
-    let rows = s.batch * s.heads_q * s.seq_q;
+    // The rows the sequences have, and where the reference keeps each (`[batch, heads_q, seq_q]`).
+    let rows: Vec<(usize, usize, usize)> = map.rows().collect();
+    let logical = |(b, h, i): (usize, usize, usize)| (b * s.heads_q + h) * s.seq_q + i;
     // Per row: (diff², ref², max abs, worst ratio, elements over, first fault).
-    let per_row: Vec<(f64, f64, f64, f64, usize, Option<String>)> = (0..rows)
-        .into_par_iter()
-        .map(|row| {
-            let (bh, i) = (row / s.seq_q, row % s.seq_q);
-            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
-            let off = p.strides.o.offset(b, h, i);
+    let per_row: Vec<(f64, f64, f64, f64, usize, Option<String>)> = rows
+        .par_iter()
+        .map(|&(b, h, i)| {
+            let row = logical((b, h, i));
+            let off = map.o_offset(b, h, i);
             let (mut diff2, mut ref2, mut max_abs, mut worst, mut over, mut fault) = (0.0, 0.0, 0.0f64, 0.0f64, 0, None);
             for x in 0..d {
                 let (y, r) = (got.get_f32(off + x) as f64, expected.o[row * d + x]);
@@ -175,11 +167,11 @@ fn compare(p: &Problem, o: &Buffer, lse: &[f32], expected: &Expected, tol: Toler
         }
     }
     stats.rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
-    stats.frac_over = over as f64 / (rows * d) as f64;
+    stats.frac_over = over as f64 / (rows.len() * d).max(1) as f64;
 
     if p.params.return_lse {
-        for (row, (&l, &r)) in lse.iter().zip(&expected.lse).enumerate() {
-            let l = l as f64;
+        for &(b, h, i) in &rows {
+            let (l, r) = (lse[map.lse_index(b, h, i)] as f64, expected.lse[logical((b, h, i))]);
             let (err, ratio) = if r == f64::NEG_INFINITY {
                 if l == f64::NEG_INFINITY { (0.0, 0.0) } else { (f64::INFINITY, f64::INFINITY) }
             } else if l.is_finite() {
@@ -191,13 +183,13 @@ fn compare(p: &Problem, o: &Buffer, lse: &[f32], expected: &Expected, tol: Toler
             stats.lse_max_err = stats.lse_max_err.max(err);
             stats.lse_worst_ratio = stats.lse_worst_ratio.max(ratio);
             if ratio > 1.0 && fault.is_none() {
-                fault = Some(format!("lse row {row} = {l}, reference {r}"));
+                fault = Some(format!("lse[{b},{h},{i}] = {l}, reference {r}"));
             }
         }
     }
 
     // Elements outside the output view must keep their poison.
-    if let Some(stray) = stray_write(p, got) {
+    if let Some(stray) = stray_write(map, &rows, got) {
         fault.get_or_insert(stray);
     }
     if stats.rel_l2 > tol.rel_l2 && fault.is_none() {
@@ -209,17 +201,13 @@ fn compare(p: &Problem, o: &Buffer, lse: &[f32], expected: &Expected, tol: Toler
     }
 }
 
-/// The first element outside the output view that is not NaN any more, if any.
-fn stray_write(p: &Problem, got: Data<'_>) -> Option<String> {
-    let s = p.shape;
+/// The first element outside the output rows of the sequences that is not NaN any more, if any.
+fn stray_write(map: &SeqMap<'_>, rows: &[(usize, usize, usize)], got: Data<'_>) -> Option<String> {
+    let d = map.problem().shape.head_dim;
     let mut in_view = vec![false; got.len()];
-    for b in 0..s.batch {
-        for h in 0..s.heads_q {
-            for i in 0..s.seq_q {
-                let off = p.strides.o.offset(b, h, i);
-                in_view[off..off + s.head_dim].iter_mut().for_each(|x| *x = true);
-            }
-        }
+    for &(b, h, i) in rows {
+        let off = map.o_offset(b, h, i);
+        in_view[off..off + d].iter_mut().for_each(|x| *x = true);
     }
     let i = (0..got.len()).find(|&i| !in_view[i] && !got.get_f32(i).is_nan())?;
     Some(format!("element {i} of o lies outside the output view but was written"))

@@ -59,6 +59,9 @@ fn planted_bugs_are_caught_by_their_named_cases() {
         (Flaw::StopsAfterKeys, "long-keys"),
         (Flaw::WindowOffByOne, "window"),
         (Flaw::SoftcapBeforeScale, "softcap"),
+        (Flaw::AlibiTopLeft, "alibi"),
+        (Flaw::VarlenMaxLengths, "varlen"),
+        (Flaw::PagesInOrder, "paged"),
     ];
     assert_eq!(expected.len(), Flaw::ALL.len());
     let cases = grid::quick();

@@ -492,7 +492,7 @@ mod tests {
         assert!(chosen.split.is_some(), "{:?}", plan.notes);
         plan.payload = Payload::new(Chosen { split: None, ..chosen });
         let [q, k, v, o] = problem.required_lens().map(|(_, n)| Buffer::zeros(DType::F32, n));
-        let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+        let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
         let mut prepared = backend.prepare(&plan, inputs).unwrap();
         let err = prepared.run().unwrap_err().to_string();
         assert!(err.contains("ended the loops"), "{err}");

@@ -52,7 +52,7 @@ fn check(backend: &Wgpu, problem: &Problem, seed: u64) {
     let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
     let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
     let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
-    let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
     let mut o = Buffer::zeros(problem.dtype, o_len);
     let mut lse = vec![0.0f32; problem.lse_len()];
     let mut outputs = Outputs { o: o.as_data_mut(), lse: Some(lse.as_mut_slice()) };
@@ -84,7 +84,7 @@ fn check(backend: &Wgpu, problem: &Problem, seed: u64) {
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             for i in 0..s.seq_q {
-                let want = Reference::row(&problem, &inputs, b, h, i);
+                let want = Reference::row(&problem, &inputs, b, h, i).unwrap();
                 let off = problem.strides.o.offset(b, h, i);
                 for (d, &w) in want.o.iter().enumerate() {
                     let x = got[off + d] as f64;
@@ -197,7 +197,7 @@ fn plans_name_the_variant_and_reuse_the_pipeline() {
     // once: the second finds the pipeline in the cache, well under a second.
     let [q_len, k_len, v_len, _] = p.required_lens().map(|(_, n)| n);
     let [q, k, v] = [q_len, k_len, v_len].map(|n| Buffer::zeros(p.dtype, n));
-    let inputs = || Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    let inputs = || Inputs::new(q.as_data(), k.as_data(), v.as_data());
     assert!(b.prepare(&plan, inputs()).is_ok());
     let t = std::time::Instant::now();
     assert!(b.prepare(&plan, inputs()).is_ok());

@@ -137,7 +137,7 @@ impl Case {
         let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
         let mut o = Buffer::zeros(problem.dtype, o_len);
         let mut lse = vec![0.0f32; problem.lse_len()];
-        let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+        let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
         let lse_out = problem.params.return_lse.then_some(lse.as_mut_slice());
         let mut outputs = Outputs { o: o.as_data_mut(), lse: lse_out };
         outputs.poison();
@@ -287,7 +287,7 @@ fn fused_qkv_in_one_buffer() {
     let (q, k, v) = (view(0), view(h * d), view(2 * h * d));
     let p = p.with_strides(TensorStrides { o: Layout::Bshd.strides(h, seq, d), ..p.strides });
     let mut o = Buffer::zeros(DType::F16, p.required_lens()[3].1);
-    let inputs = Inputs { q: q.as_data(), k: k.as_data(), v: v.as_data() };
+    let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
     let plan = b.forward(&p, inputs, Outputs { o: o.as_data_mut(), lse: None }).unwrap();
     let qkv = upload(b, "qkv", &bytes(&fused), USAGE);
     let dev_o = upload(b, "o", &vec![POISON; o.len() * 2], USAGE);

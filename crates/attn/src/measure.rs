@@ -58,7 +58,7 @@ pub fn random_inputs(problem: &Problem, seed: u64) -> [Buffer; 3] {
 
 /// Borrows three buffers as [`Inputs`].
 pub fn inputs(bufs: &[Buffer; 3]) -> Inputs<'_> {
-    Inputs { q: bufs[0].as_data(), k: bufs[1].as_data(), v: bufs[2].as_data() }
+    Inputs::new(bufs[0].as_data(), bufs[1].as_data(), bufs[2].as_data())
 }
 
 /// Median, minimum and maximum of repeated timings, and every run in order.
@@ -131,24 +131,21 @@ pub struct Accuracy {
     pub non_finite: usize,
 }
 
-/// Compares `rows` query rows of `o` (spread evenly over all (batch, head, row) triples, always
-/// including the first and last) with [`Reference::row`].
-pub fn accuracy(problem: &Problem, inputs: &Inputs<'_>, o: &Buffer, rows: usize) -> Accuracy {
-    let s = problem.shape;
-    let total = s.batch * s.heads_q * s.seq_q;
-    let rows = rows.clamp(1, total);
-    let picks: Vec<usize> =
-        (0..rows).map(|r| if rows == 1 { 0 } else { r * (total - 1) / (rows - 1) }).collect();
+/// Compares `rows` query rows of `o` (spread evenly over every (sequence, head, row) the problem
+/// has, always including the first and last) with [`Reference::row`].
+pub fn accuracy(problem: &Problem, inputs: &Inputs<'_>, o: &Buffer, rows: usize) -> Result<Accuracy> {
+    let map = problem.seq_map(inputs.extras)?;
+    let all: Vec<(usize, usize, usize)> = map.rows().collect();
+    let total = all.len().max(1);
+    let rows = rows.clamp(1, total).min(all.len());
+    let picks: Vec<(usize, usize, usize)> =
+        (0..rows).map(|r| all[if rows == 1 { 0 } else { r * (total - 1) / (rows - 1) }]).collect();
     let o = o.as_data();
     let (mut diff2, mut ref2, mut max_abs, mut non_finite) = (0.0, 0.0, 0.0f64, 0);
-    let results: Vec<_> = picks
+    let results = picks
         .par_iter()
-        .map(|&row| {
-            let (bh, i) = (row / s.seq_q, row % s.seq_q);
-            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
-            (Reference::row(problem, inputs, b, h, i), problem.strides.o.offset(b, h, i))
-        })
-        .collect();
+        .map(|&(b, h, i)| Ok((Reference::row(problem, inputs, b, h, i)?, map.o_offset(b, h, i))))
+        .collect::<Result<Vec<_>>>()?;
     for (want, off) in results {
         for (d, w) in want.o.iter().enumerate() {
             let x = o.get_f32(off + d) as f64;
@@ -162,5 +159,5 @@ pub fn accuracy(problem: &Problem, inputs: &Inputs<'_>, o: &Buffer, rows: usize)
         }
     }
     let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
-    Accuracy { rows, max_abs, rel_l2, non_finite }
+    Ok(Accuracy { rows, max_abs, rel_l2, non_finite })
 }

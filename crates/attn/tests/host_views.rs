@@ -89,11 +89,11 @@ fn slice_path<T: Element>(
     let problem = Problem { params: *params, ..Problem::new(shape, T::DTYPE).with_layout(Layout::Bshd) };
     let mut o = Array4::from_elem((b, sq, hq, d), T::from_f32(0.0));
     let mut lse = params.return_lse.then(|| Array3::from_elem((b, hq, sq), 0.0f32));
-    let inputs = Inputs {
-        q: T::data(q.as_slice().unwrap()),
-        k: T::data(k.as_slice().unwrap()),
-        v: T::data(v.as_slice().unwrap()),
-    };
+    let inputs = Inputs::new(
+        T::data(q.as_slice().unwrap()),
+        T::data(k.as_slice().unwrap()),
+        T::data(v.as_slice().unwrap()),
+    );
     let outputs = Outputs {
         o: T::data_mut(o.as_slice_mut().unwrap()),
         lse: lse.as_mut().map(|l| l.as_slice_mut().unwrap()),

@@ -20,7 +20,7 @@ mod tile;
 
 use attn_core::{
     Attention, Availability, DeviceKind, Element, Error, Execution, HostPrepared, Inputs, Outputs, Plan,
-    Prepared, Problem, Result, Tiles,
+    Prepared, Problem, Result, SeqMap, Tiles,
 };
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -261,6 +261,7 @@ impl Flash {
         plan.check_for(self.name(), problem)?;
         problem.check_inputs(inputs)?;
         problem.check_outputs(&outputs)?;
+        let map = problem.seq_map(inputs.extras)?;
         // The plan decides what runs: the instruction set it names, not one detected anew.
         let isa = Isa::supported()
             .into_iter()
@@ -273,12 +274,15 @@ impl Flash {
                 let dp = problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr();
                 let v_in: &[$t] = inputs.v.typed().unwrap();
                 // f32 values whose rows are already a whole number of kernel widths are read
-                // in place by `O += P·V`: only Kᵀ is packed.
-                let v_direct = <$t>::as_f32(v_in).filter(|_| dp == problem.shape.head_dim);
+                // in place by `O += P·V`: only Kᵀ is packed. Not from a paged cache, whose
+                // tiles may cross pages.
+                let paged = matches!(problem.batching.kv, attn_core::KvRows::Paged { .. });
+                let v_direct = <$t>::as_f32(v_in).filter(|_| dp == problem.shape.head_dim && !paged);
                 let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
                 let (kt, v) = &mut *packed;
                 let ctx = Ctx::<$t> {
                     problem,
+                    map,
                     q: inputs.q.typed().unwrap(),
                     k: inputs.k.typed().unwrap(),
                     v: v_in,
@@ -305,6 +309,8 @@ impl Flash {
 /// What every task of one call shares.
 pub(crate) struct Ctx<'a, T> {
     problem: &'a Problem,
+    /// Each sequence's lengths and each row's address.
+    map: SeqMap<'a>,
     q: &'a [T],
     k: &'a [T],
     v: &'a [T],
@@ -385,7 +391,7 @@ fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, isa: Isa, kt: &mut Vec<f32>, vp: &mu
     let group = s.group_size();
     for first in (0..s.batch * s.heads_kv).step_by(heads_per_pass) {
         let pairs = first..(first + heads_per_pass).min(s.batch * s.heads_kv);
-        pack::pack(ctx.problem, ctx.k, ctx.v, pairs.clone(), (ctx.block_n, ctx.dp, ctx.pack), kt, vp);
+        pack::pack(&ctx.map, ctx.k, ctx.v, pairs.clone(), (ctx.block_n, ctx.dp, ctx.pack), kt, vp);
         let pass = Pass { pairs: pairs.clone(), kt, vp, heads_kv: s.heads_kv, pack: ctx.pack };
         // Last query blocks first: under a causal mask they see the most keys, and starting the
         // longest tasks first keeps all threads busy to the end.

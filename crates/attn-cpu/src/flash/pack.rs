@@ -2,11 +2,11 @@
 //! instead of once per query block.
 //!
 //! Per head and key tile `t`: `Kᵀ` as `head_dim × block_n` (so `S = Q·Kᵀ` reads `B` contiguous
-//! along keys), `V` as `block_n × dp` (padded to the kernel's width). Keys past `seq_k` are zero,
+//! along keys), `V` as `block_n × dp` (padded to the kernel's width). Keys past a sequence's keys are zero,
 //! so partial tiles need no special case in the products (the mask removes their scores).
 
 use super::CpuElement;
-use attn_core::Problem;
+use attn_core::{Problem, SeqMap};
 use rayon::prelude::*;
 
 /// Sizes of the packed form of one (batch, kv head).
@@ -32,7 +32,7 @@ impl PackDims {
 /// Packs the kv heads `pairs` (numbered `b · heads_kv + g`) into `kt_out` and, unless `dims`
 /// says `V` is read in place, `v_out`; in parallel over (head, tile).
 pub(crate) fn pack<T: CpuElement>(
-    problem: &Problem,
+    map: &SeqMap<'_>,
     k: &[T],
     v: &[T],
     pairs: std::ops::Range<usize>,
@@ -40,7 +40,7 @@ pub(crate) fn pack<T: CpuElement>(
     kt_out: &mut [f32],
     v_out: &mut [f32],
 ) {
-    let s = problem.shape;
+    let s = map.problem().shape;
     let d = s.head_dim;
     let n = pairs.len();
     // One (head, tile): `rows` holds the tile's keys, widened, before they are transposed.
@@ -48,9 +48,10 @@ pub(crate) fn pack<T: CpuElement>(
         let (pair, t) = (pairs.start + i / dims.tiles, i % dims.tiles);
         let (b, g) = (pair / s.heads_kv, pair % s.heads_kv);
         let j0 = t * block_n;
-        let cols = block_n.min(s.seq_k - j0);
+        // Keys past the sequence's own (a shorter sequence, a partly filled cache) pack as zeros.
+        let cols = block_n.min(map.k_len(b).saturating_sub(j0));
         for c in 0..cols {
-            T::widen(&k[problem.strides.k.offset(b, g, j0 + c)..][..d], &mut rows[c * d..(c + 1) * d]);
+            T::widen(&k[map.k_offset(b, g, j0 + c)..][..d], &mut rows[c * d..(c + 1) * d]);
         }
         // Transposed with contiguous writes: one output row (one feature of every key) at a
         // time, reading the widened rows with stride `d` (a strided write per element was about
@@ -64,7 +65,7 @@ pub(crate) fn pack<T: CpuElement>(
         if let Some(vt) = vt {
             for c in 0..cols {
                 let vrow = &mut vt[c * dp..(c + 1) * dp];
-                T::widen(&v[problem.strides.v.offset(b, g, j0 + c)..][..d], &mut vrow[..d]);
+                T::widen(&v[map.v_offset(b, g, j0 + c)..][..d], &mut vrow[..d]);
                 vrow[d..].fill(0.0);
             }
             vt[cols * dp..].fill(0.0);

@@ -63,15 +63,23 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     let p = ctx.problem;
     let s = p.shape;
     let (d, dp, bm, bn) = (s.head_dim, ctx.dp, ctx.block_m, ctx.block_n);
+    let map = &ctx.map;
     let (b, h) = (task.b, task.h);
+    let (q_len, k_len) = (map.q_len(b), map.k_len(b));
     let i0 = task.q_block * bm;
-    let rows = bm.min(s.seq_q - i0);
+    if i0 >= q_len {
+        return; // a block past a shorter sequence's queries
+    }
+    let rows = bm.min(q_len - i0);
     let m = rows.div_ceil(K::MR) * K::MR;
-    let mask = p.params.mask;
     // Each row's keys, a range whose ends grow with the row (every mask is bottom-right
-    // aligned); the padding rows past `rows` see none.
-    let visible = |r: usize| if r < rows { mask.visible_range(i0 + r, s.seq_q, s.seq_k) } else { 0..0 };
+    // aligned, on the sequence's own lengths); the padding rows past `rows` see none.
+    let visible = |r: usize| if r < rows { map.visible(b, i0 + r) } else { 0..0 };
     let (kt_all, v_all) = pass.packed(b, s.kv_head(h));
+    // ALiBi: each score less `slope · |diagonal - j|`, the row's diagonal at key
+    // `i + k_len - q_len` (attn_core::sequences::alibi_bias).
+    let slope = map.alibi_slope(b, h);
+    let diagonal = |r: usize| (i0 + r) as i64 + k_len as i64 - q_len as i64;
 
     // Queries, widened and pre-scaled once for all key tiles. Rows rows..m only pad the last
     // micro-kernel block: their results are never written out.
@@ -80,7 +88,7 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
     let softcap = p.params.softcap;
     for r in 0..rows {
         let dst = &mut sc.q[r * d..(r + 1) * d];
-        T::widen(&ctx.q[p.strides.q.offset(b, h, i0 + r)..][..d], dst);
+        T::widen(&ctx.q[map.q_offset(b, h, i0 + r)..][..d], dst);
         dst.iter_mut().for_each(|x| *x *= scale);
     }
 
@@ -94,7 +102,7 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
         let kt = &kt_all[t * d * bn..(t + 1) * d * bn];
         // `V` rows j0..j0 + cols: packed (bn rows, zero past seq_k) or in place (only `cols`).
         let (v, ldv, v_rows) = match ctx.v_direct {
-            Some(v) => (&v[p.strides.v.offset(b, s.kv_head(h), j0)..], p.strides.v.seq, cols),
+            Some(v) => (&v[map.v_offset(b, s.kv_head(h), j0)..], p.strides.v.seq, cols),
             None => (&v_all[t * bn * dp..(t + 1) * bn * dp], dp, bn),
         };
 
@@ -112,6 +120,12 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
             if let Some(cap) = softcap {
                 row[lo..hi].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
             }
+            if let Some(slope) = slope.filter(|_| r < rows) {
+                let first = j0 as i64 + lo as i64 - diagonal(r);
+                for (c, x) in row[lo..hi].iter_mut().enumerate() {
+                    *x -= slope * (first + c as i64).unsigned_abs() as f32;
+                }
+            }
             sc.factors[r] = sc.stats[r].rescale_to_with(max(&row[lo..hi]), exp::<K::Madd>);
         }
         for (row, stats) in sc.s.chunks_exact_mut(bn).zip(&mut sc.stats[..m]) {
@@ -127,11 +141,11 @@ pub(crate) fn run_task<T: CpuElement, K: Kernel>(
         o.iter_mut().for_each(|x| *x *= inv);
         // SAFETY: (b, h, i0 + r) is this task's own row; rows of distinct tasks are disjoint
         // because the output strides were checked non-overlapping (Problem::validate).
-        let dst = unsafe { ctx.out.slice(p.strides.o.offset(b, h, i0 + r), d) };
+        let dst = unsafe { ctx.out.slice(map.o_offset(b, h, i0 + r), d) };
         T::narrow(o, dst);
         if let Some(lse) = &ctx.lse {
-            // SAFETY: as above; the LSE is contiguous [batch, heads_q, seq_q].
-            unsafe { lse.slice((b * s.heads_q + h) * s.seq_q + i0 + r, 1)[0] = sc.stats[r].lse() };
+            // SAFETY: as above; each row has its own LSE slot.
+            unsafe { lse.slice(map.lse_index(b, h, i0 + r), 1)[0] = sc.stats[r].lse() };
         }
     }
 }

@@ -121,7 +121,7 @@ fn bench_one(
         std::time::Duration::from_millis(args.min_warmup_ms),
         args.iters,
     )?;
-    let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows);
+    let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows)?;
     if let Some(dir) = &args.dump {
         dump(dir, backend.name(), problem, &bufs, &o).map_err(|e| attn::Error::backend("dump", e))?;
     }

@@ -3,7 +3,8 @@
 use crate::report::RunReport;
 use crate::{bench, report, verify};
 use attn::measure;
-use attn::{Attention, Backend, Buffer, DType, Layout, Outputs, Problem, Shape};
+use attn::sequences::{KeyStore, alibi_standard_slopes, batch_of};
+use attn::{Alibi, Attention, Backend, Buffer, DType, Layout, Outputs, OwnedExtras, Problem, Shape};
 use clap::{Args, Parser, Subcommand};
 
 /// Exact scaled-dot-product attention on CPU and GPU backends, checked against an f64 reference.
@@ -84,6 +85,18 @@ pub struct ProblemArgs {
     /// Soft-cap the scaled scores at ±CAP (`cap · tanh(s / cap)`).
     #[arg(long, value_name = "CAP")]
     pub softcap: Option<f32>,
+    /// ALiBi biases with the standard slopes, `2^(-8 (h + 1) / heads)` per query head.
+    #[arg(long)]
+    pub alibi: bool,
+    /// Sequences of different lengths, packed (FlashAttention's varlen layout): each of the
+    /// --batch sequences gets a length drawn from MIN..=--seq (queries and keys alike; with
+    /// --seq-q below --seq-k, every sequence keeps --seq-q queries and its keys vary).
+    #[arg(long, value_name = "MIN")]
+    pub varlen: Option<usize>,
+    /// Keys and values in a paged cache of PAGE-key pages, shuffled (FlashAttention's
+    /// block_table layout).
+    #[arg(long, value_name = "PAGE")]
+    pub page_size: Option<usize>,
     /// Also compute the log-sum-exp per row.
     #[arg(long)]
     pub lse: bool,
@@ -99,7 +112,13 @@ pub struct ProblemArgs {
 }
 
 impl ProblemArgs {
+    /// The problem without its data: enough to plan.
     pub fn problem(&self) -> attn::Result<Problem> {
+        Ok(self.problem_and_extras()?.0)
+    }
+
+    /// The problem and the indices and slopes its inputs carry (--alibi, --varlen, --page-size).
+    pub fn problem_and_extras(&self) -> attn::Result<(Problem, OwnedExtras)> {
         let shape = Shape {
             batch: self.batch,
             heads_q: self.heads,
@@ -122,8 +141,44 @@ impl ProblemArgs {
         if let Some(cap) = self.softcap {
             p = p.with_softcap(cap);
         }
+        let mut extras = OwnedExtras::default();
+        if self.varlen.is_some() || self.page_size.is_some() {
+            let (q_lens, k_lens) = self.lengths(&shape)?;
+            let keys = match self.page_size {
+                Some(page_size) => KeyStore::Paged { page_size, seed: LENGTHS_SEED },
+                None => KeyStore::Packed,
+            };
+            let (batched, e) = batch_of(shape, self.dtype, &q_lens, &k_lens, keys);
+            // The layout is the batch's own; the mask, scale and the rest stay as set.
+            p = Problem { shape: batched.shape, strides: batched.strides, batching: batched.batching, ..p };
+            extras = e;
+        }
+        if self.alibi {
+            p = p.with_alibi(Alibi::PerHead);
+            extras.alibi_slopes = Some(alibi_standard_slopes(shape.heads_q));
+        }
         p.validate()?;
-        Ok(p)
+        p.check_extras(&extras.borrow())?;
+        Ok((p, extras))
+    }
+
+    /// Each sequence's (queries, keys) for --varlen (drawn) or --page-size alone (all full).
+    fn lengths(&self, shape: &Shape) -> attn::Result<(Vec<usize>, Vec<usize>)> {
+        let Some(min) = self.varlen else {
+            return Ok((vec![shape.seq_q; shape.batch], vec![shape.seq_k; shape.batch]));
+        };
+        if min == 0 || min > shape.seq_k {
+            return Err(attn::Error::InvalidParameter {
+                what: format!("--varlen {min}: the shortest sequence is 1 to --seq ({}) tokens", shape.seq_k),
+            });
+        }
+        let mut rng = attn::rng::SplitMix64::new(LENGTHS_SEED);
+        let k_lens: Vec<usize> = (0..shape.batch).map(|_| min + rng.below(shape.seq_k - min + 1)).collect();
+        let q_lens = match shape.seq_q == shape.seq_k {
+            true => k_lens.clone(),
+            false => vec![shape.seq_q; shape.batch],
+        };
+        Ok((q_lens, k_lens))
     }
 
     /// The backend named by --backend, or the best one for `problem`.
@@ -201,7 +256,7 @@ impl Cli {
 }
 
 fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let problem = args.problem.problem()?;
+    let (problem, extras) = args.problem.problem_and_extras()?;
     let backend = args.problem.backend(&problem)?;
     let plan = backend.plan(&problem)?;
     let device = match backend.availability() {
@@ -224,24 +279,26 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let timing = measure::time(
         &*backend,
         &plan,
-        measure::inputs(&bufs),
+        measure::inputs(&bufs).with_extras(extras.borrow()),
         outputs,
         args.warmup,
         measure::MIN_WARMUP,
         args.iters,
     )?;
-    let accuracy = (args.check_rows > 0).then(|| {
-        progress(&format!("checking {} rows against the f64 reference", args.check_rows));
-        measure::accuracy(&problem, &measure::inputs(&bufs), &o, args.check_rows)
-    });
-    let report = RunReport {
-        gflops: problem.flops() / timing.median_s / 1e9,
-        plan,
-        device,
-        seed: args.seed,
-        timing,
-        accuracy,
-    };
+    let accuracy = (args.check_rows > 0)
+        .then(|| {
+            progress(&format!("checking {} rows against the f64 reference", args.check_rows));
+            measure::accuracy(
+                &problem,
+                &measure::inputs(&bufs).with_extras(extras.borrow()),
+                &o,
+                args.check_rows,
+            )
+        })
+        .transpose()?;
+    let flops = problem.seq_map(extras.borrow())?.flops();
+    let report =
+        RunReport { gflops: flops / timing.median_s / 1e9, plan, device, seed: args.seed, timing, accuracy };
     if args.problem.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -254,6 +311,10 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+/// Seed of the sequence lengths of --varlen and the page order of --page-size: fixed, so that a
+/// run's problem depends on its flags only.
+const LENGTHS_SEED: u64 = 7;
 
 /// `LEFT,RIGHT` as window bounds, -1 meaning unbounded.
 fn parse_window(text: &str) -> attn::Result<(Option<usize>, Option<usize>)> {
@@ -281,5 +342,32 @@ mod window_tests {
         for bad in ["", "4096", "a,b", "-2,0", "1,2,3"] {
             assert!(super::parse_window(bad).unwrap_err().to_string().contains("LEFT,RIGHT"), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod sequence_flag_tests {
+    use super::*;
+
+    fn problem(flags: &str) -> attn::Result<(Problem, OwnedExtras)> {
+        let line = format!("attn run {flags}");
+        match Cli::try_parse_from(line.split_whitespace()).expect("flags parse").command {
+            Command::Run(run) => run.problem.problem_and_extras(),
+            _ => unreachable!("a run command"),
+        }
+    }
+
+    #[test]
+    fn varlen_paged_and_alibi_flags_build_checked_problems() {
+        let (p, e) = problem("--varlen 10 -b 5 --seq 300").unwrap();
+        let map = p.seq_map(e.borrow()).unwrap();
+        assert!((0..5).all(|b| (10..=300).contains(&map.q_len(b)) && map.q_len(b) == map.k_len(b)));
+        let (p, e) = problem("--page-size 16 -b 2 --seq-q 1 --seq-k 100 --alibi").unwrap();
+        assert!(
+            matches!(p.batching.kv, attn::KvRows::Paged { page_size: 16, .. }) && e.alibi_slopes.is_some()
+        );
+        assert_eq!(p.seq_map(e.borrow()).unwrap().k_len(1), 100);
+        let err = problem("--varlen 0").unwrap_err().to_string();
+        assert!(err.contains("--varlen 0") && err.contains("1 to --seq"), "{err}");
     }
 }

@@ -31,6 +31,7 @@ pub fn run(r: &RunReport) {
     );
     let s = p.shape;
     let convention = match p.params.mask {
+        _ if !p.batching.is_dense() => "4·H·D per visible (query, key) pair of each sequence",
         attn::Mask::None => "4·B·H·Sq·Sk·D",
         attn::Mask::Causal if s.seq_q == s.seq_k => "4·B·H·Sq·Sk·D / 2",
         _ => "4·B·H·D per visible (query, key) pair",

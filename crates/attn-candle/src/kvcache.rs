@@ -1,0 +1,170 @@
+//! `flash_attn_with_kvcache`: decoding against a cache each sequence fills partly, dense or
+//! paged, optionally appending new keys and values first (attn-core's `append_rows` defines
+//! where they land).
+
+use crate::AttnOp;
+use attn_core::{
+    Batching, CacheTensor, Data, DataMut, KvRows, NewRows, Problem, Shape as AttnShape, Strides,
+};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Layout, Tensor};
+
+/// Which keys of a cache each sequence uses, and where its pages are.
+pub(crate) struct CacheIndex {
+    /// Keys each sequence attends to.
+    pub(crate) seqused: Vec<i32>,
+    /// The block table, `[batch, pages_per_seq]` row-major, and `pages_per_seq`, for a paged cache.
+    pub(crate) table: Option<(Vec<i32>, usize)>,
+}
+
+/// Attention of `q` (`[batch, seq_q, heads_q, head_dim]`) over a key/value cache, FlashAttention's
+/// `flash_attn_with_kvcache`:
+/// - `k_cache`/`v_cache` are `[batch, seq_cache, heads_kv, head_dim]`, or with a `block_table`
+///   (`[batch, pages_per_seq]` page numbers, i32 or u32) a paged cache `[pages, page_size,
+///   heads_kv, head_dim]`;
+/// - `cache_seqlens` (`[batch]`, i32 or u32) are the keys each sequence holds;
+/// - `k_new`/`v_new` (`[batch, len, heads_kv, head_dim]`), when given, are written into the
+///   caches in place after each sequence's keys, and the attention then sees `cache_seqlens + len`
+///   keys (the caller's `cache_seqlens` tensor is not changed: add `len` for the next step);
+/// - the causal mask aligns each sequence's last query with its last key.
+///
+/// Runs on CPU tensors so far (cpu-flash); CUDA tensors get a typed error.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_with_kvcache(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    k_new: Option<&Tensor>,
+    v_new: Option<&Tensor>,
+    cache_seqlens: &Tensor,
+    block_table: Option<&Tensor>,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<Tensor> {
+    let ints = |t: &Tensor| -> candle_core::Result<Vec<i32>> {
+        t.to_dtype(DType::I64)?
+            .flatten_all()?
+            .to_vec1::<i64>()?
+            .into_iter()
+            .map(|x| i32::try_from(x).map_err(|_| msg(format!("attn: index {x} past i32"))))
+            .collect()
+    };
+    let mut seqused = ints(cache_seqlens)?;
+    let table = match block_table {
+        Some(t) => {
+            let (_, pages_per_seq) = t.dims2()?;
+            Some((ints(t)?, pages_per_seq))
+        }
+        None => None,
+    };
+    match (k_new, v_new) {
+        (Some(k_new), Some(v_new)) => {
+            for (cache, new, tensor) in
+                [(k_cache, k_new, CacheTensor::Keys), (v_cache, v_new, CacheTensor::Values)]
+            {
+                let op = Append { seqused: seqused.clone(), table: table.clone(), tensor };
+                cache.inplace_op2(new, &op)?;
+            }
+            let len = k_new.dim(1)? as i32;
+            seqused.iter_mut().for_each(|n| *n += len);
+        }
+        (None, None) => {}
+        _ => return Err(msg("attn: give both k_new and v_new, or neither".into())),
+    }
+    let mut op = AttnOp::new(softmax_scale, causal, false);
+    op.cache = Some(CacheIndex { seqused, table });
+    q.apply_op3_no_bwd(k_cache, v_cache, &op)
+}
+
+fn msg(m: String) -> candle_core::Error {
+    candle_core::Error::Msg(m)
+}
+
+/// Writes new rows into one cache tensor, in place.
+struct Append {
+    seqused: Vec<i32>,
+    table: Option<(Vec<i32>, usize)>,
+    tensor: CacheTensor,
+}
+
+impl Append {
+    /// The cache as attn-core describes it (keys and values alike placed by this tensor's
+    /// layout), and the new rows' strides and count.
+    fn problem(
+        &self,
+        dtype: attn_core::DType,
+        cache: &Layout,
+        new: &Layout,
+    ) -> candle_core::Result<(Problem, Strides, usize)> {
+        let four = |l: &Layout, name: &str| -> candle_core::Result<([usize; 4], Strides)> {
+            match (l.dims(), l.stride()) {
+                (&[a, b, c, d], &[sa, sb, sc, 1]) => {
+                    Ok(([a, b, c, d], Strides { batch: sa, head: sc, seq: sb }))
+                }
+                (dims, strides) => Err(msg(format!(
+                    "attn: {name} must be 4-d with a contiguous last axis, got shape {dims:?}, strides {strides:?}"
+                ))),
+            }
+        };
+        let ([c0, c1, heads_kv, head_dim], cache_strides) = four(cache, "the cache")?;
+        let ([_, len, _, _], new_strides) = four(new, "the new rows")?;
+        let batch = self.seqused.len();
+        let (kv, seq_k) = match &self.table {
+            Some((_, pages_per_seq)) => (
+                KvRows::Paged { page_size: c1, pages: c0, pages_per_seq: *pages_per_seq },
+                pages_per_seq * c1,
+            ),
+            None => (KvRows::Dense, c1),
+        };
+        let shape = AttnShape { batch, heads_q: heads_kv, heads_kv, seq_q: 1, seq_k, head_dim };
+        let mut problem =
+            Problem::new(shape, dtype).with_batching(Batching { kv, keys_used: true, ..Batching::default() });
+        problem.strides.k = cache_strides;
+        problem.strides.v = cache_strides;
+        Ok((problem, new_strides, len))
+    }
+}
+
+impl candle_core::InplaceOp2 for Append {
+    fn name(&self) -> &'static str {
+        "attn-append-kv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let dtype = match s1.dtype() {
+            DType::F32 => attn_core::DType::F32,
+            DType::F16 => attn_core::DType::F16,
+            DType::BF16 => attn_core::DType::Bf16,
+            other => return Err(msg(format!("attn: cache dtype {other:?} (f32, f16 and bf16 run)"))),
+        };
+        let (problem, strides, len) = self.problem(dtype, l1, l2)?;
+        let extras = attn_core::Extras {
+            seqused_k: Some(&self.seqused),
+            block_table: self.table.as_ref().map(|(t, _)| t.as_slice()),
+            ..Default::default()
+        };
+        let (o1, o2) = (l1.start_offset(), l2.start_offset());
+        let (dst, src) = match (s1, s2) {
+            (CpuStorage::F32(d), CpuStorage::F32(s)) => (DataMut::F32(&mut d[o1..]), Data::F32(&s[o2..])),
+            (CpuStorage::F16(d), CpuStorage::F16(s)) => (DataMut::F16(&mut d[o1..]), Data::F16(&s[o2..])),
+            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => (DataMut::Bf16(&mut d[o1..]), Data::Bf16(&s[o2..])),
+            (d, s) => {
+                return Err(msg(format!(
+                    "attn: the cache holds {:?}, the new rows {:?}",
+                    d.dtype(),
+                    s.dtype()
+                )));
+            }
+        };
+        let new = NewRows { data: src, strides, len };
+        attn_core::append_rows(&problem, extras, self.tensor, dst, new)
+            .map(|_| ())
+            .map_err(candle_core::Error::wrap)
+    }
+}
