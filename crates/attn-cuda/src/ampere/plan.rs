@@ -142,7 +142,7 @@ fn sequence_notes(problem: &Problem) -> Vec<String> {
         };
         notes.push(format!(
             "sequences of their own lengths: {} queries, {keys}{}; the grid covers the longest sequence \
-             (seq_q = {}) and blocks past a sequence's queries exit at once; masks align on each \
+             (seq_q = {}) and blocks past a sequence's queries walk no key tile; masks align on each \
              sequence's own lengths",
             match b.q {
                 attn_core::QueryRows::Dense => "dense".to_string(),
