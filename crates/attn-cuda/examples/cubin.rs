@@ -3,9 +3,12 @@
 //! Hopper family, ptxas's whole log: its notes on wgmma pipelines).
 //!
 //! ```text
-//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [sm_80|sm_89|sm_90a]
+//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [sm_80|sm_89|sm_90a] [source=<file>]
 //! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]
 //! ```
+//!
+//! With `source=<file>` among the arguments, the Ampere/Ada variant is compiled from that copy of
+//! `kernels/flash_fwd.cu` instead of the one built in.
 
 use attn_core::DType;
 use attn_cuda::ampere::Variant;
@@ -16,7 +19,7 @@ fn main() {
     if args.first().map(String::as_str) == Some("sm90") {
         return hopper_cubin(&args[1..]);
     }
-    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [sm_80|sm_89|sm_90a]";
+    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [sm_80|sm_89|sm_90a] [source=<file>]";
     if args.len() < 6 {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -34,13 +37,29 @@ fn main() {
         causal: args.iter().any(|a| a == "causal"),
         window: args.iter().any(|a| a == "window"),
         softcap: args.iter().any(|a| a == "softcap"),
+        seqs: args.iter().any(|a| a == "seqs"),
+        alibi: args.iter().any(|a| a == "alibi"),
     };
     let arch = match args.iter().find(|a| a.starts_with("sm_")).map(String::as_str) {
         Some("sm_80") => Arch::Sm80,
         Some("sm_89") => Arch::Sm89,
         _ => Arch::Sm90a,
     };
-    match compile(&variant.request(arch)) {
+    // source=<file>: compile another copy of the kernel source (to try an edit without
+    // rebuilding this example), with the variant's defines.
+    let request = match args.iter().find_map(|a| a.strip_prefix("source=")) {
+        Some(path) => {
+            let source = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            variant
+                .defines()
+                .into_iter()
+                .fold(attn_cuda::CompileRequest::new(variant.name(), source, arch), |r, (k, v)| {
+                    r.define(k, v)
+                })
+        }
+        None => variant.request(arch),
+    };
+    match compile(&request) {
         Ok(c) => {
             let r = c.resources_of("attn_fwd").cloned().unwrap_or_default();
             let path = format!("{}_{}.cubin", variant.name(), arch.as_str());

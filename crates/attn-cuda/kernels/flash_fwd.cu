@@ -23,7 +23,10 @@
 // ATTN_CAUSAL, ATTN_WINDOW (a sliding window: each query block walks only the key tiles its rows
 // see, from the first to the last, and masks the tiles at either edge; its bounds are run-time
 // parameters), ATTN_SOFTCAP (scores capped at +-cap: cap * tanh(scaled score / cap), the cap a
-// run-time parameter). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
+// run-time parameter), ATTN_SEQS (sequences of their own lengths: packed queries and keys,
+// a paged key/value cache, per-sequence key counts; which of them is given by the parameter
+// block's null or non-null index arrays), ATTN_ALIBI (a bias -slope |i + k_len - q_len - j| on
+// each score). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
 // computed here.
 
 #include <cuda_fp16.h>
@@ -50,7 +53,7 @@ constexpr int BN = ATTN_BN;
 constexpr int STAGES = ATTN_STAGES;
 static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
 constexpr bool CAUSAL = ATTN_CAUSAL;
-// ATTN_WINDOW and ATTN_SOFTCAP are read by `#if` alone: a constant of each would add a PTX global
+// ATTN_WINDOW, ATTN_SOFTCAP, ATTN_SEQS and ATTN_ALIBI are read by `#if` alone: a constant of each would add a PTX global
 // to every variant, whose PTX stays what it was without them.
 static_assert(!(ATTN_CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
 constexpr int THREADS = 32 * WARPS;
@@ -75,7 +78,7 @@ struct Params {
     long long o_sb, o_sh, o_ss;
     int batch, heads_q, heads_kv, seq_q, seq_k;
     float scale_log2;  // softmax scale * log2(e)
-#if ATTN_WINDOW || ATTN_SOFTCAP
+#if ATTN_WINDOW || ATTN_SOFTCAP || ATTN_SEQS || ATTN_ALIBI
     // Only these variants declare the fields (the others' parameter block, and so their code,
     // stays as it was); the host passes them to every variant, and the driver copies the size
     // the kernel declares.
@@ -83,7 +86,33 @@ struct Params {
     float softcap_in;         // 2 log2(e) |scale| / cap: tanh's argument, times 2 log2(e)
     float softcap_out;        // cap * log2(e): the capped score in base-2 softmax units
 #endif
+#if ATTN_SEQS || ATTN_ALIBI
+    // Sequences (read by ATTN_SEQS variants; each array null where the problem has none, and then
+    // the dense sizes hold), as attn_core::SeqMap defines them.
+    const int* cu_seqlens_q;    // [batch + 1] packed query offsets
+    const int* cu_seqlens_k;    // [batch + 1] packed key offsets
+    const int* seqused_k;       // [batch] keys each sequence uses
+    const int* block_table;     // [batch, pages_per_seq] pages of a paged cache (k_sb steps pages)
+    const float* alibi_slopes;  // ATTN_ALIBI: [heads_q], or [batch, heads_q]
+    int page_size;              // keys per page, a multiple of 16
+    int pages_per_seq;
+    int alibi_batch_stride;     // 0 (a slope per head) or heads_q (per batch and head)
+    int q_total;                // packed query rows: the LSE is then [heads_q, q_total]
+#endif
 };
+
+#if ATTN_SEQS
+// Address of key (or value) row `j` of one sequence and head, as attn_core::SeqMap::k_offset
+// places it: `base` + j rows where the rows are contiguous in the sequence (dense or packed;
+// `pages` null), else row j % page_size of page pages[j / page_size], `base` being head g of
+// page 0 and `page_stride` the batch stride.
+__device__ __forceinline__ const elem_t* kv_row(const elem_t* base, long long row_stride, long long page_stride,
+                                                const int* pages, int page_size, int j) {
+    if (pages == nullptr) return base + (long long)j * row_stride;
+    const int page = __ldg(pages + j / page_size);
+    return base + page * page_stride + (long long)(j % page_size) * row_stride;
+}
+#endif
 
 // Physical 16-byte chunk of logical chunk `c` in row `row`: XOR within groups of 8 chunks (128
 // bytes), or of the 4-chunk tail group (D = 32, 96) with every other row.
@@ -143,6 +172,30 @@ __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long lo
         }
     }
 }
+
+#if ATTN_SEQS
+// load_tile for one sequence's keys or values through kv_row: rows of a paged cache are looked
+// up one by one (a tile may span pages), in a loop kept rolled so that the page lookups do not
+// each hold an address in registers across the tile; contiguous rows take load_tile's path.
+template <int ROWS>
+__device__ __forceinline__ void load_kv_tile(elem_t* tile, const elem_t* base, long long row_stride,
+                                             long long page_stride, const int* pages, int page_size, int r0,
+                                             int limit) {
+    if (pages == nullptr) {
+        load_tile<ROWS>(tile, base, row_stride, r0, limit);
+        return;
+    }
+#pragma unroll 1
+    for (int it = 0; it < (ROWS * CPR + THREADS - 1) / THREADS; ++it) {
+        const int i = threadIdx.x + it * THREADS;
+        if (ROWS * CPR % THREADS != 0 && i >= ROWS * CPR) break;
+        const int r = i / CPR, c = i % CPR;
+        const bool valid = r0 + r < limit;
+        const elem_t* src = valid ? kv_row(base, row_stride, page_stride, pages, page_size, r0 + r) + c * 8 : base;
+        cp_async16(tile_addr(tile, r, c), src, valid);
+    }
+}
+#endif
 
 // One thread's ldmatrix addresses into a swizzled tile, for logical chunks 2u + hi of rows
 // row + 16i (hi is 0 or 1 per lane). Rows 16 apart share a swizzle, and within a group of chunks
@@ -267,7 +320,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #endif
     const int g = h / (p.heads_q / p.heads_kv);
     const int m0 = m_block * BM;
-    const int shift = p.seq_k - p.seq_q;  // bottom-right causal: row i sees keys j <= i + shift
+#if ATTN_SEQS
+    // This sequence's lengths and first rows (attn_core::SeqMap's definitions); the grid covers
+    // the longest sequence.
+    const int* cu_q = p.cu_seqlens_q;
+    const int* cu_k = p.cu_seqlens_k;
+    const int q_start = cu_q != nullptr ? cu_q[b] : 0;
+    const int q_len = cu_q != nullptr ? cu_q[b + 1] - q_start : p.seq_q;
+    const int k_start = cu_k != nullptr ? cu_k[b] : 0;
+    const int k_len = p.seqused_k != nullptr ? p.seqused_k[b] : cu_k != nullptr ? cu_k[b + 1] - k_start : p.seq_k;
+    const int* pages = p.block_table != nullptr ? p.block_table + (long long)b * p.pages_per_seq : nullptr;
+#define SEQ_Q q_len
+#define SEQ_K k_len
+#define LOAD_K(tile, n) load_kv_tile<BN>(tile, k, p.k_ss, p.k_sb, pages, p.page_size, n, k_len)
+#define LOAD_V(tile, n) load_kv_tile<BN>(tile, v, p.v_ss, p.v_sb, pages, p.page_size, n, k_len)
+#define LSE_INDEX(row) \
+    (cu_q != nullptr ? (long long)h * p.q_total + q_start + (row) : ((long long)b * p.heads_q + h) * p.seq_q + (row))
+#else
+#define SEQ_Q p.seq_q
+#define SEQ_K p.seq_k
+#define LOAD_K(tile, n) load_tile<BN>(tile, k, p.k_ss, n, p.seq_k)
+#define LOAD_V(tile, n) load_tile<BN>(tile, v, p.v_ss, n, p.seq_k)
+#define LSE_INDEX(row) ((long long)b * p.heads_q + h) * p.seq_q + row
+#endif
+    const int shift = SEQ_K - SEQ_Q;  // bottom-right causal: row i sees keys j <= i + shift
     // Scores are scaled inside the exponent, exp2(s * sl2 - max), one FFMA each; that needs
     // sl2 > 0 (a masked score is -inf, and -inf * 0 is NaN), so a negative scale is applied by
     // negating Q in shared memory once instead, and a zero scale runs as 1e-30: every score
@@ -280,31 +356,48 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
 #endif
 
+#if ATTN_SEQS
+    // Packed rows ignore the batch stride; a paged cache's pages are found per row (kv_row).
+    const elem_t* q = p.q + (cu_q != nullptr ? q_start * p.q_ss : b * p.q_sb) + h * p.q_sh;
+    const elem_t* k = p.k + (pages != nullptr ? 0 : cu_k != nullptr ? k_start * p.k_ss : b * p.k_sb) + g * p.k_sh;
+    const elem_t* v = p.v + (pages != nullptr ? 0 : cu_k != nullptr ? k_start * p.v_ss : b * p.v_sb) + g * p.v_sh;
+#else
     const elem_t* q = p.q + b * p.q_sb + h * p.q_sh;
     const elem_t* k = p.k + b * p.k_sb + g * p.k_sh;
     const elem_t* v = p.v + b * p.v_sb + g * p.v_sh;
+#endif
+#if ATTN_ALIBI
+    // ALiBi's slope in the units of s, whose exponent factor is sl2: the bias -slope |d| in
+    // natural-log units is -slope |d| log2(e) / sl2 in s (before the soft-cap's or scale's factor).
+    const float alibi = p.alibi_slopes[b * p.alibi_batch_stride + h] * 1.4426950408889634f / sl2;
+#endif
 
-    int n_end = p.seq_k;
-    if (CAUSAL) n_end = min(p.seq_k, max(0, m0 + BM + shift));
+    int n_end = SEQ_K;
+    if (CAUSAL) n_end = min(SEQ_K, max(0, m0 + BM + shift));
     // Key tiles [j_begin, n_tiles): under a window, from the first key the block's first row
     // sees to the last its last row sees (none where the window lies outside the keys).
     int j_begin = 0;
 #if ATTN_WINDOW
-    n_end = min(p.seq_k, max(0, m0 + BM + shift + p.win_right));
+    n_end = min(SEQ_K, max(0, m0 + BM + shift + p.win_right));
     j_begin = min(max(0, m0 + shift - p.win_left), n_end) / BN;
+#endif
+#if ATTN_SEQS
+    // A block past this sequence's queries walks no key tile and writes no row. (Not a `return`
+    // at the top: that one cost D = 128 and 256 hundreds of bytes of spills under ptxas.)
+    if (m0 >= q_len) n_end = 0, j_begin = 0;
 #endif
     const int n_tiles = (n_end + BN - 1) / BN;
     const int n_first = j_begin * BN;
 
     // Commit groups: (Q, K_0) with one stage; (Q, K_0, V_0), (K_1, V_1) with two.
-    load_tile<BM>(sQ, q, p.q_ss, m0, p.seq_q);
-    if (n_tiles > j_begin) load_tile<BN>(sK, k, p.k_ss, n_first, p.seq_k);
+    load_tile<BM>(sQ, q, p.q_ss, m0, SEQ_Q);
+    if (n_tiles > j_begin) LOAD_K(sK, n_first);
     if (STAGES == 2) {
-        if (n_tiles > j_begin) load_tile<BN>(sV, v, p.v_ss, n_first, p.seq_k);
+        if (n_tiles > j_begin) LOAD_V(sV, n_first);
         cp_commit();
         if (n_tiles > j_begin + 1) {
-            load_tile<BN>(sK + BN * D, k, p.k_ss, n_first + BN, p.seq_k);
-            load_tile<BN>(sV + BN * D, v, p.v_ss, n_first + BN, p.seq_k);
+            LOAD_K(sK + BN * D, n_first + BN);
+            LOAD_V(sV + BN * D, n_first + BN);
         }
     }
     cp_commit();
@@ -333,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         if (STAGES == 1) {
             cp_wait<0>();     // K_j (and Q) have landed
             __syncthreads();  // ... for every thread; and every warp is done with V_{j-1}
-            load_tile<BN>(sV, v, p.v_ss, n0, p.seq_k);
+            LOAD_V(sV, n0);
             cp_commit();
         } else {
             cp_wait<1>();     // tile j has landed (tile j+1 may still be in flight)
@@ -390,10 +483,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[t][nt][e] = tanh_from_exp2(s[t][nt][e] * p.softcap_in);
 #endif
+#if ATTN_ALIBI
+        {
+            // ALiBi before the mask (which must leave -inf): -slope |row + shift - col| in s's
+            // units. This thread's distances are one base plus compile-time offsets (its rows
+            // row0 + 16 t + 8 (e >> 1), its keys n0 + 8 nt + 2 (lane % 4) + (e & 1)); integers
+            // below 2^24, exact in f32.
+            const float d0 = (float)(row0 + shift - n0 - 2 * (lane % 4));
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float d = d0 + (float)(t * 16 + (e >> 1) * 8 - nt * 8 - (e & 1));
+                        s[t][nt][e] = fmaf(-alibi, fabsf(d), s[t][nt][e]);
+                    }
+        }
+#endif
         // Mask: only tiles that reach past the sequence or the diagonal, or (window) whose first
         // key some row of the warp does not see yet (one branch per tile, so the other tiles run
         // no mask code at all).
-        if (n0 + BN > p.seq_k || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift) || window_edge(p, n0, m0 + warp * WM + shift)) {
+        if (n0 + BN > SEQ_K || (CAUSAL && n0 + BN - 1 > m0 + warp * WM + shift) || window_edge(p, n0, m0 + warp * WM + shift)) {
 #pragma unroll
             for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -402,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
                     for (int e = 0; e < 4; ++e) {
                         const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
                         const int row = row0 + t * 16 + (e >> 1) * 8;
-                        if (col >= p.seq_k || (CAUSAL && col > row + shift) || outside_window(p, col, row + shift))
+                        if (col >= SEQ_K || (CAUSAL && col > row + shift) || outside_window(p, col, row + shift))
                             s[t][nt][e] = NEG_INF;
                     }
         }
@@ -461,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         if (STAGES == 1) {
             cp_wait<0>();     // V_j has landed
             __syncthreads();  // ... for every thread; and every warp is done with K_j
-            if (j + 1 < n_tiles) load_tile<BN>(sK, k, p.k_ss, n0 + BN, p.seq_k);
+            if (j + 1 < n_tiles) LOAD_K(sK, n0 + BN);
             cp_commit();
         }
 #pragma unroll
@@ -489,8 +600,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         if (STAGES == 2) {
             __syncthreads();  // every warp is done with stage j: refill it with tile j + 2
             if (j + 2 < n_tiles) {
-                load_tile<BN>(sK + stage * BN * D, k, p.k_ss, n0 + 2 * BN, p.seq_k);
-                load_tile<BN>(sV + stage * BN * D, v, p.v_ss, n0 + 2 * BN, p.seq_k);
+                LOAD_K(sK + stage * BN * D, n0 + 2 * BN);
+                LOAD_V(sV + stage * BN * D, n0 + 2 * BN);
             }
             cp_commit();
         }
@@ -508,8 +619,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
             const float sum = quad_sum(row_sum[t][r]);
             inv[t][r] = sum > 0.f ? 1.f / sum : 0.f;  // a row that sees no key: o = 0
             const int row = row0 + t * 16 + r * 8;
-            if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
-                p.lse[((long long)b * p.heads_q + h) * p.seq_q + row] =
+            if (p.lse != nullptr && lane % 4 == 0 && row < SEQ_Q) {
+                p.lse[LSE_INDEX(row)] =
                     sum > 0.f ? (row_max[t][r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
             }
         }
@@ -526,13 +637,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         }
     }
     __syncwarp();
+#if ATTN_SEQS
+    elem_t* o = p.o + (cu_q != nullptr ? q_start * p.o_ss : b * p.o_sb) + h * p.o_sh;
+#else
     elem_t* o = p.o + b * p.o_sb + h * p.o_sh;
+#endif
 #pragma unroll
     for (int it = 0; it < WM * CPR / 32; ++it) {
         const int i = lane + it * 32;
         const int r = i / CPR, c = i % CPR;
         const int srow = warp * WM + r;
-        if (m0 + srow < p.seq_q) {
+        if (m0 + srow < SEQ_Q) {
             uint4 val;
             asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                          : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)

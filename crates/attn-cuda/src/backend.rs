@@ -21,6 +21,21 @@ use std::time::Duration;
 /// f16/bf16 cases, at commit 62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
+/// What the backend runs beyond a dense plain or causal softmax (the Ampere/Ada family all of
+/// it; the Hopper family windows and soft-caps, and defers the rest to the Ampere/Ada one).
+pub(crate) const FEATURES: &[Feature] = &[
+    Feature::Window,
+    Feature::Softcap,
+    Feature::Alibi,
+    Feature::PackedQueries,
+    Feature::PackedKeys,
+    Feature::PagedKv,
+    Feature::KeysUsed,
+];
+
+/// What the Hopper family runs of [`FEATURES`].
+const HOPPER_FEATURES: &[Feature] = &[Feature::Window, Feature::Softcap];
+
 /// One specialisation of either family, as a plan chose it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Kernel {
@@ -234,6 +249,16 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
+        // Sequences and ALiBi run on the Ampere/Ada family (sm_90 runs it too).
+        if let Err(e) = problem.require_features("cuda's Hopper family", HOPPER_FEATURES) {
+            return match wanted {
+                true => Err(e),
+                false => Ok(Choice::Ampere(Some(format!(
+                    "the Hopper family takes no sequences of their own lengths or ALiBi yet: the Ampere/Ada \
+                     family (which runs on sm_90) does ({e})"
+                )))),
+            };
+        }
         match hopper::plan::plan(problem, &info.limits, info.sm_count, sm90) {
             Ok((variant, launch, split)) => Ok(Choice::Hopper(variant, launch, split)),
             Err(e) if wanted => Err(e),
@@ -318,10 +343,10 @@ impl Cuda {
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
         let (choice, why_not_decode) = self.choose_family(gpu, problem)?;
-        // What the prefill families run beyond plain and causal masks (the decode family checks
-        // its own set in decode/plan.rs).
+        // What the prefill families run beyond plain and causal masks ([`FEATURES`]; the decode
+        // family checks its own set in decode/plan.rs).
         if !matches!(choice, Choice::Decode(..)) {
-            problem.require_features("cuda", &[Feature::Window, Feature::Softcap])?;
+            problem.require_features("cuda", FEATURES)?;
         }
         let Planned { kernel, launch, mut notes, tiles, workspace } = match choice {
             Choice::Decode(variant, launch, split, notes) => {
@@ -424,7 +449,11 @@ impl Attention for Cuda {
         let stream = gpu.stream()?;
         let tensors = DeviceTensors::upload(stream, problem, &inputs)?;
         let params = match kernel {
-            Kernel::Ampere(_) => Params::Ampere(KernelParams::new(tensors.pointers(), problem)),
+            Kernel::Ampere(_) => Params::Ampere(Box::new(KernelParams::new(
+                tensors.pointers(),
+                tensors.extras.pointers(),
+                problem,
+            ))),
             Kernel::Hopper(v, split) => {
                 let trace = self.options.hopper.trace.as_deref();
                 Params::Hopper(Box::new(Bound::new(
@@ -468,7 +497,7 @@ impl Attention for Cuda {
 /// The parameter block of either family's kernel (the Hopper one's with the buffers it points
 /// at beyond the tensors).
 enum Params {
-    Ampere(KernelParams),
+    Ampere(Box<KernelParams>),
     Hopper(Box<Bound>),
     Decode(Box<decode::launch::Bound>),
 }
@@ -491,7 +520,7 @@ impl CudaPrepared {
         self.gpu.time(lead, |stream| {
             let mut builder = stream.launch_builder(function);
             match params {
-                Params::Ampere(p) => builder.arg(p),
+                Params::Ampere(p) => builder.arg(&**p),
                 Params::Hopper(bound) => builder.arg(&bound.params),
                 Params::Decode(bound) => builder.arg(&bound.params),
             };

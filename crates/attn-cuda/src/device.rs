@@ -47,6 +47,11 @@ use cudarc::driver::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// What the device-resident calls run beyond a dense plain or causal softmax: windows and
+/// soft-caps (their parameters are plain values); not sequences or ALiBi, whose arrays they would
+/// have to take on the device.
+const RESIDENT_FEATURES: &[attn_core::Feature] = &[attn_core::Feature::Window, attn_core::Feature::Softcap];
+
 /// An element type the CUDA kernels read and write: `half::f16` or `half::bf16` (sealed: the
 /// kernels' element sizes are fixed, so no other type may stand for a dtype).
 pub trait DeviceElement: sealed::Sealed + Copy + 'static {
@@ -177,7 +182,12 @@ impl Cuda {
     /// `CudaDevice::cuda_stream().context()`): the plan [`Cuda::run_on_stream`] and
     /// [`Cuda::run_raw`] take. Compiles the kernel (host work, cached per process); allocates
     /// nothing on the device.
+    ///
+    /// Sequences of their own lengths (packed, paged, `seqused_k`) and ALiBi are typed errors
+    /// here for now: their index arrays would have to be device arrays of the caller's, which
+    /// these calls do not take yet (the host-copy path, [`attn_core::Attention`], runs them).
     pub fn plan_on(&self, ctx: &Arc<CudaContext>, problem: &Problem) -> Result<Plan> {
+        problem.require_features("cuda (device-resident calls)", RESIDENT_FEATURES)?;
         self.plan_with(&*self.context_for(ctx)?, problem, false)
     }
 
@@ -352,6 +362,9 @@ impl Cuda {
         // The kernel was compiled for the problem planned; one edited since is not the plan's.
         plan.check_for("cuda", &chosen.problem)?;
         let problem = &plan.problem;
+        // A plan of the host-copy path may hold sequences or ALiBi, whose arrays these calls do
+        // not take (see `plan_on`).
+        problem.require_features("cuda (device-resident calls)", RESIDENT_FEATURES)?;
         if problem.params.return_lse != at.lse.is_some() {
             return Err(Error::Shape {
                 tensor: "lse",
@@ -407,7 +420,7 @@ impl Cuda {
                 builder.arg(&decode);
             }
             Kernel::Ampere(_) => {
-                ampere = KernelParams::new(at, problem);
+                ampere = KernelParams::new(at, Default::default(), problem);
                 builder.arg(&ampere);
             }
             Kernel::Hopper(variant, split) => {

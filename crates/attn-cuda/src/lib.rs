@@ -21,6 +21,12 @@
 //! run the same plan and kernel, bit for bit, and one [`Cuda`] serves any number of threads,
 //! streams and devices.
 //!
+//! Sequences of their own lengths (packed queries and keys, a paged cache, `seqused_k`) and
+//! ALiBi run on the Ampere/Ada family through the host-copy path, which uploads their index
+//! arrays and slopes (`attn_core::Extras`) with the inputs; the Hopper family hands them to the
+//! Ampere/Ada one (on sm_90 too), and the device-resident calls refuse them with a typed error
+//! for now (they would need the caller's device arrays).
+//!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
 //! first and say what is missing and how to get it. Kernels are CUDA C++ in `kernels/`, compiled

@@ -13,6 +13,68 @@ pub struct DeviceTensors {
     pub v: CudaSlice<u16>,
     pub o: CudaSlice<u16>,
     pub lse: Option<CudaSlice<f32>>,
+    /// The problem's sequence indices and ALiBi slopes ([`attn_core::Extras`]), on the device.
+    pub extras: DeviceExtras,
+}
+
+/// Device copies of a problem's [`attn_core::Extras`], each where the problem has it.
+#[derive(Default)]
+pub struct DeviceExtras {
+    cu_seqlens_q: Option<CudaSlice<i32>>,
+    cu_seqlens_k: Option<CudaSlice<i32>>,
+    seqused_k: Option<CudaSlice<i32>>,
+    block_table: Option<CudaSlice<i32>>,
+    alibi_slopes: Option<CudaSlice<f32>>,
+}
+
+/// The device addresses of a problem's sequence indices and ALiBi slopes, 0 (null) for each it
+/// does not have: what the Ampere/Ada kernel's parameter block holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtraPointers {
+    /// `[batch + 1]` i32 query offsets.
+    pub cu_seqlens_q: u64,
+    /// `[batch + 1]` i32 key offsets.
+    pub cu_seqlens_k: u64,
+    /// `[batch]` i32 key counts.
+    pub seqused_k: u64,
+    /// `[batch, pages_per_seq]` i32 page numbers.
+    pub block_table: u64,
+    /// `[heads_q]` or `[batch, heads_q]` f32 slopes.
+    pub alibi_slopes: u64,
+}
+
+impl DeviceExtras {
+    /// Copies each array `extras` holds to the device (checked against the problem before).
+    pub fn upload(stream: &Arc<CudaStream>, extras: &attn_core::Extras<'_>) -> Result<Self> {
+        fn copy<T: cudarc::driver::DeviceRepr>(
+            stream: &Arc<CudaStream>,
+            host: Option<&[T]>,
+            name: &'static str,
+        ) -> Result<Option<CudaSlice<T>>> {
+            host.map(|h| stream.clone_htod(h).map_err(driver(name))).transpose()
+        }
+        Ok(DeviceExtras {
+            cu_seqlens_q: copy(stream, extras.cu_seqlens_q, "copy cu_seqlens_q to the device")?,
+            cu_seqlens_k: copy(stream, extras.cu_seqlens_k, "copy cu_seqlens_k to the device")?,
+            seqused_k: copy(stream, extras.seqused_k, "copy seqused_k to the device")?,
+            block_table: copy(stream, extras.block_table, "copy block_table to the device")?,
+            alibi_slopes: copy(stream, extras.alibi_slopes, "copy alibi_slopes to the device")?,
+        })
+    }
+
+    /// Their device addresses (0 for an absent one).
+    pub fn pointers(&self) -> ExtraPointers {
+        fn ptr<T>(x: &Option<CudaSlice<T>>) -> u64 {
+            x.as_ref().map_or(0, |x| x.device_ptr(x.stream()).0)
+        }
+        ExtraPointers {
+            cu_seqlens_q: ptr(&self.cu_seqlens_q),
+            cu_seqlens_k: ptr(&self.cu_seqlens_k),
+            seqused_k: ptr(&self.seqused_k),
+            block_table: ptr(&self.block_table),
+            alibi_slopes: ptr(&self.alibi_slopes),
+        }
+    }
 }
 
 /// The device addresses of one call's tensors: what the kernels' parameter blocks hold, and what
@@ -65,7 +127,8 @@ impl DeviceTensors {
             true => Some(stream.alloc_zeros::<f32>(problem.lse_len()).map_err(driver("allocate lse"))?),
             false => None,
         };
-        Ok(DeviceTensors { q, k, v, o, lse })
+        let extras = DeviceExtras::upload(stream, &inputs.extras)?;
+        Ok(DeviceTensors { q, k, v, o, lse, extras })
     }
 
     /// Their device addresses. The stream-ordering guards cudarc returns are dropped: the

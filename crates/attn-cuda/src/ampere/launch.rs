@@ -1,8 +1,8 @@
 //! The Ampere/Ada kernel's parameter block.
 
 use crate::scores::ScoreParams;
-use crate::tensors::{DevicePointers, strides};
-use attn_core::Problem;
+use crate::tensors::{DevicePointers, ExtraPointers, strides};
+use attn_core::{Alibi, KvRows, Problem, QueryRows};
 use cudarc::driver::DeviceRepr;
 
 /// The kernel's only argument, passed by value (`__grid_constant__`). Must match `struct Params`
@@ -31,14 +31,26 @@ pub struct KernelParams {
     window_right: i32,
     softcap_in: f32,
     softcap_out: f32,
+    // Declared by the sequence and ALiBi variants only (the same way): device arrays, null where
+    // the problem has none.
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    seqused_k: u64,
+    block_table: u64,
+    alibi_slopes: u64,
+    page_size: i32,
+    pages_per_seq: i32,
+    alibi_batch_stride: i32,
+    q_total: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
 unsafe impl DeviceRepr for KernelParams {}
 
 impl KernelParams {
-    /// The parameter block for `problem` over the tensors at `at`.
-    pub fn new(at: DevicePointers, problem: &Problem) -> KernelParams {
+    /// The parameter block for `problem` over the tensors at `at` and its sequences' and
+    /// ALiBi's arrays at `extras` (all null for a dense problem without ALiBi).
+    pub fn new(at: DevicePointers, extras: ExtraPointers, problem: &Problem) -> KernelParams {
         let s = problem.shape;
         let t = problem.strides;
         let scores = ScoreParams::of(problem);
@@ -62,6 +74,27 @@ impl KernelParams {
             window_right: scores.window_right,
             softcap_in: scores.softcap_in,
             softcap_out: scores.softcap_out,
+            cu_seqlens_q: extras.cu_seqlens_q,
+            cu_seqlens_k: extras.cu_seqlens_k,
+            seqused_k: extras.seqused_k,
+            block_table: extras.block_table,
+            alibi_slopes: extras.alibi_slopes,
+            page_size: match problem.batching.kv {
+                KvRows::Paged { page_size, .. } => page_size as i32,
+                _ => 0,
+            },
+            pages_per_seq: match problem.batching.kv {
+                KvRows::Paged { pages_per_seq, .. } => pages_per_seq as i32,
+                _ => 0,
+            },
+            alibi_batch_stride: match problem.params.alibi {
+                Some(Alibi::PerBatchHead) => s.heads_q as i32,
+                _ => 0,
+            },
+            q_total: match problem.batching.q {
+                QueryRows::Packed { total } => total as i32,
+                QueryRows::Dense => 0,
+            },
         }
     }
 }
@@ -71,9 +104,12 @@ mod tests {
     #[test]
     fn layout_matches_the_kernel() {
         // 5 pointers + 12 strides (8 bytes each) + 5 ints + 1 float = 160 bytes, no padding;
-        // then the window and soft-cap variants' 2 ints and 2 floats.
+        // then the window and soft-cap variants' 2 ints and 2 floats; then the sequence and ALiBi
+        // variants' 5 pointers and 4 ints.
         assert_eq!(std::mem::offset_of!(super::KernelParams, window_left), 160);
-        assert_eq!(std::mem::size_of::<super::KernelParams>(), 176);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 176);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, page_size), 216);
+        assert_eq!(std::mem::size_of::<super::KernelParams>(), 232);
         assert_eq!(std::mem::align_of::<super::KernelParams>(), 8);
     }
 }

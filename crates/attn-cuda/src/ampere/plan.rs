@@ -4,33 +4,41 @@
 use super::variant::Variant;
 use crate::scores::KernelMask;
 use crate::tensors::{check_alignment, check_supported};
-use attn_core::{DType, DeviceLimits, Launch, Problem, Result};
+use attn_core::{DType, DeviceLimits, Error, KvRows, Launch, Problem, Result};
 
 /// Head dimensions the kernel is specialised for.
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
 impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each mask (none,
-    /// causal, window) with and without the soft-cap.
+    /// causal, window) with and without the soft-cap, each plain, with sequences, and with
+    /// sequences and ALiBi (a dense problem with ALiBi runs the latter, its index arrays null).
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 for mask in [KernelMask::None, KernelMask::Causal, KernelMask::Window] {
                     for softcap in [false, true] {
-                        let window = mask == KernelMask::Window;
-                        for &(warps, m_tiles, block_n, stages) in candidates_for(head_dim, window, softcap) {
-                            v.push(Variant {
-                                dtype,
-                                head_dim,
-                                warps,
-                                m_tiles,
-                                block_n,
-                                stages,
-                                causal: mask == KernelMask::Causal,
-                                window,
-                                softcap,
-                            });
+                        for (seqs, alibi) in [(false, false), (true, false), (true, true)] {
+                            let window = mask == KernelMask::Window;
+                            let extended = seqs || alibi;
+                            for (warps, m_tiles, block_n, stages) in
+                                tile_candidates(head_dim, window, softcap, extended)
+                            {
+                                v.push(Variant {
+                                    dtype,
+                                    head_dim,
+                                    warps,
+                                    m_tiles,
+                                    block_n,
+                                    stages,
+                                    causal: mask == KernelMask::Causal,
+                                    window,
+                                    softcap,
+                                    seqs,
+                                    alibi,
+                                });
+                            }
                         }
                     }
                 }
@@ -82,6 +90,82 @@ pub fn candidates_for(head_dim: usize, window: bool, softcap: bool) -> &'static 
     }
 }
 
+/// The tile configurations a variant may take: [`candidates_for`]; with sequences (and ALiBi,
+/// `extended`) one only, so that CI compiles one more variant per combination rather than every
+/// candidate again (it fits an L4's and an H100's shared memory; a device with less gets a typed
+/// error for these problems). The first, except where the sequence lengths' registers made ptxas
+/// spill on one architecture or another (NVRTC 13, sm_80, sm_89, sm_90a): D = 128 takes 32-key
+/// tiles in one stage (64 keys spilled 8-104 bytes, 48 keys 80-96); D = 96 two m-tiles with a
+/// window or a soft-cap, one without (each other choice spilled 12-56 bytes somewhere).
+pub fn tile_candidates(
+    head_dim: usize,
+    window: bool,
+    softcap: bool,
+    extended: bool,
+) -> Vec<(u32, u32, usize, u32)> {
+    let all = candidates_for(head_dim, window, softcap);
+    match (extended, head_dim) {
+        (false, _) => all.to_vec(),
+        (true, 97..=128) => vec![(4, 2, 32, 1)],
+        (true, 65..=96) if window || softcap => vec![(4, 2, 32, 1)],
+        (true, 65..=96) => vec![(4, 1, 32, 1)],
+        (true, _) => all[..1].to_vec(),
+    }
+}
+
+/// The problem's paged cache's page size, where the kernel cannot take it: a multiple of 16 keeps
+/// every 16-key group of a tile on one page and every page's first row aligned to a tile's
+/// 16-row groups (the kernel looks pages up per key row, so this is room for a per-group lookup
+/// later as much as a need now).
+fn check_page_size(problem: &Problem) -> Result<()> {
+    match problem.batching.kv {
+        KvRows::Paged { page_size, .. } if page_size % 16 != 0 => Err(Error::Unsupported {
+            backend: "cuda".into(),
+            what: format!(
+                "{problem}: a paged cache of {page_size}-key pages; the cuda backend takes page sizes that \
+                 are multiples of 16"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What the plan says about `problem`'s sequences and ALiBi (nothing where it has neither).
+fn sequence_notes(problem: &Problem) -> Vec<String> {
+    let b = problem.batching;
+    let mut notes = vec![];
+    if !b.is_dense() {
+        let keys = match b.kv {
+            KvRows::Dense => "dense keys".to_string(),
+            KvRows::Packed { total } => format!("{total} packed key rows (cu_seqlens_k)"),
+            KvRows::Paged { page_size, pages, .. } => {
+                format!("a paged cache of {pages} pages of {page_size} keys (block table)")
+            }
+        };
+        notes.push(format!(
+            "sequences of their own lengths: {} queries, {keys}{}; the grid covers the longest sequence \
+             (seq_q = {}) and blocks past a sequence's queries walk no key tile; masks align on each \
+             sequence's own lengths",
+            match b.q {
+                attn_core::QueryRows::Dense => "dense".to_string(),
+                attn_core::QueryRows::Packed { total } => format!("{total} packed (cu_seqlens_q)"),
+            },
+            if b.keys_used { ", per-sequence key counts (seqused_k)" } else { "" },
+            problem.shape.seq_q
+        ));
+    }
+    if let Some(alibi) = problem.params.alibi {
+        notes.push(format!(
+            "ALiBi ({}): -slope·|i + k_len - q_len - j| added to each scaled score before the mask",
+            match alibi {
+                attn_core::Alibi::PerHead => "a slope per head",
+                attn_core::Alibi::PerBatchHead => "a slope per batch and head",
+            }
+        ));
+    }
+    notes
+}
+
 /// Chooses the variant for `problem` on a device with `limits`, or says why none fits. `rank`
 /// restricts the choice to the candidate of that rank (0 = preferred; the last one where the
 /// list is shorter), so that tuning and tests can run every compiled configuration.
@@ -93,13 +177,16 @@ pub fn choose(
     let s = problem.shape;
     check_supported(problem, "cuda", &HEAD_DIMS)?;
     check_alignment(problem)?;
+    check_page_size(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
     let mask = KernelMask::of(problem);
     let softcap = problem.params.softcap.is_some();
-    let all = candidates_for(s.head_dim, mask == KernelMask::Window, softcap);
+    let alibi = problem.params.alibi.is_some();
+    let seqs = !problem.batching.is_dense() || alibi;
+    let all = tile_candidates(s.head_dim, mask == KernelMask::Window, softcap, seqs || alibi);
     let tried = match rank {
-        None => all,
+        None => &all[..],
         Some(r) => {
             let i = r.min(all.len() - 1);
             let c = all[i];
@@ -121,11 +208,14 @@ pub fn choose(
             causal: mask == KernelMask::Causal,
             window: mask == KernelMask::Window,
             softcap,
+            seqs,
+            alibi,
         };
         let launch = variant.launch(problem);
         match launch.validate(&variant.name(), limits) {
             Ok(()) => {
                 notes.extend(crate::scores::notes(problem, variant.block_m(), variant.block_n));
+                notes.extend(sequence_notes(problem));
                 if launch.needs_shared_optin(limits) {
                     notes.push(format!(
                         "{} B of shared memory: above the {} B default, uses the opt-in limit ({} B)",
@@ -250,6 +340,53 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn sequences_and_alibi_plan_compiled_variants() {
+        use attn_core::sequences::{KeyStore, batch_of};
+        let all = Variant::all();
+        for d in HEAD_DIMS {
+            let shape = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
+            let stores = [KeyStore::Packed, KeyStore::Paged { page_size: 32, seed: 1 }, KeyStore::DenseUsed];
+            for keys in stores {
+                let (p, _) = batch_of(shape, DType::Bf16, &[5, 300, 1], &[9, 300, 700], keys);
+                let alibi =
+                    Problem::new(Shape::new(2, 4, 100, d), DType::F16).with_alibi(attn_core::Alibi::PerHead);
+                let masks = [p, p.causal(), p.with_window(Some(64), Some(0)), p.with_softcap(5.0), alibi];
+                for m in masks.into_iter().flat_map(|m| [m, m.with_alibi(attn_core::Alibi::PerBatchHead)]) {
+                    for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
+                        let (v, launch, notes) = choose(&m, &limits, None).unwrap();
+                        assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                        let alibi = m.params.alibi.is_some();
+                        assert!(v.seqs && v.alibi == alibi, "{}", v.name());
+                        // The grid covers the longest sequence of every batch entry.
+                        let rows = m.shape.seq_q.div_ceil(v.block_m()) as u32;
+                        assert!(launch.grid.contains(&rows), "{:?}", launch.grid);
+                        assert_eq!(notes.iter().any(|n| n.contains("ALiBi")), alibi, "{notes:?}");
+                        let seqs = notes.iter().any(|n| n.contains("sequences of their own lengths"));
+                        assert_eq!(seqs, !m.batching.is_dense(), "{notes:?}");
+                    }
+                }
+                let (v, _, _) = choose(&p, &DeviceLimits::h100(), None).unwrap();
+                assert!(v.seqs && !v.alibi && all.contains(&v), "{}", v.name());
+            }
+        }
+    }
+
+    #[test]
+    fn pages_that_are_not_a_multiple_of_16_keys_are_a_typed_error() {
+        use attn_core::sequences::{KeyStore, batch_of};
+        let shape = Shape::new(1, 2, 1, 64);
+        let (p, _) =
+            batch_of(shape, DType::F16, &[1, 1], &[40, 7], KeyStore::Paged { page_size: 8, seed: 2 });
+        match choose(&p, &DeviceLimits::h100(), None) {
+            Err(Error::Unsupported { what, .. }) => assert!(what.contains("multiples of 16"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+        let (p, _) =
+            batch_of(shape, DType::F16, &[1, 1], &[40, 7], KeyStore::Paged { page_size: 48, seed: 2 });
+        assert!(choose(&p, &DeviceLimits::h100(), None).is_ok());
     }
 
     #[test]

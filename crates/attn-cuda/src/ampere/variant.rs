@@ -31,6 +31,11 @@ pub struct Variant {
     pub window: bool,
     /// Score soft-capping compiled in (`ATTN_SOFTCAP`); the cap is a run-time parameter.
     pub softcap: bool,
+    /// Sequences of their own lengths compiled in (`ATTN_SEQS`): packed queries or keys, a paged
+    /// cache, per-sequence key counts, each chosen at run time by its index array (null or not).
+    pub seqs: bool,
+    /// The ALiBi bias compiled in (`ATTN_ALIBI`); the slopes are a run-time array.
+    pub alibi: bool,
 }
 
 impl Variant {
@@ -50,10 +55,10 @@ impl Variant {
         ((self.block_m() + 2 * self.stages as usize * self.block_n) * self.head_dim * 2) as u32
     }
 
-    /// The name of the specialisation: dtype, head dim, tiles, mask, soft-cap.
+    /// The name of the specialisation: dtype, head dim, tiles, mask, soft-cap, sequences, ALiBi.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}{}{}",
+            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -62,7 +67,9 @@ impl Variant {
             self.stages,
             if self.causal { "_causal" } else { "" },
             if self.window { "_window" } else { "" },
-            if self.softcap { "_softcap" } else { "" }
+            if self.softcap { "_softcap" } else { "" },
+            if self.seqs { "_seqs" } else { "" },
+            if self.alibi { "_alibi" } else { "" }
         )
     }
 
@@ -78,6 +85,8 @@ impl Variant {
             ("ATTN_CAUSAL".into(), u8::from(self.causal).to_string()),
             ("ATTN_WINDOW".into(), u8::from(self.window).to_string()),
             ("ATTN_SOFTCAP".into(), u8::from(self.softcap).to_string()),
+            ("ATTN_SEQS".into(), u8::from(self.seqs).to_string()),
+            ("ATTN_ALIBI".into(), u8::from(self.alibi).to_string()),
         ]
     }
 

@@ -1,0 +1,68 @@
+//! Prints a hash of each Ampere/Ada variant's PTX for one architecture, with the line-number
+//! directives (`.loc`, `.file`) and comments left out, so that a change to the kernel source can
+//! be checked not to touch the code of variants it should leave alone: run it before and after
+//! and compare (`diff`). No GPU needed (NVRTC only).
+//!
+//! ```text
+//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a] [NAME-PART] > hashes.txt
+//! ```
+//!
+//! Each line: the variant's name, the hash, its registers and spilled bytes; only the variants
+//! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
+
+use attn_cuda::{Arch, ampere, compile};
+use std::hash::{Hash, Hasher};
+
+/// The PTX without what moves when source lines move.
+fn code_only(ptx: &str) -> String {
+    ptx.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with(".loc") && !l.starts_with(".file") && !l.starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn main() {
+    let arch = match std::env::args().nth(1).as_deref() {
+        Some("sm_89") => Arch::Sm89,
+        Some("sm_90a") => Arch::Sm90a,
+        _ => Arch::Sm80,
+    };
+    let part = std::env::args().nth(2).unwrap_or_default();
+    let keep = |name: &str| match part.strip_prefix('!') {
+        Some(left_out) => !name.contains(left_out),
+        None => name.contains(&part),
+    };
+    let variants: Vec<_> = ampere::Variant::all().into_iter().filter(|v| keep(&v.name())).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let lines: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = variants
+            .chunks(variants.len().div_ceil(threads).max(1))
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|v| match compile(&v.request(arch)) {
+                            Ok(c) => {
+                                let mut h = std::collections::hash_map::DefaultHasher::new();
+                                code_only(&c.ptx).hash(&mut h);
+                                let r = c.resources_of("attn_fwd").cloned().unwrap_or_default();
+                                format!(
+                                    "{} {:016x} {} registers {} B spilled",
+                                    v.name(),
+                                    h.finish(),
+                                    r.registers,
+                                    r.spill_bytes()
+                                )
+                            }
+                            Err(e) => format!("{} error: {e}", v.name()),
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("compile thread")).collect()
+    });
+    for line in lines {
+        println!("{line}");
+    }
+}
