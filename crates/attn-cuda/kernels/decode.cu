@@ -26,8 +26,20 @@
 // seq_k - seq_q (bottom-right); causal is left = unbounded, right = 0. The CTA walks only the
 // keys some of its rows see.
 //
+// Extras (ATTN_EXTRAS; the plain variants compile without any of it, to the same PTX):
+// - per-sequence key counts (`seqused_k`, null: `seq_k` each): a sequence's keys, shift and
+//   window are its own. Every sequence cuts its keys into the launch's `splits` (sized by the
+//   host for the longest); a split past a short sequence's last chunk walks no key and leaves
+//   an empty partial (LSE -inf), which the merge weighs 0.
+// - a paged cache (`block_table`, null: dense rows): key j of sequence b is row j % page_size of
+//   page block_table[b][j / page_size], `k_sb` stepping from page to page. The key range starts
+//   on a chunk boundary, so a chunk (BN <= 32 keys) with pages of a multiple of 16 keys lies in
+//   at most two pages: `load_chunk` reads both pages' numbers once per chunk.
+// - soft-cap and ALiBi: each score becomes cap * tanh(s / cap) (s the scaled score) minus
+//   slope * |i + shift - j|, computed in base-2 units (so the softmax takes it unscaled).
+//
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
-// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_SHARED_BYTES (the
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_SHARED_BYTES (the
 // host's dynamic shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
@@ -62,6 +74,7 @@ constexpr float LN2 = 0.69314718055994531f;
 
 static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key chunk must be multiples of 16");
 static_assert(STAGES >= 1, "at least one stage");
+static_assert(!ATTN_EXTRAS || BN <= 32, "a paged chunk must lie in at most two pages of 16 keys or more");
 
 // Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
 // merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
@@ -94,6 +107,16 @@ struct Params {
     int splits;
     int window_left, window_right;  // keys before / after the diagonal a row sees (masked only)
     float scale_log2;               // softmax scale * log2(e)
+#if ATTN_EXTRAS
+    // Read by the extras variants only (the host always passes them, after the fields above).
+    const int* block_table;     // [batch, pages_per_seq] page numbers; null: dense K/V rows
+    const int* seqused_k;       // [batch] keys each sequence uses; null: seq_k
+    const float* alibi_slopes;  // [heads_q] or [batch, heads_q]; null: no ALiBi
+    int page_size, pages_per_seq;
+    int alibi_batch_stride;     // 0 (a slope per head) or heads_q (per sequence and head)
+    float softcap_log2;         // cap * log2(e); 0: no soft-cap
+    float softcap_inv;          // |softmax scale| / cap
+#endif
 };
 
 // The element offset of key (or value) row `j` of KV head `g` of sequence `b`, in a tensor of
@@ -157,6 +180,38 @@ __device__ __forceinline__ float quad_sum(float x) {
 // `end` read as zeros (their scores are masked, and zero values keep P V finite).
 __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* sv, int b, int g, int n0,
                                            int end, int lane) {
+#if ATTN_EXTRAS
+    // Where the chunk's rows are: sequence b's rows (dense), or rows of at most two pages (n0 is a
+    // multiple of BN, see the file's notes): keys before `boundary` on the first, the rest on
+    // the second. The element offset of key j is base + g * sh + j * ss, base by its page.
+    long long k_base0 = (long long)b * p.k_sb, v_base0 = (long long)b * p.v_sb;
+    long long k_base1 = k_base0, v_base1 = v_base0;
+    int boundary = end;
+    if (p.block_table != nullptr) {
+        const int* table = p.block_table + (long long)b * p.pages_per_seq;
+        const int first = n0 / p.page_size;
+        boundary = (first + 1) * p.page_size;
+        const long long page0 = table[first];  // n0 < end: a used page
+        const long long page1 = boundary < end ? table[first + 1] : page0;
+        const long long start0 = (long long)first * p.page_size;
+        k_base0 = page0 * p.k_sb - start0 * p.k_ss, v_base0 = page0 * p.v_sb - start0 * p.v_ss;
+        k_base1 = page1 * p.k_sb - boundary * p.k_ss, v_base1 = page1 * p.v_sb - boundary * p.v_ss;
+    }
+#pragma unroll
+    for (int it = 0; it < BN * CPR / 32; ++it) {
+        const int i = lane + it * 32;
+        const int r = i / CPR, c = i % CPR;
+        const int j = n0 + r;
+        const bool valid = j < end;
+        const int jj = valid ? j : n0;  // a row that exists (nothing is read from it)
+        const bool second = jj >= boundary;
+        const unsigned off = (r * DP + c * 8) * 2;
+        const long long k_row = (second ? k_base1 : k_base0) + (long long)g * p.k_sh + (long long)jj * p.k_ss;
+        const long long v_row = (second ? v_base1 : v_base0) + (long long)g * p.v_sh + (long long)jj * p.v_ss;
+        cp_async16(smem_u32(sk) + off, p.k + k_row + c * 8, valid);
+        cp_async16(smem_u32(sv) + off, p.v + v_row + c * 8, valid);
+    }
+#else
 #pragma unroll
     for (int it = 0; it < BN * CPR / 32; ++it) {
         const int i = lane + it * 32;
@@ -168,6 +223,7 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
         cp_async16(smem_u32(sk) + off, p.k + kv_row(p.k_sb, p.k_sh, p.k_ss, b, g, jj) + c * 8, valid);
         cp_async16(smem_u32(sv) + off, p.v + kv_row(p.v_sb, p.v_sh, p.v_ss, b, g, jj) + c * 8, valid);
     }
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_constant__ Params p) {
@@ -181,8 +237,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     const int b = blockIdx.z;
     const int pair = (b * p.heads_kv + g) * p.row_blocks + rb;
     const int r0 = rb * BM;  // this block's first row of the group
-    const int shift = p.seq_k - p.seq_q;
+#if ATTN_EXTRAS
+    const int seq_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.seq_k;  // this sequence's keys
+#define SEQ_K seq_k
+#else
+#define SEQ_K p.seq_k  // read where it is used, as the plain kernel always has
+#endif
+    const int shift = SEQ_K - p.seq_q;
     const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
+    // What multiplies a raw score into base-2 units: the extras variants convert their scores
+    // (soft-cap, ALiBi) to those units first.
+    const float mul = ATTN_EXTRAS ? 1.f : sl2;
 
     // Q: rows r0 .. r0 + BM of the group, zeros past its last; negated for a negative scale
     // (scores are scaled inside the exponent by |scale|, see flash_fwd.cu).
@@ -201,13 +266,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     }
 
     // The keys some row of the block sees: [lo, hi).
-    int lo = 0, hi = p.seq_k;
+    int lo = 0, hi = SEQ_K;
     if (MASKED) {
         const int last = min(p.rows, r0 + BM) - 1;
         const bool one_head = r0 / p.seq_q == last / p.seq_q;
         const int q_first = one_head ? r0 % p.seq_q : 0, q_last = one_head ? last % p.seq_q : p.seq_q - 1;
         lo = max(0, q_first + shift - p.window_left);
-        hi = min(p.seq_k, max(0, q_last + shift + p.window_right + 1));
+        hi = min(SEQ_K, max(0, q_last + shift + p.window_right + 1));
+        if (ATTN_EXTRAS) lo -= lo % BN;  // chunks start on multiples of BN (pages); rows mask the rest
     }
     // This split's chunks of BN keys from lo, and this warp's share of them.
     const int chunks = hi > lo ? (hi - lo + BN - 1) / BN : 0;
@@ -224,9 +290,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             const int row = r0 + t * 16 + lane / 4 + r * 8;
             const int qi = row % p.seq_q;
             row_lo[t][r] = MASKED ? qi + shift - p.window_left : 0;
-            row_hi[t][r] = MASKED ? qi + shift + p.window_right : p.seq_k - 1;
+            row_hi[t][r] = MASKED ? qi + shift + p.window_right : SEQ_K - 1;
             if (row >= p.rows) row_lo[t][r] = 1, row_hi[t][r] = 0;  // padding: sees nothing
         }
+#if ATTN_EXTRAS
+    // ALiBi: each of this thread's rows' slope (base-2 units) and diagonal key i + shift.
+    float slope[MT][2];
+    int diagonal[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = r0 + t * 16 + lane / 4 + r * 8;
+            const int h = g * p.group + row / p.seq_q;
+            slope[t][r] = p.alibi_slopes != nullptr && row < p.rows
+                              ? p.alibi_slopes[(long long)b * p.alibi_batch_stride + h] * 1.4426950408889634f
+                              : 0.f;
+            diagonal[t][r] = row % p.seq_q + shift;
+        }
+#endif
 
     float acc[MT][D / 8][4];
 #pragma unroll
@@ -291,6 +373,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
                 }
             }
         }
+#if ATTN_EXTRAS
+        // Scores to base-2 units: soft-capped, then ALiBi's bias.
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                    float x = p.softcap_log2 > 0.f ? p.softcap_log2 * tanhf(s[t][nt][e] * p.softcap_inv)
+                                                   : s[t][nt][e] * sl2;
+                    x -= slope[t][e >> 1] * fabsf((float)(diagonal[t][e >> 1] - col));
+                    s[t][nt][e] = x;
+                }
+#endif
         if (MASKED || n0 + BN > hi) {
 #pragma unroll
             for (int t = 0; t < MT; ++t)
@@ -312,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
 #pragma unroll
                 for (int nt = 0; nt < BN / 8; ++nt) m = fmaxf(m, fmaxf(s[t][nt][2 * r], s[t][nt][2 * r + 1]));
                 m = quad_max(m);
-                new_max[t][r] = fmaxf(row_max[t][r], m == NEG_INF ? NEG_INF : m * sl2);
+                new_max[t][r] = fmaxf(row_max[t][r], m == NEG_INF ? NEG_INF : m * mul);
                 grow |= new_max[t][r] > row_max[t][r] + RESCALE_SLACK;
             }
         if (__any_sync(0xffffffff, grow)) {
@@ -339,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], sl2, -base[e >> 1]));
+                    s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], mul, -base[e >> 1]));
                     row_sum[t][e >> 1] += s[t][nt][e];
                 }
         }

@@ -369,6 +369,37 @@ pub fn full() -> Vec<Case> {
                 seed += 1;
                 v.push(case("decode", tag, problem, Distribution::Normal, seed));
             }
+            // Decode from caches at the same lengths: GQA 32:8, one or four queries, pages of
+            // 16, 64 and 256 keys (shuffled), sequences of different key counts up to 32k (one
+            // of a single key, one ending mid-page), and the score features on top.
+            let gqa = gqa_shape(1, 32, 8, 1, 1, 128);
+            let keys = [32_768, 1, 5003, 20_000];
+            for (page, sq, causal) in [(16, 1, false), (64, 4, true), (256, 1, false)] {
+                seed += 1;
+                let store = KeyStore::Paged { page_size: page, seed };
+                let (mut paged, extras) = seqs(gqa, dtype, &[sq; 4], &keys, store);
+                if causal {
+                    paged = paged.causal();
+                }
+                let tag = format!("b4-sq{sq}-hq32hkv8-sk32768-page{page}");
+                v.push(with_extras("paged", &tag, paged, extras, Distribution::Normal, seed));
+            }
+            seed += 1;
+            let store = KeyStore::Paged { page_size: 64, seed };
+            let (paged, extras) = seqs(gqa, dtype, &[2; 3], &[9000, 17, 4100], store);
+            let paged = paged.with_window(Some(1000), Some(0)).with_softcap(30.0);
+            let tag = "b3-sq2-hq32hkv8-sk9000-page64-cap30";
+            v.push(alibi(with_extras("paged", tag, paged, extras, Distribution::Normal, seed), true));
+            seed += 1;
+            let (used, extras) = seqs(gqa, dtype, &[1; 3], &[32_768, 100, 17_000], KeyStore::DenseUsed);
+            let tag = "b3-sq1-hq32hkv8-sk32768";
+            v.push(with_extras("kv-cache", tag, used.causal(), extras, Distribution::Normal, seed));
+            seed += 1;
+            let capped = p(gqa_shape(2, 32, 8, 1, 8192, 128), dtype).with_softcap(50.0);
+            v.push(case("softcap", "decode-sq1-hq32hkv8-sk8192", capped, Distribution::LargeMagnitude, seed));
+            seed += 1;
+            let biased = p(gqa_shape(2, 16, 2, 2, 9000, 64), dtype).causal();
+            v.push(alibi(case("alibi", "decode-sq2-hq16hkv2-sk9000", biased, Distribution::Normal, seed), false));
         }
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();

@@ -5,7 +5,7 @@ use super::variant::Variant;
 use crate::hopper::launch::Workspace;
 use crate::runtime::driver;
 use crate::tensors::{DevicePointers, strides};
-use attn_core::{Problem, Result};
+use attn_core::{Alibi, Extras, KvRows, Problem, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::Arc;
 
@@ -38,6 +38,30 @@ pub struct DecodeParams {
     window_left: i32,
     window_right: i32,
     scale_log2: f32,
+    // Read by the extras variants only (`ATTN_EXTRAS`); the plain ones declare the 208 bytes
+    // above, and the launch copies just those.
+    block_table: u64,
+    seqused_k: u64,
+    alibi_slopes: u64,
+    page_size: i32,
+    pages_per_seq: i32,
+    alibi_batch_stride: i32,
+    softcap_log2: f32,
+    softcap_inv: f32,
+    reserved: i32,
+}
+
+/// Device addresses of a problem's index arrays (0 where the problem has none): the block
+/// table (`[batch, pages_per_seq]` i32), the key counts (`[batch]` i32) and the ALiBi slopes
+/// (f32), as [`attn_core::Extras`] describes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtrasPointers {
+    /// `block_table`.
+    pub block_table: u64,
+    /// `seqused_k`.
+    pub seqused_k: u64,
+    /// `alibi_slopes`.
+    pub alibi_slopes: u64,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -49,6 +73,7 @@ impl DecodeParams {
     /// there are several splits.
     pub fn new(
         at: DevicePointers,
+        extras: ExtrasPointers,
         work: Workspace,
         problem: &Problem,
         variant: &Variant,
@@ -61,6 +86,11 @@ impl DecodeParams {
         let o_floats =
             split.pairs as u64 * split.splits as u64 * (variant.block_m() * variant.head_dim) as u64;
         let several = split.splits > 1;
+        let (page_size, pages_per_seq) = match problem.batching.kv {
+            KvRows::Paged { page_size, pages_per_seq, .. } => (page_size as i32, pages_per_seq as i32),
+            _ => (0, 0),
+        };
+        let cap = problem.params.softcap.unwrap_or(0.0);
         DecodeParams {
             q: at.q,
             k: at.k,
@@ -86,28 +116,65 @@ impl DecodeParams {
             window_left,
             window_right,
             scale_log2: problem.scale() * std::f32::consts::LOG2_E,
+            block_table: extras.block_table,
+            seqused_k: extras.seqused_k,
+            alibi_slopes: extras.alibi_slopes,
+            page_size,
+            pages_per_seq,
+            alibi_batch_stride: match problem.params.alibi {
+                Some(Alibi::PerBatchHead) => s.heads_q as i32,
+                _ => 0,
+            },
+            softcap_log2: cap * std::f32::consts::LOG2_E,
+            softcap_inv: if cap > 0.0 { problem.scale().abs() / cap } else { 0.0 },
+            reserved: 0,
         }
     }
 }
 
-/// A host-copy run's parameter block and the workspace it points at (tickets and partial
-/// results, allocated with the problem's buffers where there are several splits).
+/// A host-copy run's parameter block and the buffers it points at beyond the tensors: the
+/// workspace (tickets and partial results, where there are several splits) and the problem's
+/// index arrays (block table, key counts, ALiBi slopes), copied to the device with the inputs.
 pub(crate) struct Bound {
     /// The kernel's argument.
     pub params: DecodeParams,
     _tickets: Option<CudaSlice<u32>>,
     _partials: Option<CudaSlice<f32>>,
+    _indices: Vec<CudaSlice<i32>>,
+    _slopes: Option<CudaSlice<f32>>,
 }
 
 impl Bound {
-    /// Allocates what `variant` cut as `split` needs beyond the tensors at `at`.
+    /// Allocates what `variant` cut as `split` needs beyond the tensors at `at`, and copies
+    /// `extras` (checked against the problem by `Problem::check_inputs`) to the device.
     pub fn new(
         at: DevicePointers,
+        extras: &Extras<'_>,
         stream: &Arc<CudaStream>,
         problem: &Problem,
         variant: &Variant,
         split: &Split,
     ) -> Result<Bound> {
+        let copy = driver("copy an index array to the device");
+        let mut indices = vec![];
+        let mut upload = |a: Option<&[i32]>| -> Result<u64> {
+            let Some(a) = a else { return Ok(0) };
+            let d = stream.clone_htod(a).map_err(&copy)?;
+            let ptr = d.device_ptr(stream).0;
+            indices.push(d);
+            Ok(ptr)
+        };
+        let block_table = upload(extras.block_table)?;
+        let seqused_k = upload(extras.seqused_k)?;
+        let slopes = match extras.alibi_slopes {
+            Some(s) => Some(stream.clone_htod(s).map_err(driver("copy the ALiBi slopes to the device"))?),
+            None => None,
+        };
+        let pointers = ExtrasPointers {
+            block_table,
+            seqused_k,
+            alibi_slopes: slopes.as_ref().map_or(0, |s| s.device_ptr(stream).0),
+        };
         let (tickets, partials) = match split.splits > 1 {
             false => (None, None),
             true => (
@@ -128,8 +195,8 @@ impl Bound {
             counters: tickets.as_ref().map_or(0, |t| t.device_ptr(stream).0),
             partials: partials.as_ref().map_or(0, |p| p.device_ptr(stream).0),
         };
-        let params = DecodeParams::new(at, work, problem, variant, split);
-        Ok(Bound { params, _tickets: tickets, _partials: partials })
+        let params = DecodeParams::new(at, pointers, work, problem, variant, split);
+        Ok(Bound { params, _tickets: tickets, _partials: partials, _indices: indices, _slopes: slopes })
     }
 }
 
@@ -137,12 +204,16 @@ impl Bound {
 mod tests {
     #[test]
     fn layout_matches_the_kernel() {
-        // 8 pointers + 12 strides (8 bytes each) + 11 ints + 1 float = 208 bytes, no padding.
-        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 208);
+        // 8 pointers + 12 strides (8 bytes each) + 11 ints + 1 float = 208 bytes, no padding: all
+        // the plain variants declare. Then the extras: 3 pointers + 6 four-byte fields = 256.
+        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 256);
         assert_eq!(std::mem::align_of::<super::DecodeParams>(), 8);
         use std::mem::offset_of;
         assert_eq!(offset_of!(super::DecodeParams, q_strides), 64);
         assert_eq!(offset_of!(super::DecodeParams, batch), 160);
         assert_eq!(offset_of!(super::DecodeParams, scale_log2), 204);
+        assert_eq!(offset_of!(super::DecodeParams, block_table), 208);
+        assert_eq!(offset_of!(super::DecodeParams, page_size), 232);
+        assert_eq!(offset_of!(super::DecodeParams, softcap_inv), 248);
     }
 }

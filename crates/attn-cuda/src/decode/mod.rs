@@ -25,4 +25,4 @@ pub(crate) mod plan;
 pub(crate) mod variant;
 
 pub use plan::{MAX_ROWS, MAX_SPLITS, Split, Tiles};
-pub use variant::Variant;
+pub use variant::{SOURCE, Variant};

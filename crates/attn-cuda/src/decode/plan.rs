@@ -3,10 +3,24 @@
 
 use super::variant::{Variant, WARPS};
 use crate::tensors::{check_alignment, check_supported};
-use attn_core::{DType, DeviceLimits, Error, Feature, Launch, Mask, Problem, Result};
+use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Problem, Result};
 
 /// Head dimensions the kernel is specialised for (the others take the prefill families).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The features beyond a dense, plain or causal softmax that the family runs.
+pub const FEATURES: [Feature; 5] =
+    [Feature::Window, Feature::Softcap, Feature::Alibi, Feature::PagedKv, Feature::KeysUsed];
+
+/// Keys per page of a paged cache: a multiple of this (every chunk size divides 32 and starts
+/// on a multiple of itself, so a chunk lies in at most two pages).
+pub const PAGE_MULTIPLE: usize = 16;
+
+/// Whether `problem` needs the extras variant ([`Variant::extras`]): per-sequence key counts, a
+/// paged cache, a soft-cap or ALiBi.
+pub fn needs_extras(problem: &Problem) -> bool {
+    problem.features().iter().any(|f| *f != Feature::Window)
+}
 
 /// The most query rows per GQA group (`heads_q / heads_kv · seq_q`) the family takes: up to 64
 /// rows a CTA holds them in one or a few row blocks (at D = 128, two of 32), each reading the
@@ -114,9 +128,19 @@ pub fn applies(problem: &Problem) -> Result<()> {
     let s = problem.shape;
     check_supported(problem, "cuda decode", &HEAD_DIMS)?;
     check_alignment(problem)?;
-    // Sliding windows run; soft-caps, ALiBi, varlen and paged K/V not yet (the kernel forms
-    // each K/V row's address in one function, `kv_row`, for the paged cache to come).
-    problem.require_features("cuda decode", &[Feature::Window])?;
+    // Packed (varlen) queries and keys do not run: decode batches are dense, or paged.
+    problem.require_features("cuda decode", &FEATURES)?;
+    if let KvRows::Paged { page_size, .. } = problem.batching.kv
+        && (page_size == 0 || page_size % PAGE_MULTIPLE != 0)
+    {
+        return Err(Error::Unsupported {
+            backend: "cuda decode".into(),
+            what: format!(
+                "a paged KV cache of {page_size}-key pages: the decode kernel takes pages of a multiple of \
+                 {PAGE_MULTIPLE} keys (a key chunk then lies in at most two pages)"
+            ),
+        });
+    }
     let rows = s.heads_q / s.heads_kv * s.seq_q;
     if rows > MAX_ROWS || s.seq_q == 0 || s.seq_k == 0 {
         return Err(Error::Unsupported {
@@ -190,7 +214,7 @@ impl Variant {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
-                for masked in [false, true] {
+                for (masked, extras) in [(false, false), (true, false), (false, true), (true, true)] {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
                         for &(block_n, stages) in candidates(head_dim, m_tiles) {
                             let l2_prefetch = L2_PREFETCH;
@@ -202,6 +226,7 @@ impl Variant {
                                 stages,
                                 masked,
                                 l2_prefetch,
+                                extras,
                             });
                         }
                     }
@@ -262,7 +287,18 @@ pub fn choose(
             stages,
             masked: window(problem).is_some(),
             l2_prefetch: forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
+            extras: needs_extras(problem),
         };
+        if variant.extras && bn > 32 {
+            last_err = Some(Error::InvalidParameter {
+                what: format!(
+                    "{}: chunks of {bn} keys; with per-sequence key counts, pages, a soft-cap or ALiBi the \
+                     decode kernel takes 16 or 32",
+                    variant.name()
+                ),
+            });
+            continue;
+        }
         let per_sm = ctas_per_sm(&variant, limits);
         let slots = sms.max(1) as u64 * per_sm as u64;
         let splits = match forced_splits {
@@ -316,6 +352,7 @@ pub fn choose(
 mod tests {
     use super::*;
     use attn_core::Shape;
+    use attn_core::sequences::{KeyStore, batch_of};
 
     fn decode(batch: usize, hq: usize, hkv: usize, sq: usize, sk: usize, d: usize) -> Problem {
         Problem::new(
@@ -334,11 +371,39 @@ mod tests {
         assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 96)), Err(Error::UnsupportedHeadDim { .. })));
         let f32 = Problem { dtype: DType::F32, ..decode(1, 8, 8, 1, 64, 128) };
         assert!(matches!(applies(&f32), Err(Error::UnsupportedDType { .. })));
-        assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_softcap(5.0)).is_err());
+        assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_softcap(5.0)).is_ok());
         let alibi = decode(1, 8, 8, 1, 64, 128).with_alibi(attn_core::Alibi::PerHead);
-        let err = applies(&alibi).unwrap_err().to_string();
-        assert!(err.contains("ALiBi"), "{err}");
+        assert!(applies(&alibi).is_ok());
         assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_window(Some(16), Some(0))).is_ok());
+    }
+
+    fn cache(page_size: usize, q_lens: &[usize]) -> Problem {
+        let store = KeyStore::Paged { page_size, seed: 1 };
+        batch_of(Shape { heads_kv: 8, ..Shape::new(1, 32, 1, 128) }, DType::Bf16, q_lens, &[100, 3000], store).0
+    }
+
+    #[test]
+    fn caches_of_pages_of_16_keys_run_varlen_queries_do_not() {
+        let h100 = DeviceLimits::h100();
+        for page in [16, 64, 256] {
+            let (v, _, split, _) = choose(&cache(page, &[1, 1]), &h100, 132, None, None).unwrap();
+            assert!(v.extras && v.name().ends_with("_ext"), "{}", v.name());
+            // Splits sized by the longest sequence.
+            assert_eq!(split.chunks, 3000u64.div_ceil(v.block_n as u64));
+        }
+        let err = applies(&cache(24, &[1, 1])).unwrap_err().to_string();
+        assert!(err.contains("24-key pages") && err.contains("multiple of 16"), "{err}");
+        let err = applies(&cache(16, &[1, 2])).unwrap_err().to_string();
+        assert!(err.contains("packed (varlen) queries"), "{err}");
+        // Plain problems keep the plain variants.
+        let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None).unwrap();
+        assert!(!v.extras);
+        let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None).unwrap();
+        assert!(v.extras);
+        // Chunks of 64 keys could span three pages: a typed error, not a kernel that cannot compile.
+        let wide = Tiles { block_n: 64, stages: 1, l2_prefetch: false };
+        let err = choose(&cache(64, &[1, 1]), &h100, 132, None, Some(wide)).unwrap_err().to_string();
+        assert!(err.contains("16 or 32"), "{err}");
     }
 
     #[test]

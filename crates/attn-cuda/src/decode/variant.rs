@@ -28,6 +28,10 @@ pub struct Variant {
     pub masked: bool,
     /// K/V copies ask L2 to fetch 256 bytes per miss (`cp.async ... .L2::256B`).
     pub l2_prefetch: bool,
+    /// Per-sequence key counts, a paged K/V cache, soft-cap and ALiBi compiled in (each taken
+    /// or not at run time, by the parameter block); without them the kernel's code is the plain
+    /// one's.
+    pub extras: bool,
 }
 
 impl Variant {
@@ -61,14 +65,15 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         format!(
-            "decode_{}_d{}_bm{}_bn{}_s{}{}{}",
+            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
             if self.l2_prefetch { "_l2" } else { "" },
-            if self.masked { "_masked" } else { "" }
+            if self.masked { "_masked" } else { "" },
+            if self.extras { "_ext" } else { "" }
         )
     }
 
@@ -83,6 +88,7 @@ impl Variant {
             ("ATTN_STAGES".into(), self.stages.to_string()),
             ("ATTN_MASKED".into(), u8::from(self.masked).to_string()),
             ("ATTN_L2_PREFETCH".into(), u8::from(self.l2_prefetch).to_string()),
+            ("ATTN_EXTRAS".into(), u8::from(self.extras).to_string()),
             ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
         ]
     }
