@@ -399,7 +399,10 @@ pub fn full() -> Vec<Case> {
             v.push(case("softcap", "decode-sq1-hq32hkv8-sk8192", capped, Distribution::LargeMagnitude, seed));
             seed += 1;
             let biased = p(gqa_shape(2, 16, 2, 2, 9000, 64), dtype).causal();
-            v.push(alibi(case("alibi", "decode-sq2-hq16hkv2-sk9000", biased, Distribution::Normal, seed), false));
+            v.push(alibi(
+                case("alibi", "decode-sq2-hq16hkv2-sk9000", biased, Distribution::Normal, seed),
+                false,
+            ));
         }
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();

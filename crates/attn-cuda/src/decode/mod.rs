@@ -14,11 +14,16 @@
 //!   variants that ship.
 //! - `launch`: the kernel's parameter block and the workspace (partial results and tickets).
 //!
-//! For a paged KV cache, the kernel forms every K/V row address in one function, `kv_row(b, g,
-//! j)`: a block table (`[batch, max_pages]` page indices into `[num_pages, page_size, heads_kv,
-//! D]`) changes that function and the parameter block. Per-sequence key counts replace `seq_k`
-//! where the kernel computes a sequence's key range (`lo`, `hi` and the diagonal's shift), and
-//! the plan sizes the splits by the longest sequence.
+//! Paged KV caches, per-sequence key counts (`seqused_k`), soft-caps and ALiBi run in each tile
+//! configuration's extras variant ([`Variant::extras`], `ATTN_EXTRAS`), which a problem takes when
+//! it asks for any of them; the plain variants compile to the PTX they had before
+//! (`examples/decode_ptx.rs` checks it). The block table, key counts and slopes are copied to
+//! the device with the inputs (`launch::Bound`); the device-resident calls refuse problems that
+//! need them (a typed error). A sequence's key range (`lo`, `hi`, the diagonal's shift) is its
+//! own; the plan sizes the splits by the longest sequence, and each sequence cuts its own keys
+//! into that many (a split past a short sequence's end leaves an empty partial). Chunks start on
+//! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
+//! two pages, whose numbers `load_chunk` reads once per chunk.
 
 pub(crate) mod launch;
 pub(crate) mod plan;

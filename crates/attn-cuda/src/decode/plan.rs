@@ -379,7 +379,8 @@ mod tests {
 
     fn cache(page_size: usize, q_lens: &[usize]) -> Problem {
         let store = KeyStore::Paged { page_size, seed: 1 };
-        batch_of(Shape { heads_kv: 8, ..Shape::new(1, 32, 1, 128) }, DType::Bf16, q_lens, &[100, 3000], store).0
+        batch_of(Shape { heads_kv: 8, ..Shape::new(1, 32, 1, 128) }, DType::Bf16, q_lens, &[100, 3000], store)
+            .0
     }
 
     #[test]
@@ -398,7 +399,8 @@ mod tests {
         // Plain problems keep the plain variants.
         let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None).unwrap();
         assert!(!v.extras);
-        let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None).unwrap();
+        let (v, ..) =
+            choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None).unwrap();
         assert!(v.extras);
         // Chunks of 64 keys could span three pages: a typed error, not a kernel that cannot compile.
         let wide = Tiles { block_n: 64, stages: 1, l2_prefetch: false };
