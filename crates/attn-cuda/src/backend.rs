@@ -342,9 +342,6 @@ impl Cuda {
     /// run on tensors that already exist there.
     pub(crate) fn plan_with(&self, gpu: &Gpu, problem: &Problem, host_buffers: bool) -> Result<Plan> {
         problem.validate()?;
-        if !host_buffers {
-            crate::device::require_no_index_arrays(problem)?;
-        }
         let (choice, why_not_decode) = self.choose_family(gpu, problem)?;
         // What the prefill families run beyond plain and causal masks ([`FEATURES`]; the decode
         // family checks its own set in decode/plan.rs).
@@ -471,7 +468,7 @@ impl Attention for Cuda {
             }
             Kernel::Decode(v, split) => Params::Decode(Box::new(decode::launch::Bound::new(
                 tensors.pointers(),
-                &inputs.extras,
+                tensors.extras.pointers(),
                 stream,
                 problem,
                 v,

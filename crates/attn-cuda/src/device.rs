@@ -34,11 +34,11 @@
 
 use crate::ampere::launch::KernelParams;
 use crate::backend::{Chosen, Cuda, Kernel};
-use crate::decode::launch::{DecodeParams, ExtrasPointers};
+use crate::decode::launch::DecodeParams;
 use crate::hopper::launch::{Sm90Params, Workspace};
 use crate::runtime::{Gpu, driver};
-use crate::tensors::DevicePointers;
-use attn_core::{DType, Error, Feature, Mask, Plan, Problem, Result, Shape, TensorStrides};
+use crate::tensors::{DevicePointers, ExtraPointers};
+use attn_core::{DType, Error, Mask, Plan, Problem, Result, Shape, TensorStrides};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig,
@@ -422,8 +422,8 @@ impl Cuda {
                     true => self.workspace(&gpu, stream, split.counters(), split.partial_floats(variant))?,
                     false => Workspace { counters: 0, partials: 0 },
                 };
-                // Plans with index arrays are refused (`require_no_index_arrays`).
-                decode = DecodeParams::new(at, ExtrasPointers::default(), work, problem, variant, split);
+                // Plans with index arrays are refused (`plan_on`): no arrays to point at.
+                decode = DecodeParams::new(at, ExtraPointers::default(), work, problem, variant, split);
                 builder.arg(&decode);
             }
             Kernel::Ampere(_) => {
@@ -505,30 +505,6 @@ impl Cuda {
 }
 
 /// That a buffer of `len` elements holds the `needed` a tensor's strides reach.
-/// The device-resident calls take q, k, v, o and the LSE only: a problem that needs index arrays
-/// (a paged cache's block table, per-sequence key counts, ALiBi slopes, packed offsets) is a
-/// typed error here, before any plan; the host-copy path (`Attention::prepare`) runs those the
-/// kernels take.
-pub(crate) fn require_no_index_arrays(problem: &Problem) -> Result<()> {
-    let arrays: Vec<&str> = problem
-        .features()
-        .into_iter()
-        .filter(|f| !matches!(f, Feature::Window | Feature::Softcap))
-        .map(Feature::name)
-        .collect();
-    if arrays.is_empty() {
-        return Ok(());
-    }
-    Err(Error::Unsupported {
-        backend: "cuda (device-resident)".into(),
-        what: format!(
-            "{problem}: {} need index arrays on the device, which the device-resident calls do not take yet; \
-             the host-copy path (Attention::prepare with Inputs::extras) runs them",
-            arrays.join(", ")
-        ),
-    })
-}
-
 fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
     if len < needed {
         return Err(Error::Shape {

@@ -4,8 +4,8 @@ use super::plan::{Split, window};
 use super::variant::Variant;
 use crate::hopper::launch::Workspace;
 use crate::runtime::driver;
-use crate::tensors::{DevicePointers, strides};
-use attn_core::{Alibi, Extras, KvRows, Problem, Result};
+use crate::tensors::{DevicePointers, ExtraPointers, strides};
+use attn_core::{Alibi, KvRows, Problem, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::Arc;
 
@@ -51,19 +51,6 @@ pub struct DecodeParams {
     reserved: i32,
 }
 
-/// Device addresses of a problem's index arrays (0 where the problem has none): the block
-/// table (`[batch, pages_per_seq]` i32), the key counts (`[batch]` i32) and the ALiBi slopes
-/// (f32), as [`attn_core::Extras`] describes them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExtrasPointers {
-    /// `block_table`.
-    pub block_table: u64,
-    /// `seqused_k`.
-    pub seqused_k: u64,
-    /// `alibi_slopes`.
-    pub alibi_slopes: u64,
-}
-
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
 unsafe impl DeviceRepr for DecodeParams {}
 
@@ -73,7 +60,7 @@ impl DecodeParams {
     /// there are several splits.
     pub fn new(
         at: DevicePointers,
-        extras: ExtrasPointers,
+        extras: ExtraPointers,
         work: Workspace,
         problem: &Problem,
         variant: &Variant,
@@ -132,49 +119,26 @@ impl DecodeParams {
     }
 }
 
-/// A host-copy run's parameter block and the buffers it points at beyond the tensors: the
-/// workspace (tickets and partial results, where there are several splits) and the problem's
-/// index arrays (block table, key counts, ALiBi slopes), copied to the device with the inputs.
+/// A host-copy run's parameter block and the workspace it points at (tickets and partial
+/// results, allocated with the problem's buffers where there are several splits).
 pub(crate) struct Bound {
     /// The kernel's argument.
     pub params: DecodeParams,
     _tickets: Option<CudaSlice<u32>>,
     _partials: Option<CudaSlice<f32>>,
-    _indices: Vec<CudaSlice<i32>>,
-    _slopes: Option<CudaSlice<f32>>,
 }
 
 impl Bound {
-    /// Allocates what `variant` cut as `split` needs beyond the tensors at `at`, and copies
-    /// `extras` (checked against the problem by `Problem::check_inputs`) to the device.
+    /// Allocates what `variant` cut as `split` needs beyond the tensors at `at` and the index
+    /// arrays at `extras` (the block table, key counts and slopes `DeviceTensors` copied).
     pub fn new(
         at: DevicePointers,
-        extras: &Extras<'_>,
+        extras: ExtraPointers,
         stream: &Arc<CudaStream>,
         problem: &Problem,
         variant: &Variant,
         split: &Split,
     ) -> Result<Bound> {
-        let copy = driver("copy an index array to the device");
-        let mut indices = vec![];
-        let mut upload = |a: Option<&[i32]>| -> Result<u64> {
-            let Some(a) = a else { return Ok(0) };
-            let d = stream.clone_htod(a).map_err(&copy)?;
-            let ptr = d.device_ptr(stream).0;
-            indices.push(d);
-            Ok(ptr)
-        };
-        let block_table = upload(extras.block_table)?;
-        let seqused_k = upload(extras.seqused_k)?;
-        let slopes = match extras.alibi_slopes {
-            Some(s) => Some(stream.clone_htod(s).map_err(driver("copy the ALiBi slopes to the device"))?),
-            None => None,
-        };
-        let pointers = ExtrasPointers {
-            block_table,
-            seqused_k,
-            alibi_slopes: slopes.as_ref().map_or(0, |s| s.device_ptr(stream).0),
-        };
         let (tickets, partials) = match split.splits > 1 {
             false => (None, None),
             true => (
@@ -195,8 +159,8 @@ impl Bound {
             counters: tickets.as_ref().map_or(0, |t| t.device_ptr(stream).0),
             partials: partials.as_ref().map_or(0, |p| p.device_ptr(stream).0),
         };
-        let params = DecodeParams::new(at, pointers, work, problem, variant, split);
-        Ok(Bound { params, _tickets: tickets, _partials: partials, _indices: indices, _slopes: slopes })
+        let params = DecodeParams::new(at, extras, work, problem, variant, split);
+        Ok(Bound { params, _tickets: tickets, _partials: partials })
     }
 }
 

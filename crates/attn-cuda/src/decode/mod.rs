@@ -18,7 +18,7 @@
 //! configuration's extras variant ([`Variant::extras`], `ATTN_EXTRAS`), which a problem takes when
 //! it asks for any of them; the plain variants compile to the PTX they had before
 //! (`examples/decode_ptx.rs` checks it). The block table, key counts and slopes are copied to
-//! the device with the inputs (`launch::Bound`); the device-resident calls refuse problems that
+//! the device with the inputs (`DeviceTensors`); the device-resident calls refuse problems that
 //! need them (a typed error). A sequence's key range (`lo`, `hi`, the diagonal's shift) is its
 //! own; the plan sizes the splits by the longest sequence, and each sequence cuts its own keys
 //! into that many (a split past a short sequence's end leaves an empty partial). Chunks start on
