@@ -3,7 +3,7 @@
 //! Hopper family, ptxas's whole log: its notes on wgmma pipelines).
 //!
 //! ```text
-//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [sm_80|sm_89|sm_90a] [source=<file>]
+//! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [pad] [sm_80|sm_89|sm_90a] [source=<file>]
 //! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]
 //! ```
 //!
@@ -19,7 +19,7 @@ fn main() {
     if args.first().map(String::as_str) == Some("sm90") {
         return hopper_cubin(&args[1..]);
     }
-    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [sm_80|sm_89|sm_90a] [source=<file>]";
+    let usage = "usage: cubin <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [pad] [sm_80|sm_89|sm_90a] [source=<file>]";
     if args.len() < 6 {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -39,6 +39,7 @@ fn main() {
         softcap: args.iter().any(|a| a == "softcap"),
         seqs: args.iter().any(|a| a == "seqs"),
         alibi: args.iter().any(|a| a == "alibi"),
+        pad: args.iter().any(|a| a == "pad"),
     };
     let arch = match args.iter().find(|a| a.starts_with("sm_")).map(String::as_str) {
         Some("sm_80") => Arch::Sm80,

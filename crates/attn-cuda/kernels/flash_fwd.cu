@@ -26,7 +26,9 @@
 // run-time parameter), ATTN_SEQS (sequences of their own lengths: packed queries and keys,
 // a paged key/value cache, per-sequence key counts; which of them is given by the parameter
 // block's null or non-null index arrays), ATTN_ALIBI (a bias -slope |i + k_len - q_len - j| on
-// each score). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
+// each score), ATTN_PAD (a head dim below D, a multiple of 8 given at run time: the chunks of Q,
+// K and V past it load as zeros, so that the scores and the first columns of O are those of the
+// real head dim, and O's chunks past it are not stored). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
 // computed here.
 
 #include <cuda_fp16.h>
@@ -53,7 +55,7 @@ constexpr int BN = ATTN_BN;
 constexpr int STAGES = ATTN_STAGES;
 static_assert(STAGES == 1 || STAGES == 2, "one or two K/V stages");
 constexpr bool CAUSAL = ATTN_CAUSAL;
-// ATTN_WINDOW, ATTN_SOFTCAP, ATTN_SEQS and ATTN_ALIBI are read by `#if` alone: a constant of each would add a PTX global
+// ATTN_WINDOW, ATTN_SOFTCAP, ATTN_SEQS, ATTN_ALIBI and ATTN_PAD are read by `#if` alone: a constant of each would add a PTX global
 // to every variant, whose PTX stays what it was without them.
 static_assert(!(ATTN_CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
 constexpr int THREADS = 32 * WARPS;
@@ -78,7 +80,7 @@ struct Params {
     long long o_sb, o_sh, o_ss;
     int batch, heads_q, heads_kv, seq_q, seq_k;
     float scale_log2;  // softmax scale * log2(e)
-#if ATTN_WINDOW || ATTN_SOFTCAP || ATTN_SEQS || ATTN_ALIBI
+#if ATTN_WINDOW || ATTN_SOFTCAP || ATTN_SEQS || ATTN_ALIBI || ATTN_PAD
     // Only these variants declare the fields (the others' parameter block, and so their code,
     // stays as it was); the host passes them to every variant, and the driver copies the size
     // the kernel declares.
@@ -86,7 +88,7 @@ struct Params {
     float softcap_in;         // 2 log2(e) |scale| / cap: tanh's argument, times 2 log2(e)
     float softcap_out;        // cap * log2(e): the capped score in base-2 softmax units
 #endif
-#if ATTN_SEQS || ATTN_ALIBI
+#if ATTN_SEQS || ATTN_ALIBI || ATTN_PAD
     // Sequences (read by ATTN_SEQS variants; each array null where the problem has none, and then
     // the dense sizes hold), as attn_core::SeqMap defines them.
     const int* cu_seqlens_q;    // [batch + 1] packed query offsets
@@ -99,7 +101,23 @@ struct Params {
     int alibi_batch_stride;     // 0 (a slope per head) or heads_q (per batch and head)
     int q_total;                // packed query rows: the LSE is then [heads_q, q_total]
 #endif
+#if ATTN_PAD
+    int head_dim;  // the problem's head dim: a multiple of 8, at most D
+#endif
 };
+
+// With ATTN_PAD the tile loads and O's store take the number of 16-byte chunks a row really has
+// (`chunks`, from Params::head_dim) and skip the chunks past it; without it every chunk of D is
+// real, and the code is what it was without ATTN_PAD.
+#if ATTN_PAD
+#define CHUNKS_PARAM , int chunks
+#define CHUNKS_ARG , chunks
+#define CHUNK_REAL(c) ((c) < chunks)
+#else
+#define CHUNKS_PARAM
+#define CHUNKS_ARG
+#define CHUNK_REAL(c) true
+#endif
 
 #if ATTN_SEQS
 // Address of key (or value) row `j` of one sequence and head, as attn_core::SeqMap::k_offset
@@ -140,10 +158,11 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Rows r0 .. r0+ROWS of a [seq][D] matrix with row stride `stride` (elements) into a swizzled
-// shared tile; rows at or past `limit` become zeros. A compile-time trip count: each thread issues
+// shared tile; rows at or past `limit` (and, with ATTN_PAD, chunks at or past `chunks`) become zeros. A compile-time trip count: each thread issues
 // about ROWS * CPR / THREADS copies with no loop overhead.
 template <int ROWS>
-__device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long long stride, int r0, int limit) {
+__device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long long stride, int r0,
+                                          int limit CHUNKS_PARAM) {
     constexpr int STEP = THREADS / CPR;  // rows between a thread's copies, when CPR divides THREADS
     if constexpr (THREADS % CPR == 0 && ROWS % STEP == 0 && (STEP % 8 == 0 || 8 % STEP == 0)) {
         // Each thread keeps one chunk column and steps down STEP rows at a time. The swizzle
@@ -157,7 +176,7 @@ __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long lo
         const elem_t* src = g + (long long)(r0 + r) * stride + c * 8;
 #pragma unroll
         for (int it = 0; it < ROWS / STEP; ++it) {
-            const bool valid = r0 + r + it * STEP < limit;
+            const bool valid = r0 + r + it * STEP < limit && CHUNK_REAL(c);
             cp_async16(dst[it % KEYS] + it * STEP * D * 2, valid ? src + it * STEP * stride : g, valid);
         }
     } else {
@@ -166,7 +185,7 @@ __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long lo
             const int i = threadIdx.x + it * THREADS;
             if (ROWS * CPR % THREADS != 0 && i >= ROWS * CPR) break;
             const int r = i / CPR, c = i % CPR;
-            const bool valid = r0 + r < limit;
+            const bool valid = r0 + r < limit && CHUNK_REAL(c);
             const elem_t* src = g + (valid ? (long long)(r0 + r) * stride : 0) + c * 8;
             cp_async16(tile_addr(tile, r, c), src, valid);
         }
@@ -180,9 +199,9 @@ __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long lo
 template <int ROWS>
 __device__ __forceinline__ void load_kv_tile(elem_t* tile, const elem_t* base, long long row_stride,
                                              long long page_stride, const int* pages, int page_size, int r0,
-                                             int limit) {
+                                             int limit CHUNKS_PARAM) {
     if (pages == nullptr) {
-        load_tile<ROWS>(tile, base, row_stride, r0, limit);
+        load_tile<ROWS>(tile, base, row_stride, r0, limit CHUNKS_ARG);
         return;
     }
 #pragma unroll 1
@@ -190,7 +209,7 @@ __device__ __forceinline__ void load_kv_tile(elem_t* tile, const elem_t* base, l
         const int i = threadIdx.x + it * THREADS;
         if (ROWS * CPR % THREADS != 0 && i >= ROWS * CPR) break;
         const int r = i / CPR, c = i % CPR;
-        const bool valid = r0 + r < limit;
+        const bool valid = r0 + r < limit && CHUNK_REAL(c);
         const elem_t* src = valid ? kv_row(base, row_stride, page_stride, pages, page_size, r0 + r) + c * 8 : base;
         cp_async16(tile_addr(tile, r, c), src, valid);
     }
@@ -320,6 +339,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #endif
     const int g = h / (p.heads_q / p.heads_kv);
     const int m0 = m_block * BM;
+#if ATTN_PAD
+    const int chunks = p.head_dim / 8;  // 16-byte chunks of a row that hold the real head dim
+#endif
 #if ATTN_SEQS
     // This sequence's lengths and first rows (attn_core::SeqMap's definitions); the grid covers
     // the longest sequence.
@@ -332,15 +354,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const int* pages = p.block_table != nullptr ? p.block_table + (long long)b * p.pages_per_seq : nullptr;
 #define SEQ_Q q_len
 #define SEQ_K k_len
-#define LOAD_K(tile, n) load_kv_tile<BN>(tile, k, p.k_ss, p.k_sb, pages, p.page_size, n, k_len)
-#define LOAD_V(tile, n) load_kv_tile<BN>(tile, v, p.v_ss, p.v_sb, pages, p.page_size, n, k_len)
+#define LOAD_K(tile, n) load_kv_tile<BN>(tile, k, p.k_ss, p.k_sb, pages, p.page_size, n, k_len CHUNKS_ARG)
+#define LOAD_V(tile, n) load_kv_tile<BN>(tile, v, p.v_ss, p.v_sb, pages, p.page_size, n, k_len CHUNKS_ARG)
 #define LSE_INDEX(row) \
     (cu_q != nullptr ? (long long)h * p.q_total + q_start + (row) : ((long long)b * p.heads_q + h) * p.seq_q + (row))
 #else
 #define SEQ_Q p.seq_q
 #define SEQ_K p.seq_k
-#define LOAD_K(tile, n) load_tile<BN>(tile, k, p.k_ss, n, p.seq_k)
-#define LOAD_V(tile, n) load_tile<BN>(tile, v, p.v_ss, n, p.seq_k)
+#define LOAD_K(tile, n) load_tile<BN>(tile, k, p.k_ss, n, p.seq_k CHUNKS_ARG)
+#define LOAD_V(tile, n) load_tile<BN>(tile, v, p.v_ss, n, p.seq_k CHUNKS_ARG)
 #define LSE_INDEX(row) ((long long)b * p.heads_q + h) * p.seq_q + row
 #endif
     const int shift = SEQ_K - SEQ_Q;  // bottom-right causal: row i sees keys j <= i + shift
@@ -390,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
     const int n_first = j_begin * BN;
 
     // Commit groups: (Q, K_0) with one stage; (Q, K_0, V_0), (K_1, V_1) with two.
-    load_tile<BM>(sQ, q, p.q_ss, m0, SEQ_Q);
+    load_tile<BM>(sQ, q, p.q_ss, m0, SEQ_Q CHUNKS_ARG);
     if (n_tiles > j_begin) LOAD_K(sK, n_first);
     if (STAGES == 2) {
         if (n_tiles > j_begin) LOAD_V(sV, n_first);
@@ -647,7 +669,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         const int i = lane + it * 32;
         const int r = i / CPR, c = i % CPR;
         const int srow = warp * WM + r;
-        if (m0 + srow < SEQ_Q) {
+        if (m0 + srow < SEQ_Q && CHUNK_REAL(c)) {
             uint4 val;
             asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                          : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)

@@ -165,6 +165,18 @@ pub(crate) fn check_alignment(problem: &Problem) -> Result<()> {
 /// That `problem` is valid and of what a family computes: f16 or bf16 (both families run on
 /// tensor cores) and one of `head_dims`; `backend` names the family in the error.
 pub(crate) fn check_supported(problem: &Problem, backend: &str, head_dims: &[usize]) -> Result<()> {
+    let d = problem.shape.head_dim;
+    check_supported_by(problem, backend, head_dims.contains(&d), || format!("{head_dims:?}"))
+}
+
+/// [`check_supported`] with the head dim's verdict given (`head_dim_ok`) and the supported head
+/// dims described by `supported` (called only for the error).
+pub(crate) fn check_supported_by(
+    problem: &Problem,
+    backend: &str,
+    head_dim_ok: bool,
+    supported: impl FnOnce() -> String,
+) -> Result<()> {
     problem.validate()?;
     if !matches!(problem.dtype, DType::F16 | DType::Bf16) {
         return Err(Error::UnsupportedDType {
@@ -173,11 +185,11 @@ pub(crate) fn check_supported(problem: &Problem, backend: &str, head_dims: &[usi
             supported: "f16 and bf16 (tensor cores); use cpu-flash or wgpu for f32".into(),
         });
     }
-    if !head_dims.contains(&problem.shape.head_dim) {
+    if !head_dim_ok {
         return Err(Error::UnsupportedHeadDim {
             backend: backend.into(),
             head_dim: problem.shape.head_dim,
-            supported: format!("{head_dims:?}"),
+            supported: supported(),
         });
     }
     Ok(())

@@ -106,6 +106,15 @@ pub fn quick() -> Vec<Case> {
         // 200 keys: two key tiles or more in every GPU kernel at D = 128, so that a product
         // reads what the one before it left (registers, stages) in each form the quick grid checks.
         case("head-dims", "d128", p(Shape::new(1, 2, 200, 128), Bf16), Normal, 53),
+        // Head dims between the GPU kernels' own (multiples of 8, which a kernel may run padded
+        // to its next head dim): rows of these lengths next to each other in memory, so that a
+        // kernel reading a padded row's length reads its neighbour's; GQA in half of them.
+        case("head-dims", "d8-gqa", p(gqa_shape(1, 4, 2, 70, 70, 8), F16).causal(), Normal, 54),
+        case("head-dims", "d40", p(Shape::new(1, 2, 130, 40), Bf16), Normal, 55),
+        case("head-dims", "d80-gqa", p(gqa_shape(1, 4, 2, 100, 100, 80), F16).causal(), Normal, 56),
+        case("head-dims", "d136", p(Shape::new(1, 2, 90, 136), Bf16).causal(), Normal, 57),
+        case("head-dims", "d200-gqa", p(gqa_shape(1, 4, 1, 70, 70, 200), F16), Normal, 58),
+        case("head-dims", "d248-gqa", p(gqa_shape(1, 4, 2, 65, 80, 248), Bf16).causal(), Normal, 59),
         case("gqa", "hq8hkv2", p(Shape { heads_kv: 2, ..Shape::new(1, 8, 96, 64) }, Bf16), OneHotPeaked, 60),
         case(
             "gqa",
@@ -404,6 +413,28 @@ pub fn full() -> Vec<Case> {
                 false,
             ));
         }
+        // Head dims between the GPU kernels' own, with several blocks and key tiles: GQA,
+        // causal and not, a window, a soft-cap, padded views, decode rows and a varlen batch.
+        let dims = [
+            ("s1000d40-gqa", p(gqa_shape(2, 4, 2, 1000, 1000, 40), dtype).causal()),
+            ("s700d72", p(Shape::new(1, 4, 700, 72), dtype)),
+            ("s600d152-gqa", p(gqa_shape(1, 4, 2, 600, 600, 152), dtype).causal()),
+            ("s513d248", p(Shape::new(1, 2, 513, 248), dtype)),
+            ("s900d104-l200r0", p(gqa_shape(1, 4, 2, 900, 900, 104), dtype).with_window(Some(200), Some(0))),
+            ("s800d24-cap30", p(Shape::new(1, 4, 800, 24), dtype).causal().with_softcap(30.0)),
+            ("s300d56-padded-views", padded(p(Shape::new(2, 2, 300, 56), dtype).causal())),
+            ("sq1sk5000d200-gqa", p(gqa_shape(2, 8, 2, 1, 5000, 200), dtype)),
+        ];
+        for (tag, problem) in dims {
+            seed += 1;
+            v.push(case("head-dims", tag, problem, Distribution::Normal, seed));
+        }
+        let mut rng = SplitMix64::new(seed);
+        let lens: Vec<usize> = (0..5).map(|_| 1 + rng.below(400)).collect();
+        let (problem, extras) =
+            seqs(Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 88) }, dtype, &lens, &lens, KeyStore::Packed);
+        seed += 1;
+        v.push(with_extras("head-dims", "varlen-d88", problem.causal(), extras, Distribution::Normal, seed));
         seed += 1;
         let large = p(Shape::new(1, 4, 1024, 128), dtype).causal();
         v.push(case("large-logits", "s1024d128", large, Distribution::LargeMagnitude, seed));

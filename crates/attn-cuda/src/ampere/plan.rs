@@ -3,16 +3,41 @@
 
 use super::variant::Variant;
 use crate::scores::KernelMask;
-use crate::tensors::{check_alignment, check_supported};
+use crate::tensors::{check_alignment, check_supported_by};
 use attn_core::{DType, DeviceLimits, Error, KvRows, Launch, Problem, Result};
 
 /// Head dimensions the kernel is specialised for.
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
+/// The largest head dim the family runs.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The head dims whose kernels have padded variants (`ATTN_PAD`), so that head dims 8 to 56 take
+/// 64, 72 to 120 take 128 and 136 to 248 take 256. Not 96, whose 12-chunk rows left no registers
+/// for the padding's (its padded variants spilled 12 bytes with sequences under ptxas for sm_80,
+/// and ran at 255 registers otherwise), nor 32 (a causal soft-capped variant with sequences
+/// spilled 20 bytes for sm_90a).
+pub const PADDED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The head dim of the kernel that runs head dim `d`: `d` itself where it is one of
+/// [`HEAD_DIMS`], else (a multiple of 8 from 8 to [`MAX_HEAD_DIM`]) the next one of
+/// [`PADDED_HEAD_DIMS`] above it, whose padded variant loads zeros past `d`; `None` for any other
+/// head dim.
+pub fn kernel_head_dim(d: usize) -> Option<usize> {
+    if d == 0 || !d.is_multiple_of(8) {
+        return None;
+    }
+    match HEAD_DIMS.contains(&d) {
+        true => Some(d),
+        false => PADDED_HEAD_DIMS.into_iter().find(|&k| k >= d),
+    }
+}
+
 impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each mask (none,
     /// causal, window) with and without the soft-cap, each plain, with sequences, and with
-    /// sequences and ALiBi (a dense problem with ALiBi runs the latter, its index arrays null).
+    /// sequences and ALiBi (a dense problem with ALiBi runs the latter, its index arrays null);
+    /// and at [`PADDED_HEAD_DIMS`] each of these padded (`ATTN_PAD`) in its one configuration.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
@@ -37,8 +62,29 @@ impl Variant {
                                     softcap,
                                     seqs,
                                     alibi,
+                                    pad: false,
                                 });
                             }
+                            if !PADDED_HEAD_DIMS.contains(&head_dim) {
+                                continue;
+                            }
+                            // The padded form of each combination, in its one tile configuration.
+                            let (warps, m_tiles, block_n, stages) =
+                                padded_tiles(head_dim, window, softcap, extended);
+                            v.push(Variant {
+                                dtype,
+                                head_dim,
+                                warps,
+                                m_tiles,
+                                block_n,
+                                stages,
+                                causal: mask == KernelMask::Causal,
+                                window,
+                                softcap,
+                                seqs,
+                                alibi,
+                                pad: true,
+                            });
                         }
                     }
                 }
@@ -113,6 +159,19 @@ pub fn tile_candidates(
     }
 }
 
+/// The one tile configuration of a padded variant (`ATTN_PAD`, a head dim that is not one of
+/// [`HEAD_DIMS`]), so that CI compiles one more variant per combination rather than every
+/// candidate again (a device with less shared memory than it needs gets a typed error for these
+/// head dims): the first of [`tile_candidates`], except at D = 128, whose first configurations
+/// (64 keys, two stages) spilled 8-28 bytes padded under a causal mask or a window (sm_80): 32
+/// keys in one stage, as with sequences.
+pub fn padded_tiles(head_dim: usize, window: bool, softcap: bool, extended: bool) -> (u32, u32, usize, u32) {
+    match head_dim {
+        128 => (4, 2, 32, 1),
+        _ => tile_candidates(head_dim, window, softcap, extended)[0],
+    }
+}
+
 /// The problem's paged cache's page size, where the kernel cannot take it: a multiple of 16 keeps
 /// every 16-key group of a tile on one page and every page's first row aligned to a tile's
 /// 16-row groups (the kernel looks pages up per key row, so this is room for a per-group lookup
@@ -175,7 +234,12 @@ pub fn choose(
     rank: Option<usize>,
 ) -> Result<(Variant, Launch, Vec<String>)> {
     let s = problem.shape;
-    check_supported(problem, "cuda", &HEAD_DIMS)?;
+    let kernel_d = kernel_head_dim(s.head_dim);
+    check_supported_by(problem, "cuda", kernel_d.is_some(), || {
+        format!("multiples of 8 from 8 to {MAX_HEAD_DIM}")
+    })?;
+    let kernel_d = kernel_d.unwrap_or(s.head_dim);
+    let pad = kernel_d != s.head_dim;
     check_alignment(problem)?;
     check_page_size(problem)?;
     let mut notes = vec![];
@@ -184,7 +248,17 @@ pub fn choose(
     let softcap = problem.params.softcap.is_some();
     let alibi = problem.params.alibi.is_some();
     let seqs = !problem.batching.is_dense() || alibi;
-    let all = tile_candidates(s.head_dim, mask == KernelMask::Window, softcap, seqs || alibi);
+    let all = match pad {
+        false => tile_candidates(s.head_dim, mask == KernelMask::Window, softcap, seqs || alibi),
+        true => vec![padded_tiles(kernel_d, mask == KernelMask::Window, softcap, seqs || alibi)],
+    };
+    if pad {
+        notes.push(format!(
+            "head dim {} runs the D = {kernel_d} kernel padded (ATTN_PAD): Q, K and V load zeros in columns \
+             {}..{kernel_d}, O is stored in its {} columns, the scale is the problem's",
+            s.head_dim, s.head_dim, s.head_dim
+        ));
+    }
     let tried = match rank {
         None => &all[..],
         Some(r) => {
@@ -200,7 +274,7 @@ pub fn choose(
     for &(warps, m_tiles, block_n, stages) in tried {
         let variant = Variant {
             dtype: problem.dtype,
-            head_dim: s.head_dim,
+            head_dim: kernel_d,
             warps,
             m_tiles,
             block_n,
@@ -210,6 +284,7 @@ pub fn choose(
             softcap,
             seqs,
             alibi,
+            pad,
         };
         let launch = variant.launch(problem);
         match launch.validate(&variant.name(), limits) {
@@ -295,9 +370,19 @@ mod tests {
             Err(Error::UnsupportedDType { .. })
         ));
         assert!(matches!(
-            choose(&problem(80, DType::F16), &DeviceLimits::h100(), None),
+            choose(&problem(84, DType::F16), &DeviceLimits::h100(), None),
             Err(Error::UnsupportedHeadDim { .. })
         ));
+        for d in [0, 4, 12, 264, 512] {
+            match choose(&problem(d, DType::F16), &DeviceLimits::h100(), None) {
+                Err(Error::UnsupportedHeadDim { supported, .. }) => {
+                    assert!(supported.contains("multiples of 8"), "{supported}")
+                }
+                // A zero head dim is the problem's own error.
+                Err(_) if d == 0 => {}
+                other => panic!("head dim {d}: {other:?}"),
+            }
+        }
         let odd =
             Problem::new(Shape::new(1, 2, 100, 64), DType::F16).with_strides(attn_core::TensorStrides {
                 q: attn_core::Strides { batch: 2 * 100 * 68, head: 100 * 68, seq: 68 },
@@ -387,6 +472,33 @@ mod tests {
         let (p, _) =
             batch_of(shape, DType::F16, &[1, 1], &[40, 7], KeyStore::Paged { page_size: 48, seed: 2 });
         assert!(choose(&p, &DeviceLimits::h100(), None).is_ok());
+    }
+
+    #[test]
+    fn every_multiple_of_8_runs_a_padded_variant_of_the_next_kernel_head_dim() {
+        assert_eq!(kernel_head_dim(8), Some(64));
+        assert_eq!(kernel_head_dim(32), Some(32));
+        assert_eq!(kernel_head_dim(40), Some(64));
+        assert_eq!(kernel_head_dim(64), Some(64));
+        assert_eq!(kernel_head_dim(136), Some(256));
+        assert_eq!(kernel_head_dim(80), Some(128));
+        assert_eq!(kernel_head_dim(96), Some(96));
+        assert_eq!(kernel_head_dim(20), None);
+        assert_eq!(kernel_head_dim(264), None);
+        let all = Variant::all();
+        for d in (8..=MAX_HEAD_DIM).step_by(8) {
+            let p = Problem::new(Shape { heads_kv: 2, ..Shape::new(1, 8, 300, d) }, DType::Bf16);
+            let masks = [p, p.causal(), p.with_window(Some(64), Some(0)), p.with_softcap(5.0)];
+            for m in masks.into_iter().flat_map(|m| [m, m.with_alibi(attn_core::Alibi::PerHead)]) {
+                for limits in [DeviceLimits::l4(), DeviceLimits::h100()] {
+                    let (v, _, notes) = choose(&m, &limits, None).unwrap();
+                    assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                    assert_eq!(v.head_dim, kernel_head_dim(d).unwrap());
+                    assert_eq!(v.pad, !HEAD_DIMS.contains(&d), "{}", v.name());
+                    assert_eq!(notes.iter().any(|n| n.contains("padded (ATTN_PAD)")), v.pad, "{notes:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,8 @@ pub const SOURCE: &str = include_str!("../../kernels/flash_fwd.cu");
 pub struct Variant {
     /// f16 or bf16.
     pub dtype: DType,
-    /// Head dimension.
+    /// Head dimension the kernel is compiled for (`ATTN_D`): the problem's, or with `pad` the
+    /// next one of [`super::plan::HEAD_DIMS`] above it.
     pub head_dim: usize,
     /// Warps per block.
     pub warps: u32,
@@ -36,6 +37,10 @@ pub struct Variant {
     pub seqs: bool,
     /// The ALiBi bias compiled in (`ATTN_ALIBI`); the slopes are a run-time array.
     pub alibi: bool,
+    /// A smaller head dim compiled in (`ATTN_PAD`): the problem's head dim (a multiple of 8
+    /// below `head_dim`) is a run-time parameter; Q, K and V load zeros past it and O is stored
+    /// up to it.
+    pub pad: bool,
 }
 
 impl Variant {
@@ -55,10 +60,11 @@ impl Variant {
         ((self.block_m() + 2 * self.stages as usize * self.block_n) * self.head_dim * 2) as u32
     }
 
-    /// The name of the specialisation: dtype, head dim, tiles, mask, soft-cap, sequences, ALiBi.
+    /// The name of the specialisation: dtype, head dim, tiles, mask, soft-cap, sequences, ALiBi,
+    /// padding.
     pub fn name(&self) -> String {
         format!(
-            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}{}{}{}{}",
+            "flash_fwd_{}_d{}_bm{}_w{}_bn{}_s{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -69,7 +75,8 @@ impl Variant {
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.seqs { "_seqs" } else { "" },
-            if self.alibi { "_alibi" } else { "" }
+            if self.alibi { "_alibi" } else { "" },
+            if self.pad { "_pad" } else { "" }
         )
     }
 
@@ -87,6 +94,7 @@ impl Variant {
             ("ATTN_SOFTCAP".into(), u8::from(self.softcap).to_string()),
             ("ATTN_SEQS".into(), u8::from(self.seqs).to_string()),
             ("ATTN_ALIBI".into(), u8::from(self.alibi).to_string()),
+            ("ATTN_PAD".into(), u8::from(self.pad).to_string()),
         ]
     }
 
