@@ -53,6 +53,12 @@ pub struct BenchArgs {
     /// this folder, for `bench/peers/accuracy_gpu.py` to score peers on the same inputs.
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
+    /// Soft-cap every row's scaled scores at ±CAP (`cap · tanh(s / cap)`).
+    #[arg(long, value_name = "CAP")]
+    softcap: Option<f32>,
+    /// ALiBi biases on every row, with the standard slopes `2^(-8 (h + 1) / heads)`.
+    #[arg(long)]
+    alibi: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -73,6 +79,14 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                         "causal" => problem = problem.causal(),
                         other => return Err(format!("unknown mask `{other}`; use none or causal").into()),
                     }
+                    let mut extras = attn::OwnedExtras::default();
+                    if let Some(cap) = args.softcap {
+                        problem = problem.with_softcap(cap);
+                    }
+                    if args.alibi {
+                        problem = problem.with_alibi(attn::Alibi::PerHead);
+                        extras.alibi_slopes = Some(attn::sequences::alibi_standard_slopes(heads));
+                    }
                     let auto;
                     let backend: &dyn Attention = match &named {
                         Some(b) => b.as_ref(),
@@ -81,7 +95,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                             auto.as_ref()
                         }
                     };
-                    let row = bench_one(backend, &problem, &args)?;
+                    let row = bench_one(backend, &problem, &extras, &args)?;
                     println!("{}", serde_json::to_string(&row)?);
                     eprintln!(
                         "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  rel_l2 {:.2e}",
@@ -104,24 +118,26 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 fn bench_one(
     backend: &dyn Attention,
     problem: &Problem,
+    extras: &attn::OwnedExtras,
     args: &BenchArgs,
 ) -> attn::Result<serde_json::Value> {
     let plan = backend.plan(problem)?;
     measure::check_host_memory(problem)?;
     let bufs = measure::random_inputs(problem, 1);
+    let inputs = || measure::inputs(&bufs).with_extras(extras.borrow());
     let mut o = Buffer::zeros(problem.dtype, problem.required_lens()[3].1);
     let mut outputs = Outputs { o: o.as_data_mut(), lse: None };
     outputs.poison();
     let t = measure::time(
         backend,
         &plan,
-        measure::inputs(&bufs),
+        inputs(),
         outputs,
         args.warmup,
         std::time::Duration::from_millis(args.min_warmup_ms),
         args.iters,
     )?;
-    let acc = measure::accuracy(problem, &measure::inputs(&bufs), &o, args.check_rows)?;
+    let acc = measure::accuracy(problem, &inputs(), &o, args.check_rows)?;
     if let Some(dir) = &args.dump {
         dump(dir, backend.name(), problem, &bufs, &o).map_err(|e| attn::Error::backend("dump", e))?;
     }
@@ -136,6 +152,8 @@ fn bench_one(
         "dtype": problem.dtype.name(),
         "batch": s.batch, "heads": s.heads_q, "seq": s.seq_q, "head_dim": s.head_dim,
         "causal": problem.is_causal(),
+        "softcap": problem.params.softcap,
+        "alibi": problem.params.alibi.is_some(),
         "threads": threads,
         "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
         "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
