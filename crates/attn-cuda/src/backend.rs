@@ -205,7 +205,9 @@ impl Cuda {
         let mut why_not = None;
         if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
             let (splits, tiles) = (self.options.decode_splits, self.options.decode_tiles);
-            match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles) {
+            let sm90 = info.compute_capability == (9, 0);
+            let copy = self.options.decode_copy;
+            match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles, sm90, copy) {
                 Ok((variant, launch, split, notes)) => {
                     return Ok((Choice::Decode(variant, launch, split, notes), None));
                 }
