@@ -11,7 +11,9 @@
 # compute-sanitizer memcheck on a small bulk run (causal, 4 queries, several splits, a tail chunk).
 # decode_bulk_report.py then writes $OUT/h100-decode-bulk.json.
 # Runs from a folder holding bin/ (attn, decode_bench), this script, the two rows files,
-# decode_bulk_report.py, torch_sdpa_decode.py and COMMIT. About 3.5 minutes on an H100.
+# decode_bulk_report.py, torch_sdpa_decode.py and COMMIT; 115 s on an H100. The bulk path and
+# ATTN_CUDA_DECODE_COPY exist at ad1700d only (removed after this run, slower: see
+# docs/experiments.md), so it runs with release builds of that commit.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/bin rows=$here/decode-bulk-rows.txt iters=${ITERS:-50}

@@ -26,18 +26,10 @@ fn main() {
     };
     let out = args.get(2).filter(|d| *d != "-");
     let filter = args.get(3).map_or("", String::as_str);
-    // (The bulk variants compile for sm_90a alone.)
-    let variants =
-        decode::Variant::all().into_iter().filter(|v| v.name().contains(filter) && v.archs().contains(&arch));
-    for v in variants {
+    for v in decode::Variant::all().into_iter().filter(|v| v.name().contains(filter)) {
         let mut req = CompileRequest::new(v.name(), source.clone(), arch);
         for (k, x) in v.defines() {
             req = req.define(k, x);
-        }
-        if v.bulk {
-            for (name, text) in decode::BULK_HEADERS {
-                req = req.header(*name, *text);
-            }
         }
         match compile(&req) {
             Ok(c) => {

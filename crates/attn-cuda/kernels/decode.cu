@@ -38,25 +38,13 @@
 // - soft-cap and ALiBi: each score becomes cap * tanh(s / cap) (s the scaled score) minus
 //   slope * |i + shift - j|, computed in base-2 units (so the softmax takes it unscaled).
 //
-// Bulk copies (ATTN_BULK, sm_90 only; the cp.async variants compile without any of it, to the same
-// PTX): each warp's ring is filled by the copy engine instead of 16-byte cp.async copies, one
-// `cp.async.bulk` of D * 2 bytes per K or V row (a row of the padded ring is contiguous in shared
-// memory, and every key row is contiguous and 16-byte aligned in global memory for every stride
-// the backend takes), lanes issuing a row each; the stage's mbarrier (one per warp and stage,
-// arrival count 1) completes when the chunk's bytes have landed. Rows past `end` are zeroed by
-// ordinary stores instead (only the last chunk has any). Dense K/V rows only: the extras
-// variants keep cp.async.
-//
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
-// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_BULK, ATTN_SHARED_BYTES (the
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_SHARED_BYTES (the
 // host's dynamic shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#if ATTN_BULK
-#include "sm90.cuh"
-#endif
 
 #if ATTN_BF16
 typedef __nv_bfloat16 elem_t;
@@ -87,9 +75,6 @@ constexpr float LN2 = 0.69314718055994531f;
 static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key chunk must be multiples of 16");
 static_assert(STAGES >= 1, "at least one stage");
 static_assert(!ATTN_EXTRAS || BN <= 32, "a paged chunk must lie in at most two pages of 16 keys or more");
-#if ATTN_BULK
-static_assert(!ATTN_EXTRAS, "bulk copies read dense K/V rows: the extras variants keep cp.async");
-#endif
 
 // Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
 // merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
@@ -241,44 +226,6 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
 #endif
 }
 
-#if ATTN_BULK
-// One bulk copy (PTX ISA 9.7.9.25, non-tensor form) of `bytes` from global to shared memory,
-// completing on `bar` (this CTA's own shared memory, as the shared::cluster window holds it).
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(bar))
-        : "memory");
-}
-
-// load_chunk by the copy engine: lane 0 announces the chunk's bytes on the stage's barrier,
-// then each lane copies its rows (row i % BN of K for i < BN, of V past it), or zeroes them past
-// `end` (ordinary stores, which the warp's __syncwarp after the barrier's wait publishes).
-__device__ __forceinline__ void load_chunk_bulk(const Params& p, elem_t* sk, elem_t* sv, unsigned long long* bar,
-                                                int b, int g, int n0, int end, int lane) {
-    constexpr unsigned ROW_BYTES = D * 2;
-    const int valid = min(BN, end - n0);
-    if (lane == 0) sm90::mbar_arrive_expect_tx(bar, 2 * valid * ROW_BYTES);
-    static_assert(2 * BN % 32 == 0, "every lane copies the same number of rows");
-#pragma unroll
-    for (int k = 0; k < 2 * BN / 32; ++k) {
-        const int i = lane + 32 * k;
-        const int r = i % BN;
-        const bool is_v = i >= BN;
-        elem_t* dst = (is_v ? sv : sk) + r * DP;
-        if (r < valid) {
-            const elem_t* src = is_v ? p.v + kv_row(p.v_sb, p.v_sh, p.v_ss, b, g, n0 + r)
-                                     : p.k + kv_row(p.k_sb, p.k_sh, p.k_ss, b, g, n0 + r);
-            bulk_copy(dst, src, ROW_BYTES, bar);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CPR; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem);
@@ -377,23 +324,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     const unsigned k_off = (((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8) * 2;
     const unsigned v_off = (((lane & 7) + (((lane >> 3) & 1) << 3)) * DP + (lane >> 4) * 8) * 2;
 
-#if ATTN_BULK
-    // This warp's stage barriers (phase k of stage s: the warp's chunk s + k * STAGES has landed),
-    // and its prologue: the first STAGES - 1 chunks.
-    __shared__ __align__(8) unsigned long long bars[WARPS * STAGES];
-    unsigned long long* bar = bars + warp * STAGES;
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) sm90::mbar_init(bar + s, 1);
-        sm90::mbar_init_fence();
-    }
-    __syncwarp();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s)
-        if (s < mine)
-            load_chunk_bulk(p, ring + s * 2 * CHUNK_ELEMS, ring + s * 2 * CHUNK_ELEMS + CHUNK_ELEMS, bar + s, b, g,
-                            lo + (c_begin + warp + s * WARPS) * BN, hi, lane);
-#else
     // Prologue: the first STAGES - 1 chunks (one commit group each, empty or not).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -404,22 +334,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         }
         cp_commit();
     }
-#endif
     __syncthreads();  // Q is in shared memory
 
     for (int it = 0; it < mine; ++it) {
         // Refill the stage chunk it - 1 used (every lane is past it) with chunk it + STAGES - 1.
         __syncwarp();
-#if ATTN_BULK
-        if (it + STAGES - 1 < mine) {
-            const int s = (it + STAGES - 1) % STAGES;
-            const int n0 = lo + (c_begin + warp + (it + STAGES - 1) * WARPS) * BN;
-            load_chunk_bulk(p, ring + s * 2 * CHUNK_ELEMS, ring + s * 2 * CHUNK_ELEMS + CHUNK_ELEMS, bar + s, b, g,
-                            n0, hi, lane);
-        }
-        sm90::mbar_wait(bar + it % STAGES, (it / STAGES) & 1);  // chunk it's bulk copies have landed ...
-        __syncwarp();  // ... and every lane's zeroed rows are written
-#else
         if (it + STAGES - 1 < mine) {
             const int s = (it + STAGES - 1) % STAGES;
             const int n0 = lo + (c_begin + warp + (it + STAGES - 1) * WARPS) * BN;
@@ -429,7 +348,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         cp_commit();
         cp_wait<STAGES - 1>();  // chunk it has landed (for this lane) ...
         __syncwarp();           // ... and for every lane of the warp
-#endif
         const int n0 = lo + (c_begin + warp + it * WARPS) * BN;
         const unsigned sk = smem_u32(ring + (it % STAGES) * 2 * CHUNK_ELEMS);
         const unsigned sv = sk + CHUNK_ELEMS * 2;
@@ -544,9 +462,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             }
         }
     }
-#if !ATTN_BULK
-    cp_wait<0>();  // (the bulk path waited on every chunk it loaded)
-#endif
+    cp_wait<0>();
     __syncthreads();  // every warp is done with its ring: shared memory becomes the merge area
 
     // Each warp's unnormalised accumulators, running max (log2 units) and sum, per row.

@@ -205,9 +205,7 @@ impl Cuda {
         let mut why_not = None;
         if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
             let (splits, tiles) = (self.options.decode_splits, self.options.decode_tiles);
-            let sm90 = info.compute_capability == (9, 0);
-            let copy = self.options.decode_copy;
-            match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles, sm90, copy) {
+            match decode::plan::choose(problem, &info.limits, info.sm_count, splits, tiles) {
                 Ok((variant, launch, split, notes)) => {
                     return Ok((Choice::Decode(variant, launch, split, notes), None));
                 }

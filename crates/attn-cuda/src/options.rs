@@ -54,14 +54,6 @@ pub const DECODE_TILES: Knob = Knob {
     purpose: "Plans the decode kernel with this chunk, ring depth and copy hint, to time others; a shape that does not compile or fit is a plan error.",
 };
 
-/// `ATTN_CUDA_DECODE_COPY`.
-pub const DECODE_COPY: Knob = Knob {
-    name: "ATTN_CUDA_DECODE_COPY",
-    allowed: "`bulk` | `cp.async`",
-    default: "on sm_90 `bulk` (one copy-engine copy per K/V row, completing on an mbarrier) for dense K/V, `cp.async` for the extras variant (pages, key counts, soft-cap, ALiBi) and before sm_90",
-    purpose: "Forces the decode family's K/V copy path, to time one against the other; `bulk` where it cannot run (before sm_90, or with the extras) is a plan error.",
-};
-
 /// `ATTN_CUDA_RANK`.
 pub const RANK: Knob = Knob {
     name: "ATTN_CUDA_RANK",
@@ -156,7 +148,6 @@ pub const KNOBS: &[Knob] = &[
     DECODE,
     DECODE_SPLITS,
     DECODE_TILES,
-    DECODE_COPY,
     RANK,
     SM90_TILES,
     SM90_GRID,
@@ -186,8 +177,6 @@ pub struct Options {
     pub decode_splits: Option<u32>,
     /// [`DECODE_TILES`]: forced tiles of the decode family.
     pub decode_tiles: Option<crate::decode::plan::Tiles>,
-    /// [`DECODE_COPY`]: a forced K/V copy path of the decode family.
-    pub decode_copy: Option<crate::decode::KvCopy>,
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
@@ -227,10 +216,6 @@ impl Options {
                 let stages: u32 = parts.get(1)?.parse().ok().filter(|s| (1..=8).contains(s))?;
                 Some(crate::decode::plan::Tiles { block_n, stages, l2_prefetch })
             })?,
-            decode_copy: DECODE_COPY.choice(&[
-                ("bulk", crate::decode::KvCopy::Bulk),
-                ("cp.async", crate::decode::KvCopy::CpAsync),
-            ])?,
             decode_splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
             rank: RANK.parse(|r| r.parse().ok())?,
             hopper: hopper::Settings {
@@ -310,7 +295,6 @@ mod tests {
             (DECODE_SPLITS, "0"),
             (DECODE, "maybe"),
             (DECODE_TILES, "24:2"),
-            (DECODE_COPY, "tma"),
         ] {
             // SAFETY: see above.
             unsafe { std::env::set_var(knob.name, bad) };

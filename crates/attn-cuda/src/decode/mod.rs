@@ -24,16 +24,10 @@
 //! into that many (a split past a short sequence's end leaves an empty partial). Chunks start on
 //! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
 //! two pages, whose numbers `load_chunk` reads once per chunk.
-//!
-//! On sm_90 the plain and masked variants have a bulk-copy twin ([`Variant::bulk`],
-//! `ATTN_BULK`): each K and V row of a chunk is one `cp.async.bulk` (the copy engine) into the
-//! warp's ring, completing on the stage's mbarrier, instead of 16-byte `cp.async` copies. The
-//! plan says which path it takes and why ([`plan::copy_path`]; `ATTN_CUDA_DECODE_COPY` forces
-//! one). The cp.async variants compile to the PTX they had before.
 
 pub(crate) mod launch;
 pub(crate) mod plan;
 pub(crate) mod variant;
 
 pub use plan::{MAX_ROWS, MAX_SPLITS, Split, Tiles};
-pub use variant::{BULK_HEADERS, KvCopy, SOURCE, Variant};
+pub use variant::{SOURCE, Variant};

@@ -1,7 +1,7 @@
 //! When the decode family runs a problem, with what variant, split count and launch, and whether
 //! it fits the device. Pure host logic, tested without a GPU against stated L4 and H100 limits.
 
-use super::variant::{KvCopy, Variant, WARPS};
+use super::variant::{Variant, WARPS};
 use crate::tensors::{check_alignment, check_supported};
 use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Problem, Result};
 
@@ -79,48 +79,6 @@ pub struct Tiles {
 /// Whether K/V copies carry the L2 256-byte prefetch hint by default: measured 1-2% faster at
 /// D = 128 on the H100 (see [`candidates`]).
 pub const L2_PREFETCH: bool = true;
-
-/// The K/V copy path on sm_90 unless `ATTN_CUDA_DECODE_COPY` says otherwise.
-pub const SM90_COPY: KvCopy = KvCopy::Bulk;
-
-/// The copy path `problem` takes, and why (the plan's note): on sm_90 [`SM90_COPY`] or the
-/// forced one (`ATTN_CUDA_DECODE_COPY`), elsewhere cp.async; the extras variants (pages,
-/// per-sequence key counts, soft-cap, ALiBi) keep cp.async. A forced bulk copy that cannot run
-/// is a typed error.
-pub fn copy_path(problem: &Problem, sm90: bool, forced: Option<KvCopy>) -> Result<(KvCopy, String)> {
-    let refuse = |why: &str| Error::InvalidParameter {
-        what: format!("ATTN_CUDA_DECODE_COPY=bulk: {why}; the decode kernel takes cp.async here"),
-    };
-    let rows = "one bulk copy (cp.async.bulk, the copy engine) per K and V row of a chunk, the stage's mbarrier \
-                counting its bytes";
-    Ok(match (forced, sm90, needs_extras(problem)) {
-        (Some(KvCopy::Bulk), false, _) => return Err(refuse("bulk copies need sm_90 (this device is older)")),
-        (Some(KvCopy::Bulk), true, true) => {
-            return Err(refuse(
-                "bulk copies read dense K/V rows, and this problem's pages, key counts, soft-cap or ALiBi take the \
-                 extras variant",
-            ));
-        }
-        (Some(KvCopy::Bulk), true, false) => (KvCopy::Bulk, format!("{rows} (forced by ATTN_CUDA_DECODE_COPY)")),
-        (Some(KvCopy::CpAsync), ..) => {
-            (KvCopy::CpAsync, "cp.async 16-byte copies (forced by ATTN_CUDA_DECODE_COPY)".into())
-        }
-        (None, false, _) => {
-            (KvCopy::CpAsync, "cp.async 16-byte copies: bulk copies (the copy engine) need sm_90".into())
-        }
-        (None, true, true) => (
-            KvCopy::CpAsync,
-            "cp.async 16-byte copies: the extras variant (pages, key counts, soft-cap, ALiBi) has no bulk path".into(),
-        ),
-        (None, true, false) => match SM90_COPY {
-            KvCopy::Bulk => (KvCopy::Bulk, format!("{rows} (sm_90's default)")),
-            KvCopy::CpAsync => (
-                KvCopy::CpAsync,
-                "cp.async 16-byte copies (sm_90's default; ATTN_CUDA_DECODE_COPY=bulk takes the copy engine)".into(),
-            ),
-        },
-    })
-}
 
 /// How the launch cuts a problem: the query rows of a group into row blocks, the keys into
 /// splits, one CTA per (split, row block, KV head, sequence).
@@ -256,17 +214,10 @@ impl Variant {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
-                for (masked, extras, bulk) in [
-                    (false, false, false),
-                    (true, false, false),
-                    (false, true, false),
-                    (true, true, false),
-                    (false, false, true),
-                    (true, false, true),
-                ] {
+                for (masked, extras) in [(false, false), (true, false), (false, true), (true, true)] {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
                         for &(block_n, stages) in candidates(head_dim, m_tiles) {
-                            let l2_prefetch = L2_PREFETCH && !bulk;
+                            let l2_prefetch = L2_PREFETCH;
                             v.push(Variant {
                                 dtype,
                                 head_dim,
@@ -276,7 +227,6 @@ impl Variant {
                                 masked,
                                 l2_prefetch,
                                 extras,
-                                bulk,
                             });
                         }
                     }
@@ -301,22 +251,17 @@ impl Variant {
 }
 
 /// Chooses the variant, split and launch for `problem` on a device with `limits` and `sms`
-/// multiprocessors (`sm90`: compute capability 9.0), or says why the family cannot run it.
-/// `forced_splits` (the `ATTN_CUDA_DECODE_SPLITS` knob) replaces the chosen split count (clamped
-/// to 1 .. [`MAX_SPLITS`]); `forced_tiles` (`ATTN_CUDA_DECODE_TILES`) the chunk, stages and
-/// hint; `forced_copy` (`ATTN_CUDA_DECODE_COPY`) the copy path ([`copy_path`]).
+/// multiprocessors, or says why the family cannot run it. `forced_splits` (the
+/// `ATTN_CUDA_DECODE_SPLITS` knob) replaces the chosen split count (clamped to 1 ..
+/// [`MAX_SPLITS`]); `forced_tiles` (`ATTN_CUDA_DECODE_TILES`) the chunk, stages and hint.
 pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
     sms: u32,
     forced_splits: Option<u32>,
     forced_tiles: Option<Tiles>,
-    sm90: bool,
-    forced_copy: Option<KvCopy>,
 ) -> Result<(Variant, Launch, Split, Vec<String>)> {
     applies(problem)?;
-    let (copy, copy_note) = copy_path(problem, sm90, forced_copy)?;
-    let bulk = copy == KvCopy::Bulk;
     let s = problem.shape;
     let group = s.heads_q / s.heads_kv;
     let rows = group * s.seq_q;
@@ -341,9 +286,8 @@ pub fn choose(
             block_n: bn,
             stages,
             masked: window(problem).is_some(),
-            l2_prefetch: !bulk && forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
+            l2_prefetch: forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
             extras: needs_extras(problem),
-            bulk,
         };
         if variant.extras && bn > 32 {
             last_err = Some(Error::InvalidParameter {
@@ -375,11 +319,10 @@ pub fn choose(
             s.seq_q
         ));
         notes.push(format!(
-            "{WARPS} warps per CTA, each walking its own chunks of {bn} keys through a {stages}-stage {copy} ring{}{}",
+            "{WARPS} warps per CTA, each walking its own chunks of {bn} keys through a {stages}-stage cp.async ring{}{}",
             if variant.l2_prefetch { " (L2 256-byte prefetch hint)" } else { "" },
             if forced_tiles.is_some() { " (forced by ATTN_CUDA_DECODE_TILES)" } else { "" }
         ));
-        notes.push(format!("K/V copies: {copy_note}"));
         notes.push(format!(
             "{splits} split(s){} of {} keys ({chunks} chunks): {pairs} (sequence, KV head, row block) x {splits} = {ctas} CTAs, \
              {per_sm} per SM on {sms} SMs = {:.2} waves",
@@ -444,8 +387,7 @@ mod tests {
     fn caches_of_pages_of_16_keys_run_varlen_queries_do_not() {
         let h100 = DeviceLimits::h100();
         for page in [16, 64, 256] {
-            let (v, _, split, _) =
-                choose(&cache(page, &[1, 1]), &h100, 132, None, None, false, None).unwrap();
+            let (v, _, split, _) = choose(&cache(page, &[1, 1]), &h100, 132, None, None).unwrap();
             assert!(v.extras && v.name().ends_with("_ext"), "{}", v.name());
             // Splits sized by the longest sequence.
             assert_eq!(split.chunks, 3000u64.div_ceil(v.block_n as u64));
@@ -455,17 +397,14 @@ mod tests {
         let err = applies(&cache(16, &[1, 2])).unwrap_err().to_string();
         assert!(err.contains("packed (varlen) queries"), "{err}");
         // Plain problems keep the plain variants.
-        let (v, ..) =
-            choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None, false, None).unwrap();
+        let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None).unwrap();
         assert!(!v.extras);
         let (v, ..) =
-            choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None, false, None)
-                .unwrap();
+            choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None).unwrap();
         assert!(v.extras);
         // Chunks of 64 keys could span three pages: a typed error, not a kernel that cannot compile.
         let wide = Tiles { block_n: 64, stages: 1, l2_prefetch: false };
-        let err =
-            choose(&cache(64, &[1, 1]), &h100, 132, None, Some(wide), false, None).unwrap_err().to_string();
+        let err = choose(&cache(64, &[1, 1]), &h100, 132, None, Some(wide)).unwrap_err().to_string();
         assert!(err.contains("16 or 32"), "{err}");
     }
 
@@ -488,24 +427,21 @@ mod tests {
     fn row_blocks_and_tiles_follow_the_group() {
         let h100 = DeviceLimits::h100();
         let (v, launch, split, notes) =
-            choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None, None, false, None).unwrap();
+            choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks, v.block_n, v.stages), (1, 1, 32, 2));
         assert_eq!(launch.grid, [split.splits, 8, 1]);
         // One CTA per SM: 8 x 16 = 128 CTAs, 0.97 of a wave.
         assert_eq!(split.splits, 16, "{split:?}");
         assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
         // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
-        let (v, launch, split, _) =
-            choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None, false, None).unwrap();
+        let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (2, 2));
         assert_eq!(launch.grid[1..], [8, 2]);
         // D = 256 holds 16 rows.
-        let (v, _, split, _) =
-            choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None, None, false, None).unwrap();
+        let (v, _, split, _) = choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (1, 2));
         // Large batches: one split, no workspace.
-        let (v, _, split, _) =
-            choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None, None, false, None).unwrap();
+        let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!(split.splits, 1);
         assert_eq!((split.counters(), split.partial_floats(&v)), (0, 0));
     }
@@ -515,11 +451,11 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let l4 = DeviceLimits::l4();
         let p = decode(1, 32, 8, 1, 4096, 128);
-        let (v, _, _, _) = choose(&p, &h100, 132, None, None, false, None).unwrap();
+        let (v, _, _, _) = choose(&p, &h100, 132, None, None).unwrap();
         // Q 16 x 136 + 4 warps x 2 stages x (K + V) 32 x 136, 2 bytes each.
         assert_eq!(v.shared_bytes(), (16 + 4 * 2 * 2 * 32) * 136 * 2);
         assert_eq!(ctas_per_sm(&v, &h100), 1);
-        let (v, launch, _, notes) = choose(&p, &l4, 58, None, None, false, None).unwrap();
+        let (v, launch, _, notes) = choose(&p, &l4, 58, None, None).unwrap();
         assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");
         assert_eq!((v.block_n, v.stages), (16, 2));
         assert!(notes[0].contains("does not fit"), "{notes:?}");
@@ -537,23 +473,21 @@ mod tests {
     fn forced_splits_and_windows() {
         let h100 = DeviceLimits::h100();
         let (_, launch, split, notes) =
-            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000), None, false, None).unwrap();
+            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000), None).unwrap();
         assert_eq!((split.splits, launch.grid[0]), (MAX_SPLITS, MAX_SPLITS));
         assert!(notes.iter().any(|n| n.contains("forced")), "{notes:?}");
         let tiles = Tiles { block_n: 32, stages: 2, l2_prefetch: true };
-        let (v, _, _, notes) =
-            choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(tiles), false, None).unwrap();
+        let (v, _, _, notes) = choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(tiles)).unwrap();
         assert_eq!((v.block_n, v.stages, v.l2_prefetch), (32, 2, true));
         assert!(notes.iter().any(|n| n.contains("ATTN_CUDA_DECODE_TILES")), "{notes:?}");
         let deep = Tiles { block_n: 64, stages: 8, l2_prefetch: false };
-        let err = choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(deep), false, None)
-            .unwrap_err()
-            .to_string();
+        let err =
+            choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(deep)).unwrap_err().to_string();
         assert!(err.contains("shared memory"), "{err}");
         // A window of 1000 keys behind the diagonal: the group's rows see 1000 + seq_q keys.
         let p = decode(1, 8, 2, 4, 100_000, 128).with_window(Some(1000), Some(0));
         assert_eq!(key_range(&p), (100_000 - 4 - 1000, 100_000));
-        let (v, _, split, _) = choose(&p, &h100, 132, None, None, false, None).unwrap();
+        let (v, _, split, _) = choose(&p, &h100, 132, None, None).unwrap();
         assert!(v.masked);
         assert_eq!(split.chunks, 1004u64.div_ceil(32));
         assert_eq!(key_range(&decode(1, 8, 2, 4, 100, 128).causal()), (0, 100));
@@ -564,40 +498,8 @@ mod tests {
     #[test]
     fn grids_past_the_device_are_plan_errors() {
         let h100 = DeviceLimits::h100();
-        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None, None, false, None)
-            .unwrap_err()
-            .to_string();
+        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None, None).unwrap_err().to_string();
         assert!(err.contains("grid z"), "{err}");
-    }
-
-    #[test]
-    fn bulk_copies_on_sm90_for_dense_rows_only() {
-        let h100 = DeviceLimits::h100();
-        let p = decode(8, 32, 8, 1, 32768, 128);
-        let (v, _, _, notes) = choose(&p, &h100, 132, None, None, true, None).unwrap();
-        assert_eq!((v.bulk, v.l2_prefetch, SM90_COPY), (true, false, KvCopy::Bulk));
-        assert!(v.name().ends_with("_bulk"), "{}", v.name());
-        assert!(notes.iter().any(|n| n.contains("K/V copies: one bulk copy")), "{notes:?}");
-        // Forced back to cp.async, and off sm_90: the cp.async variant with its hint, and the reason.
-        let (v, _, _, notes) = choose(&p, &h100, 132, None, None, true, Some(KvCopy::CpAsync)).unwrap();
-        assert!(!v.bulk && v.l2_prefetch);
-        assert!(notes.iter().any(|n| n.contains("forced by ATTN_CUDA_DECODE_COPY")), "{notes:?}");
-        let (v, _, _, notes) = choose(&p, &h100, 132, None, None, false, None).unwrap();
-        assert!(!v.bulk);
-        assert!(notes.iter().any(|n| n.contains("need sm_90")), "{notes:?}");
-        // The extras variant keeps cp.async; forcing bulk there, or off sm_90, is a typed error.
-        let (v, _, _, notes) = choose(&cache(64, &[1, 1]), &h100, 132, None, None, true, None).unwrap();
-        assert!(v.extras && !v.bulk);
-        assert!(notes.iter().any(|n| n.contains("extras variant")), "{notes:?}");
-        for (problem, sm90) in [(cache(64, &[1, 1]), true), (p, false)] {
-            let err = choose(&problem, &h100, 132, None, None, sm90, Some(KvCopy::Bulk)).unwrap_err();
-            assert!(matches!(&err, Error::InvalidParameter { what } if what.contains("cp.async")), "{err}");
-        }
-        // Every bulk variant compiles for sm_90a alone, and none has the extras or the hint.
-        for v in Variant::all().into_iter().filter(|v| v.bulk) {
-            assert_eq!(v.archs(), [crate::compile::Arch::Sm90a]);
-            assert!(!v.extras && !v.l2_prefetch, "{}", v.name());
-        }
     }
 
     #[test]

@@ -32,33 +32,7 @@ pub struct Variant {
     /// or not at run time, by the parameter block); without them the kernel's code is the plain
     /// one's.
     pub extras: bool,
-    /// K/V rows moved by the copy engine (`cp.async.bulk`, one copy per row, completing on a
-    /// per-stage mbarrier; [`KvCopy::Bulk`]) instead of 16-byte `cp.async` copies: sm_90 only,
-    /// dense K/V only (not with [`Variant::extras`]), without the L2 hint.
-    pub bulk: bool,
 }
-
-/// How a decode variant moves K/V chunks into its warps' rings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KvCopy {
-    /// 16-byte `cp.async` copies, every lane a share of each row (sm_80 and later).
-    CpAsync,
-    /// One `cp.async.bulk` copy per K or V row (the copy engine, sm_90), completing on the
-    /// stage's mbarrier.
-    Bulk,
-}
-
-impl std::fmt::Display for KvCopy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KvCopy::CpAsync => "cp.async",
-            KvCopy::Bulk => "bulk",
-        })
-    }
-}
-
-/// The headers a bulk variant includes: the Hopper primitives (mbarriers).
-pub const BULK_HEADERS: &[(&str, &str)] = &[("sm90.cuh", include_str!("../../kernels/sm90.cuh"))];
 
 impl Variant {
     /// Query rows per CTA.
@@ -83,8 +57,7 @@ impl Variant {
         kv.max(merge).max(weights) as u32
     }
 
-    /// Static shared memory: the ticket's flag and, in the bulk variants, the stages' mbarriers
-    /// (8 bytes per warp and stage, at most 96), which the compiler places in a 128-byte slot
+    /// Static shared memory: the ticket's flag, which the compiler places in a 128-byte slot
     /// ahead of the 128-byte-aligned dynamic area (ptxas reports 128 bytes; the CI compile test
     /// checks this bound).
     pub const STATIC_SHARED: u32 = 128;
@@ -92,7 +65,7 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         format!(
-            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
+            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -100,8 +73,7 @@ impl Variant {
             self.stages,
             if self.l2_prefetch { "_l2" } else { "" },
             if self.masked { "_masked" } else { "" },
-            if self.extras { "_ext" } else { "" },
-            if self.bulk { "_bulk" } else { "" }
+            if self.extras { "_ext" } else { "" }
         )
     }
 
@@ -117,35 +89,17 @@ impl Variant {
             ("ATTN_MASKED".into(), u8::from(self.masked).to_string()),
             ("ATTN_L2_PREFETCH".into(), u8::from(self.l2_prefetch).to_string()),
             ("ATTN_EXTRAS".into(), u8::from(self.extras).to_string()),
-            ("ATTN_BULK".into(), u8::from(self.bulk).to_string()),
             ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
         ]
     }
 
-    /// The NVRTC request that compiles this specialisation for `arch` (a bulk variant: sm_90a
-    /// only, see [`Variant::archs`]).
+    /// The NVRTC request that compiles this specialisation for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
         let mut req = CompileRequest::new(self.name(), SOURCE, arch);
         for (k, v) in self.defines() {
             req = req.define(k, v);
         }
-        if self.bulk {
-            for (name, text) in BULK_HEADERS {
-                req = req.header(*name, *text);
-            }
-        }
         req
-    }
-
-    /// The architectures the variant compiles for, of those the family runs on: the bulk
-    /// variants need sm_90's copy engine and mbarriers.
-    pub fn archs(&self) -> &'static [Arch] {
-        if self.bulk { &[Arch::Sm90a] } else { &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90a] }
-    }
-
-    /// How the variant moves K/V chunks.
-    pub fn copy(&self) -> KvCopy {
-        if self.bulk { KvCopy::Bulk } else { KvCopy::CpAsync }
     }
 
     /// The registers one thread may use: 65536 / threads, at most 255. CI fails a variant over
