@@ -10,7 +10,8 @@
 #          not, the native 64, 128, 256 first, then the other multiples of 8 (as many as the time
 #          leaves); then 32 and 96 on the Ampere/Ada family (natively compiled there) to compare.
 # Writes $OUT/h100-head-dims.json (what bench/results/ keeps: each dim's TFLOP/s and the ratio to
-# the next native dim's TFLOP/s scaled by D / D_next, target >= 0.9), the raw rows and logs.
+# the next native dim's TFLOP/s scaled by D / D_next, target >= 0.9; the checks' verdicts), the raw
+# rows and logs. (The device tool brings back only a few files: the verdicts are in log.txt.)
 # Expects the release `attn` at $ATTN (default: attn next to this script) and COMMIT next to it.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -83,7 +84,8 @@ meta = {"what": "every head dim (multiples of 8 from 8 to 256; those timed) on C
                 "batch 16384/S, heads 2048/D rounded down; TFLOP/s and the ratio to the next native head dim's "
                 "TFLOP/s scaled by D/D_next (target >= 0.9)",
         "device": None, "commit": os.environ["COMMIT"],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": "bash bench/device/hopper-head-dims.sh",
+        "date": os.environ.get("DATE") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "bash bench/device/hopper-head-dims.sh",
         "commands": [common + " --dims " + os.environ["DIMS"], "ATTN_CUDA_FAMILY=ampere " + common + " --dims 32,96"],
         "native": {"hopper (sm_90 default)": NATIVE},
         "routing": "on sm_90 the Hopper family (flash_sm90_*) runs every multiple of 8 up to 256: 64, 128 and 256 "
@@ -93,6 +95,17 @@ meta = {"what": "every head dim (multiples of 8 from 8 to 256; those timed) on C
         "rows": drows}
 lines = open(os.path.join(out, "log.txt")).read().splitlines()
 meta["device"] = lines[1].split(",")[0] if len(lines) > 1 else "unknown"
+# The checks' verdicts as the log has them: memcheck exits and error summaries, verify's last lines.
+checks = lines[lines.index(next(l for l in lines if l.startswith("checks done"))):] if any(
+    l.startswith("checks done") for l in lines) else []
+checks = checks[:next((i for i, l in enumerate(checks) if l.startswith("timing with")), len(checks))]
+meta["verification"] = {
+    "what": "before the timing, at once: attn verify --backend cuda --family head-dims; attn verify --backend "
+            "cuda --quick (default family); compute-sanitizer --tool memcheck on attn run --backend cuda --dtype "
+            "bf16 --seq 300 --heads 2 --batch 1 --check-rows 8 at D=80 causal, D=136 causal, D=200 --no-causal",
+    "log": [l for l in checks if l.strip()]}
+meta = {k: meta[k] for k in ["what", "device", "commit", "date", "command", "commands", "native", "routing",
+                             "timing", "verification", "rows"]}
 json.dump(meta, open(os.path.join(out, "h100-head-dims.json"), "w"), indent=1)
 for r in drows:
     ratio = "ratio %.3f" % r["ratio_to_next_scaled"] if "ratio_to_next_scaled" in r else ""
