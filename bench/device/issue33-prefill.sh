@@ -36,7 +36,7 @@ started, budget = time.time(), float(os.environ["BUDGET"])
 device = torch.cuda.get_device_name()
 left = lambda: budget - (time.time() - started)
 NATIVE = {"hopper (sm_90 default)": [64, 128, 256], "ampere/ada": [32, 64, 96, 128, 256]}
-SUPPORTED = [32, 64, 96, 128, 256]  # native on the default family of sm_90: Hopper's three, Ampere's 32 and 96
+SUPPORTED = [64, 128, 256]  # native on the default family of sm_90 (Hopper's; every other dim runs padded there)
 DIMS = list(range(8, 257, 8))
 BASE = ["bench", "--backend", "cuda", "--dtypes", "bf16", "--iters", str(iters), "--check-rows", "4"]
 commands = set()
@@ -192,9 +192,9 @@ def write():
                  "batch 16384/S, heads 2048/D rounded down; TFLOP/s and the ratio to the next natively supported "
                  "head dim's TFLOP/s scaled by D/D_next (target >= 0.9)", "bash bench/device/issue33-prefill.sh")
     dmeta.update(native=NATIVE, next_native_from=SUPPORTED,
-                 routing="on sm_90 the Hopper family (flash_sm90_*) runs 64, 128, 256; every other dim goes to the "
-                         "Ampere/Ada family (flash_fwd_*): 32 and 96 natively, the rest as the padded (_pad) variant "
-                         "of the 64, 128 or 256 kernel",
+                 routing="on sm_90 the Hopper family (flash_sm90_*) runs every multiple of 8 up to 256: 64, 128, 256 "
+                         "natively, the others on the next one's kernel padded (_pad; since 75a069b, before which "
+                         "they went to the Ampere/Ada family)",
                  timing=f"attn bench: CUDA-event median of {iters} calls per row, one process per round, best round",
                  rows=drows)
     json.dump(dmeta, open(os.path.join(outdir, "h100-head-dims.json"), "w"), indent=1)

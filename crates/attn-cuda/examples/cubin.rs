@@ -81,7 +81,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [q2] [top] [trace] [pad] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d)) = (args.first(), args.get(1)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -106,6 +106,7 @@ fn hopper_cubin(args: &[String]) {
         q_slots: 1,
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),
+        pad: args.iter().any(|a| a == "pad"),
     };
     let variant = match args.iter().any(|a| a == "q2") {
         true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),

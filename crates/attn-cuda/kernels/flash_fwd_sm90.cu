@@ -56,6 +56,11 @@
 //                   fill on load; a warpgroup whose rows start there stores O from registers,
 //                   skipping them, as a TMA store at a negative row faults); 0: blocks start
 //                   at row 0,
+//   ATTN_PAD        1: the problem's head dim (Params::head_dim, a multiple of 8) is below D. The
+//                   tensor maps end at it, so TMA loads zeros past it into Q, K and V (S is
+//                   unchanged, O's columns past it are zeros) and its stores leave those columns
+//                   out; O stored from registers stops at it. Read by `#if` alone, like
+//                   ATTN_WINDOW: the other variants' PTX is what it was,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -126,8 +131,8 @@ static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to fou
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
 // `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
 // schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704,
-// trace 712, win_left 720; 768 bytes in all (the last four fields fill what was padding, so the
-// parameter block of the variants that do not read them is what it was).
+// trace 712, win_left 720, head_dim 736; 768 bytes in all (the last five fields fill what was
+// padding, so the parameter block of the variants that do not read them is what it was).
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -163,6 +168,7 @@ struct Params {
     int win_left, win_right;  // ATTN_WINDOW: row i sees keys i + shift - win_left ..= i + shift + win_right
     float softcap_in;         // ATTN_SOFTCAP: 2 log2(e) |scale| / cap, tanh's argument times 2 log2(e)
     float softcap_out;        // ATTN_SOFTCAP: cap * log2(e), the capped score in base-2 softmax units
+    int head_dim;             // ATTN_PAD: the problem's head dim, a multiple of 8 below D
 };
 
 // The pieces, in this order: each relies on what the ones before it declare (the configuration

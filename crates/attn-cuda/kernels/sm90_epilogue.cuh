@@ -48,6 +48,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
 #pragma unroll
             for (int c = 0; c < D / 8; ++c) {
                 const int col = 8 * c + 2 * (lane % 4);
+#if ATTN_PAD
+                if (8 * c >= p.head_dim) break;  // the problem's columns end at a multiple of 8
+#endif
                 *reinterpret_cast<elem2_t*>(out + row * p.o_ss + col) =
                     pack2(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
             }

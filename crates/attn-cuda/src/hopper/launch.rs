@@ -54,6 +54,8 @@ pub struct Sm90Params {
     window_right: i32,
     softcap_in: f32,
     softcap_out: f32,
+    // The padded variants' head dim (`Variant::pad`): the problem's, below the kernel's.
+    head_dim: i32,
 }
 
 /// Device addresses of the Hopper kernel's workspace: the persistent scheduler's counters (zero
@@ -188,6 +190,7 @@ impl Sm90Params {
             window_right: scores.window_right,
             softcap_in: scores.softcap_in,
             softcap_out: scores.softcap_out,
+            head_dim: s.head_dim as i32,
         })
     }
 
@@ -310,8 +313,8 @@ mod tests {
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
         // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, the window and
-        // soft-cap's 2 ints and 2 floats (736), padded to the 128-byte alignment: 768, as before
-        // they were added.
+        // soft-cap's 2 ints and 2 floats (736) and the padded variants' head dim (740), padded to
+        // the 128-byte alignment: 768, as before they were added.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
@@ -327,7 +330,8 @@ mod tests {
             offset_of!(super::Sm90Params, partials),
             offset_of!(super::Sm90Params, trace),
             offset_of!(super::Sm90Params, window_left),
+            offset_of!(super::Sm90Params, head_dim),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736]);
     }
 }

@@ -2,7 +2,8 @@
 //! FlashAttention forward on wgmma tensor-core products, TMA copies and mbarriers.
 //!
 //! The backend picks it on devices of compute capability 9.0 for what it supports (f16/bf16,
-//! head dims 64, 128 and 256, strides that are multiples of 8 elements), and says in the plan
+//! every head dim that is a multiple of 8 up to 256: 64, 128 and 256 by their own kernels, the
+//! others by the next one's padded (`Variant::pad`); strides that are multiples of 8 elements), and says in the plan
 //! why it fell back to the Ampere/Ada family otherwise. Its settings ([`Settings`], read from the
 //! `ATTN_CUDA_SM90_*` knobs in `crate::options`) force tiles, a smaller persistent grid, every
 //! tile whole, one or two Q slots, the causal block order or a traced build.

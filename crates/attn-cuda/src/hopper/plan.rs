@@ -2,9 +2,9 @@
 //! logic, tested without a GPU against the H100's stated limits.
 
 use super::split::Split;
-use super::variant::{HEAD_DIMS, PRODUCER_REGISTERS, Variant};
+use super::variant::{HEAD_DIMS, MAX_HEAD_DIM, PRODUCER_REGISTERS, Variant, kernel_head_dim};
 use crate::scores::KernelMask;
-use crate::tensors::{check_alignment, check_supported};
+use crate::tensors::{check_alignment, check_supported_by};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
 
 impl Variant {
@@ -31,11 +31,33 @@ impl Variant {
                     q_slots: 1,
                     bottom: false,
                     trace: false,
+                    pad: false,
                 });
             }
         }
         let capped: Vec<Variant> = v.iter().filter_map(|x| x.capped()).collect();
         v.extend(capped);
+        v.extend(Self::all_padded());
+        v
+    }
+
+    /// The padded variants ([`Variant::pad`]), as [`choose`] plans them for a head dim below each
+    /// kernel's: each mask (none, causal, a window) with and without the soft-cap, both dtypes,
+    /// on the kernel's one tile configuration (see [`key_tiles_for`]).
+    fn all_padded() -> Vec<Variant> {
+        let mut v = vec![];
+        for dtype in [DType::F16, DType::Bf16] {
+            for kernel_d in HEAD_DIMS {
+                let p = Problem::new(attn_core::Shape::new(1, 2, 4096, kernel_d - 8), dtype);
+                let masks = [p, p.causal(), p.with_window(Some(256), Some(0))];
+                for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]) {
+                    // (None where the family runs no such problem: D=256's window with a soft-cap.)
+                    if let Ok((x, _)) = choose(&m, &DeviceLimits::h100(), 132, None, true) {
+                        v.push(x);
+                    }
+                }
+            }
+        }
         v
     }
 
@@ -71,6 +93,7 @@ impl Variant {
                         q_slots: 1,
                         bottom: false,
                         trace: false,
+                        pad: false,
                     }];
                     if let Some(long) = long_tiles(head_dim, causal) {
                         here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -168,6 +191,15 @@ impl Variant {
                     true => "; query blocks laid from the last row, so that a short block is the first",
                     false => "",
                 }
+            ));
+        }
+        if self.pad {
+            let d = problem.shape.head_dim;
+            notes.push(format!(
+                "head dim {d} runs the D = {} kernel padded (ATTN_PAD): Q, K and V load zeros in columns \
+                 {d}..{} (TMA's fill past the tensor maps' {d} columns), O is stored in its {d} columns, \
+                 the scale is the problem's",
+                self.head_dim, self.head_dim
             ));
         }
         notes.extend(crate::scores::notes(problem, self.block_m(), self.block_n));
@@ -273,15 +305,22 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 /// A window takes [`tiles`]: its key tiles per query block are few (their ends masked), and
 /// neither the causal tiles' nor the long tiles' measurements apply. A soft-cap under a causal
 /// mask takes [`capped_causal_tiles`] where a head dim has them, and never the short causal ones.
+///
+/// A padded head dim ([`Variant::pad`]) takes its kernel's [`tiles`] (or [`capped_causal_tiles`])
+/// whatever the keys: one padded build per mask and kernel head dim, not one per tile choice.
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
+    let kernel_d = kernel_head_dim(d).unwrap_or(d);
     let causal = match KernelMask::of(problem) {
-        KernelMask::Window => return tiles(d),
+        KernelMask::Window => return tiles(kernel_d),
         mask => mask == KernelMask::Causal,
     };
     let capped = problem.params.softcap.is_some();
-    if let Some(t) = capped_causal_tiles(d).filter(|_| causal && capped) {
+    if let Some(t) = capped_causal_tiles(kernel_d).filter(|_| causal && capped) {
         return t;
+    }
+    if kernel_d != d {
+        return tiles(kernel_d);
     }
     if let Some(t) = short_causal_tiles(d, causal).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS && !capped) {
         return t;
@@ -309,9 +348,12 @@ pub fn choose(
     split: bool,
 ) -> Result<(Variant, Launch)> {
     let s = problem.shape;
-    check_supported(problem, "cuda (Hopper family)", &HEAD_DIMS)?;
-    if s.head_dim == 256 && KernelMask::of(problem) == KernelMask::Window && problem.params.softcap.is_some()
-    {
+    let kernel_d = kernel_head_dim(s.head_dim);
+    check_supported_by(problem, "cuda (Hopper family)", kernel_d.is_some(), || {
+        format!("multiples of 8 from 8 to {MAX_HEAD_DIM} ({HEAD_DIMS:?} natively, the others padded)")
+    })?;
+    let kernel_d = kernel_d.unwrap_or(s.head_dim);
+    if kernel_d == 256 && KernelMask::of(problem) == KernelMask::Window && problem.params.softcap.is_some() {
         // Its consumers spill registers (20 bytes): the Ampere/Ada family runs it.
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
@@ -343,7 +385,7 @@ pub fn choose(
     let mask = KernelMask::of(problem);
     let variant = Variant {
         dtype: problem.dtype,
-        head_dim: s.head_dim,
+        head_dim: kernel_d,
         block_n,
         stages,
         consumers,
@@ -353,12 +395,13 @@ pub fn choose(
         q_slots: 1,
         bottom: false,
         trace: false,
+        pad: kernel_d != s.head_dim,
     };
     // Two slots where they are the default and fit (forced tiles may leave no room); one under
     // a window (its variants are compiled with one).
     let slots = match mask {
         KernelMask::Window => 1,
-        _ => q_slots_for(s.head_dim, mask == KernelMask::Causal),
+        _ => q_slots_for(kernel_d, mask == KernelMask::Causal),
     };
     let variant = variant.with_q_slots(slots).unwrap_or(variant);
     // Causal blocks from the bottom where the variant can lay them so (Variant::bottom).
@@ -660,9 +703,12 @@ mod tests {
         // two and from the bottom (5); D=128's short causal tiles, from the bottom (1). A window
         // on each head dim's tiles (one more at each). Each of these with the soft-cap too, but
         // D=256's window and D=128's short causal tiles (Variant::capped).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 2 + 9 + 1));
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 1 + 5 + 1));
-        assert_eq!(Variant::all().len(), 68);
+        // Padded (one per mask, with and without the soft-cap): 6 at D=128 and 5 at D=256 (no
+        // window with a soft-cap) on 384 threads, 6 at D=64 on 512.
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 2 + 9 + 1 + 11));
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 1 + 5 + 1 + 6));
+        assert_eq!(Variant::all().len(), 102);
+        assert_eq!(Variant::all().iter().filter(|v| v.pad).count(), 34);
     }
 
     #[test]
@@ -713,12 +759,56 @@ mod tests {
     #[test]
     fn unsupported_inputs_are_typed_errors() {
         let h100 = DeviceLimits::h100();
-        assert!(matches!(
-            choose(&problem(96), &h100, 132, None, true),
-            Err(Error::UnsupportedHeadDim { .. })
-        ));
+        for d in [0, 100, 4, 264] {
+            let err = choose(&problem(d), &h100, 132, None, true).unwrap_err();
+            assert!(
+                matches!(err, Error::UnsupportedHeadDim { .. } | Error::EmptyDimension { .. }),
+                "{d}: {err}"
+            );
+        }
+        let err = choose(&problem(264), &h100, 132, None, true).unwrap_err().to_string();
+        assert!(err.contains("multiples of 8 from 8 to 256"), "{err}");
         let f32 = Problem::new(Shape::new(1, 2, 64, 64), DType::F32);
         assert!(matches!(choose(&f32, &h100, 132, None, true), Err(Error::UnsupportedDType { .. })));
+    }
+
+    #[test]
+    fn every_multiple_of_8_runs_the_next_kernel_padded() {
+        let h100 = DeviceLimits::h100();
+        let all = Variant::all();
+        for d in (8..=256).step_by(8) {
+            let next = HEAD_DIMS.into_iter().find(|&k| k >= d).unwrap();
+            for p in [
+                problem(d),
+                problem(d).causal(),
+                problem(d).with_softcap(30.0),
+                problem(d).causal().with_softcap(30.0),
+            ] {
+                let (v, launch) = choose(&p, &h100, 132, None, true).unwrap();
+                assert_eq!((v.head_dim, v.pad), (next, d != next), "{d}: {}", v.name());
+                assert!(all.contains(&v), "{} for {p} is not compiled in CI", v.name());
+                assert_eq!(v.name().ends_with("_pad"), v.pad);
+                let notes = v.notes(&p, &launch, v.split(&p, launch.grid[0]));
+                let said = notes
+                    .iter()
+                    .any(|n| n.contains(&format!("head dim {d} runs the D = {next} kernel padded")));
+                assert_eq!(said, v.pad, "{notes:?}");
+                // The padded build is the kernel's own configuration, ATTN_PAD added.
+                // The padded build is the kernel's one configuration (no short or long key
+                // tiles), ATTN_PAD added.
+                if v.pad {
+                    let capped = p.params.softcap.is_some() && v.causal;
+                    let t = capped_causal_tiles(next).filter(|_| capped).unwrap_or(tiles(next));
+                    assert_eq!((v.block_n, v.stages, v.consumers), (t.block_n, t.stages, t.consumers));
+                    assert!(v.defines().contains(&("ATTN_PAD".into(), "1".into())));
+                }
+            }
+        }
+        // A window with a soft-cap at D=256 spills there: 136..=248 too go to the Ampere/Ada family.
+        let m = problem(200).with_window(Some(64), Some(0)).with_softcap(30.0);
+        assert!(
+            choose(&m, &h100, 132, None, true).unwrap_err().to_string().contains("Ampere/Ada family runs it")
+        );
     }
 
     #[test]

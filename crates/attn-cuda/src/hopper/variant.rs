@@ -20,6 +20,21 @@ pub const HEADERS: &[(&str, &str)] = &[
 /// Head dimensions the Hopper kernel is specialised for: whole 64-column (128-byte) blocks.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
+/// The largest head dim the family runs: every multiple of 8 up to it runs, those between
+/// [`HEAD_DIMS`] on the next one's kernel padded ([`Variant::pad`], [`kernel_head_dim`]).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The head dim of the kernel that runs head dim `d`: `d` itself where it is one of
+/// [`HEAD_DIMS`], else (a multiple of 8 from 8 to [`MAX_HEAD_DIM`]) the next one above it, run
+/// padded ([`Variant::pad`]); `None` for any other head dim. A multiple of 8 keeps every row of
+/// a packed 16-bit tensor on the 16 bytes TMA needs.
+pub fn kernel_head_dim(d: usize) -> Option<usize> {
+    match d > 0 && d.is_multiple_of(8) {
+        true => HEAD_DIMS.into_iter().find(|&k| k >= d),
+        false => None,
+    }
+}
+
 /// Shared memory a CTA may have on the devices this family runs on (the H100's and H200's opt-in
 /// limit); the kernel asserts it too.
 pub const SHARED_LIMIT: usize = 227 * 1024;
@@ -49,8 +64,14 @@ pub const REGISTER_POOL: u32 = 64512;
 pub struct Variant {
     /// f16 or bf16.
     pub dtype: DType,
-    /// Head dimension (64, 128 or 256).
+    /// Head dimension of the kernel (64, 128 or 256); the problem's where not [`Variant::pad`].
     pub head_dim: usize,
+    /// A smaller head dim run on this kernel (`ATTN_PAD`): the problem's (a multiple of 8 below
+    /// `head_dim`) is a run-time parameter. Q, K and V come in by TMA, whose tensor maps end at
+    /// the problem's head dim: the columns past it load as zeros (which add nothing to S, and
+    /// give O columns of zeros), and O's TMA store leaves them out; where the kernel stores O
+    /// from registers it stops at the problem's head dim. The scale is the problem's.
+    pub pad: bool,
     /// Keys per tile: the N of S's wgmma.
     pub block_n: usize,
     /// K/V stages in the shared-memory ring.
@@ -188,10 +209,10 @@ impl Variant {
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask,
-    /// soft-cap.
+    /// soft-cap, padding.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -202,6 +223,7 @@ impl Variant {
             if self.causal { "_causal" } else { "" },
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
+            if self.pad { "_pad" } else { "" },
             if self.trace { "_trace" } else { "" }
         )
     }
@@ -228,6 +250,7 @@ impl Variant {
             ("ATTN_Q_SLOTS".into(), self.q_slots.to_string()),
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
             ("ATTN_TRACE".into(), flag(self.trace)),
+            ("ATTN_PAD".into(), flag(self.pad)),
         ]
     }
 
