@@ -272,16 +272,24 @@ __device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int
 #if ATTN_SOFTCAP
 // The soft-cap, in place on a tile's raw scores: s <- tanh(|scale| s / cap), which the
 // exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped score. tanh(x) is
-// 1 - 2 / (1 + 2^(2 x log2(e))): one MUFU.EX2 and one MUFU.RCP, within a few f32 ulps of 1 in
-// absolute error (tanh.approx.f32's 2^-11 relative error would move a capped score of 30 by
-// 0.015, and the LSE past the verify tolerance). 2^+inf gives 1, 2^-inf -1. Before the mask,
-// which must leave -inf.
+// 1 - 2 / (1 + 2^(2 x log2(e))), within a few f32 ulps of 1 in absolute error (tanh.approx.f32's
+// 2^-11 relative error would move a capped score of 30 by 0.015, and the LSE past the verify
+// tolerance). The exp2 is one MUFU.EX2; the reciprocal runs on the FMA pipe (reciprocal()), as
+// the multi-function unit is what the softmax's own exp2 already keeps as busy as the tensor
+// cores at D=128 (with MUFU.RCP too, soft-cap 30 was 47-80% slower on the H100, c8a3d77), where
+// the consumers have registers to spare: with two consumer warpgroups; with three (D=64, whose
+// causal soft-capped tiles are already at the register limit) MUFU.RCP. The exponent is
+// capped at 64 (tanh is 1 to f32 long before), so that 1 + 2^x stays a normal number for
+// reciprocal(); 2^-inf gives -1. Before the mask, which must leave -inf.
 __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-        float y, r;
-        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(s[i] * softcap_in));
-        asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + y));
+        float r;
+        if (CONSUMERS == 2) {
+            r = reciprocal(1.f + exp2_fast(fminf(s[i] * softcap_in, 64.f)));
+        } else {
+            asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + exp2_fast(s[i] * softcap_in)));
+        }
         s[i] = fmaf(-2.f, r, 1.f);
     }
 }

@@ -19,7 +19,7 @@ impl Variant {
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 let Tiles { block_n, stages, consumers } = tiles(head_dim);
-                v.push(Variant {
+                let window = Variant {
                     dtype,
                     head_dim,
                     block_n,
@@ -31,7 +31,9 @@ impl Variant {
                     q_slots: 1,
                     bottom: false,
                     trace: false,
-                });
+                };
+                v.push(window);
+                v.extend(window.with_q_slots(2).ok());
             }
         }
         let capped: Vec<Variant> = v.iter().filter_map(|x| x.capped()).collect();
@@ -40,11 +42,14 @@ impl Variant {
     }
 
     /// The soft-capped form of this variant as the plan makes it ([`capped_causal_tiles`]), or
-    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows).
+    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows;
+    /// windows in two Q slots, whose key-tile loop ptxas then built on the vector datapath: 42
+    /// R2UR, against at most 8).
     fn capped(&self) -> Option<Variant> {
         let v = Variant { softcap: true, ..*self };
         match (v.causal, v.window, v.head_dim, v.consumers) {
             (true, _, 128, 3) | (_, true, 256, _) => None,
+            (_, true, _, _) if v.q_slots == 2 => None,
             (true, _, d, _) => {
                 Some(capped_causal_tiles(d).map_or(v, |t| Variant { block_n: t.block_n, ..v }))
             }
@@ -354,10 +359,10 @@ pub fn choose(
         bottom: false,
         trace: false,
     };
-    // Two slots where they are the default and fit (forced tiles may leave no room); one under
-    // a window (its variants are compiled with one).
-    let slots = match mask {
-        KernelMask::Window => 1,
+    // Two slots where they are the default and fit (forced tiles may leave no room); a window's
+    // as without a mask: its pieces are short, and the next one's Q loads under this one's.
+    let slots = match (mask, variant.softcap) {
+        (KernelMask::Window, true) => 1, // see Variant::capped
         _ => q_slots_for(s.head_dim, mask == KernelMask::Causal),
     };
     let variant = variant.with_q_slots(slots).unwrap_or(variant);
@@ -658,11 +663,12 @@ mod tests {
         // bottom (3); D=256 with either mask (2: no room for a second Q tile, O not staged).
         // 512 (three consumers): D=64 without a mask with one and two slots, causal with one and
         // two and from the bottom (5); D=128's short causal tiles, from the bottom (1). A window
-        // on each head dim's tiles (one more at each). Each of these with the soft-cap too, but
-        // D=256's window and D=128's short causal tiles (Variant::capped).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 2 + 9 + 1));
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 1 + 5 + 1));
-        assert_eq!(Variant::all().len(), 68);
+        // on each head dim's tiles, with two Q slots too where they fit (D=64 and 128). Each of
+        // these with the soft-cap too, but D=256's window, windows in two Q slots and D=128's
+        // short causal tiles (Variant::capped).
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 3 + 9 + 1));
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 2 + 5 + 1));
+        assert_eq!(Variant::all().len(), 72);
     }
 
     #[test]
@@ -690,8 +696,13 @@ mod tests {
                     assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
                     assert_eq!(v.softcap, m.params.softcap.is_some());
                     if v.window {
-                        // One Q slot, the head dim's tiles, no split tail.
-                        assert_eq!((v.q_slots, v.block_n), (1, tiles(d).block_n), "{}", v.name());
+                        // The Q slots of no mask, the head dim's tiles, no split tail.
+                        assert_eq!(
+                            (v.q_slots, v.block_n),
+                            (if v.softcap { 1 } else { q_slots_for(d, false) }, tiles(d).block_n),
+                            "{}",
+                            v.name()
+                        );
                         assert_eq!(v.split(&m, launch.grid[0]).units, 0);
                     }
                 }
