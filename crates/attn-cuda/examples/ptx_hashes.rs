@@ -1,16 +1,17 @@
-//! Prints a hash of each Ampere/Ada variant's PTX for one architecture, with the line-number
+//! Prints a hash of each Ampere/Ada variant's PTX for one architecture (or, with `sm_90a-hopper`,
+//! of each Hopper variant's), with the line-number
 //! directives (`.loc`, `.file`) and comments left out, so that a change to the kernel source can
 //! be checked not to touch the code of variants it should leave alone: run it before and after
 //! and compare (`diff`). No GPU needed (NVRTC only).
 //!
 //! ```text
-//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a] [NAME-PART] > hashes.txt
+//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a|sm_90a-hopper] [NAME-PART] > hashes.txt
 //! ```
 //!
 //! Each line: the variant's name, the hash, its registers and spilled bytes; only the variants
 //! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
 
-use attn_cuda::{Arch, ampere, compile};
+use attn_cuda::{Arch, CompileRequest, ampere, compile, hopper};
 use std::hash::{Hash, Hasher};
 
 /// The PTX without what moves when source lines move.
@@ -23,9 +24,10 @@ fn code_only(ptx: &str) -> String {
 }
 
 fn main() {
-    let arch = match std::env::args().nth(1).as_deref() {
-        Some("sm_89") => Arch::Sm89,
-        Some("sm_90a") => Arch::Sm90a,
+    let which = std::env::args().nth(1).unwrap_or_default();
+    let arch = match which.as_str() {
+        "sm_89" => Arch::Sm89,
+        "sm_90a" | "sm_90a-hopper" => Arch::Sm90a,
         _ => Arch::Sm80,
     };
     let part = std::env::args().nth(2).unwrap_or_default();
@@ -33,7 +35,19 @@ fn main() {
         Some(left_out) => !name.contains(left_out),
         None => name.contains(&part),
     };
-    let variants: Vec<_> = ampere::Variant::all().into_iter().filter(|v| keep(&v.name())).collect();
+    // (name, request, entry) of each variant kept.
+    let variants: Vec<(String, CompileRequest, &str)> = match which.as_str() {
+        "sm_90a-hopper" => hopper::Variant::all()
+            .into_iter()
+            .filter(|v| keep(&v.name()))
+            .map(|v| (v.name(), v.request(), "attn_fwd_sm90"))
+            .collect(),
+        _ => ampere::Variant::all()
+            .into_iter()
+            .filter(|v| keep(&v.name()))
+            .map(|v| (v.name(), v.request(arch), "attn_fwd"))
+            .collect(),
+    };
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let lines: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = variants
@@ -41,20 +55,19 @@ fn main() {
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|v| match compile(&v.request(arch)) {
+                        .map(|(name, request, entry)| match compile(request) {
                             Ok(c) => {
                                 let mut h = std::collections::hash_map::DefaultHasher::new();
                                 code_only(&c.ptx).hash(&mut h);
-                                let r = c.resources_of("attn_fwd").cloned().unwrap_or_default();
+                                let r = c.resources_of(entry).cloned().unwrap_or_default();
                                 format!(
-                                    "{} {:016x} {} registers {} B spilled",
-                                    v.name(),
+                                    "{name} {:016x} {} registers {} B spilled",
                                     h.finish(),
                                     r.registers,
                                     r.spill_bytes()
                                 )
                             }
-                            Err(e) => format!("{} error: {e}", v.name()),
+                            Err(e) => format!("{name} error: {e}"),
                         })
                         .collect::<Vec<_>>()
                 })

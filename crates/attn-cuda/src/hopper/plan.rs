@@ -12,7 +12,8 @@ impl Variant {
     /// tiles (and the `long_tiles` and `short_causal_tiles` where a head dim has them), both
     /// masks, both dtypes, each with two Q slots ([`Variant::q_slots`]) where they fit, and the
     /// causal ones in both block orders ([`Variant::bottom`]) where they have two; a window on
-    /// each head dim's tiles; and each of these with the soft-cap. Tiles forced by
+    /// each head dim's tiles; each of these with the soft-cap; and all of them with ALiBi
+    /// (which changes no choice of the plan's). Tiles forced by
     /// `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = Self::all_plain();
@@ -28,6 +29,7 @@ impl Variant {
                     causal: false,
                     window: true,
                     softcap: false,
+                    alibi: false,
                     q_slots: 1,
                     bottom: false,
                     trace: false,
@@ -38,6 +40,8 @@ impl Variant {
         }
         let capped: Vec<Variant> = v.iter().filter_map(|x| x.capped()).collect();
         v.extend(capped);
+        let biased: Vec<Variant> = v.iter().filter_map(|x| x.biased()).collect();
+        v.extend(biased);
         v
     }
 
@@ -57,6 +61,17 @@ impl Variant {
         }
     }
 
+    /// The ALiBi form of this variant as the plan makes it ([`capped_biased_tiles`] with a
+    /// soft-cap), or none where the plan takes no such variant ([`hands_over`]).
+    fn biased(&self) -> Option<Variant> {
+        let v = Variant { alibi: true, ..*self };
+        match capped_biased_tiles(v.head_dim).filter(|_| v.softcap) {
+            _ if hands_over(v.head_dim, v.window, v.causal, v.softcap, true) => None,
+            Some(t) => Some(Variant { block_n: t.block_n, ..v }),
+            None => Some(v),
+        }
+    }
+
     /// The variants without a window or a soft-cap.
     fn all_plain() -> Vec<Variant> {
         let mut v = vec![];
@@ -73,6 +88,7 @@ impl Variant {
                         causal,
                         window: false,
                         softcap: false,
+                        alibi: false,
                         q_slots: 1,
                         bottom: false,
                         trace: false,
@@ -251,6 +267,20 @@ pub fn capped_causal_tiles(head_dim: usize) -> Option<Tiles> {
     }
 }
 
+/// Tiles for the soft-cap with ALiBi, under any mask, where [`tiles`]' spill registers: D = 64's
+/// 112-key tiles spilled 36-40 bytes (its three consumers have 152 registers each), none on
+/// 96 keys, the soft-capped causal tiles ([`capped_causal_tiles`]).
+pub fn capped_biased_tiles(head_dim: usize) -> Option<Tiles> {
+    capped_causal_tiles(head_dim)
+}
+
+/// Whether the Hopper family hands a problem of these features to the Ampere/Ada family, whose
+/// consumers would spill registers: D = 256 with a window and a soft-cap (20 bytes), with a
+/// window and ALiBi (16), causal with a soft-cap and ALiBi (28).
+pub fn hands_over(head_dim: usize, window: bool, causal: bool, softcap: bool, alibi: bool) -> bool {
+    head_dim == 256 && ((window && (softcap || alibi)) || (causal && softcap && alibi))
+}
+
 /// The most keys for which [`short_causal_tiles`] are taken.
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
 
@@ -280,11 +310,16 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 /// mask takes [`capped_causal_tiles`] where a head dim has them, and never the short causal ones.
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
+    let capped = problem.params.softcap.is_some();
+    let capped_biased = capped && problem.params.alibi.is_some();
     let causal = match KernelMask::of(problem) {
+        KernelMask::Window if capped_biased => return capped_biased_tiles(d).unwrap_or(tiles(d)),
         KernelMask::Window => return tiles(d),
         mask => mask == KernelMask::Causal,
     };
-    let capped = problem.params.softcap.is_some();
+    if let Some(t) = capped_biased_tiles(d).filter(|_| capped_biased) {
+        return t;
+    }
     if let Some(t) = capped_causal_tiles(d).filter(|_| causal && capped) {
         return t;
     }
@@ -315,12 +350,15 @@ pub fn choose(
 ) -> Result<(Variant, Launch)> {
     let s = problem.shape;
     check_supported(problem, "cuda (Hopper family)", &HEAD_DIMS)?;
-    if s.head_dim == 256 && KernelMask::of(problem) == KernelMask::Window && problem.params.softcap.is_some()
-    {
-        // Its consumers spill registers (20 bytes): the Ampere/Ada family runs it.
+    let mask = KernelMask::of(problem);
+    let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    if hands_over(s.head_dim, mask == KernelMask::Window, mask == KernelMask::Causal, softcap, alibi) {
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
-            what: format!("{problem}: a window with a soft-cap at D=256 (the Ampere/Ada family runs it)"),
+            what: format!(
+                "{problem}: at D=256, a window with a soft-cap or ALiBi, or a causal mask with both, spill \
+                 the consumers' registers (the Ampere/Ada family runs it)"
+            ),
         });
     }
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
@@ -345,7 +383,6 @@ pub fn choose(
             ),
         });
     }
-    let mask = KernelMask::of(problem);
     let variant = Variant {
         dtype: problem.dtype,
         head_dim: s.head_dim,
@@ -354,7 +391,8 @@ pub fn choose(
         consumers,
         causal: mask == KernelMask::Causal,
         window: mask == KernelMask::Window,
-        softcap: problem.params.softcap.is_some(),
+        softcap,
+        alibi,
         q_slots: 1,
         bottom: false,
         trace: false,
@@ -665,14 +703,18 @@ mod tests {
         // two and from the bottom (5); D=128's short causal tiles, from the bottom (1). A window
         // on each head dim's tiles, with two Q slots too where they fit (D=64 and 128). Each of
         // these with the soft-cap too, but D=256's window, windows in two Q slots and D=128's
-        // short causal tiles (Variant::capped).
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 3 + 9 + 1));
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 2 + 5 + 1));
-        assert_eq!(Variant::all().len(), 72);
+        // short causal tiles (Variant::capped). All of them with ALiBi too, but D=256's window
+        // and causal soft-capped tiles (hands_over).
+        assert_eq!(
+            Variant::all().iter().filter(|v| v.threads() == 384).count(),
+            2 * (2 * (9 + 3 + 9 + 1) - 2)
+        );
+        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * 2 * (6 + 2 + 5 + 1));
+        assert_eq!(Variant::all().len(), 140);
     }
 
     #[test]
-    fn windows_and_soft_caps_plan_compiled_variants() {
+    fn windows_soft_caps_and_alibi_plan_compiled_variants() {
         let h100 = DeviceLimits::h100();
         let all = Variant::all();
         for d in HEAD_DIMS {
@@ -685,9 +727,15 @@ mod tests {
                     p.with_window(None, Some(0)),
                     p.with_window(Some(8), None),
                 ];
-                for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]) {
+                let capped = masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]);
+                let biased = capped.flat_map(|m| {
+                    [m, m.with_alibi(attn_core::Alibi::PerHead), m.with_alibi(attn_core::Alibi::PerBatchHead)]
+                });
+                for m in biased {
                     let windowed = KernelMask::of(&m) == KernelMask::Window;
-                    if d == 256 && windowed && m.params.softcap.is_some() {
+                    let causal = KernelMask::of(&m) == KernelMask::Causal;
+                    let (capped, biased) = (m.params.softcap.is_some(), m.params.alibi.is_some());
+                    if hands_over(d, windowed, causal, capped, biased) {
                         let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
                         assert!(e.contains("Ampere/Ada family runs it"), "{e}");
                         continue;
@@ -695,11 +743,23 @@ mod tests {
                     let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
                     assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
                     assert_eq!(v.softcap, m.params.softcap.is_some());
+                    // ALiBi changes no other choice of the plan's but the soft-capped tiles.
+                    assert_eq!(v.alibi, biased);
+                    let plain = Problem { params: attn_core::Params { alibi: None, ..m.params }, ..m };
+                    let (p, _) = choose(&plain, &h100, 132, None, true).unwrap();
+                    assert_eq!(Variant { alibi: false, block_n: p.block_n, ..v }, p);
+                    let short = capped_biased_tiles(d).filter(|_| capped && biased);
+                    assert_eq!(v.block_n, short.map_or(p.block_n, |t| t.block_n), "{}", v.name());
+                    let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
+                    assert_eq!(notes.iter().any(|n| n.contains("ALiBi")), v.alibi, "{notes:?}");
                     if v.window {
                         // The Q slots of no mask, the head dim's tiles, no split tail.
                         assert_eq!(
                             (v.q_slots, v.block_n),
-                            (if v.softcap { 1 } else { q_slots_for(d, false) }, tiles(d).block_n),
+                            (
+                                if v.softcap { 1 } else { q_slots_for(d, false) },
+                                short.map_or(tiles(d).block_n, |t| t.block_n)
+                            ),
                             "{}",
                             v.name()
                         );
