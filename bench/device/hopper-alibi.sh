@@ -86,6 +86,11 @@ bins = {"this": attn, "base": base}
 commit = lambda b: open(b + ".commit").read().strip() if os.path.exists(b + ".commit") else "unknown"
 rows = {}    # (build, feature, d, seq, causal) -> [median ms per round], and the kernel
 kernels, accuracy, wins, wkern = {}, {}, {}, {}
+try:
+    device = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+except OSError:
+    device = "unknown (no nvidia-smi)"
 elapsed = lambda: float(open("/proc/uptime").read().split()[0]) - float(os.environ["UP0"])
 
 def pairs(s, left=None):
@@ -120,8 +125,7 @@ def write():
                 "and both against neither (this build), soft-cap 30 and ALiBi of the build before (base: soft-cap "
                 "with MUFU.RCP, ALiBi handed to the Ampere/Ada family); and the causal window (4096, 0) against "
                 "causal at S=32768 next to the ratio of visible (query, key) pairs",
-        "device": subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "device": device,
         "commit": commit(attn), "base_commit": commit(base),
         "command": "bash bench/device/hopper-alibi.sh (ATTN=<release attn of commit>, BASE=<release attn of base_commit>); "
                    "grid rows: attn bench --backend cuda --dtypes bf16 --dims 64,128 --seqs 4096,16384 --tokens 16384 "

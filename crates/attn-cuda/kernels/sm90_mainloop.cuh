@@ -274,18 +274,19 @@ __device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int
 // exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped score. tanh(x) is
 // 1 - 2 / (1 + 2^(2 x log2(e))), within a few f32 ulps of 1 in absolute error (tanh.approx.f32's
 // 2^-11 relative error would move a capped score of 30 by 0.015, and the LSE past the verify
-// tolerance). The exp2 is one MUFU.EX2; the reciprocal runs on the FMA pipe (reciprocal()), as
-// the multi-function unit is what the softmax's own exp2 already keeps as busy as the tensor
-// cores at D=128 (with MUFU.RCP too, soft-cap 30 was 47-80% slower on the H100, c8a3d77), where
-// the consumers have registers to spare: with two consumer warpgroups; with three (D=64, whose
-// causal soft-capped tiles are already at the register limit) MUFU.RCP. The exponent is
-// capped at 64 (tanh is 1 to f32 long before), so that 1 + 2^x stays a normal number for
-// reciprocal(); 2^-inf gives -1. Before the mask, which must leave -inf.
+// tolerance). The exp2 is one MUFU.EX2. The reciprocal runs on the FMA pipe (reciprocal())
+// without a mask with two consumer warpgroups, where the multi-function unit is what the
+// softmax's own exp2 already keeps as busy as the tensor cores (D=128): 3-5% faster than MUFU.RCP
+// on the H100 at S=4096 and 16384 (0528746, docs/experiments.md); elsewhere MUFU.RCP: causal,
+// the FMA pipe's was 1-3% slower; windows were not measured; three consumers (D=64) have no
+// registers to spare. The exponent is capped at 64 for reciprocal() (tanh is 1 to f32 long
+// before), so that 1 + 2^x stays a normal number; 2^-inf gives -1. Before the mask, which must
+// leave -inf.
 __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
         float r;
-        if (CONSUMERS == 2) {
+        if (CONSUMERS == 2 && !CAUSAL && !ATTN_WINDOW) {
             r = reciprocal(1.f + exp2_fast(fminf(s[i] * softcap_in, 64.f)));
         } else {
             asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + exp2_fast(s[i] * softcap_in)));
