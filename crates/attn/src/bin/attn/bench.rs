@@ -1,8 +1,10 @@
 //! `attn bench`: one JSON row per (dtype, head_dim, seq, mask) on one backend, in the format the
 //! peer scripts in `bench/peers/` also write, so `bench/report.py` can set them side by side.
 
+use crate::cli::{into_sequences, parse_window, varlen_lengths};
 use attn::measure;
-use attn::{Attention, Buffer, DType, Outputs, Problem, Shape};
+use attn::sequences::KeyStore;
+use attn::{Attention, Buffer, DType, Mask, Outputs, OwnedExtras, Problem, Shape};
 use clap::Args;
 
 #[derive(Args)]
@@ -19,9 +21,17 @@ pub struct BenchArgs {
     /// Sequence lengths, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
     seqs: Vec<usize>,
-    /// Masks to run: `none`, `causal` or both (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "none,causal")]
-    masks: Vec<String>,
+    /// Masks to run, comma-separated: `none`, `causal`, `window` (the --window bounds).
+    /// Default: `none,causal`, or `window` where --window is given.
+    #[arg(long, value_delimiter = ',')]
+    masks: Option<Vec<String>>,
+    /// The `window` mask's bounds `LEFT,RIGHT`, -1 unbounded (as `attn run --window`).
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    window: Option<String>,
+    /// Each row's batch as packed sequences of seeded random lengths in MIN..=seq (as `attn run
+    /// --varlen`); the row's FLOPs are counted per sequence.
+    #[arg(long, value_name = "MIN")]
+    varlen: Option<usize>,
     /// Fixed batch size; with --tokens the batch is tokens / seq instead.
     #[arg(long, default_value_t = 1)]
     batch: usize,
@@ -34,6 +44,9 @@ pub struct BenchArgs {
     /// Model width (heads = model_dim / head_dim), the GPU grid's convention.
     #[arg(long)]
     model_dim: Option<usize>,
+    /// Key/value heads (GQA); default: as many as query heads.
+    #[arg(long)]
+    kv_heads: Option<usize>,
     /// CPU threads.
     #[arg(long)]
     threads: Option<usize>,
@@ -65,48 +78,39 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(t) = args.threads {
         let _ = rayon::ThreadPoolBuilder::new().num_threads(t).build_global();
     }
+    let masks = args.masks()?;
+    if args.dump.is_some() && (args.varlen.is_some() || args.window.is_some() || args.kv_heads.is_some()) {
+        return Err("--dump writes dense BHSD rows with a plain or causal mask and as many K/V heads as \
+                    query heads: not with --varlen, --window or --kv-heads"
+            .into());
+    }
     // One instance for the whole grid: a GPU backend opens its device and loads kernels once.
     let named = args.backend.as_deref().map(attn::Backend::by_name).transpose()?;
     for &dtype in &args.dtypes {
         for &d in &args.dims {
             for &seq in &args.seqs {
-                for mask in &args.masks {
-                    let batch = args.tokens.map_or(args.batch, |t| (t / seq).max(1));
-                    let heads = args.model_dim.map_or(args.heads, |m| (m / d).max(1));
-                    let mut problem = Problem::new(Shape::new(batch, heads, seq, d), dtype);
-                    match mask.as_str() {
-                        "none" => {}
-                        "causal" => problem = problem.causal(),
-                        other => return Err(format!("unknown mask `{other}`; use none or causal").into()),
-                    }
-                    let mut extras = attn::OwnedExtras::default();
-                    if let Some(cap) = args.softcap {
-                        problem = problem.with_softcap(cap);
-                    }
-                    if args.alibi {
-                        problem = problem.with_alibi(attn::Alibi::PerHead);
-                        extras.alibi_slopes = Some(attn::sequences::alibi_standard_slopes(heads));
-                    }
+                for &(name, mask) in &masks {
+                    let row = args.row(dtype, d, seq, mask)?;
                     let auto;
                     let backend: &dyn Attention = match &named {
                         Some(b) => b.as_ref(),
                         None => {
-                            auto = attn::Backend::auto(&problem)?;
+                            auto = attn::Backend::auto(&row.problem)?;
                             auto.as_ref()
                         }
                     };
-                    let row = bench_one(backend, &problem, &extras, &args)?;
-                    println!("{}", serde_json::to_string(&row)?);
+                    let json = bench_one(backend, &row, name, &args)?;
+                    println!("{}", serde_json::to_string(&json)?);
                     eprintln!(
                         "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  rel_l2 {:.2e}",
                         backend.name(),
                         dtype,
                         d,
                         seq,
-                        mask,
-                        row["median_ms"].as_f64().unwrap_or(0.0),
-                        row["gflops"].as_f64().unwrap_or(0.0),
-                        row["rel_l2"].as_f64().unwrap_or(f64::NAN)
+                        name,
+                        json["median_ms"].as_f64().unwrap_or(0.0),
+                        json["gflops"].as_f64().unwrap_or(0.0),
+                        json["rel_l2"].as_f64().unwrap_or(f64::NAN)
                     );
                 }
             }
@@ -115,12 +119,96 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// One row of the grid: its problem and inputs' extras, and each sequence's lengths.
+struct Row {
+    problem: Problem,
+    extras: OwnedExtras,
+    q_lens: Vec<usize>,
+    k_lens: Vec<usize>,
+}
+
+impl BenchArgs {
+    /// The masks to run, each with its name: --masks, checked against --window.
+    fn masks(&self) -> attn::Result<Vec<(&'static str, Mask)>> {
+        let window = self.window.as_deref().map(parse_window).transpose()?;
+        let names = match (&self.masks, window) {
+            (Some(names), _) => names.iter().map(String::as_str).collect(),
+            (None, Some(_)) => vec!["window"],
+            (None, None) => vec!["none", "causal"],
+        };
+        let masks = names
+            .into_iter()
+            .map(|name| match (name, window) {
+                ("none", _) => Ok(("none", Mask::None)),
+                ("causal", _) => Ok(("causal", Mask::Causal)),
+                ("window", Some((left, right))) => Ok(("window", Mask::Window { left, right })),
+                ("window", None) => Err(attn::Error::InvalidParameter {
+                    what: "--masks window needs --window LEFT,RIGHT".into(),
+                }),
+                (other, _) => Err(attn::Error::InvalidParameter {
+                    what: format!("--masks {other}: use none, causal or window"),
+                }),
+            })
+            .collect::<attn::Result<Vec<_>>>()?;
+        if window.is_some() && !masks.iter().any(|(name, _)| *name == "window") {
+            return Err(attn::Error::InvalidParameter {
+                what: "--window is given but --masks has no `window`".into(),
+            });
+        }
+        Ok(masks)
+    }
+
+    /// The row of (dtype, head dim, seq, mask): batch and heads by --tokens/--batch and
+    /// --model-dim/--heads, --softcap and --alibi on it, and with --varlen its batch as packed
+    /// sequences of drawn lengths (seq the longest a sequence may be).
+    fn row(&self, dtype: DType, d: usize, seq: usize, mask: Mask) -> attn::Result<Row> {
+        let batch = self.tokens.map_or(self.batch, |t| (t / seq).max(1));
+        let heads = self.model_dim.map_or(self.heads, |m| (m / d).max(1));
+        let shape = Shape { heads_kv: self.kv_heads.unwrap_or(heads), ..Shape::new(batch, heads, seq, d) };
+        let mut problem = Problem::new(shape, dtype).with_mask(mask);
+        let mut extras = OwnedExtras::default();
+        let (q_lens, k_lens) = match self.varlen {
+            Some(min) => varlen_lengths(batch, seq, seq, min)?,
+            None => (vec![seq; batch], vec![seq; batch]),
+        };
+        if self.varlen.is_some() {
+            (problem, extras) = into_sequences(problem, &q_lens, &k_lens, KeyStore::Packed);
+        }
+        if let Some(cap) = self.softcap {
+            problem = problem.with_softcap(cap);
+        }
+        if self.alibi {
+            problem = problem.with_alibi(attn::Alibi::PerHead);
+            extras.alibi_slopes = Some(attn::sequences::alibi_standard_slopes(heads));
+        }
+        problem.validate()?;
+        problem.check_extras(&extras.borrow())?;
+        Ok(Row { problem, extras, q_lens, k_lens })
+    }
+}
+
+/// Useful floating-point operations of `problem` with sequences of these (queries, keys), by
+/// FlashAttention's convention applied to each sequence on its own ([`Problem::flops`] of a
+/// one-sequence problem of its lengths and the same mask: `4·H·Sq·Sk·D`, halved where causal and
+/// square, the causal diagonal bottom-right on the sequence's own lengths), summed.
+fn sequence_flops(problem: &Problem, q_lens: &[usize], k_lens: &[usize]) -> f64 {
+    q_lens
+        .iter()
+        .zip(k_lens)
+        .map(|(&seq_q, &seq_k)| {
+            let shape = Shape { batch: 1, seq_q, seq_k, ..problem.shape };
+            Problem::new(shape, problem.dtype).with_mask(problem.params.mask).flops()
+        })
+        .sum()
+}
+
 fn bench_one(
     backend: &dyn Attention,
-    problem: &Problem,
-    extras: &attn::OwnedExtras,
+    row: &Row,
+    mask: &str,
     args: &BenchArgs,
 ) -> attn::Result<serde_json::Value> {
+    let (problem, extras) = (&row.problem, &row.extras);
     let plan = backend.plan(problem)?;
     measure::check_host_memory(problem)?;
     let bufs = measure::random_inputs(problem, 1);
@@ -146,18 +234,29 @@ fn bench_one(
         attn::Execution::Cpu { threads, .. } => Some(*threads),
         attn::Execution::Gpu(_) => None,
     };
+    let window = match problem.params.mask {
+        Mask::Window { left, right } => Some([left, right]),
+        _ => None,
+    };
+    let flops = sequence_flops(problem, &row.q_lens, &row.k_lens);
     Ok(serde_json::json!({
         "impl": backend.name(),
         "kernel": plan.kernel,
         "dtype": problem.dtype.name(),
-        "batch": s.batch, "heads": s.heads_q, "seq": s.seq_q, "head_dim": s.head_dim,
+        "batch": s.batch, "heads": s.heads_q, "kv_heads": s.heads_kv, "seq": s.seq_q, "head_dim": s.head_dim,
         "causal": problem.is_causal(),
+        "mask": mask,
+        "window": window,
+        "varlen_min": args.varlen,
+        "tokens": row.q_lens.iter().sum::<usize>(),
+        "seq_lens": args.varlen.map(|_| &row.q_lens),
+        "flops": flops,
         "softcap": problem.params.softcap,
         "alibi": problem.params.alibi.is_some(),
         "threads": threads,
         "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
         "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
-        "gflops": problem.flops() / t.median_s / 1e9,
+        "gflops": flops / t.median_s / 1e9,
         "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
         "device_bytes": t.device_bytes,
     }))
@@ -183,4 +282,79 @@ fn dump(
         "batch": s.batch, "heads": s.heads_q, "seq": s.seq_q, "head_dim": s.head_dim, "scale": p.scale(),
     });
     std::fs::write(dir.join(format!("{stem}.json")), meta.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(flags: &str) -> BenchArgs {
+        Cmd::try_parse_from(format!("bench {flags}").split_whitespace()).expect("flags parse").bench
+    }
+
+    #[test]
+    fn window_and_masks_flags_parse_and_check_each_other() {
+        let names = |flags: &str| args(flags).masks().map(|m| m.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+        assert_eq!(names("").unwrap(), ["none", "causal"]);
+        assert_eq!(
+            args("--window 4096,0").masks().unwrap(),
+            [("window", Mask::Window { left: Some(4096), right: Some(0) })]
+        );
+        assert_eq!(
+            args("--window -1,8 --masks causal,window").masks().unwrap()[1].1,
+            Mask::Window { left: None, right: Some(8) }
+        );
+        for (flags, says) in [
+            ("--masks window", "needs --window"),
+            ("--window 4,0 --masks causal", "has no `window`"),
+            ("--masks sliding", "use none, causal or window"),
+            ("--window 4", "LEFT,RIGHT"),
+        ] {
+            let err = names(flags).unwrap_err().to_string();
+            assert!(err.contains(says), "{flags}: {err}");
+        }
+    }
+
+    #[test]
+    fn varlen_rows_are_packed_sequences_of_seeded_lengths() {
+        let a = args("--varlen 128 --batch 64 --heads 32 --kv-heads 8");
+        let row = a.row(DType::Bf16, 128, 4096, Mask::Causal).unwrap();
+        assert_eq!(row.q_lens.len(), 64);
+        assert!(row.q_lens.iter().all(|n| (128..=4096).contains(n)) && row.q_lens == row.k_lens);
+        assert!(row.q_lens.iter().any(|&n| n != row.q_lens[0]), "lengths drawn, not all equal");
+        let total: usize = row.q_lens.iter().sum();
+        assert!(matches!(row.problem.batching.q, attn::QueryRows::Packed { total: t } if t == total));
+        assert_eq!((row.problem.shape.heads_q, row.problem.shape.heads_kv), (32, 8));
+        let map = row.problem.seq_map(row.extras.borrow()).unwrap();
+        assert!((0..64).all(|b| map.q_len(b) == row.q_lens[b]));
+        // The same flags draw the same lengths; a dense row keeps its batch.
+        assert_eq!(a.row(DType::Bf16, 128, 4096, Mask::None).unwrap().q_lens, row.q_lens);
+        let dense = args("--tokens 16384").row(DType::Bf16, 64, 4096, Mask::None).unwrap();
+        assert!(dense.problem.batching.is_dense() && dense.q_lens == [4096; 4]);
+        let err = args("--varlen 5000").row(DType::Bf16, 64, 4096, Mask::None).err().unwrap().to_string();
+        assert!(err.contains("--varlen 5000"), "{err}");
+    }
+
+    #[test]
+    fn sequence_flops_follow_the_convention_per_sequence() {
+        let p = |mask| Problem::new(Shape::new(2, 3, 4, 8), DType::Bf16).with_mask(mask);
+        let per_pair = 4.0 * 3.0 * 8.0;
+        // Square causal sequences: each halved on its own lengths, 2²/2 + 4²/2 pairs.
+        assert_eq!(sequence_flops(&p(Mask::Causal), &[2, 4], &[2, 4]), per_pair * (2.0 + 8.0));
+        assert_eq!(sequence_flops(&p(Mask::None), &[2, 4], &[2, 4]), per_pair * (4.0 + 16.0));
+        // Fewer queries than keys, causal bottom-right: row i of 2 sees 3 + i of 4 keys.
+        assert_eq!(sequence_flops(&p(Mask::Causal), &[2], &[4]), per_pair * (3.0 + 4.0));
+        // A window (1, 0) of 4 rows sees 1 + 2 + 2 + 2 keys.
+        let window = Mask::Window { left: Some(1), right: Some(0) };
+        assert_eq!(sequence_flops(&p(window), &[4], &[4]), per_pair * 7.0);
+        // Equal lengths: the dense problem's own count.
+        assert_eq!(sequence_flops(&p(Mask::Causal), &[4, 4], &[4, 4]), p(Mask::Causal).flops());
+    }
 }

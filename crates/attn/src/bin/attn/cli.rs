@@ -143,15 +143,15 @@ impl ProblemArgs {
         }
         let mut extras = OwnedExtras::default();
         if self.varlen.is_some() || self.page_size.is_some() {
-            let (q_lens, k_lens) = self.lengths(&shape)?;
+            let (q_lens, k_lens) = match self.varlen {
+                Some(min) => varlen_lengths(shape.batch, shape.seq_q, shape.seq_k, min)?,
+                None => (vec![shape.seq_q; shape.batch], vec![shape.seq_k; shape.batch]),
+            };
             let keys = match self.page_size {
                 Some(page_size) => KeyStore::Paged { page_size, seed: LENGTHS_SEED },
                 None => KeyStore::Packed,
             };
-            let (batched, e) = batch_of(shape, self.dtype, &q_lens, &k_lens, keys);
-            // The layout is the batch's own; the mask, scale and the rest stay as set.
-            p = Problem { shape: batched.shape, strides: batched.strides, batching: batched.batching, ..p };
-            extras = e;
+            (p, extras) = into_sequences(p, &q_lens, &k_lens, keys);
         }
         if self.alibi {
             p = p.with_alibi(Alibi::PerHead);
@@ -160,25 +160,6 @@ impl ProblemArgs {
         p.validate()?;
         p.check_extras(&extras.borrow())?;
         Ok((p, extras))
-    }
-
-    /// Each sequence's (queries, keys) for --varlen (drawn) or --page-size alone (all full).
-    fn lengths(&self, shape: &Shape) -> attn::Result<(Vec<usize>, Vec<usize>)> {
-        let Some(min) = self.varlen else {
-            return Ok((vec![shape.seq_q; shape.batch], vec![shape.seq_k; shape.batch]));
-        };
-        if min == 0 || min > shape.seq_k {
-            return Err(attn::Error::InvalidParameter {
-                what: format!("--varlen {min}: the shortest sequence is 1 to --seq ({}) tokens", shape.seq_k),
-            });
-        }
-        let mut rng = attn::rng::SplitMix64::new(LENGTHS_SEED);
-        let k_lens: Vec<usize> = (0..shape.batch).map(|_| min + rng.below(shape.seq_k - min + 1)).collect();
-        let q_lens = match shape.seq_q == shape.seq_k {
-            true => k_lens.clone(),
-            false => vec![shape.seq_q; shape.batch],
-        };
-        Ok((q_lens, k_lens))
     }
 
     /// The backend named by --backend, or the best one for `problem`.
@@ -316,8 +297,43 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// run's problem depends on its flags only.
 const LENGTHS_SEED: u64 = 7;
 
+/// Each of `batch` sequences' (queries, keys) for `--varlen MIN`: key counts drawn uniformly
+/// from `MIN..=seq_k` (seeded by [`LENGTHS_SEED`], so the same flags give the same lengths);
+/// the query counts equal them where `seq_q == seq_k`, else every sequence keeps `seq_q`.
+pub(crate) fn varlen_lengths(
+    batch: usize,
+    seq_q: usize,
+    seq_k: usize,
+    min: usize,
+) -> attn::Result<(Vec<usize>, Vec<usize>)> {
+    if min == 0 || min > seq_k {
+        return Err(attn::Error::InvalidParameter {
+            what: format!("--varlen {min}: the shortest sequence is 1 to --seq ({seq_k}) tokens"),
+        });
+    }
+    let mut rng = attn::rng::SplitMix64::new(LENGTHS_SEED);
+    let k_lens: Vec<usize> = (0..batch).map(|_| min + rng.below(seq_k - min + 1)).collect();
+    let q_lens = match seq_q == seq_k {
+        true => k_lens.clone(),
+        false => vec![seq_q; batch],
+    };
+    Ok((q_lens, k_lens))
+}
+
+/// `p` with its rows in sequences of the given lengths, laid out by [`batch_of`] (packed
+/// queries, keys packed or paged); the mask, scale and other parameters stay as `p` has them.
+pub(crate) fn into_sequences(
+    p: Problem,
+    q_lens: &[usize],
+    k_lens: &[usize],
+    keys: KeyStore,
+) -> (Problem, OwnedExtras) {
+    let (batched, extras) = batch_of(p.shape, p.dtype, q_lens, k_lens, keys);
+    (Problem { shape: batched.shape, strides: batched.strides, batching: batched.batching, ..p }, extras)
+}
+
 /// `LEFT,RIGHT` as window bounds, -1 meaning unbounded.
-fn parse_window(text: &str) -> attn::Result<(Option<usize>, Option<usize>)> {
+pub(crate) fn parse_window(text: &str) -> attn::Result<(Option<usize>, Option<usize>)> {
     let invalid = || attn::Error::InvalidParameter {
         what: format!(
             "--window {text}: expected LEFT,RIGHT, each a key count or -1 (unbounded), e.g. 4096,0"
