@@ -24,9 +24,10 @@ fn code_only(ptx: &str) -> String {
 }
 
 fn main() {
-    let arch = match std::env::args().nth(1).as_deref() {
-        Some("sm_89") => Arch::Sm89,
-        Some("sm_90a") => Arch::Sm90a,
+    let which = std::env::args().nth(1).unwrap_or_default();
+    let arch = match which.as_str() {
+        "sm_89" => Arch::Sm89,
+        "sm_90a" | "hopper" => Arch::Sm90a,
         _ => Arch::Sm80,
     };
     let part = std::env::args().nth(2).unwrap_or_default();

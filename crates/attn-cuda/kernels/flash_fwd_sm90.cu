@@ -25,7 +25,9 @@
 //   window, never with CAUSAL: a tile's piece is the key tiles its rows see, from the first to
 //   the last, as the causal mask's ends at the diagonal; the tiles at either edge are masked;
 //   the bounds are run-time parameters; no split tail), ATTN_SOFTCAP (scores capped at +-cap,
-//   cap * tanh(scaled score / cap), the cap a run-time parameter),
+//   cap * tanh(scaled score / cap), the cap a run-time parameter), ATTN_ALIBI (a bias
+//   -slope |i + seq_k - seq_q - j| added to each score after the soft-cap, before the mask; the
+//   slopes a device array, one per head or per (batch, head)),
 // and in every variant: a producer warpgroup copies Q, K and V with TMA; inside a consumer
 // warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (and S_j
 // was issued with it); the consumer warpgroups take turns issuing their products (named
@@ -96,7 +98,7 @@ constexpr int CONSUMERS = ATTN_CONSUMERS;
 constexpr int BM = 64 * CONSUMERS;
 constexpr int STAGES = ATTN_STAGES;
 constexpr bool CAUSAL = ATTN_CAUSAL;
-// ATTN_WINDOW and ATTN_SOFTCAP are read by `#if` alone: a constant of each would add a PTX global
+// ATTN_WINDOW, ATTN_SOFTCAP and ATTN_ALIBI are read by `#if` alone: a constant of each would add a PTX global
 // to every variant, and their code stays out of the variants without them, whose PTX is what it
 // was before they existed.
 constexpr bool O_STAGED = ATTN_O_STAGED;
@@ -131,7 +133,8 @@ static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to fou
 // Must match `Sm90Params` in crates/attn-cuda/src/hopper/launch.rs field for field; its test
 // `layout_matches_the_kernel` asserts these offsets (NVRTC's headers have no offsetof): q 512,
 // schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704,
-// trace 712, win_left 720, head_dim 736; 768 bytes in all (the last five fields fill what was
+// trace 712, win_left 720, alibi_slopes 736, alibi_batch_stride 744, head_dim 748; 768 bytes in
+// all (the last eight fields fill what was
 // padding, so the parameter block of the variants that do not read them is what it was).
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
@@ -168,7 +171,9 @@ struct Params {
     int win_left, win_right;  // ATTN_WINDOW: row i sees keys i + shift - win_left ..= i + shift + win_right
     float softcap_in;         // ATTN_SOFTCAP: 2 log2(e) |scale| / cap, tanh's argument times 2 log2(e)
     float softcap_out;        // ATTN_SOFTCAP: cap * log2(e), the capped score in base-2 softmax units
-    int head_dim;             // ATTN_PAD: the problem's head dim, a multiple of 8 below D
+    const float* alibi_slopes;  // ATTN_ALIBI: [heads_q], or [batch, heads_q]
+    int alibi_batch_stride;     // ATTN_ALIBI: 0 (a slope per head) or heads_q (per batch and head)
+    int head_dim;               // ATTN_PAD: the problem's head dim, a multiple of 8 below D
 };
 
 // The pieces, in this order: each relies on what the ones before it declare (the configuration

@@ -15,8 +15,8 @@
 // the ping-pong ring's (256). A consumer leaves sm90_epilogue.cuh the piece's O, not yet divided
 // by the row sums, and its RowState (finalized under the overlapped loop's last P V;
 // store_output finalizes it where it is not). Flags: D, BN, STAGES, CONSUMERS, CAUSAL,
-// Q_SLOTS (O_IN_Q), SPECULATE, and ATTN_WINDOW, ATTN_SOFTCAP (by `#if`, so that the variants
-// without them compile to what they did before they existed).
+// Q_SLOTS (O_IN_Q), SPECULATE, and ATTN_WINDOW, ATTN_SOFTCAP, ATTN_ALIBI (by `#if`, so that the
+// variants without them compile to what they did before they existed).
 #pragma once
 
 // ---- The producer: one thread of the producer warpgroup issues every copy.
@@ -272,18 +272,49 @@ __device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int
 #if ATTN_SOFTCAP
 // The soft-cap, in place on a tile's raw scores: s <- tanh(|scale| s / cap), which the
 // exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped score. tanh(x) is
-// 1 - 2 / (1 + 2^(2 x log2(e))): one MUFU.EX2 and one MUFU.RCP, within a few f32 ulps of 1 in
-// absolute error (tanh.approx.f32's 2^-11 relative error would move a capped score of 30 by
-// 0.015, and the LSE past the verify tolerance). 2^+inf gives 1, 2^-inf -1. Before the mask,
-// which must leave -inf.
+// 1 - 2 / (1 + 2^(2 x log2(e))), within a few f32 ulps of 1 in absolute error (tanh.approx.f32's
+// 2^-11 relative error would move a capped score of 30 by 0.015, and the LSE past the verify
+// tolerance). The exp2 is one MUFU.EX2. The reciprocal runs on the FMA pipe (reciprocal())
+// without a mask with two consumer warpgroups, where the multi-function unit is what the
+// softmax's own exp2 already keeps as busy as the tensor cores (D=128): 3-5% faster than MUFU.RCP
+// on the H100 at S=4096 and 16384 (0528746, docs/experiments.md); elsewhere MUFU.RCP: causal,
+// the FMA pipe's was 1-3% slower; windows were not measured; three consumers (D=64) have no
+// registers to spare. The exponent is capped at 64 for reciprocal() (tanh is 1 to f32 long
+// before), so that 1 + 2^x stays a normal number; 2^-inf gives -1. Before the mask, which must
+// leave -inf.
 __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-        float y, r;
-        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(s[i] * softcap_in));
-        asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + y));
+        float r;
+        if (CONSUMERS == 2 && !CAUSAL && !ATTN_WINDOW) {
+            r = reciprocal(1.f + exp2_fast(fminf(s[i] * softcap_in, 64.f)));
+        } else {
+            asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + exp2_fast(s[i] * softcap_in)));
+        }
         s[i] = fmaf(-2.f, r, 1.f);
     }
+}
+#endif
+
+#if ATTN_ALIBI
+// ALiBi, in place on a tile's (capped) scores: -slope |row + shift - col| in the units of s
+// (`slope_s`: the slope times log2(e) / sl2, so that the exponent's factor makes it the bias in
+// base-2 units), one FMA per score. This thread's distances are one base plus compile-time
+// offsets (its rows row, row + 8; its keys n0 + 8c + 2 (lane % 4) + {0, 1}): integers below
+// 2^24, exact in f32. Before the mask, which must leave -inf.
+// The distances do not depend on the scores, and ptxas computed them all ahead of the wait for S
+// (to hide their latency under the product), which holds NS more registers: D=64 spilled 274
+// bytes. So the base is made to depend on a score: fminf(|s[0]|, 0) is +0 whatever s[0] is
+// (NaN too), which ptxas does not know, and which leaves each distance exact.
+__device__ __forceinline__ void add_alibi(float (&s)[NS], int row, int n0, int shift, float slope_s) {
+    const float d0 = (float)(row + shift - n0 - 2 * (int)(threadIdx.x % 4)) + fminf(fabsf(s[0]), 0.f);
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float d = d0 + (float)(8 * (e >> 1) - 8 * c - (e & 1));
+            s[4 * c + e] = fmaf(-slope_s, fabsf(d), s[4 * c + e]);
+        }
 }
 #endif
 
@@ -402,6 +433,9 @@ struct Ctx {
     unsigned q_smem;   // this warpgroup's 64 rows of Q
     int j0, j1;        // this piece's key tiles of the query tile: [j0, j1)
     int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
+#if ATTN_ALIBI
+    float alibi;       // the piece's (batch, head)'s ALiBi slope in the units of s (add_alibi)
+#endif
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -446,12 +480,15 @@ __device__ __forceinline__ void mask_window_tile(const Ctx& c, float (&sc)[NS], 
 }
 #endif
 
-// Caps (ATTN_SOFTCAP), masks, then exponentiates tile j's scores in place; returns whether O
+// Caps (ATTN_SOFTCAP), adds ALiBi's bias (ATTN_ALIBI), masks, then exponentiates tile j's scores in place; returns whether O
 // must be rescaled.
 __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
     const int n0 = j * BN;
 #if ATTN_SOFTCAP
     cap_scores(sc, c.p.softcap_in);
+#endif
+#if ATTN_ALIBI
+    add_alibi(sc, c.row0, n0, c.shift, c.alibi);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
@@ -477,6 +514,9 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     const int n0 = j * BN;
 #if ATTN_SOFTCAP
     cap_scores(sc, c.p.softcap_in);
+#endif
+#if ATTN_ALIBI
+    add_alibi(sc, c.row0, n0, c.shift, c.alibi);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
@@ -610,5 +650,16 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
                sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
                pc.j0,
                pc.j1,
-               n > 0 ? (n - 1) % Q_SLOTS : -1};
+               n > 0 ? (n - 1) % Q_SLOTS : -1
+#if ATTN_ALIBI
+               ,
+               // The slope times log2(e) / sl2 (as Ctx::sl2 above)
+               p.alibi_slopes[tile.b * p.alibi_batch_stride + tile.h] * 1.4426950408889634f /
+#if ATTN_SOFTCAP
+                   p.softcap_out
+#else
+                   fmaxf(fabsf(p.scale_log2), 1e-30f)
+#endif
+#endif
+    };
 }

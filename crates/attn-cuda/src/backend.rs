@@ -22,7 +22,8 @@ use std::time::Duration;
 const HOPPER_BY_DEFAULT: bool = true;
 
 /// What the backend runs beyond a dense plain or causal softmax (the Ampere/Ada family all of
-/// it; the Hopper family windows and soft-caps, and defers the rest to the Ampere/Ada one).
+/// it; the Hopper family windows, soft-caps and ALiBi, and defers the rest to the Ampere/Ada
+/// one).
 pub(crate) const FEATURES: &[Feature] = &[
     Feature::Window,
     Feature::Softcap,
@@ -34,7 +35,7 @@ pub(crate) const FEATURES: &[Feature] = &[
 ];
 
 /// What the Hopper family runs of [`FEATURES`].
-const HOPPER_FEATURES: &[Feature] = &[Feature::Window, Feature::Softcap];
+const HOPPER_FEATURES: &[Feature] = &[Feature::Window, Feature::Softcap, Feature::Alibi];
 
 /// One specialisation of either family, as a plan chose it.
 #[derive(Clone, Debug, PartialEq)]
@@ -249,12 +250,12 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        // Sequences and ALiBi run on the Ampere/Ada family (sm_90 runs it too).
+        // Sequences of their own lengths run on the Ampere/Ada family (sm_90 runs it too).
         if let Err(e) = problem.require_features("cuda's Hopper family", HOPPER_FEATURES) {
             return match wanted {
                 true => Err(e),
                 false => Ok(Choice::Ampere(Some(format!(
-                    "the Hopper family takes no sequences of their own lengths or ALiBi yet: the Ampere/Ada \
+                    "the Hopper family takes no sequences of their own lengths yet: the Ampere/Ada \
                      family (which runs on sm_90) does ({e})"
                 )))),
             };
@@ -458,6 +459,7 @@ impl Attention for Cuda {
                 let trace = self.options.hopper.trace.as_deref();
                 Params::Hopper(Box::new(Bound::new(
                     tensors.pointers(),
+                    tensors.extras.pointers(),
                     stream,
                     problem,
                     v,

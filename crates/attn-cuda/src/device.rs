@@ -446,7 +446,7 @@ impl Cuda {
                         0
                     }
                 })?;
-                hopper = Sm90Params::new(at, work, split, problem, variant)?;
+                hopper = Sm90Params::new(at, ExtraPointers::default(), work, split, problem, variant)?;
                 builder.arg(&hopper);
             }
         }

@@ -22,10 +22,10 @@
 //! streams and devices.
 //!
 //! Sequences of their own lengths (packed queries and keys, a paged cache, `seqused_k`) and
-//! ALiBi run on the Ampere/Ada family through the host-copy path, which uploads their index
-//! arrays and slopes (`attn_core::Extras`) with the inputs; the Hopper family hands them to the
-//! Ampere/Ada one (on sm_90 too), and the device-resident calls refuse them with a typed error
-//! for now (they would need the caller's device arrays).
+//! ALiBi run through the host-copy path, which uploads their index arrays and slopes
+//! (`attn_core::Extras`) with the inputs: sequences on the Ampere/Ada family (the Hopper family
+//! hands them to it, on sm_90 too), ALiBi on either; the device-resident calls refuse them with
+//! a typed error for now (they would need the caller's device arrays).
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both

@@ -88,8 +88,8 @@ pub fn window_key_tiles(
     (first as usize / block_n)..(end as usize).div_ceil(block_n)
 }
 
-/// What the plan says about `problem`'s window and soft-cap on a kernel of `block_m` query rows
-/// and `block_n` keys per tile (nothing where it has neither).
+/// What the plan says about `problem`'s window, soft-cap and ALiBi on a kernel of `block_m` query rows
+/// and `block_n` keys per tile (nothing where it has none).
 pub fn notes(problem: &Problem, block_m: usize, block_n: usize) -> Vec<String> {
     let mut notes = vec![];
     if let (KernelMask::Window, Mask::Window { left, right }) = (KernelMask::of(problem), problem.params.mask)
@@ -114,6 +114,15 @@ pub fn notes(problem: &Problem, block_m: usize, block_n: usize) -> Vec<String> {
         notes.push(format!(
             "soft-cap {cap}: scores become {cap}·tanh(score / {cap}) after the scale, before the softmax \
              (an exp2 and a reciprocal more per score)"
+        ));
+    }
+    if let Some(alibi) = problem.params.alibi {
+        notes.push(format!(
+            "ALiBi ({}): -slope·|i + k_len - q_len - j| added to each scaled (and soft-capped) score before the mask",
+            match alibi {
+                attn_core::Alibi::PerHead => "a slope per head",
+                attn_core::Alibi::PerBatchHead => "a slope per batch and head",
+            }
         ));
     }
     notes

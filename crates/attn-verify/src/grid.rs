@@ -477,6 +477,35 @@ pub fn full() -> Vec<Case> {
             seed += 1;
             v.push(case("softcap", tag, problem, dist, seed));
         }
+        // ALiBi on the GPU kernels' own head dims, with every mask and the soft-cap: several
+        // query blocks and key tiles (the bias grows across them), seq_q != seq_k both ways,
+        // GQA, slopes per head and per (batch, head).
+        let biased = [
+            (
+                "s1000d128-gqa-cap30",
+                p(gqa_shape(2, 8, 2, 1000, 1000, 128), dtype).causal().with_softcap(30.0),
+                true,
+            ),
+            ("sq900sk1300d128", p(gqa_shape(2, 4, 2, 900, 1300, 128), dtype), true),
+            (
+                "sq1300sk700d64-l300r40",
+                p(sk(1300, 700, 4, 64), dtype).with_window(Some(300), Some(40)),
+                false,
+            ),
+            ("s1500d64-cap20", p(Shape::new(1, 4, 1500, 64), dtype).with_softcap(20.0), false),
+            ("s1200d64-gqa", p(gqa_shape(1, 4, 2, 1200, 1200, 64), dtype).causal(), true),
+            ("s777d256", p(Shape::new(2, 2, 777, 256), dtype), true),
+            ("s600d256", p(Shape::new(1, 2, 600, 256), dtype).causal(), false),
+            (
+                "s2048d128-cap30-l512r0",
+                p(gqa(2048, 128), dtype).with_softcap(30.0).with_window(Some(512), Some(0)),
+                false,
+            ),
+        ];
+        for (tag, problem, per_batch) in biased {
+            seed += 1;
+            v.push(alibi(case("alibi", tag, problem, Distribution::Normal, seed), per_batch));
+        }
     }
     v
 }

@@ -189,7 +189,8 @@ fn check_page_size(problem: &Problem) -> Result<()> {
     }
 }
 
-/// What the plan says about `problem`'s sequences and ALiBi (nothing where it has neither).
+/// What the plan says about `problem`'s sequences (nothing where it has none; ALiBi's note is
+/// `crate::scores::notes`').
 fn sequence_notes(problem: &Problem) -> Vec<String> {
     let b = problem.batching;
     let mut notes = vec![];
@@ -211,15 +212,6 @@ fn sequence_notes(problem: &Problem) -> Vec<String> {
             },
             if b.keys_used { ", per-sequence key counts (seqused_k)" } else { "" },
             problem.shape.seq_q
-        ));
-    }
-    if let Some(alibi) = problem.params.alibi {
-        notes.push(format!(
-            "ALiBi ({}): -slope·|i + k_len - q_len - j| added to each scaled score before the mask",
-            match alibi {
-                attn_core::Alibi::PerHead => "a slope per head",
-                attn_core::Alibi::PerBatchHead => "a slope per batch and head",
-            }
         ));
     }
     notes

@@ -5,8 +5,8 @@ use super::split::Split;
 use super::variant::Variant;
 use crate::runtime::driver;
 use crate::scores::ScoreParams;
-use crate::tensors::{DevicePointers, strides};
-use attn_core::{DType, Error, Problem, Result, Strides};
+use crate::tensors::{DevicePointers, ExtraPointers, strides};
+use attn_core::{Alibi, DType, Error, Problem, Result, Strides};
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,
@@ -54,6 +54,9 @@ pub struct Sm90Params {
     window_right: i32,
     softcap_in: f32,
     softcap_out: f32,
+    // The ALiBi variants' slopes (a device array, null in the others) and their batch stride.
+    alibi_slopes: u64,
+    alibi_batch_stride: i32,
     // The padded variants' head dim (`Variant::pad`): the problem's, below the kernel's.
     head_dim: i32,
 }
@@ -137,11 +140,13 @@ fn tensor_map(
 }
 
 impl Sm90Params {
-    /// The parameter block of `variant` for `problem` over the tensors at `at`; `work` holds the
-    /// addresses of the persistent scheduler's counters, zero ([`Split::counters`]), and of the
-    /// split tail's partial results (where `split` has units, else 0).
+    /// The parameter block of `variant` for `problem` over the tensors at `at` (and ALiBi's
+    /// slopes at `extras`, which an ALiBi variant must have); `work` holds the addresses of the
+    /// persistent scheduler's counters, zero ([`Split::counters`]), and of the split tail's
+    /// partial results (where `split` has units, else 0).
     pub fn new(
         at: DevicePointers,
+        extras: ExtraPointers,
         work: Workspace,
         split: &Split,
         problem: &Problem,
@@ -156,6 +161,15 @@ impl Sm90Params {
         let (q, k, v, o) = (at.q, at.k, at.v, at.o);
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
         let scores = ScoreParams::of(problem);
+        if variant.alibi != problem.params.alibi.is_some() || (variant.alibi && extras.alibi_slopes == 0) {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` for {problem}: an ALiBi variant needs a problem with ALiBi and its slopes on the \
+                     device, and a variant without it a problem without it",
+                    variant.name()
+                ),
+            });
+        }
         Ok(Sm90Params {
             q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
             k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
@@ -190,6 +204,11 @@ impl Sm90Params {
             window_right: scores.window_right,
             softcap_in: scores.softcap_in,
             softcap_out: scores.softcap_out,
+            alibi_slopes: extras.alibi_slopes,
+            alibi_batch_stride: match problem.params.alibi {
+                Some(Alibi::PerBatchHead) => s.heads_q as i32,
+                _ => 0,
+            },
             head_dim: s.head_dim as i32,
         })
     }
@@ -212,10 +231,13 @@ pub(crate) struct Bound {
 }
 
 impl Bound {
-    /// Allocates what `variant` needs beyond `tensors` for `problem`, dealt out as `split` over
-    /// `ctas` CTAs; a traced build's timeline goes to a file in `trace_folder`.
+    /// Allocates what `variant` needs beyond `tensors` (at `at`, ALiBi's slopes at `extras`) for
+    /// `problem`, dealt out as `split` over `ctas` CTAs; a traced build's timeline goes to a file
+    /// in `trace_folder`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         at: DevicePointers,
+        extras: ExtraPointers,
         stream: &Arc<CudaStream>,
         problem: &Problem,
         variant: &Variant,
@@ -240,7 +262,7 @@ impl Bound {
             counters: counters.device_ptr(stream).0,
             partials: partials.as_ref().map_or(0, |p| p.device_ptr(stream).0),
         };
-        let mut params = Sm90Params::new(at, work, split, problem, variant)?;
+        let mut params = Sm90Params::new(at, extras, work, split, problem, variant)?;
         let mut trace = None;
         // A traced build stamps through its trace pointer unconditionally: it must have one.
         if variant.trace && trace_folder.is_none() {
@@ -313,8 +335,9 @@ mod tests {
     fn layout_matches_the_kernel() {
         // 4 tensor maps (128 bytes, 128-byte aligned) + 6 pointers + 12 strides (8 bytes each)
         // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, the window and
-        // soft-cap's 2 ints and 2 floats (736) and the padded variants' head dim (740), padded to
-        // the 128-byte alignment: 768, as before they were added.
+        // soft-cap's 2 ints and 2 floats (736), ALiBi's pointer and int (748), the padded
+        // variants' head dim (752), padded to the 128-byte alignment: 768, as before they were
+        // added.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
@@ -330,8 +353,10 @@ mod tests {
             offset_of!(super::Sm90Params, partials),
             offset_of!(super::Sm90Params, trace),
             offset_of!(super::Sm90Params, window_left),
+            offset_of!(super::Sm90Params, alibi_slopes),
+            offset_of!(super::Sm90Params, alibi_batch_stride),
             offset_of!(super::Sm90Params, head_dim),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736, 744, 748]);
     }
 }

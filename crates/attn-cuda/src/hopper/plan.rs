@@ -12,14 +12,15 @@ impl Variant {
     /// tiles (and the `long_tiles` and `short_causal_tiles` where a head dim has them), both
     /// masks, both dtypes, each with two Q slots ([`Variant::q_slots`]) where they fit, and the
     /// causal ones in both block orders ([`Variant::bottom`]) where they have two; a window on
-    /// each head dim's tiles; and each of these with the soft-cap. Tiles forced by
+    /// each head dim's tiles; each of these with the soft-cap; and all of them with ALiBi
+    /// (which changes no choice of the plan's). Tiles forced by
     /// `ATTN_CUDA_SM90_TILES` are compiled where they are asked for.
     pub fn all() -> Vec<Variant> {
         let mut v = Self::all_plain();
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
                 let Tiles { block_n, stages, consumers } = tiles(head_dim);
-                v.push(Variant {
+                let window = Variant {
                     dtype,
                     head_dim,
                     block_n,
@@ -28,15 +29,20 @@ impl Variant {
                     causal: false,
                     window: true,
                     softcap: false,
+                    alibi: false,
                     q_slots: 1,
                     bottom: false,
                     trace: false,
                     pad: false,
-                });
+                };
+                v.push(window);
+                v.extend(window.with_q_slots(2).ok());
             }
         }
         let capped: Vec<Variant> = v.iter().filter_map(|x| x.capped()).collect();
         v.extend(capped);
+        let biased: Vec<Variant> = v.iter().filter_map(|x| x.biased()).collect();
+        v.extend(biased);
         v.extend(Self::all_padded());
         v
     }
@@ -62,15 +68,29 @@ impl Variant {
     }
 
     /// The soft-capped form of this variant as the plan makes it ([`capped_causal_tiles`]), or
-    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows).
+    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows;
+    /// windows in two Q slots, whose key-tile loop ptxas then built on the vector datapath: 42
+    /// R2UR, against at most 8).
     fn capped(&self) -> Option<Variant> {
         let v = Variant { softcap: true, ..*self };
         match (v.causal, v.window, v.head_dim, v.consumers) {
             (true, _, 128, 3) | (_, true, 256, _) => None,
+            (_, true, _, _) if v.q_slots == 2 => None,
             (true, _, d, _) => {
                 Some(capped_causal_tiles(d).map_or(v, |t| Variant { block_n: t.block_n, ..v }))
             }
             _ => Some(v),
+        }
+    }
+
+    /// The ALiBi form of this variant as the plan makes it ([`capped_biased_tiles`] with a
+    /// soft-cap), or none where the plan takes no such variant ([`hands_over`]).
+    fn biased(&self) -> Option<Variant> {
+        let v = Variant { alibi: true, ..*self };
+        match capped_biased_tiles(v.head_dim).filter(|_| v.softcap) {
+            _ if hands_over(v.head_dim, v.window, v.causal, v.softcap, true) => None,
+            Some(t) => Some(Variant { block_n: t.block_n, ..v }),
+            None => Some(v),
         }
     }
 
@@ -90,6 +110,7 @@ impl Variant {
                         causal,
                         window: false,
                         softcap: false,
+                        alibi: false,
                         q_slots: 1,
                         bottom: false,
                         trace: false,
@@ -278,6 +299,20 @@ pub fn capped_causal_tiles(head_dim: usize) -> Option<Tiles> {
     }
 }
 
+/// Tiles for the soft-cap with ALiBi, under any mask, where [`tiles`]' spill registers: D = 64's
+/// 112-key tiles spilled 36-40 bytes (its three consumers have 152 registers each), none on
+/// 96 keys, the soft-capped causal tiles ([`capped_causal_tiles`]).
+pub fn capped_biased_tiles(head_dim: usize) -> Option<Tiles> {
+    capped_causal_tiles(head_dim)
+}
+
+/// Whether the Hopper family hands a problem of these features to the Ampere/Ada family, whose
+/// consumers would spill registers: D = 256 with a window and a soft-cap (20 bytes), with a
+/// window and ALiBi (16), causal with a soft-cap and ALiBi (28).
+pub fn hands_over(head_dim: usize, window: bool, causal: bool, softcap: bool, alibi: bool) -> bool {
+    head_dim == 256 && ((window && (softcap || alibi)) || (causal && softcap && alibi))
+}
+
 /// The most keys for which [`short_causal_tiles`] are taken.
 pub const SHORT_CAUSAL_MAX_KEYS: usize = 4096;
 
@@ -311,11 +346,18 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
     let kernel_d = kernel_head_dim(d).unwrap_or(d);
+    let capped = problem.params.softcap.is_some();
+    let capped_biased = capped && problem.params.alibi.is_some();
     let causal = match KernelMask::of(problem) {
+        KernelMask::Window if capped_biased => {
+            return capped_biased_tiles(kernel_d).unwrap_or(tiles(kernel_d));
+        }
         KernelMask::Window => return tiles(kernel_d),
         mask => mask == KernelMask::Causal,
     };
-    let capped = problem.params.softcap.is_some();
+    if let Some(t) = capped_biased_tiles(kernel_d).filter(|_| capped_biased) {
+        return t;
+    }
     if let Some(t) = capped_causal_tiles(kernel_d).filter(|_| causal && capped) {
         return t;
     }
@@ -353,11 +395,24 @@ pub fn choose(
         format!("multiples of 8 from 8 to {MAX_HEAD_DIM} ({HEAD_DIMS:?} natively, the others padded)")
     })?;
     let kernel_d = kernel_d.unwrap_or(s.head_dim);
-    if kernel_d == 256 && KernelMask::of(problem) == KernelMask::Window && problem.params.softcap.is_some() {
-        // Its consumers spill registers (20 bytes): the Ampere/Ada family runs it.
+    let mask = KernelMask::of(problem);
+    let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    if alibi && kernel_d != s.head_dim {
+        // Not compiled: one padded build per mask and soft-cap is enough to carry.
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
-            what: format!("{problem}: a window with a soft-cap at D=256 (the Ampere/Ada family runs it)"),
+            what: format!(
+                "{problem}: ALiBi on a head dim other than {HEAD_DIMS:?} (the Ampere/Ada family runs it)"
+            ),
+        });
+    }
+    if hands_over(kernel_d, mask == KernelMask::Window, mask == KernelMask::Causal, softcap, alibi) {
+        return Err(Error::Unsupported {
+            backend: "cuda (Hopper family)".into(),
+            what: format!(
+                "{problem}: at D=256, a window with a soft-cap or ALiBi, or a causal mask with both, spill \
+                 the consumers' registers (the Ampere/Ada family runs it)"
+            ),
         });
     }
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
@@ -382,7 +437,6 @@ pub fn choose(
             ),
         });
     }
-    let mask = KernelMask::of(problem);
     let variant = Variant {
         dtype: problem.dtype,
         head_dim: kernel_d,
@@ -391,16 +445,17 @@ pub fn choose(
         consumers,
         causal: mask == KernelMask::Causal,
         window: mask == KernelMask::Window,
-        softcap: problem.params.softcap.is_some(),
+        softcap,
+        alibi,
         q_slots: 1,
         bottom: false,
         trace: false,
         pad: kernel_d != s.head_dim,
     };
-    // Two slots where they are the default and fit (forced tiles may leave no room); one under
-    // a window (its variants are compiled with one).
-    let slots = match mask {
-        KernelMask::Window => 1,
+    // Two slots where they are the default and fit (forced tiles may leave no room); a window's
+    // as without a mask: its pieces are short, and the next one's Q loads under this one's.
+    let slots = match (mask, variant.softcap) {
+        (KernelMask::Window, true) => 1, // see Variant::capped
         _ => q_slots_for(kernel_d, mask == KernelMask::Causal),
     };
     let variant = variant.with_q_slots(slots).unwrap_or(variant);
@@ -701,18 +756,22 @@ mod tests {
         // bottom (3); D=256 with either mask (2: no room for a second Q tile, O not staged).
         // 512 (three consumers): D=64 without a mask with one and two slots, causal with one and
         // two and from the bottom (5); D=128's short causal tiles, from the bottom (1). A window
-        // on each head dim's tiles (one more at each). Each of these with the soft-cap too, but
-        // D=256's window and D=128's short causal tiles (Variant::capped).
-        // Padded (one per mask, with and without the soft-cap): 6 at D=128 and 5 at D=256 (no
-        // window with a soft-cap) on 384 threads, 6 at D=64 on 512.
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 384).count(), 2 * (9 + 2 + 9 + 1 + 11));
-        assert_eq!(Variant::all().iter().filter(|v| v.threads() == 512).count(), 2 * (6 + 1 + 5 + 1 + 6));
-        assert_eq!(Variant::all().len(), 102);
+        // on each head dim's tiles, with two Q slots too where they fit (D=64 and 128). Each of
+        // these with the soft-cap too, but D=256's window, windows in two Q slots and D=128's
+        // short causal tiles (Variant::capped). All of them with ALiBi too, but D=256's window
+        // and causal soft-capped tiles (hands_over).
+        let native: Vec<Variant> = Variant::all().into_iter().filter(|v| !v.pad).collect();
+        assert_eq!(native.iter().filter(|v| v.threads() == 384).count(), 2 * (2 * (9 + 3 + 9 + 1) - 2));
+        assert_eq!(native.iter().filter(|v| v.threads() == 512).count(), 2 * 2 * (6 + 2 + 5 + 1));
+        assert_eq!(native.len(), 140);
+        // Padded (one per mask, with and without the soft-cap; no ALiBi, which the Ampere/Ada
+        // family runs on those head dims): 6 at D=64 and 128, 5 at D=256 (no window with a
+        // soft-cap), for each dtype.
         assert_eq!(Variant::all().iter().filter(|v| v.pad).count(), 34);
     }
 
     #[test]
-    fn windows_and_soft_caps_plan_compiled_variants() {
+    fn windows_soft_caps_and_alibi_plan_compiled_variants() {
         let h100 = DeviceLimits::h100();
         let all = Variant::all();
         for d in HEAD_DIMS {
@@ -725,9 +784,15 @@ mod tests {
                     p.with_window(None, Some(0)),
                     p.with_window(Some(8), None),
                 ];
-                for m in masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]) {
+                let capped = masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]);
+                let biased = capped.flat_map(|m| {
+                    [m, m.with_alibi(attn_core::Alibi::PerHead), m.with_alibi(attn_core::Alibi::PerBatchHead)]
+                });
+                for m in biased {
                     let windowed = KernelMask::of(&m) == KernelMask::Window;
-                    if d == 256 && windowed && m.params.softcap.is_some() {
+                    let causal = KernelMask::of(&m) == KernelMask::Causal;
+                    let (capped, biased) = (m.params.softcap.is_some(), m.params.alibi.is_some());
+                    if hands_over(d, windowed, causal, capped, biased) {
                         let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
                         assert!(e.contains("Ampere/Ada family runs it"), "{e}");
                         continue;
@@ -735,9 +800,26 @@ mod tests {
                     let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
                     assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
                     assert_eq!(v.softcap, m.params.softcap.is_some());
+                    // ALiBi changes no other choice of the plan's but the soft-capped tiles.
+                    assert_eq!(v.alibi, biased);
+                    let plain = Problem { params: attn_core::Params { alibi: None, ..m.params }, ..m };
+                    let (p, _) = choose(&plain, &h100, 132, None, true).unwrap();
+                    assert_eq!(Variant { alibi: false, block_n: p.block_n, ..v }, p);
+                    let short = capped_biased_tiles(d).filter(|_| capped && biased);
+                    assert_eq!(v.block_n, short.map_or(p.block_n, |t| t.block_n), "{}", v.name());
+                    let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
+                    assert_eq!(notes.iter().any(|n| n.contains("ALiBi")), v.alibi, "{notes:?}");
                     if v.window {
-                        // One Q slot, the head dim's tiles, no split tail.
-                        assert_eq!((v.q_slots, v.block_n), (1, tiles(d).block_n), "{}", v.name());
+                        // The Q slots of no mask, the head dim's tiles, no split tail.
+                        assert_eq!(
+                            (v.q_slots, v.block_n),
+                            (
+                                if v.softcap { 1 } else { q_slots_for(d, false) },
+                                short.map_or(tiles(d).block_n, |t| t.block_n)
+                            ),
+                            "{}",
+                            v.name()
+                        );
                         assert_eq!(v.split(&m, launch.grid[0]).units, 0);
                     }
                 }

@@ -86,6 +86,9 @@ pub struct Variant {
     pub window: bool,
     /// Score soft-capping compiled in (`ATTN_SOFTCAP`); the cap is a run-time parameter.
     pub softcap: bool,
+    /// ALiBi's bias compiled in (`ATTN_ALIBI`); the slopes are a run-time device array (a slope
+    /// per head, or per batch and head).
+    pub alibi: bool,
     /// Q tiles in shared memory (`ATTN_Q_SLOTS`): 1, loaded for the next piece once every
     /// consumer has issued its last S of this one; or 2 (where shared memory has room), so that the next piece's Q loads while this one's key tiles run, with O staged
     /// in its own tile's Q slot. See [`Variant::with_q_slots`].
@@ -209,10 +212,10 @@ impl Variant {
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask,
-    /// soft-cap, padding.
+    /// soft-cap, ALiBi, padding.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -223,6 +226,7 @@ impl Variant {
             if self.causal { "_causal" } else { "" },
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
+            if self.alibi { "_alibi" } else { "" },
             if self.pad { "_pad" } else { "" },
             if self.trace { "_trace" } else { "" }
         )
@@ -244,6 +248,7 @@ impl Variant {
             ("ATTN_CAUSAL".into(), flag(self.causal)),
             ("ATTN_WINDOW".into(), flag(self.window)),
             ("ATTN_SOFTCAP".into(), flag(self.softcap)),
+            ("ATTN_ALIBI".into(), flag(self.alibi)),
             ("ATTN_O_STAGED".into(), flag(self.o_staged())),
             ("ATTN_PRODUCER_REGS".into(), producer.to_string()),
             ("ATTN_CONSUMER_REGS".into(), consumer.to_string()),
