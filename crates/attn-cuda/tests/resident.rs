@@ -477,8 +477,39 @@ impl DeviceIndices {
     }
 }
 
+/// `plan` on fresh device copies of `x` and the index arrays `idx` on `stream` (waited for): o's
+/// bits and the LSE, or the call's error.
+fn with_indices<T: Half>(
+    cuda: &Cuda,
+    plan: &attn_core::Plan,
+    stream: &Arc<CudaStream>,
+    x: &[Buffer; 3],
+    idx: &DeviceIndices,
+) -> attn_core::Result<(Vec<u16>, Vec<f32>)> {
+    let p = &plan.problem;
+    let mut t = Resident::<T>::new(stream, p, x);
+    let arrays = idx.arrays(p.params.return_lse.then(|| t.lse.as_view_mut()));
+    cuda.run_on_stream(plan, &t.q, &t.k, &t.v, &mut t.o, arrays, stream)?;
+    stream.synchronize().unwrap_or_else(|err| panic!("{p} ({}): the kernel faulted: {err}", plan.kernel));
+    Ok(t.read(stream, p))
+}
+
+/// [`with_indices`] in the problem's dtype.
+fn run_indices(
+    cuda: &Cuda,
+    plan: &attn_core::Plan,
+    stream: &Arc<CudaStream>,
+    x: &[Buffer; 3],
+    idx: &DeviceIndices,
+) -> attn_core::Result<(Vec<u16>, Vec<f32>)> {
+    match plan.problem.dtype {
+        DType::F16 => with_indices::<f16>(cuda, plan, stream, x, idx),
+        _ => with_indices::<bf16>(cuda, plan, stream, x, idx),
+    }
+}
+
 /// Index arrays given as device memory: the host-copy path's bits (which copies them itself);
-/// an array missing or short is a typed error.
+/// an array missing is a typed error naming it.
 #[test]
 fn index_arrays_in_device_memory_give_the_host_paths_bits() {
     let Some(cuda) = backend("index_arrays_in_device_memory_give_the_host_paths_bits", Options::default())
@@ -495,82 +526,51 @@ fn index_arrays_in_device_memory_give_the_host_paths_bits() {
         let lse_out = p.params.return_lse.then_some(lse.as_mut_slice());
         cuda.forward(&p, host_inputs, Outputs { o: o.as_data_mut(), lse: lse_out }).unwrap();
         let plan = cuda.plan_on(&ctx, &p).unwrap();
-        let mut t = Resident::<bf16>::new(&stream, &Problem { dtype: DType::Bf16, ..p }, &x);
-        let mut t16 = Resident::<f16>::new(&stream, &Problem { dtype: DType::F16, ..p }, &x);
-        let idx = DeviceIndices::new(&stream, &e);
-        let arrays = idx.arrays(p.params.return_lse.then(|| t.lse.as_view_mut()));
-        match p.dtype {
-            DType::Bf16 => cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, arrays, &stream).unwrap(),
-            _ => {
-                let arrays = idx.arrays(p.params.return_lse.then(|| t16.lse.as_view_mut()));
-                cuda.run_on_stream(&plan, &t16.q, &t16.k, &t16.v, &mut t16.o, arrays, &stream).unwrap()
-            }
-        }
-        stream.synchronize().unwrap();
-        let got = match p.dtype {
-            DType::Bf16 => t.read(&stream, &p),
-            _ => t16.read(&stream, &p),
-        };
+        let got = run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &e)).unwrap();
         assert!(got.0 == bits(&o), "{p} ({}): o differs from the host-copy path", plan.kernel);
         if p.params.return_lse {
             let b = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(b(&got.1), b(&lse), "{p} ({}): lse", plan.kernel);
         }
-        // Without one of its arrays: a typed error naming it.
-        let mut missing = idx.arrays(None);
-        missing.lse = p.params.return_lse.then(|| t.lse.as_view_mut());
+        // Without one of its arrays: a typed error naming it, before any launch.
+        let mut fewer = e.clone();
         let name = match () {
-            _ if missing.block_table.take().is_some() => "block_table",
-            _ if missing.cu_seqlens_k.take().is_some() => "cu_seqlens_k",
+            _ if fewer.block_table.take().is_some() => "block_table",
+            _ if fewer.cu_seqlens_k.take().is_some() => "cu_seqlens_k",
             _ => {
-                missing.seqused_k.take();
+                fewer.seqused_k.take();
                 "seqused_k"
             }
         };
-        if p.dtype == DType::Bf16 {
-            let e = cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, missing, &stream).unwrap_err();
-            assert!(e.to_string().contains(name), "{e}");
-        }
+        let err = run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &fewer)).unwrap_err();
+        assert!(err.to_string().contains(name), "{err}");
         println!("{p}: {}: same bits", plan.kernel);
     }
 }
 
 /// Corrupt index arrays (page numbers past the cache and negative, offsets that decrease or
 /// run past the packed rows, key counts far past the cache): the kernels clamp them, so the
-/// call runs without a fault and writes only o's rows (run it under compute-sanitizer to see
-/// no access outside the buffers: `bench/device/resident-extras.sh`).
+/// call runs without a fault (run it under compute-sanitizer to see no access outside the
+/// buffers: `bench/device/resident-extras.sh`).
 #[test]
 fn corrupt_index_arrays_run_without_faults() {
     let Some(cuda) = backend("corrupt_index_arrays_run_without_faults", Options::default()) else { return };
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     for (i, (p, mut e)) in sequence_problems().into_iter().enumerate() {
-        let flip = |v: &mut Option<Vec<i32>>, bad: &[i32]| {
+        let corrupt = |v: &mut Option<Vec<i32>>, bad: &[i32]| {
             if let Some(v) = v {
                 v.iter_mut().zip(bad.iter().cycle()).for_each(|(x, b)| *x = *b);
             }
         };
-        flip(&mut e.block_table, &[1 << 30, -5, i32::MAX, i32::MIN]);
-        flip(&mut e.seqused_k, &[i32::MAX, -1, 1 << 20]);
-        flip(&mut e.cu_seqlens_q, &[0, 500, 3, i32::MAX, -9]);
-        flip(&mut e.cu_seqlens_k, &[i32::MIN, 10_000, 2, 1 << 29, 0]);
+        corrupt(&mut e.block_table, &[1 << 30, -5, i32::MAX, i32::MIN]);
+        corrupt(&mut e.seqused_k, &[i32::MAX, -1, 1 << 20]);
+        corrupt(&mut e.cu_seqlens_q, &[0, 500, 3, i32::MAX, -9]);
+        corrupt(&mut e.cu_seqlens_k, &[i32::MIN, 10_000, 2, 1 << 29, 0]);
+        assert!(p.check_extras(&e.borrow()).is_err(), "{p}: the arrays are not corrupt");
         let x = inputs(&p, 70 + i as u64);
         let plan = cuda.plan_on(&ctx, &p).unwrap();
-        let idx = DeviceIndices::new(&stream, &e);
-        let bf = Problem { dtype: DType::Bf16, ..p };
-        let mut t = Resident::<bf16>::new(&stream, &bf, &x);
-        let mut t16 = Resident::<f16>::new(&stream, &Problem { dtype: DType::F16, ..p }, &x);
-        match p.dtype {
-            DType::Bf16 => {
-                let arrays = idx.arrays(p.params.return_lse.then(|| t.lse.as_view_mut()));
-                cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, arrays, &stream).unwrap()
-            }
-            _ => {
-                let arrays = idx.arrays(p.params.return_lse.then(|| t16.lse.as_view_mut()));
-                cuda.run_on_stream(&plan, &t16.q, &t16.k, &t16.v, &mut t16.o, arrays, &stream).unwrap()
-            }
-        }
-        stream.synchronize().unwrap_or_else(|err| panic!("{p} ({}): the kernel faulted: {err}", plan.kernel));
+        run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &e)).unwrap();
         println!("{p}: {}: corrupt arrays ran without a fault", plan.kernel);
     }
 }
