@@ -24,8 +24,10 @@
 //! Sequences of their own lengths (packed queries and keys, a paged cache, `seqused_k`) and
 //! ALiBi run on the Ampere/Ada family through the host-copy path, which uploads their index
 //! arrays and slopes (`attn_core::Extras`) with the inputs; the Hopper family hands them to the
-//! Ampere/Ada one (on sm_90 too), and the device-resident calls refuse them with a typed error
-//! for now (they would need the caller's device arrays).
+//! Ampere/Ada one (on sm_90 too); the device-resident calls take the arrays as the caller's
+//! device memory ([`DeviceArrays`], [`ExtraPointers`]), checked for presence, length, context
+//! and alignment but not for contents, which every kernel that reads them clamps into the
+//! problem's bounds ([`indices`]).
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
