@@ -1,10 +1,13 @@
 //! The op's CUDA path: attn's kernels on candle's stream and memory, through
-//! `attn_cuda`'s device-resident calls (`Cuda::run_on_stream`).
+//! `attn_cuda`'s device-resident calls (`Cuda::run_on_stream`). Index tensors (offsets, key
+//! counts, block tables, ALiBi slopes) are read in place as device memory too.
 
+use crate::Index;
 use attn_core::{DType, Problem};
-use attn_cuda::Cuda;
-use candle_core::Layout;
+use attn_cuda::{Cuda, DeviceArrays};
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::{CudaDType, CudaStorage};
+use candle_core::{Layout, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaView};
 use std::sync::OnceLock;
 
@@ -15,16 +18,22 @@ fn backend() -> &'static Cuda {
     CUDA.get_or_init(Cuda::new)
 }
 
-/// Runs `problem` on candle's storages (q, k, v with their layouts) on candle's stream: the
-/// output (and the LSE, where the problem asks for it) in new storages of candle's device.
+/// The call's index tensors: cu_seqlens_q, cu_seqlens_k, seqused_k, block_table (each where the
+/// call has it), and the ALiBi slopes (f32).
+pub(crate) type IndexTensors<'a> = ([Option<&'a Index>; 4], Option<&'a Tensor>);
+
+/// Runs `problem` on candle's storages (q, k, v with their layouts) and index tensors on
+/// candle's stream: the output (and the LSE, where the problem asks for it) in new storages of
+/// candle's device.
 pub fn forward(
     problem: &Problem,
     s: [&CudaStorage; 3],
     l: [&Layout; 3],
+    index: IndexTensors<'_>,
 ) -> candle_core::Result<(CudaStorage, Option<CudaStorage>)> {
     match problem.dtype {
-        DType::F16 => run::<half::f16>(problem, s, l),
-        DType::Bf16 => run::<half::bf16>(problem, s, l),
+        DType::F16 => run::<half::f16>(problem, s, l, index),
+        DType::Bf16 => run::<half::bf16>(problem, s, l, index),
         DType::F32 => Err(candle_core::Error::Msg(
             "attn: the CUDA kernels take f16 and bf16 (f32 runs on the CPU)".into(),
         )),
@@ -35,12 +44,26 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
     problem: &Problem,
     s: [&CudaStorage; 3],
     l: [&Layout; 3],
+    (ints, slopes): IndexTensors<'_>,
 ) -> candle_core::Result<(CudaStorage, Option<CudaStorage>)> {
     let device = s[0].device.clone();
     let stream = device.cuda_stream();
     let wrap = candle_core::Error::wrap;
     let plan = backend().plan_cached(stream.context(), problem).map_err(wrap)?;
     let (q, k, v) = (view::<T>(s[0], l[0])?, view::<T>(s[1], l[1])?, view::<T>(s[2], l[2])?);
+    // The index tensors' storages, read-locked for the call (their views borrow them).
+    let int_storages = ints.map(|i| i.map(|i| (i.tensor.storage_and_layout(), i.name)));
+    let slope_storage = slopes.map(|t| t.storage_and_layout());
+    let mut int_views: [Option<CudaView<'_, i32>>; 4] = Default::default();
+    for (view, given) in int_views.iter_mut().zip(&int_storages) {
+        if let Some(((storage, layout), name)) = given {
+            *view = Some(int_view(storage, layout, name)?);
+        }
+    }
+    let alibi_slopes = match &slope_storage {
+        Some((storage, layout)) => Some(float_view(storage, layout)?),
+        None => None,
+    };
     // SAFETY: every element of o (and of the LSE) is written by the kernel before it is read.
     let mut o: CudaSlice<T> = unsafe { device.alloc::<T>(problem.required_lens()[3].1) }?;
     let mut lse = match problem.params.return_lse {
@@ -48,8 +71,16 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
         true => Some(unsafe { device.alloc::<f32>(problem.lse_len()) }?),
         false => None,
     };
-    let mut lse_view = lse.as_mut().map(|l| l.as_view_mut());
-    backend().run_on_stream(&plan, &q, &k, &v, &mut o, lse_view.as_mut(), &stream).map_err(wrap)?;
+    let [cu_seqlens_q, cu_seqlens_k, seqused_k, block_table] = int_views;
+    let arrays = DeviceArrays {
+        lse: lse.as_mut().map(|l| l.as_view_mut()),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        alibi_slopes,
+    };
+    backend().run_on_stream(&plan, &q, &k, &v, &mut o, arrays, &stream).map_err(wrap)?;
     let o = CudaStorage::wrap_cuda_slice(o, device.clone());
     Ok((o, lse.map(|l| CudaStorage::wrap_cuda_slice(l, device))))
 }
@@ -58,4 +89,42 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
 /// there.
 fn view<'a, T: CudaDType>(x: &'a CudaStorage, l: &Layout) -> candle_core::Result<CudaView<'a, T>> {
     Ok(x.as_cuda_slice::<T>()?.slice(l.start_offset()..))
+}
+
+/// The CUDA storage of an index tensor (flat and contiguous: `Index::new` made it so).
+fn cuda_of<'a>(
+    storage: &'a Storage,
+    layout: &Layout,
+    name: &str,
+) -> candle_core::Result<(&'a CudaStorage, usize, usize)> {
+    match storage {
+        Storage::Cuda(s) if layout.is_contiguous() => {
+            Ok((s, layout.start_offset(), layout.shape().elem_count()))
+        }
+        Storage::Cuda(_) => Err(candle_core::Error::Msg(format!("attn: {name} must be contiguous"))),
+        _ => Err(candle_core::Error::Msg(format!("attn: {name} is not on CUDA, q is"))),
+    }
+}
+
+/// An index tensor (u32 or i32) as i32 device memory, in place.
+fn int_view<'a>(storage: &'a Storage, layout: &Layout, name: &str) -> candle_core::Result<CudaView<'a, i32>> {
+    let (s, at, n) = cuda_of(storage, layout, name)?;
+    match s.dtype() {
+        candle_core::DType::I32 => Ok(s.as_cuda_slice::<i32>()?.slice(at..at + n)),
+        candle_core::DType::U32 => {
+            let u = s.as_cuda_slice::<u32>()?.slice(at..at + n);
+            // SAFETY: u32 and i32 have the same size and every bit pattern is valid in both (a
+            // value past i32::MAX reads negative, and the kernels clamp it into bounds).
+            unsafe { u.transmute::<i32>(n) }.ok_or_else(|| {
+                candle_core::Error::Msg(format!("attn: {name}: a view of {n} i32 does not fit"))
+            })
+        }
+        other => Err(candle_core::Error::Msg(format!("attn: {name} holds {other:?}; u32 or i32 expected"))),
+    }
+}
+
+/// ALiBi slopes (f32) as device memory, in place.
+fn float_view<'a>(storage: &'a Storage, layout: &Layout) -> candle_core::Result<CudaView<'a, f32>> {
+    let (s, at, n) = cuda_of(storage, layout, "alibi_slopes")?;
+    Ok(s.as_cuda_slice::<f32>()?.slice(at..at + n))
 }

@@ -2,19 +2,19 @@
 //! paged, optionally appending new keys and values first (attn-core's `append_rows` defines
 //! where they land).
 
-use crate::AttnOp;
+use crate::{AttnOp, Index};
 use attn_core::{
     Batching, CacheTensor, Data, DataMut, KvRows, NewRows, Problem, Shape as AttnShape, Strides,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Tensor};
 
-/// Which keys of a cache each sequence uses, and where its pages are.
+/// Which keys of a cache each sequence uses, and where its pages are (on q's device).
 pub(crate) struct CacheIndex {
     /// Keys each sequence attends to.
-    pub(crate) seqused: Vec<i32>,
+    pub(crate) seqused: Index,
     /// The block table, `[batch, pages_per_seq]` row-major, and `pages_per_seq`, for a paged cache.
-    pub(crate) table: Option<(Vec<i32>, usize)>,
+    pub(crate) table: Option<(Index, usize)>,
 }
 
 /// Attention of `q` (`[batch, seq_q, heads_q, head_dim]`) over a key/value cache, FlashAttention's
@@ -28,7 +28,10 @@ pub(crate) struct CacheIndex {
 ///   keys (the caller's `cache_seqlens` tensor is not changed: add `len` for the next step);
 /// - the causal mask aligns each sequence's last query with its last key.
 ///
-/// Runs on CPU tensors so far (cpu-flash); CUDA tensors get a typed error.
+/// Runs on CPU (cpu-flash) and CUDA tensors (attn's kernels on candle's stream, reading
+/// `cache_seqlens` and `block_table` in place where they are on q's device; see the crate's
+/// notes on index tensors). Appending `k_new`/`v_new` runs on CPU tensors only so far: on CUDA
+/// it is an error (append with candle's own ops, then call this without them).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_with_kvcache(
     q: &Tensor,
@@ -41,32 +44,35 @@ pub fn flash_attn_with_kvcache(
     softmax_scale: f32,
     causal: bool,
 ) -> candle_core::Result<Tensor> {
-    let ints = |t: &Tensor| -> candle_core::Result<Vec<i32>> {
-        t.to_dtype(DType::I64)?
-            .flatten_all()?
-            .to_vec1::<i64>()?
-            .into_iter()
-            .map(|x| i32::try_from(x).map_err(|_| msg(format!("attn: index {x} past i32"))))
-            .collect()
-    };
-    let mut seqused = ints(cache_seqlens)?;
+    let mut seqused = Index::new(cache_seqlens, q, "cache_seqlens")?;
     let table = match block_table {
         Some(t) => {
             let (_, pages_per_seq) = t.dims2()?;
-            Some((ints(t)?, pages_per_seq))
+            Some((Index::new(t, q, "block_table")?, pages_per_seq))
         }
         None => None,
     };
     match (k_new, v_new) {
         (Some(k_new), Some(v_new)) => {
+            if !k_cache.device().is_cpu() {
+                return Err(msg(
+                    "attn: appending k_new/v_new into a cache runs on CPU tensors only so far; on CUDA \
+                     append with candle's ops and call flash_attn_with_kvcache without them"
+                        .into(),
+                ));
+            }
+            let mut used = seqused.host()?;
+            let host_table = table.as_ref().map(|(t, n)| t.host().map(|t| (t, *n))).transpose()?;
             for (cache, new, tensor) in
                 [(k_cache, k_new, CacheTensor::Keys), (v_cache, v_new, CacheTensor::Values)]
             {
-                let op = Append { seqused: seqused.clone(), table: table.clone(), tensor };
+                let op = Append { seqused: used.clone(), table: host_table.clone(), tensor };
                 cache.inplace_op2(new, &op)?;
             }
             let len = k_new.dim(1)? as i32;
-            seqused.iter_mut().for_each(|n| *n += len);
+            used.iter_mut().for_each(|n| *n += len);
+            let used = Tensor::new(used, &candle_core::Device::Cpu)?;
+            seqused = Index::new(&used, q, "cache_seqlens")?;
         }
         (None, None) => {}
         _ => return Err(msg("attn: give both k_new and v_new, or neither".into())),

@@ -25,13 +25,19 @@
 //!   no copy, no synchronization; the output is allocated by candle's device as any op's is.
 //! - Switching from candle-flash-attn is a one-line change: `flash_attn(q, k, v, softmax_scale,
 //!   causal)` has its signature. What differs: f32 runs (on CPU), the LSE is available
-//!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]) and soft-caps run on CPU and
-//!   CUDA tensors; ALiBi ([`flash_attn_alibi`], [`flash_attn_alibi_windowed_softcap`]), packed
-//!   variable-length batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
-//!   with in-place appends ([`flash_attn_with_kvcache`]) run on CPU tensors so far (CUDA refuses
-//!   them with a typed error); and there is no
-//!   backward pass yet (the ops are forward-only: a graph that needs their gradient is an error
-//!   from candle).
+//!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]), soft-caps, ALiBi
+//!   ([`flash_attn_alibi`], [`flash_attn_alibi_windowed_softcap`]), packed variable-length
+//!   batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
+//!   ([`flash_attn_with_kvcache`]) run on CPU and CUDA tensors (appending new keys into the
+//!   cache runs on CPU tensors so far); and there is no backward pass yet (the ops are
+//!   forward-only: a graph that needs their gradient is an error from candle).
+//! - Index tensors (offsets, key counts, block tables: u32 or i32; ALiBi slopes: f32) go where
+//!   q is: on CUDA the kernels read them in place on candle's stream, with no copy and no
+//!   synchronization. An index tensor on another device than q is copied there first (a small
+//!   upload, `Tensor::to_device`; keep them on q's device to avoid it). On CUDA their contents
+//!   are not checked (that would need a copy back): the kernels clamp every index into the
+//!   problem's bounds, so bad contents give wrong rows, never a bad memory access; on CPU they
+//!   are checked and a bad one is an error.
 //!
 //! Errors (shapes that do not match, a head dim or dtype a backend does not take) are candle
 //! errors wrapping attn's typed error, with its message.
@@ -94,8 +100,8 @@ pub fn flash_attn_with_lse(
 }
 
 /// [`flash_attn`] with ALiBi (candle-flash-attn's `flash_attn_alibi`): `alibi_slopes` is an f32
-/// tensor of `[heads_q]` or `[batch, heads_q]` slopes, and each scaled score gains
-/// `-slope · |i + seq_k - seq_q - j|`. Runs on CPU tensors so far.
+/// tensor of `[heads_q]` or `[batch, heads_q]` slopes (other float dtypes are converted), and
+/// each scaled score gains `-slope · |i + seq_k - seq_q - j|`. Runs on CPU and CUDA tensors.
 pub fn flash_attn_alibi(
     q: &Tensor,
     k: &Tensor,
@@ -105,13 +111,13 @@ pub fn flash_attn_alibi(
     causal: bool,
 ) -> candle_core::Result<Tensor> {
     let mut op = AttnOp::new(softmax_scale, causal, false);
-    op.alibi = Some(slopes(alibi_slopes)?);
+    op.alibi = Some(slopes(alibi_slopes, q)?);
     q.apply_op3_no_bwd(k, v, &op)
 }
 
 /// Everything at once (candle-flash-attn's `flash_attn_alibi_windowed_softcap` shape): optional
 /// ALiBi slopes, a window (`None` bounds unbounded; `(None, Some(0))` is causal) and a soft-cap of
-/// the scaled scores, `cap · tanh(s / cap)`. Runs on CPU tensors so far.
+/// the scaled scores, `cap · tanh(s / cap)`. Runs on CPU and CUDA tensors.
 pub fn flash_attn_alibi_windowed_softcap(
     q: &Tensor,
     k: &Tensor,
@@ -125,16 +131,16 @@ pub fn flash_attn_alibi_windowed_softcap(
     let mut op = AttnOp::new(softmax_scale, false, false);
     op.window = Some((window_size_left, window_size_right));
     op.softcap = softcap;
-    op.alibi = alibi_slopes.map(slopes).transpose()?;
+    op.alibi = alibi_slopes.map(|t| slopes(t, q)).transpose()?;
     q.apply_op3_no_bwd(k, v, &op)
 }
 
 /// Variable-length batches (candle-flash-attn's `flash_attn_varlen`): `q` is `[total_q,
 /// heads_q, head_dim]` and `k`, `v` are `[total_k, heads_kv, head_dim]`, the sequences packed
-/// back to back; `seqlens_q`/`seqlens_k` are u32 tensors of `batch + 1` cumulative offsets from
-/// 0; `max_seqlen_q`/`max_seqlen_k` bound each sequence's length. Each sequence's causal diagonal
-/// aligns bottom-right on its own lengths. Returns `[total_q, heads_q, head_dim]`. Runs on CPU
-/// tensors so far.
+/// back to back; `seqlens_q`/`seqlens_k` are u32 (or i32) tensors of `batch + 1` cumulative
+/// offsets from 0, on q's device; `max_seqlen_q`/`max_seqlen_k` bound each sequence's length.
+/// Each sequence's causal diagonal aligns bottom-right on its own lengths. Returns `[total_q,
+/// heads_q, head_dim]`. Runs on CPU and CUDA tensors.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen(
     q: &Tensor,
@@ -149,34 +155,72 @@ pub fn flash_attn_varlen(
 ) -> candle_core::Result<Tensor> {
     let mut op = AttnOp::new(softmax_scale, causal, false);
     op.varlen = Some(Varlen {
-        cu_q: offsets(seqlens_q, "seqlens_q")?,
-        cu_k: offsets(seqlens_k, "seqlens_k")?,
+        cu_q: Index::new(seqlens_q, q, "seqlens_q")?,
+        cu_k: Index::new(seqlens_k, q, "seqlens_k")?,
         max_q: max_seqlen_q,
         max_k: max_seqlen_k,
     });
     q.apply_op3_no_bwd(k, v, &op)
 }
 
-/// Slopes as host f32s (a copy of `[heads]` or `[batch, heads]` values: small).
-fn slopes(t: &Tensor) -> candle_core::Result<Vec<f32>> {
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+/// ALiBi slopes as a flat, contiguous f32 tensor on q's device (`[heads]` or `[batch, heads]`).
+fn slopes(t: &Tensor, q: &Tensor) -> candle_core::Result<Tensor> {
+    t.to_device(q.device())?.to_dtype(DType::F32)?.flatten_all()?.contiguous()
 }
 
-/// Cumulative offsets as host i32s.
-fn offsets(t: &Tensor, name: &str) -> candle_core::Result<Vec<i32>> {
-    t.to_dtype(DType::U32)?
-        .to_vec1::<u32>()?
-        .into_iter()
-        .map(|x| {
-            i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("attn: {name} holds {x}, past i32")))
-        })
-        .collect()
+/// An index tensor (offsets, key counts, a block table) as the op keeps it: flat, contiguous,
+/// u32 or i32 (other integer dtypes converted to i32 on the host), on q's device.
+#[derive(Clone)]
+pub(crate) struct Index {
+    pub(crate) tensor: Tensor,
+    pub(crate) name: &'static str,
+}
+
+impl Index {
+    /// `t` for a call on `q`.
+    pub(crate) fn new(t: &Tensor, q: &Tensor, name: &'static str) -> candle_core::Result<Self> {
+        let t = match t.dtype() {
+            DType::U32 | DType::I32 => t.clone(),
+            _ => Tensor::new(Self::host_of(t, name)?, &candle_core::Device::Cpu)?,
+        };
+        let tensor = t.to_device(q.device())?.flatten_all()?.contiguous()?;
+        Ok(Index { tensor, name })
+    }
+
+    /// Entries.
+    pub(crate) fn len(&self) -> usize {
+        self.tensor.elem_count()
+    }
+
+    /// The values on the host, checked to fit i32 (a copy: the CPU path's, which checks them).
+    pub(crate) fn host(&self) -> candle_core::Result<Vec<i32>> {
+        Self::host_of(&self.tensor, self.name)
+    }
+
+    fn host_of(t: &Tensor, name: &str) -> candle_core::Result<Vec<i32>> {
+        let wide: Vec<i64> = match t.dtype() {
+            DType::I32 => return t.flatten_all()?.to_vec1::<i32>(),
+            DType::U32 => t.flatten_all()?.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
+            DType::U8 | DType::I64 | DType::I16 => t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?,
+            other => {
+                return Err(candle_core::Error::Msg(format!(
+                    "attn: {name} holds {other:?}; index tensors are u32 or i32 (u8, i16, i64 converted)"
+                )));
+            }
+        };
+        wide.into_iter()
+            .map(|x| {
+                i32::try_from(x)
+                    .map_err(|_| candle_core::Error::Msg(format!("attn: {name} holds {x}, past i32")))
+            })
+            .collect()
+    }
 }
 
 /// Packed sequences: their offsets (from 0) and longest lengths.
 struct Varlen {
-    cu_q: Vec<i32>,
-    cu_k: Vec<i32>,
+    cu_q: Index,
+    cu_k: Index,
     max_q: usize,
     max_k: usize,
 }
@@ -189,8 +233,8 @@ struct AttnOp {
     window: Option<(Option<usize>, Option<usize>)>,
     /// A soft-cap of the scaled scores.
     softcap: Option<f32>,
-    /// ALiBi slopes, `[heads_q]` or `[batch, heads_q]`.
-    alibi: Option<Vec<f32>>,
+    /// ALiBi slopes, `[heads_q]` or `[batch, heads_q]`, f32 on q's device.
+    alibi: Option<Tensor>,
     /// Packed sequences instead of a dense batch.
     varlen: Option<Varlen>,
     /// Keys from a cache that each sequence fills partly, dense or paged.
@@ -277,9 +321,10 @@ impl AttnOp {
         let mut batching = attn_core::Batching::default();
         if let Some(cache) = &self.cache {
             batching.keys_used = true;
-            if let Some((_, pages_per_seq)) = cache.table {
+            if let Some((_, pages_per_seq)) = &cache.table {
                 // k is [pages, page_size, heads_kv, head_dim].
-                batching.kv = attn_core::KvRows::Paged { page_size: sk, pages: bk, pages_per_seq };
+                batching.kv =
+                    attn_core::KvRows::Paged { page_size: sk, pages: bk, pages_per_seq: *pages_per_seq };
                 shape.seq_k = pages_per_seq * sk;
             }
         }
@@ -308,7 +353,7 @@ impl AttnOp {
             problem = problem.with_softcap(cap);
         }
         if let Some(slopes) = &self.alibi {
-            let per_batch = slopes.len() != hq;
+            let per_batch = slopes.elem_count() != hq;
             problem = problem.with_alibi(if per_batch {
                 attn_core::Alibi::PerBatchHead
             } else {
@@ -316,19 +361,35 @@ impl AttnOp {
             });
         }
         problem.validate().map_err(candle_core::Error::wrap)?;
-        problem.check_extras(&self.extras()).map_err(candle_core::Error::wrap)?;
         Ok(problem)
     }
 
-    /// The indices and slopes the call's inputs carry.
-    fn extras(&self) -> attn_core::Extras<'_> {
-        attn_core::Extras {
-            cu_seqlens_q: self.varlen.as_ref().map(|v| v.cu_q.as_slice()),
-            cu_seqlens_k: self.varlen.as_ref().map(|v| v.cu_k.as_slice()),
-            seqused_k: self.cache.as_ref().map(|c| c.seqused.as_slice()),
-            block_table: self.cache.as_ref().and_then(|c| c.table.as_ref()).map(|(t, _)| t.as_slice()),
-            alibi_slopes: self.alibi.as_deref(),
-        }
+    /// The index tensors and slopes the call carries, in `attn_core::Extras`' order: cu_seqlens_q,
+    /// cu_seqlens_k, seqused_k, block_table (each where the call has it), and the slopes.
+    fn index_tensors(&self) -> ([Option<&Index>; 4], Option<&Tensor>) {
+        let cache = self.cache.as_ref();
+        (
+            [
+                self.varlen.as_ref().map(|v| &v.cu_q),
+                self.varlen.as_ref().map(|v| &v.cu_k),
+                cache.map(|c| &c.seqused),
+                cache.and_then(|c| c.table.as_ref()).map(|(t, _)| t),
+            ],
+            self.alibi.as_ref(),
+        )
+    }
+
+    /// The indices and slopes as host copies (the CPU path; small arrays).
+    fn host_extras(&self) -> candle_core::Result<attn_core::OwnedExtras> {
+        let ([q, k, used, table], slopes) = self.index_tensors();
+        let host = |i: Option<&Index>| i.map(Index::host).transpose();
+        Ok(attn_core::OwnedExtras {
+            cu_seqlens_q: host(q)?,
+            cu_seqlens_k: host(k)?,
+            seqused_k: host(used)?,
+            block_table: host(table)?,
+            alibi_slopes: slopes.map(|s| s.to_vec1::<f32>()).transpose()?,
+        })
     }
 
     /// The output's shape, `[batch, seq_q, heads_q, head_dim]`, and the LSE's, `[batch,
@@ -374,6 +435,8 @@ impl candle_core::CustomOp3 for AttnOp {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         use attn_core::{Attention, Data, DataMut, Inputs, Outputs};
         let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
+        let extras = self.host_extras()?;
+        problem.check_extras(&extras.borrow()).map_err(candle_core::Error::wrap)?;
         if s2.dtype() != s1.dtype() || s3.dtype() != s1.dtype() {
             return Err(candle_core::Error::Msg(format!(
                 "attn: q, k and v must share a dtype, got {:?}, {:?}, {:?}",
@@ -388,7 +451,7 @@ impl candle_core::CustomOp3 for AttnOp {
         let run = |inputs: Inputs<'_>, o: DataMut<'_>, lse: &mut [f32]| -> candle_core::Result<()> {
             let lse = self.with_lse.then_some(lse);
             cpu_flash()
-                .forward(&problem, inputs.with_extras(self.extras()), Outputs { o, lse })
+                .forward(&problem, inputs.with_extras(extras.borrow()), Outputs { o, lse })
                 .map(|_| ())
                 .map_err(candle_core::Error::wrap)
         };
@@ -443,7 +506,7 @@ impl candle_core::CustomOp3 for AttnOp {
         l3: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
-        let (o, lse) = cuda::forward(&problem, [s1, s2, s3], [l1, l2, l3])?;
+        let (o, lse) = cuda::forward(&problem, [s1, s2, s3], [l1, l2, l3], self.index_tensors())?;
         let (o_shape, lse_shape) = AttnOp::shapes(&problem);
         if let Some(lse) = lse {
             *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse, lse_shape));

@@ -63,3 +63,163 @@ fn f32_on_cuda_is_an_error() {
     let e = attn_candle::flash_attn(&q, &q, &q, 1.0, false).unwrap_err().to_string();
     assert!(e.contains("f16 and bf16"), "{e}");
 }
+
+fn randn(shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// Cumulative offsets of `lens` as a u32 tensor on the CPU.
+fn offsets(lens: &[usize]) -> Tensor {
+    let mut sum = 0u32;
+    let cu: Vec<u32> = std::iter::once(0)
+        .chain(lens.iter().map(|&n| {
+            sum += n as u32;
+            sum
+        }))
+        .collect();
+    Tensor::new(cu, &Device::Cpu).unwrap()
+}
+
+/// The CUDA result against the CPU one of the same call (cpu-flash, checked against the reference
+/// in tests/cpu.rs), in the tensors' dtype.
+fn close(what: &str, cuda: &Tensor, cpu: &Tensor, dtype: DType) {
+    assert!(cuda.device().is_cuda(), "{what}: the output is not on CUDA");
+    let tol = if dtype == DType::BF16 { 3e-2 } else { 4e-3 };
+    let e = max_diff(&values(cuda), &values(cpu));
+    assert!(e <= tol, "{what}: max |o_cuda - o_cpu| = {e}");
+    println!("{what}: max |o_cuda - o_cpu| = {e}");
+}
+
+/// Packed sequences on CUDA, the offsets on the GPU (read in place) and on the CPU (uploaded),
+/// as u32 and i32; an empty and a one-token sequence.
+#[test]
+fn varlen_on_cuda_matches_cpu() {
+    let Some(gpu) = device("varlen_on_cuda_matches_cpu") else { return };
+    let (q_lens, k_lens) = ([70usize, 0, 1, 130], [90usize, 3, 1, 200]);
+    let (tq, tk) = (q_lens.iter().sum::<usize>(), k_lens.iter().sum::<usize>());
+    for dtype in [DType::BF16, DType::F16] {
+        let (q, k, v) = (randn(&[tq, 8, 64], dtype), randn(&[tk, 2, 64], dtype), randn(&[tk, 2, 64], dtype));
+        let on = |t: &Tensor| t.to_device(&gpu).unwrap();
+        for causal in [false, true] {
+            let (cq, ck) = (offsets(&q_lens), offsets(&k_lens));
+            let want = attn_candle::flash_attn_varlen(&q, &k, &v, &cq, &ck, 130, 200, 0.125, causal).unwrap();
+            for (where_, cq2, ck2) in [
+                ("on the GPU, u32", on(&cq), on(&ck)),
+                ("on the CPU, u32", cq.clone(), ck.clone()),
+                (
+                    "on the GPU, i32",
+                    on(&cq.to_dtype(DType::I32).unwrap()),
+                    on(&ck.to_dtype(DType::I32).unwrap()),
+                ),
+            ] {
+                let o = attn_candle::flash_attn_varlen(
+                    &on(&q),
+                    &on(&k),
+                    &on(&v),
+                    &cq2,
+                    &ck2,
+                    130,
+                    200,
+                    0.125,
+                    causal,
+                )
+                .unwrap();
+                close(&format!("varlen {dtype:?} causal={causal}, offsets {where_}"), &o, &want, dtype);
+            }
+        }
+    }
+}
+
+/// ALiBi (per head and per (batch, head)), alone and with a window and a soft-cap, on CUDA.
+#[test]
+fn alibi_on_cuda_matches_cpu() {
+    let Some(gpu) = device("alibi_on_cuda_matches_cpu") else { return };
+    let dtype = DType::BF16;
+    let (q, k, v) =
+        (randn(&[2, 77, 8, 64], dtype), randn(&[2, 300, 2, 64], dtype), randn(&[2, 300, 2, 64], dtype));
+    let on = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let per_head: Vec<f32> = (1..=8).map(|h| 0.5f32.powi(h)).collect();
+    let per_batch: Vec<f32> = per_head.iter().chain(&per_head).map(|x| x * 0.7).collect();
+    for (name, slopes) in [
+        ("per head", Tensor::new(per_head.as_slice(), &Device::Cpu).unwrap()),
+        ("per batch and head", Tensor::from_vec(per_batch, (2, 8), &Device::Cpu).unwrap()),
+    ] {
+        for causal in [false, true] {
+            let want = attn_candle::flash_attn_alibi(&q, &k, &v, &slopes, 0.125, causal).unwrap();
+            let o = attn_candle::flash_attn_alibi(&on(&q), &on(&k), &on(&v), &on(&slopes), 0.125, causal)
+                .unwrap();
+            close(&format!("alibi {name} causal={causal}"), &o, &want, dtype);
+        }
+        let all = |q: &Tensor, k: &Tensor, v: &Tensor, s: &Tensor| {
+            attn_candle::flash_attn_alibi_windowed_softcap(
+                q,
+                k,
+                v,
+                Some(s),
+                0.125,
+                Some(64),
+                Some(0),
+                Some(20.0),
+            )
+            .unwrap()
+        };
+        let want = all(&q, &k, &v, &slopes);
+        close(
+            &format!("alibi {name}, window and soft-cap"),
+            &all(&on(&q), &on(&k), &on(&v), &on(&slopes)),
+            &want,
+            dtype,
+        );
+    }
+}
+
+/// `flash_attn_with_kvcache` on CUDA, dense and paged (16-key pages, shuffled), the key counts and
+/// block table on the GPU; appending on CUDA is a typed error.
+#[test]
+fn kvcache_on_cuda_matches_cpu() {
+    let Some(gpu) = device("kvcache_on_cuda_matches_cpu") else { return };
+    let dtype = DType::F16;
+    let on = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let q = randn(&[3, 1, 8, 64], dtype);
+    let seqlens = Tensor::new(&[50u32, 0, 64], &Device::Cpu).unwrap();
+    let table = Tensor::new(&[[4u32, 0, 7, 9], [2, 8, 5, 10], [1, 6, 3, 11]], &Device::Cpu).unwrap();
+    for paged in [false, true] {
+        let (kc, vc) = match paged {
+            false => (randn(&[3, 64, 2, 64], dtype), randn(&[3, 64, 2, 64], dtype)),
+            true => (randn(&[12, 16, 2, 64], dtype), randn(&[12, 16, 2, 64], dtype)),
+        };
+        let bt = paged.then_some(&table);
+        let want = attn_candle::flash_attn_with_kvcache(&q, &kc, &vc, None, None, &seqlens, bt, 0.125, true)
+            .unwrap();
+        let bt_gpu = bt.map(on);
+        let o = attn_candle::flash_attn_with_kvcache(
+            &on(&q),
+            &on(&kc),
+            &on(&vc),
+            None,
+            None,
+            &on(&seqlens),
+            bt_gpu.as_ref(),
+            0.125,
+            true,
+        )
+        .unwrap();
+        close(&format!("kvcache paged={paged}"), &o, &want, dtype);
+    }
+    let (kc, vc) = (on(&randn(&[3, 64, 2, 64], dtype)), on(&randn(&[3, 64, 2, 64], dtype)));
+    let new = on(&randn(&[3, 1, 2, 64], dtype));
+    let e = attn_candle::flash_attn_with_kvcache(
+        &on(&q),
+        &kc,
+        &vc,
+        Some(&new),
+        Some(&new),
+        &on(&seqlens),
+        None,
+        0.125,
+        true,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("CPU tensors only"), "{e}");
+}

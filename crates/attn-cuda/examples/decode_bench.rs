@@ -73,14 +73,14 @@ fn main() -> attn_core::Result<()> {
         let mut o = stream.alloc_zeros::<bf16>(lens[3].1).map_err(driver("allocate o"))?;
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(100) {
-            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
             stream.synchronize().map_err(driver("sync"))?;
         }
         let mut times = vec![];
         for _ in 0..iters {
-            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
             let a = stream.record_event(timed).map_err(driver("event"))?;
-            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+            cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
             let b = stream.record_event(timed).map_err(driver("event"))?;
             b.synchronize().map_err(driver("the kernel"))?;
             times.push(f64::from(a.elapsed_ms(&b).map_err(driver("elapsed"))?) / 1e3);

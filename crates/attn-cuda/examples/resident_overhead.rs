@@ -58,17 +58,17 @@ fn main() -> attn_core::Result<()> {
                 let plan = cuda.plan_on(&ctx, &p)?;
                 let (q, k, v) = (upload(&stream, &x[0]), upload(&stream, &x[1]), upload(&stream, &x[2]));
                 let mut o = stream.alloc_zeros::<bf16>(p.required_lens()[3].1).expect("allocate o");
-                cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+                cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
                 stream.synchronize().expect("sync");
                 let free_before = ctx.mem_get_info().expect("cuMemGetInfo").0;
                 let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
                 let (mut bare, mut device, mut host) = (vec![], vec![], vec![]);
                 for _ in 0..40 {
                     bare.push(prepared.run_timed()?.as_secs_f64());
-                    cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+                    cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
                     let start = stream.record_event(timed).expect("event");
                     let t = Instant::now();
-                    cuda.run_on_stream(&plan, &q, &k, &v, &mut o, None, &stream)?;
+                    cuda.run_on_stream(&plan, &q, &k, &v, &mut o, Default::default(), &stream)?;
                     host.push(t.elapsed().as_secs_f64());
                     let end = stream.record_event(timed).expect("event");
                     end.synchronize().expect("sync");

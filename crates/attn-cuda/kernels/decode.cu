@@ -116,6 +116,7 @@ struct Params {
     int alibi_batch_stride;     // 0 (a slope per head) or heads_q (per sequence and head)
     float softcap_log2;         // cap * log2(e); 0: no soft-cap
     float softcap_inv;          // |softmax scale| / cap
+    int pages;                  // pages in a paged cache (the page numbers' clamp)
 #endif
 };
 
@@ -191,8 +192,12 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
         const int* table = p.block_table + (long long)b * p.pages_per_seq;
         const int first = n0 / p.page_size;
         boundary = (first + 1) * p.page_size;
-        const long long page0 = table[first];  // n0 < end: a used page
-        const long long page1 = boundary < end ? table[first + 1] : page0;
+        // n0 < end: a used page. A page number outside [0, pages) (negative ones are huge as
+        // unsigned) reads the last page: the contents of a caller's device table are not checked
+        // on the host, and must not move a read outside k or v. Two mins per chunk.
+        const unsigned last = (unsigned)p.pages - 1u;
+        const long long page0 = min((unsigned)table[first], last);
+        const long long page1 = boundary < end ? min((unsigned)table[first + 1], last) : page0;
         const long long start0 = (long long)first * p.page_size;
         k_base0 = page0 * p.k_sb - start0 * p.k_ss, v_base0 = page0 * p.v_sb - start0 * p.v_ss;
         k_base1 = page1 * p.k_sb - boundary * p.k_ss, v_base1 = page1 * p.v_sb - boundary * p.v_ss;
@@ -238,7 +243,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     const int pair = (b * p.heads_kv + g) * p.row_blocks + rb;
     const int r0 = rb * BM;  // this block's first row of the group
 #if ATTN_EXTRAS
-    const int seq_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.seq_k;  // this sequence's keys
+    // This sequence's keys, clamped into [0, seq_k] (a caller's device array is not checked on
+    // the host; one min and max per CTA).
+    const int seq_k = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), p.seq_k) : p.seq_k;
 #define SEQ_K seq_k
 #else
 #define SEQ_K p.seq_k  // read where it is used, as the plain kernel always has

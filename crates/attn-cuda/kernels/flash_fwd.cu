@@ -100,6 +100,7 @@ struct Params {
     int pages_per_seq;
     int alibi_batch_stride;     // 0 (a slope per head) or heads_q (per batch and head)
     int q_total;                // packed query rows: the LSE is then [heads_q, q_total]
+    int kv_total;               // packed key rows, or the pages of a paged cache (the clamps' bound)
 #endif
 #if ATTN_PAD
     int head_dim;  // the problem's head dim: a multiple of 8, at most D
@@ -125,10 +126,14 @@ struct Params {
 // `pages` null), else row j % page_size of page pages[j / page_size], `base` being head g of
 // page 0 and `page_stride` the batch stride.
 __device__ __forceinline__ const elem_t* kv_row(const elem_t* base, long long row_stride, long long page_stride,
-                                                const int* pages, int page_size, int j) {
+                                                const int* pages, int page_size, unsigned page_last, int j) {
     if (pages == nullptr) return base + (long long)j * row_stride;
-    const int page = __ldg(pages + j / page_size);
-    return base + page * page_stride + (long long)(j % page_size) * row_stride;
+    // A page number past the cache (or negative: huge as unsigned) reads the last page instead
+    // (`page_last`, pages - 1): the contents of a caller's device table are not checked on the
+    // host, and a corrupt one must give wrong rows, never a read outside k or v. One min per
+    // lookup, which loads the number anyway.
+    const unsigned page = min((unsigned)__ldg(pages + j / page_size), page_last);
+    return base + (long long)page * page_stride + (long long)(j % page_size) * row_stride;
 }
 #endif
 
@@ -198,8 +203,8 @@ __device__ __forceinline__ void load_tile(elem_t* tile, const elem_t* g, long lo
 // each hold an address in registers across the tile; contiguous rows take load_tile's path.
 template <int ROWS>
 __device__ __forceinline__ void load_kv_tile(elem_t* tile, const elem_t* base, long long row_stride,
-                                             long long page_stride, const int* pages, int page_size, int r0,
-                                             int limit CHUNKS_PARAM) {
+                                             long long page_stride, const int* pages, int page_size,
+                                             unsigned page_last, int r0, int limit CHUNKS_PARAM) {
     if (pages == nullptr) {
         load_tile<ROWS>(tile, base, row_stride, r0, limit CHUNKS_ARG);
         return;
@@ -210,7 +215,7 @@ __device__ __forceinline__ void load_kv_tile(elem_t* tile, const elem_t* base, l
         if (ROWS * CPR % THREADS != 0 && i >= ROWS * CPR) break;
         const int r = i / CPR, c = i % CPR;
         const bool valid = r0 + r < limit && CHUNK_REAL(c);
-        const elem_t* src = valid ? kv_row(base, row_stride, page_stride, pages, page_size, r0 + r) + c * 8 : base;
+        const elem_t* src = valid ? kv_row(base, row_stride, page_stride, pages, page_size, page_last, r0 + r) + c * 8 : base;
         cp_async16(tile_addr(tile, r, c), src, valid);
     }
 }
@@ -345,17 +350,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
 #if ATTN_SEQS
     // This sequence's lengths and first rows (attn_core::SeqMap's definitions); the grid covers
     // the longest sequence.
+    // Each index is clamped into the problem's bounds first (a few scalar instructions per CTA):
+    // the device-resident calls take the caller's arrays unchecked, and corrupt contents must
+    // give wrong rows, never an access outside q, k, v, o or the LSE. Offsets land in
+    // [0, q_total] and [0, kv_total], a sequence ends at or after its start and within seq_q
+    // (seq_k) rows, a key count in [0, the keys the sequence holds]; valid arrays pass unchanged.
     const int* cu_q = p.cu_seqlens_q;
     const int* cu_k = p.cu_seqlens_k;
-    const int q_start = cu_q != nullptr ? cu_q[b] : 0;
-    const int q_len = cu_q != nullptr ? cu_q[b + 1] - q_start : p.seq_q;
-    const int k_start = cu_k != nullptr ? cu_k[b] : 0;
-    const int k_len = p.seqused_k != nullptr ? p.seqused_k[b] : cu_k != nullptr ? cu_k[b + 1] - k_start : p.seq_k;
+    const int q_start = cu_q != nullptr ? min(max(cu_q[b], 0), p.q_total) : 0;
+    const int q_len = cu_q != nullptr ? min(min(max(cu_q[b + 1], q_start), p.q_total) - q_start, p.seq_q) : p.seq_q;
+    const int k_start = cu_k != nullptr ? min(max(cu_k[b], 0), p.kv_total) : 0;
+    const int k_held = cu_k != nullptr ? min(min(max(cu_k[b + 1], k_start), p.kv_total) - k_start, p.seq_k) : p.seq_k;
+    const int k_len = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), k_held) : k_held;
     const int* pages = p.block_table != nullptr ? p.block_table + (long long)b * p.pages_per_seq : nullptr;
+    const unsigned page_last = (unsigned)p.kv_total - 1u;
 #define SEQ_Q q_len
 #define SEQ_K k_len
-#define LOAD_K(tile, n) load_kv_tile<BN>(tile, k, p.k_ss, p.k_sb, pages, p.page_size, n, k_len CHUNKS_ARG)
-#define LOAD_V(tile, n) load_kv_tile<BN>(tile, v, p.v_ss, p.v_sb, pages, p.page_size, n, k_len CHUNKS_ARG)
+#define LOAD_K(tile, n) load_kv_tile<BN>(tile, k, p.k_ss, p.k_sb, pages, p.page_size, page_last, n, k_len CHUNKS_ARG)
+#define LOAD_V(tile, n) load_kv_tile<BN>(tile, v, p.v_ss, p.v_sb, pages, p.page_size, page_last, n, k_len CHUNKS_ARG)
 #define LSE_INDEX(row) \
     (cu_q != nullptr ? (long long)h * p.q_total + q_start + (row) : ((long long)b * p.heads_q + h) * p.seq_q + (row))
 #else

@@ -10,10 +10,19 @@
 //!   callers that see the same shapes over and over (the candle op, the raw entry's users).
 //! - [`Cuda::run_on_stream`] runs a plan on cudarc memory (`CudaSlice`, `CudaView`,
 //!   `CudaViewMut` of `half::f16` or `half::bf16`) on the caller's `Arc<CudaStream>`, writing o
-//!   (and the LSE) into the caller's buffers. It is asynchronous: it enqueues one kernel and
-//!   returns. Errors found when the kernel runs surface where the caller synchronizes.
+//!   (and the LSE) into the caller's buffers. The index arrays of packed (varlen) sequences, a
+//!   paged cache, per-sequence key counts and ALiBi's slopes come as device memory too
+//!   ([`DeviceArrays`]): a serving stack's block table and offsets stay where they are. It is
+//!   asynchronous: it enqueues one kernel and returns. Errors found when the kernel runs
+//!   surface where the caller synchronizes.
 //! - [`Cuda::run_raw`] is the same for callers that are not cudarc users (other frameworks, FFI):
 //!   device addresses and a `CUstream`, under a safety contract.
+//!
+//! The index arrays' contents are unchecked on this path (checking them would need a copy back;
+//! [`attn_core::Problem::check_extras`] checks host copies): the kernels clamp every index into
+//! the problem's bounds, a few scalar instructions per CTA (per page lookup for page numbers),
+//! so corrupt contents give wrong rows, never a read or write outside the tensors (see
+//! [`crate::indices`]).
 //!
 //! What a call does on the host, after the first one on a context and stream: it checks the
 //! plan, the dtype, the buffers' lengths and alignment, finds the kernel loaded for the context
@@ -36,21 +45,16 @@ use crate::ampere::launch::KernelParams;
 use crate::backend::{Chosen, Cuda, Kernel};
 use crate::decode::launch::DecodeParams;
 use crate::hopper::launch::{Sm90Params, Workspace};
+use crate::indices::{self, DeviceArrays};
 use crate::runtime::{Gpu, driver};
-use crate::tensors::{DevicePointers, ExtraPointers};
+use crate::tensors::{DeviceExtras, DevicePointers, ExtraPointers};
 use attn_core::{DType, Error, Mask, Plan, Problem, Result, Shape, TensorStrides};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// What the device-resident calls run beyond a dense plain or causal softmax: windows and
-/// soft-caps (their parameters are plain values); not sequences or ALiBi, whose arrays they would
-/// have to take on the device.
-const RESIDENT_FEATURES: &[attn_core::Feature] = &[attn_core::Feature::Window, attn_core::Feature::Softcap];
 
 /// An element type the CUDA kernels read and write: `half::f16` or `half::bf16` (sealed: the
 /// kernels' element sizes are fixed, so no other type may stand for a dtype).
@@ -187,13 +191,9 @@ impl Cuda {
     /// Plans `problem` for the device of `ctx` (a caller's context, e.g. candle's
     /// `CudaDevice::cuda_stream().context()`): the plan [`Cuda::run_on_stream`] and
     /// [`Cuda::run_raw`] take. Compiles the kernel (host work, cached per process); allocates
-    /// nothing on the device.
-    ///
-    /// Sequences of their own lengths (packed, paged, `seqused_k`) and ALiBi are typed errors
-    /// here for now: their index arrays would have to be device arrays of the caller's, which
-    /// these calls do not take yet (the host-copy path, [`attn_core::Attention`], runs them).
+    /// nothing on the device. Every problem the host-copy path runs plans here too, sequences
+    /// and ALiBi included (their arrays are given to the run, as device memory).
     pub fn plan_on(&self, ctx: &Arc<CudaContext>, problem: &Problem) -> Result<Plan> {
-        problem.require_features("cuda (device-resident calls)", RESIDENT_FEATURES)?;
         self.plan_with(&*self.context_for(ctx)?, problem, false)
     }
 
@@ -213,16 +213,21 @@ impl Cuda {
     }
 
     /// Runs `plan` on tensors on the device, on `stream`: q, k and v (cudarc `CudaSlice`s or
-    /// views) are read, o and, where the plan's problem asks for it, `lse` (`[batch, heads_q,
-    /// seq_q]` f32) are written; each tensor's elements are where the problem's strides put them
-    /// from the start of its buffer. Asynchronous: one kernel is enqueued on `stream`; nothing
+    /// views) are read, o and, where the plan's problem asks for it, `arrays.lse` (`[batch,
+    /// heads_q, seq_q]` f32) are written; each tensor's elements are where the problem's strides
+    /// put them from the start of its buffer. The index arrays and ALiBi slopes the problem
+    /// needs are `arrays`' others ([`DeviceArrays`]; `DeviceArrays::default()` for a dense
+    /// problem without LSE or ALiBi). Asynchronous: one kernel is enqueued on `stream`; nothing
     /// is copied or waited for, and nothing allocated after the first call on this stream (see
     /// the module's notes).
     ///
     /// Errors, before anything is enqueued: a plan of another backend or device model (or one
     /// whose problem was edited since), an element type other than the problem's, a buffer of
     /// another context than the stream's, shorter than the problem's strides reach or not
-    /// 16-byte aligned, an LSE buffer given or missing against the problem, a failed launch.
+    /// 16-byte aligned, an LSE buffer given or missing against the problem, an index array
+    /// given or missing against the problem, shorter than the entries it reads or not 4-byte
+    /// aligned, a failed launch. The index arrays' contents are not checked: see the module's
+    /// notes.
     pub fn run_on_stream<T: DeviceElement>(
         &self,
         plan: &Plan,
@@ -230,7 +235,7 @@ impl Cuda {
         k: &impl DevicePtr<T>,
         v: &impl DevicePtr<T>,
         o: &mut impl DevicePtrMut<T>,
-        lse: Option<&mut CudaViewMut<'_, f32>>,
+        arrays: DeviceArrays<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let problem = &plan.problem;
@@ -248,6 +253,9 @@ impl Cuda {
         // Memory of another context (another device) would fault on the device, where the error
         // is sticky: refused here.
         let ctx = stream.context().cu_ctx();
+        // The LSE is a written buffer, apart from the read-only index arrays left in `arrays`.
+        let mut arrays = arrays;
+        let mut lse = arrays.lse.take();
         let contexts = [("q", q.stream()), ("k", k.stream()), ("v", v.stream()), ("o", o.stream())];
         for (tensor, owner) in contexts.into_iter().chain(lse.as_ref().map(|l| ("lse", l.stream()))) {
             if owner.context().cu_ctx() != ctx {
@@ -270,6 +278,8 @@ impl Cuda {
         if let Some(l) = &lse {
             check_len("lse", l.len(), problem.lse_len())?;
         }
+        let (given, _index_guards) = arrays.given(stream);
+        let extras = indices::check(problem, given, stream.context().ordinal())?;
         // The addresses, with cudarc's stream-ordering guards held until the launch is
         // enqueued (where the context tracks events, the stream first waits for the tensors'
         // last writes on other streams, and the guards record this use when dropped).
@@ -277,7 +287,7 @@ impl Cuda {
         let (k_at, _k) = k.device_ptr(stream);
         let (v_at, _v) = v.device_ptr(stream);
         let (o_at, _o) = o.device_ptr_mut(stream);
-        let (lse_at, _lse) = match lse {
+        let (lse_at, _lse) = match lse.as_mut() {
             Some(l) => {
                 let (at, guard) = l.device_ptr_mut(stream);
                 (Some(at), Some(guard))
@@ -285,12 +295,13 @@ impl Cuda {
             None => (None, None),
         };
         let at = DevicePointers { q: q_at, k: k_at, v: v_at, o: o_at, lse: lse_at };
-        self.launch_resident(plan, at, stream)
+        self.launch_resident(plan, at, extras, stream)
     }
 
     /// [`Cuda::run_on_stream`] for callers that hold raw device addresses and a raw stream
     /// (other frameworks, FFI): the tensors at `at`, laid out as `plan`'s problem says (its
-    /// shape, strides and dtype), on `stream`. Asynchronous, as `run_on_stream` is. The plan
+    /// shape, strides and dtype), and the index arrays and slopes at `extras` (0 for each the
+    /// problem does not use; `ExtraPointers::default()` for a dense problem), on `stream`. Asynchronous, as `run_on_stream` is. The plan
     /// must come from [`Cuda::plan_on`] (or [`Cuda::plan_cached`]) for the context `stream`
     /// belongs to, or from [`Attention::plan`](attn_core::Attention::plan) where that is device
     /// 0's primary context.
@@ -304,6 +315,12 @@ impl Cuda {
     ///   element the problem's shape and strides reach (`Problem::required_lens` elements of its
     ///   dtype from each address), and `at.lse`, where present, to `batch · heads_q · seq_q`
     ///   f32 values;
+    /// - each non-zero address of `extras` points to device memory of that context holding at
+    ///   least the entries the problem reads from it (`[batch + 1]` i32 for `cu_seqlens_q` and
+    ///   `cu_seqlens_k`, `[batch]` i32 for `seqused_k`, `[batch, pages_per_seq]` i32 for
+    ///   `block_table`, `[heads_q]` or `[batch, heads_q]` f32 for `alibi_slopes`), written
+    ///   before this stream's next work; their contents may be anything (the kernels clamp every
+    ///   index into the problem's bounds: bad contents give wrong rows, not bad accesses);
     /// - that memory stays allocated until the kernel has run, o and lse overlap nothing the
     ///   kernel reads or another kernel uses meanwhile, and every earlier write to q, k and v
     ///   is ordered before this stream's next work.
@@ -315,8 +332,14 @@ impl Cuda {
     ///   finished the kernels this call enqueued on it: the workspace is keyed by the handle.
     ///
     /// What is checked, with a typed error: the plan, the device, the alignment of each address,
-    /// the LSE against the problem, the launch.
-    pub unsafe fn run_raw(&self, plan: &Plan, at: DevicePointers, stream: CUstream) -> Result<()> {
+    /// the LSE and each index array present exactly when the problem needs it, the launch.
+    pub unsafe fn run_raw(
+        &self,
+        plan: &Plan,
+        at: DevicePointers,
+        extras: ExtraPointers,
+        stream: CUstream,
+    ) -> Result<()> {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: `stream` is valid by the caller's contract; the call writes one pointer.
         unsafe { cudarc::driver::sys::cuStreamGetCtx(stream, &mut ctx) }
@@ -326,7 +349,8 @@ impl Cuda {
         // SAFETY: `stream` belongs to this context and outlives the launch (the contract); the
         // wrapper does not destroy it.
         let wrapped = unsafe { gpu.context().wrap_borrowed_stream(stream) };
-        self.launch_resident(plan, at, &wrapped)
+        let extras = indices::check(&plan.problem, indices::given_raw(extras), gpu.context().ordinal())?;
+        self.launch_resident(plan, at, extras, &wrapped)
     }
 
     /// The state of the context `ctx` (raw): one the backend knows already (its own, or one
@@ -362,15 +386,19 @@ impl Cuda {
         })
     }
 
-    /// Checks `plan` against the device of `stream` and the addresses, then launches its kernel.
-    fn launch_resident(&self, plan: &Plan, at: DevicePointers, stream: &Arc<CudaStream>) -> Result<()> {
+    /// Checks `plan` against the device of `stream` and the addresses, then launches its kernel
+    /// (`extras`: the index arrays, checked against the problem by `indices::check`).
+    fn launch_resident(
+        &self,
+        plan: &Plan,
+        at: DevicePointers,
+        extras: ExtraPointers,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let chosen = plan.payload::<Chosen>()?;
         // The kernel was compiled for the problem planned; one edited since is not the plan's.
         plan.check_for("cuda", &chosen.problem)?;
         let problem = &plan.problem;
-        // A plan of the host-copy path may hold sequences or ALiBi, whose arrays these calls do
-        // not take (see `plan_on`).
-        problem.require_features("cuda (device-resident calls)", RESIDENT_FEATURES)?;
         if problem.params.return_lse != at.lse.is_some() {
             return Err(Error::Shape {
                 tensor: "lse",
@@ -422,12 +450,11 @@ impl Cuda {
                     true => self.workspace(&gpu, stream, split.counters(), split.partial_floats(variant))?,
                     false => Workspace { counters: 0, partials: 0 },
                 };
-                // Plans with index arrays are refused (`plan_on`): no arrays to point at.
-                decode = DecodeParams::new(at, ExtraPointers::default(), work, problem, variant, split);
+                decode = DecodeParams::new(at, extras, work, problem, variant, split);
                 builder.arg(&decode);
             }
             Kernel::Ampere(_) => {
-                ampere = KernelParams::new(at, Default::default(), problem);
+                ampere = KernelParams::new(at, extras, problem);
                 builder.arg(&ampere);
             }
             Kernel::Hopper(variant, split) => {
@@ -446,13 +473,15 @@ impl Cuda {
                         0
                     }
                 })?;
-                hopper = Sm90Params::new(at, ExtraPointers::default(), work, split, problem, variant)?;
+                hopper = Sm90Params::new(at, extras, work, split, problem, variant)?;
                 builder.arg(&hopper);
             }
         }
         // SAFETY: the parameter block holds the caller's buffers, checked above to hold every
-        // element the problem's strides reach (or promised so, for the raw entry), and this
-        // stream's workspace; the launch is the plan's, validated against the device's limits.
+        // element the problem's strides reach (or promised so, for the raw entry), index arrays
+        // checked (or promised) to hold the entries the problem reads, whose contents the kernels
+        // clamp into the problem's bounds, and this stream's workspace; the launch is the
+        // plan's, validated against the device's limits.
         unsafe { builder.launch(cfg) }.map(|_| ()).map_err(driver("cuLaunchKernel"))
     }
 
@@ -566,6 +595,9 @@ struct OnStreamPrepared<'a> {
     stream: Arc<CudaStream>,
     buffers: Buffers,
     lse: Option<CudaSlice<f32>>,
+    /// The problem's index arrays and slopes, copied to the caller's device once (as a serving
+    /// stack's would be there already), given to each run as device memory.
+    extras: DeviceExtras,
 }
 
 impl attn_core::Attention for OnStream {
@@ -622,7 +654,8 @@ impl attn_core::Attention for OnStream {
             true => Some(stream.alloc_zeros::<f32>(problem.lse_len()).map_err(driver("allocate lse"))?),
             false => None,
         };
-        Ok(Box::new(OnStreamPrepared { harness: self, plan: plan.clone(), stream, buffers, lse }))
+        let extras = DeviceExtras::upload(&stream, &inputs.extras)?;
+        Ok(Box::new(OnStreamPrepared { harness: self, plan: plan.clone(), stream, buffers, lse, extras }))
     }
 }
 
@@ -635,11 +668,11 @@ impl attn_core::Prepared for OnStreamPrepared<'_> {
     fn run(&mut self) -> Result<std::time::Duration> {
         let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = self.stream.record_event(timed).map_err(driver("cuEventRecord (start)"))?;
-        let mut lse = self.lse.as_mut().map(|l| l.as_view_mut());
+        let arrays = DeviceArrays { lse: self.lse.as_mut().map(|l| l.as_view_mut()), ..self.extras.arrays() };
         let (cuda, plan, stream) = (&self.harness.cuda, &self.plan, &self.stream);
         match &mut self.buffers {
-            Buffers::F16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, lse.as_mut(), stream)?,
-            Buffers::Bf16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, lse.as_mut(), stream)?,
+            Buffers::F16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, arrays, stream)?,
+            Buffers::Bf16([q, k, v, o]) => cuda.run_on_stream(plan, q, k, v, o, arrays, stream)?,
         }
         let end = self.stream.record_event(timed).map_err(driver("cuEventRecord (end)"))?;
         end.synchronize().map_err(driver("the kernel (cuEventSynchronize)"))?;

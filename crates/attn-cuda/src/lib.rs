@@ -23,9 +23,11 @@
 //!
 //! Sequences of their own lengths (packed queries and keys, a paged cache, `seqused_k`) and
 //! ALiBi run through the host-copy path, which uploads their index arrays and slopes
-//! (`attn_core::Extras`) with the inputs: sequences on the Ampere/Ada family (the Hopper family
-//! hands them to it, on sm_90 too), ALiBi on either; the device-resident calls refuse them with
-//! a typed error for now (they would need the caller's device arrays).
+//! (`attn_core::Extras`) with the inputs, and through the device-resident calls, which take them
+//! as the caller's device memory ([`DeviceArrays`], [`ExtraPointers`]), checked for presence,
+//! length, context and alignment but not for contents, which every kernel that reads them clamps
+//! into the problem's bounds ([`indices`]). Sequences run on the Ampere/Ada family (the Hopper
+//! family hands them to it, on sm_90 too), ALiBi on either.
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
@@ -53,6 +55,7 @@ mod compile;
 pub mod decode;
 pub mod device;
 pub mod hopper;
+pub mod indices;
 mod locate;
 pub mod options;
 mod probe;
@@ -64,8 +67,9 @@ mod tensors;
 pub use backend::Cuda;
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
 pub use device::{DeviceElement, OnStream};
+pub use indices::DeviceArrays;
 pub use options::{Family, KNOBS, Options};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
 pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};
-pub use tensors::DevicePointers;
+pub use tensors::{DevicePointers, ExtraPointers};

@@ -28,7 +28,9 @@ pub struct DeviceExtras {
 }
 
 /// The device addresses of a problem's sequence indices and ALiBi slopes, 0 (null) for each it
-/// does not have: what the Ampere/Ada kernel's parameter block holds.
+/// does not have: what the kernels' parameter blocks hold, and what the raw entry
+/// ([`crate::Cuda::run_raw`]) takes beside [`DevicePointers`] (under its safety contract; the
+/// contents are not checked there, the kernels clamp every index into the problem's bounds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExtraPointers {
     /// `[batch + 1]` i32 query offsets.
@@ -60,6 +62,18 @@ impl DeviceExtras {
             block_table: copy(stream, extras.block_table, "copy block_table to the device")?,
             alibi_slopes: copy(stream, extras.alibi_slopes, "copy alibi_slopes to the device")?,
         })
+    }
+
+    /// Views of them, as a device-resident call takes them (no LSE).
+    pub fn arrays(&self) -> crate::indices::DeviceArrays<'_> {
+        crate::indices::DeviceArrays {
+            lse: None,
+            cu_seqlens_q: self.cu_seqlens_q.as_ref().map(CudaSlice::as_view),
+            cu_seqlens_k: self.cu_seqlens_k.as_ref().map(CudaSlice::as_view),
+            seqused_k: self.seqused_k.as_ref().map(CudaSlice::as_view),
+            block_table: self.block_table.as_ref().map(CudaSlice::as_view),
+            alibi_slopes: self.alibi_slopes.as_ref().map(CudaSlice::as_view),
+        }
     }
 
     /// Their device addresses (0 for an absent one).

@@ -6,7 +6,7 @@
 
 use attn_core::rng::{SplitMix64, normal_buffer};
 use attn_core::{Attention, Buffer, DType, Inputs, Layout, Outputs, Problem, Shape};
-use attn_cuda::{Cuda, DeviceElement, DevicePointers, Family, Options, probe};
+use attn_cuda::{Cuda, DeviceArrays, DeviceElement, DevicePointers, ExtraPointers, Family, Options, probe};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -138,9 +138,9 @@ impl<T: Half> Resident<T> {
         plan: &attn_core::Plan,
         stream: &Arc<CudaStream>,
     ) -> attn_core::Result<()> {
-        let mut lse = self.lse.as_view_mut();
-        let lse = plan.problem.params.return_lse.then_some(&mut lse);
-        cuda.run_on_stream(plan, &self.q, &self.k, &self.v, &mut self.o, lse, stream)
+        let lse = plan.problem.params.return_lse.then(|| self.lse.as_view_mut());
+        let arrays = DeviceArrays { lse, ..DeviceArrays::default() };
+        cuda.run_on_stream(plan, &self.q, &self.k, &self.v, &mut self.o, arrays, stream)
     }
 
     /// o's bits and the LSE, back on the host.
@@ -295,7 +295,7 @@ fn the_raw_entry_gives_the_same_bits() {
     };
     // SAFETY: the buffers hold the problem's elements and live until the stream is synchronized;
     // the stream is of the plan's context.
-    unsafe { cuda.run_raw(&plan, at, stream.cu_stream()) }.unwrap();
+    unsafe { cuda.run_raw(&plan, at, ExtraPointers::default(), stream.cu_stream()) }.unwrap();
     stream.synchronize().unwrap();
     let got = t.read(&stream, &p);
     assert!(got.0 == want.0 && got.1 == want.1, "the raw entry's result differs");
@@ -316,26 +316,57 @@ fn bad_calls_are_typed_errors() {
     // f16 tensors for a bf16 plan.
     let pf = Problem { dtype: DType::F16, ..p };
     let mut f = Resident::<f16>::new(&stream, &pf, &inputs(&pf, 3));
-    let mut lse = t.lse.as_view_mut();
-    let e = err(cuda.run_on_stream(&plan, &f.q, &f.k, &f.v, &mut f.o, Some(&mut lse), &stream));
+    let e = err(cuda.run_on_stream(
+        &plan,
+        &f.q,
+        &f.k,
+        &f.v,
+        &mut f.o,
+        DeviceArrays::with_lse(t.lse.as_view_mut()),
+        &stream,
+    ));
     assert!(e.contains("f16") && e.contains("bf16"), "{e}");
     // A q one element short.
     let short = t.q.slice(..t.q.len() - 1);
-    let e = err(cuda.run_on_stream(&plan, &short, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
+    let e = err(cuda.run_on_stream(
+        &plan,
+        &short,
+        &t.k,
+        &t.v,
+        &mut t.o,
+        DeviceArrays::with_lse(t.lse.as_view_mut()),
+        &stream,
+    ));
     assert!(e.contains("elements"), "{e}");
     // A q of the full length starting one element (2 bytes) into a larger buffer.
     let q_len = p.required_lens()[0].1;
     let wide = stream.clone_htod(&vec![bf16::ZERO; q_len + 8]).unwrap();
     let shifted = wide.slice(1..1 + q_len);
-    let e = err(cuda.run_on_stream(&plan, &shifted, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
+    let e = err(cuda.run_on_stream(
+        &plan,
+        &shifted,
+        &t.k,
+        &t.v,
+        &mut t.o,
+        DeviceArrays::with_lse(t.lse.as_view_mut()),
+        &stream,
+    ));
     assert!(e.contains("16-byte aligned"), "{e}");
     // A plan whose problem was edited after planning (the kernel is compiled for head dim 64).
     let mut edited = plan.clone();
     edited.problem.shape.head_dim = 32;
-    let e = err(cuda.run_on_stream(&edited, &t.q, &t.k, &t.v, &mut t.o, Some(&mut lse), &stream));
+    let e = err(cuda.run_on_stream(
+        &edited,
+        &t.q,
+        &t.k,
+        &t.v,
+        &mut t.o,
+        DeviceArrays::with_lse(t.lse.as_view_mut()),
+        &stream,
+    ));
     assert!(e.contains("plan"), "{e}");
     // No LSE buffer for a problem that asks for it.
-    let e = err(cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, None, &stream));
+    let e = err(cuda.run_on_stream(&plan, &t.q, &t.k, &t.v, &mut t.o, DeviceArrays::default(), &stream));
     assert!(e.contains("LSE"), "{e}");
     // A plan of another backend.
     let cpu = attn_cpu_plan(&p);
@@ -392,4 +423,154 @@ fn two_devices_at_once() {
             });
         }
     });
+}
+
+/// Problems with index arrays (FlashAttention's layouts, from `attn_core::batch_of`): packed
+/// queries and keys with empty and one-token sequences, causal (the Ampere/Ada family); a paged
+/// cache of shuffled pages with ALiBi per (batch, head), one query per sequence (the decode
+/// family) and four (Ampere/Ada); dense keys with per-sequence counts and soft-cap.
+fn sequence_problems() -> Vec<(Problem, attn_core::OwnedExtras)> {
+    use attn_core::Alibi;
+    use attn_core::sequences::{KeyStore, alibi_standard_slopes, batch_of};
+    let shape = Shape { heads_kv: 2, ..Shape::new(1, 8, 1, 64) };
+    let mut all = vec![];
+    let (p, e) = batch_of(shape, DType::Bf16, &[70, 0, 1, 130], &[90, 3, 0, 200], KeyStore::Packed);
+    all.push((p.causal().with_lse(true), e));
+    for q in [1, 4] {
+        let paged = KeyStore::Paged { page_size: 16, seed: 5 };
+        let (p, mut e) = batch_of(shape, DType::F16, &[q; 3], &[700, 33, 1000], paged);
+        let slopes: Vec<f32> = (0..3).flat_map(|_| alibi_standard_slopes(8)).collect();
+        e.alibi_slopes = Some(slopes);
+        all.push((p.with_alibi(Alibi::PerBatchHead).causal().with_lse(true), e));
+    }
+    let (p, e) = batch_of(shape, DType::Bf16, &[64; 2], &[100, 257], KeyStore::DenseUsed);
+    all.push((p.with_softcap(30.0), e));
+    all
+}
+
+/// Device copies of `e`'s arrays on `stream`.
+struct DeviceIndices {
+    ints: [Option<CudaSlice<i32>>; 4],
+    slopes: Option<CudaSlice<f32>>,
+}
+
+impl DeviceIndices {
+    fn new(stream: &Arc<CudaStream>, e: &attn_core::OwnedExtras) -> Self {
+        let up = |x: &Option<Vec<i32>>| x.as_ref().map(|x| stream.clone_htod(x).unwrap());
+        DeviceIndices {
+            ints: [up(&e.cu_seqlens_q), up(&e.cu_seqlens_k), up(&e.seqused_k), up(&e.block_table)],
+            slopes: e.alibi_slopes.as_ref().map(|x| stream.clone_htod(x).unwrap()),
+        }
+    }
+
+    /// The arrays as a call takes them, with `lse`.
+    fn arrays<'a>(&'a self, lse: Option<cudarc::driver::CudaViewMut<'a, f32>>) -> DeviceArrays<'a> {
+        let [q, k, used, table] = self.ints.each_ref().map(|x| x.as_ref().map(|x| x.as_view()));
+        DeviceArrays {
+            lse,
+            cu_seqlens_q: q,
+            cu_seqlens_k: k,
+            seqused_k: used,
+            block_table: table,
+            alibi_slopes: self.slopes.as_ref().map(|x| x.as_view()),
+        }
+    }
+}
+
+/// `plan` on fresh device copies of `x` and the index arrays `idx` on `stream` (waited for): o's
+/// bits and the LSE, or the call's error.
+fn with_indices<T: Half>(
+    cuda: &Cuda,
+    plan: &attn_core::Plan,
+    stream: &Arc<CudaStream>,
+    x: &[Buffer; 3],
+    idx: &DeviceIndices,
+) -> attn_core::Result<(Vec<u16>, Vec<f32>)> {
+    let p = &plan.problem;
+    let mut t = Resident::<T>::new(stream, p, x);
+    let arrays = idx.arrays(p.params.return_lse.then(|| t.lse.as_view_mut()));
+    cuda.run_on_stream(plan, &t.q, &t.k, &t.v, &mut t.o, arrays, stream)?;
+    stream.synchronize().unwrap_or_else(|err| panic!("{p} ({}): the kernel faulted: {err}", plan.kernel));
+    Ok(t.read(stream, p))
+}
+
+/// [`with_indices`] in the problem's dtype.
+fn run_indices(
+    cuda: &Cuda,
+    plan: &attn_core::Plan,
+    stream: &Arc<CudaStream>,
+    x: &[Buffer; 3],
+    idx: &DeviceIndices,
+) -> attn_core::Result<(Vec<u16>, Vec<f32>)> {
+    match plan.problem.dtype {
+        DType::F16 => with_indices::<f16>(cuda, plan, stream, x, idx),
+        _ => with_indices::<bf16>(cuda, plan, stream, x, idx),
+    }
+}
+
+/// Index arrays given as device memory: the host-copy path's bits (which copies them itself);
+/// an array missing is a typed error naming it.
+#[test]
+fn index_arrays_in_device_memory_give_the_host_paths_bits() {
+    let Some(cuda) = backend("index_arrays_in_device_memory_give_the_host_paths_bits", Options::default())
+    else {
+        return;
+    };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    for (i, (p, e)) in sequence_problems().into_iter().enumerate() {
+        let x = inputs(&p, 40 + i as u64);
+        let mut o = Buffer::zeros(p.dtype, p.required_lens()[3].1);
+        let mut lse = vec![0f32; p.lse_len()];
+        let host_inputs = Inputs::new(x[0].as_data(), x[1].as_data(), x[2].as_data()).with_extras(e.borrow());
+        let lse_out = p.params.return_lse.then_some(lse.as_mut_slice());
+        cuda.forward(&p, host_inputs, Outputs { o: o.as_data_mut(), lse: lse_out }).unwrap();
+        let plan = cuda.plan_on(&ctx, &p).unwrap();
+        let got = run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &e)).unwrap();
+        assert!(got.0 == bits(&o), "{p} ({}): o differs from the host-copy path", plan.kernel);
+        if p.params.return_lse {
+            let b = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(b(&got.1), b(&lse), "{p} ({}): lse", plan.kernel);
+        }
+        // Without one of its arrays: a typed error naming it, before any launch.
+        let mut fewer = e.clone();
+        let name = match () {
+            _ if fewer.block_table.take().is_some() => "block_table",
+            _ if fewer.cu_seqlens_k.take().is_some() => "cu_seqlens_k",
+            _ => {
+                fewer.seqused_k.take();
+                "seqused_k"
+            }
+        };
+        let err = run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &fewer)).unwrap_err();
+        assert!(err.to_string().contains(name), "{err}");
+        println!("{p}: {}: same bits", plan.kernel);
+    }
+}
+
+/// Corrupt index arrays (page numbers past the cache and negative, offsets that decrease or
+/// run past the packed rows, key counts far past the cache): the kernels clamp them, so the
+/// call runs without a fault (run it under compute-sanitizer to see no access outside the
+/// buffers: `bench/device/resident-extras.sh`).
+#[test]
+fn corrupt_index_arrays_run_without_faults() {
+    let Some(cuda) = backend("corrupt_index_arrays_run_without_faults", Options::default()) else { return };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    for (i, (p, mut e)) in sequence_problems().into_iter().enumerate() {
+        let corrupt = |v: &mut Option<Vec<i32>>, bad: &[i32]| {
+            if let Some(v) = v {
+                v.iter_mut().zip(bad.iter().cycle()).for_each(|(x, b)| *x = *b);
+            }
+        };
+        corrupt(&mut e.block_table, &[1 << 30, -5, i32::MAX, i32::MIN]);
+        corrupt(&mut e.seqused_k, &[i32::MAX, -1, 1 << 20]);
+        corrupt(&mut e.cu_seqlens_q, &[0, 500, 3, i32::MAX, -9]);
+        corrupt(&mut e.cu_seqlens_k, &[i32::MIN, 10_000, 2, 1 << 29, 0]);
+        assert!(p.check_extras(&e.borrow()).is_err(), "{p}: the arrays are not corrupt");
+        let x = inputs(&p, 70 + i as u64);
+        let plan = cuda.plan_on(&ctx, &p).unwrap();
+        run_indices(&cuda, &plan, &stream, &x, &DeviceIndices::new(&stream, &e)).unwrap();
+        println!("{p}: {}: corrupt arrays ran without a fault", plan.kernel);
+    }
 }

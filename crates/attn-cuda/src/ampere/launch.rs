@@ -42,10 +42,11 @@ pub struct KernelParams {
     pages_per_seq: i32,
     alibi_batch_stride: i32,
     q_total: i32,
+    /// Packed key rows, or a paged cache's pages: the bound the kernel clamps offsets and page
+    /// numbers to (a device-resident caller's arrays are not checked on the host).
+    kv_total: i32,
     // Declared by the padded variants only (`ATTN_PAD`), which declare all of the above too.
     head_dim: i32,
-    // The C struct's tail padding to its 8-byte alignment, spelled out (never read).
-    tail: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -99,8 +100,12 @@ impl KernelParams {
                 QueryRows::Packed { total } => total as i32,
                 QueryRows::Dense => 0,
             },
+            kv_total: match problem.batching.kv {
+                KvRows::Packed { total } => total as i32,
+                KvRows::Paged { pages, .. } => pages as i32,
+                KvRows::Dense => 0,
+            },
             head_dim: s.head_dim as i32,
-            tail: 0,
         }
     }
 }
@@ -111,12 +116,13 @@ mod tests {
     fn layout_matches_the_kernel() {
         // 5 pointers + 12 strides (8 bytes each) + 5 ints + 1 float = 160 bytes, no padding;
         // then the window and soft-cap variants' 2 ints and 2 floats; then the sequence and ALiBi
-        // variants' 5 pointers and 4 ints; then the padded variants' head dim and the tail to
-        // 8-byte alignment (C's sizeof of the struct).
+        // variants' 5 pointers and 5 ints; then the padded variants' head dim, which ends the
+        // struct on its 8-byte alignment (C's sizeof of the struct).
         assert_eq!(std::mem::offset_of!(super::KernelParams, window_left), 160);
         assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 176);
         assert_eq!(std::mem::offset_of!(super::KernelParams, page_size), 216);
-        assert_eq!(std::mem::offset_of!(super::KernelParams, head_dim), 232);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, kv_total), 232);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, head_dim), 236);
         assert_eq!(std::mem::size_of::<super::KernelParams>(), 240);
         assert_eq!(std::mem::align_of::<super::KernelParams>(), 8);
     }

@@ -48,7 +48,9 @@ pub struct DecodeParams {
     alibi_batch_stride: i32,
     softcap_log2: f32,
     softcap_inv: f32,
-    reserved: i32,
+    /// Pages in a paged cache: the kernel clamps page numbers below it (a device-resident
+    /// caller's block table is not checked on the host).
+    pages: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -73,9 +75,11 @@ impl DecodeParams {
         let o_floats =
             split.pairs as u64 * split.splits as u64 * (variant.block_m() * variant.head_dim) as u64;
         let several = split.splits > 1;
-        let (page_size, pages_per_seq) = match problem.batching.kv {
-            KvRows::Paged { page_size, pages_per_seq, .. } => (page_size as i32, pages_per_seq as i32),
-            _ => (0, 0),
+        let (page_size, pages_per_seq, pages) = match problem.batching.kv {
+            KvRows::Paged { page_size, pages_per_seq, pages } => {
+                (page_size as i32, pages_per_seq as i32, pages as i32)
+            }
+            _ => (0, 0, 0),
         };
         let cap = problem.params.softcap.unwrap_or(0.0);
         DecodeParams {
@@ -114,7 +118,7 @@ impl DecodeParams {
             },
             softcap_log2: cap * std::f32::consts::LOG2_E,
             softcap_inv: if cap > 0.0 { problem.scale().abs() / cap } else { 0.0 },
-            reserved: 0,
+            pages,
         }
     }
 }
@@ -179,5 +183,6 @@ mod tests {
         assert_eq!(offset_of!(super::DecodeParams, block_table), 208);
         assert_eq!(offset_of!(super::DecodeParams, page_size), 232);
         assert_eq!(offset_of!(super::DecodeParams, softcap_inv), 248);
+        assert_eq!(offset_of!(super::DecodeParams, pages), 252);
     }
 }

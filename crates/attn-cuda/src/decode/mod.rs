@@ -18,8 +18,9 @@
 //! configuration's extras variant ([`Variant::extras`], `ATTN_EXTRAS`), which a problem takes when
 //! it asks for any of them; the plain variants compile to the PTX they had before
 //! (`examples/decode_ptx.rs` checks it). The block table, key counts and slopes are copied to
-//! the device with the inputs (`DeviceTensors`); the device-resident calls refuse problems that
-//! need them (a typed error). A sequence's key range (`lo`, `hi`, the diagonal's shift) is its
+//! the device with the inputs (`DeviceTensors`), or given as the caller's device memory to the
+//! device-resident calls (unchecked there: the kernel clamps key counts into `[0, seq_k]` and
+//! page numbers into `[0, pages)`, see `crate::indices`). A sequence's key range (`lo`, `hi`, the diagonal's shift) is its
 //! own; the plan sizes the splits by the longest sequence, and each sequence cuts its own keys
 //! into that many (a split past a short sequence's end leaves an empty partial). Chunks start on
 //! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
