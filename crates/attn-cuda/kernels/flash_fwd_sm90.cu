@@ -116,8 +116,11 @@ constexpr int D_BLOCKS = D / 64;
 constexpr float RESCALE_SLACK = 8.f;
 constexpr float RESCALE_LIMIT = 256.f;  // 2^RESCALE_SLACK: the largest p the slack lets through
 // Key tiles past a piece's first exponentiate against the running max without finding their own
-// (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
-constexpr bool SPECULATE = D <= 128;
+// (softmax_speculative); not at D=256, where the second S product it may issue spills registers,
+// nor under ALiBi, whose scores grow from each key tile to the next by slope * BN: for about
+// half the standard slopes by more than RESCALE_SLACK, so that every tile issued S again (ALiBi
+// was 47-102% slower than none with speculation on the H100, 0528746).
+constexpr bool SPECULATE = D <= 128 && !ATTN_ALIBI;
 
 static_assert(D % 64 == 0 && D <= 256, "head dims 64, 128, 256: whole 64-column (128-byte) blocks");
 static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 up to 256");
