@@ -406,7 +406,7 @@ impl Prepared for WgpuPrepared {
 }
 
 /// Copies a device buffer into a fresh mappable one and returns its bytes.
-fn read_buffer(gpu: &Gpu, src: &wgpu::Buffer) -> Result<Vec<u8>> {
+pub(crate) fn read_buffer(gpu: &Gpu, src: &wgpu::Buffer) -> Result<Vec<u8>> {
     let size = src.size();
     let staging = gpu.scoped("reading back", || {
         let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {

@@ -13,8 +13,10 @@
 //! the FMA kernel only (f16 then without cooperative matrices); a block walks only the key tiles
 //! its rows' windows reach. Packed and paged sequences are gathered on the host into the kernel's
 //! layout, each padded to the longest, and the kernel reads each sequence's lengths; the
-//! device-resident path refuses them and ALiBi (data beyond q, k and v) with a typed error. Inputs of any strides are packed on the host
-//! into contiguous BHSD buffers when prepared; the output is written back into the caller's view.
+//! device-resident path refuses them (their index arrays are not among its inputs) with a typed
+//! error, and takes ALiBi's slopes as a buffer of the caller's. Inputs of any strides are packed
+//! on the host into contiguous BHSD buffers when prepared; the output is written back into the
+//! caller's view.
 //!
 //! ## Two paths: host slices, or the caller's device and buffers
 //! The [`Attention`](attn_core::Attention) trait is the host path: `prepare` packs host slices
@@ -29,6 +31,8 @@
 //! arguments (a `wgpu` encoder and buffers) are this backend's own types. Its layout changes are
 //! small compute passes on the GPU (pack before the kernel, unpack after), its scratch buffers
 //! are cached and reused; [`resident`] says what is checked and what the caller guarantees.
+//! [`OnDevice`] puts the device-resident path behind the trait (`wgpu-resident`, for `attn
+//! verify --resident`).
 //!
 //! ## Numerical promises
 //! Scores, probabilities, row statistics and the P·V accumulation are f32 for every dtype
@@ -68,6 +72,7 @@ mod coop;
 mod dispatch;
 mod fma;
 pub mod inspect;
+mod on_device;
 pub mod options;
 mod pack;
 mod plan;
@@ -79,6 +84,7 @@ mod spirv;
 mod wgsl;
 
 pub use backend::Wgpu;
+pub use on_device::OnDevice;
 pub use options::{KNOBS, Options};
 pub use plan::AdapterCaps;
 pub use resident::{DeviceInputs, DeviceOutputs, DeviceTensor};

@@ -22,7 +22,8 @@
 //! builds that layout on the host; here a pack pass per input builds it on the GPU, from the
 //! caller's buffers into scratch buffers, and an unpack pass writes the packed output into the
 //! caller's o (rounding to f16 or bf16 where needed, as the host path does) and copies the LSE.
-//! One call records, in one compute pass: a clear of the status word, three pack dispatches, the
+//! One call records a clear of the status word, with ALiBi a copy of the caller's slopes into a
+//! scratch buffer, then, in one compute pass: three pack dispatches, the
 //! attention dispatch (or, on software adapters with a loop limit, one per part of the keys,
 //! each followed by a merge dispatch: the planner's key split), and the unpack dispatch.
 //! The results are the host path's bit for bit.
@@ -43,7 +44,8 @@
 //!   as a validation error, which becomes an [`Error::Backend`]).
 //! - q, k, v, o (and the LSE) hold the plan's problem: elements of its dtype (f32 as `f32`, f16
 //!   and bf16 as their 16-bit patterns, little-endian), starting at the given byte offset, laid
-//!   out by its strides. The buffers need `STORAGE` usage; q, k and v may be one buffer (a fused
+//!   out by its strides; ALiBi's slopes (where the problem has ALiBi) are f32 as
+//!   [`DeviceInputs::alibi_slopes`] says. The tensors' buffers need `STORAGE` usage; q, k and v may be one buffer (a fused
 //!   QKV projection) and may alias each other freely, o and the LSE must not overlap each other
 //!   or the inputs.
 //! - Nothing else writes o or the LSE between the recording and the end of the submission.
@@ -53,10 +55,22 @@
 //! without `STORAGE` usage, an offset that is not a whole element, a buffer smaller than what the
 //! strides reach, an LSE buffer missing where the problem asks for one or given where it does not
 //! ([`Error::Shape`]), a tensor whose span exceeds one storage binding of the device
-//! ([`Error::OverDeviceLimit`]), a problem that needs data beyond q, k and v: ALiBi's slopes,
-//! packed or paged sequences' indices ([`Error::Unsupported`]: [`DeviceInputs`] do not carry them
-//! yet; the host path runs them). Sliding windows and soft-caps need none and run here. Nothing outside the views is written: where a 16-bit element
-//! shares its 4-byte word with memory outside the view, only its half of the word is changed.
+//! ([`Error::OverDeviceLimit`]), ALiBi's slopes missing where the problem has ALiBi or given where
+//! it has none, at an offset that is not a whole f32, in a buffer without `COPY_SRC` usage or too
+//! short for `[heads_q]` or `[batch, heads_q]` ([`Error::Shape`] of `alibi_slopes`), packed or
+//! paged sequences ([`Error::Unsupported`]: [`DeviceInputs`] do not carry their index arrays
+//! yet; the host path runs them). Sliding windows and soft-caps need no data beyond q, k and v
+//! and run here. The slopes' values are not checked (that would need a copy back): non-finite
+//! ones give non-finite scores, as they would on the host path unchecked. Nothing outside the
+//! views is written: where a 16-bit element shares its 4-byte word with memory outside the
+//! view, only its half of the word is changed.
+//!
+//! ## ALiBi
+//! The kernels read the slopes from a storage binding, as the host path's (which uploads them
+//! with the inputs) do. The caller's slopes are copied (`copy_buffer_to_buffer`, a few hundred
+//! bytes) into a scratch buffer of the backend's before the compute pass, rather than bound in
+//! place: the attention dispatches' bind groups then stay those cached with the plan, over
+//! scratch only, and the slopes need no storage-offset alignment.
 //!
 //! ## Errors the GPU finds
 //! A kernel whose loops a software adapter cut short (Mesa's, past 65535 loop iterations of
@@ -110,6 +124,23 @@ pub struct DeviceInputs<'a> {
     pub k: DeviceTensor<'a>,
     /// Values, `[batch, heads_kv, seq_k, head_dim]` by `strides.v`.
     pub v: DeviceTensor<'a>,
+    /// ALiBi's slopes, f32 in natural units, `[heads_q]` (`Alibi::PerHead`) or `[batch,
+    /// heads_q]` (`Alibi::PerBatchHead`) contiguous: given exactly when the problem has ALiBi
+    /// (`Params::alibi`). The buffer needs `COPY_SRC` usage (the call copies the slopes into a
+    /// scratch buffer the kernel binds); the offset is a multiple of 4.
+    pub alibi_slopes: Option<DeviceTensor<'a>>,
+}
+
+impl<'a> DeviceInputs<'a> {
+    /// q, k and v, without ALiBi's slopes.
+    pub fn new(q: DeviceTensor<'a>, k: DeviceTensor<'a>, v: DeviceTensor<'a>) -> Self {
+        DeviceInputs { q, k, v, alibi_slopes: None }
+    }
+
+    /// The same inputs with ALiBi's slopes in `slopes` (see [`DeviceInputs::alibi_slopes`]).
+    pub fn with_alibi_slopes(self, slopes: DeviceTensor<'a>) -> Self {
+        DeviceInputs { alibi_slopes: Some(slopes), ..self }
+    }
 }
 
 /// The outputs of a device-resident call.
@@ -143,9 +174,9 @@ struct Scratch {
     generation: u64,
 }
 
-/// q, k, v, o, lse, status, o part, lse part, o running, and a word that stands for an LSE
-/// where none is asked for.
-const SLOTS: usize = 10;
+/// q, k, v, o, lse, status, o part, lse part, o running, a word that stands for an LSE where
+/// none is asked for, and ALiBi's slopes.
+const SLOTS: usize = 11;
 const NAMES: [&str; SLOTS] = [
     "attn q",
     "attn k",
@@ -157,9 +188,11 @@ const NAMES: [&str; SLOTS] = [
     "attn lse part",
     "attn o running",
     "attn no lse",
+    "attn alibi slopes",
 ];
 const STATUS: usize = 5;
 const NO_LSE: usize = 9;
+const SLOPES: usize = 10;
 
 impl Scratch {
     /// Makes slot `i` hold at least `bytes`, replacing a smaller buffer with one of the next
@@ -170,7 +203,7 @@ impl Scratch {
         }
         let size = bytes.next_power_of_two().min(limit / 4 * 4).max(bytes);
         let mut usage = wgpu::BufferUsages::STORAGE;
-        if i == STATUS {
+        if i == STATUS || i == SLOPES {
             usage |= wgpu::BufferUsages::COPY_DST;
         }
         self.buffers[i] = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -233,22 +266,18 @@ impl Wgpu {
             });
         }
         let problem = &plan.problem;
-        // What needs data beyond q, k and v (`Extras`): ALiBi's slopes, packed or paged
-        // sequences' indices.
-        let needs = [
-            (problem.params.alibi.is_some(), "ALiBi (its slopes)"),
-            (!problem.batching.is_dense(), "packed or paged sequences (their indices)"),
-        ];
-        if let Some((_, what)) = needs.iter().find(|(on, _)| *on) {
+        // Packed or paged sequences need their index arrays, which `DeviceInputs` do not carry.
+        if !problem.batching.is_dense() {
             return Err(Error::Unsupported {
                 backend: "wgpu".into(),
                 what: format!(
-                    "{problem}: {what} on the device-resident path: DeviceInputs do not carry them \
-                     yet; the Attention trait's host path runs them"
+                    "{problem}: packed or paged sequences (their indices) on the device-resident \
+                     path: DeviceInputs do not carry them yet; the Attention trait's host path runs them"
                 ),
             });
         }
         let windows = windows(&gpu, problem, &inputs, &outputs)?;
+        let slopes = slopes(problem, &inputs)?;
         let variant = chosen.variant;
         let pack = gpu.repack_pipeline(Repack::Pack { src: problem.dtype, ty: variant.ty })?;
         let unpack = gpu.repack_pipeline(Repack::Unpack { ty: variant.ty, dst: problem.dtype })?;
@@ -260,6 +289,9 @@ impl Wgpu {
         let grown = gpu.scoped("allocating scratch buffers", || {
             let mut wanted = vec![(0, sizes.q), (1, sizes.k), (2, sizes.v), (3, sizes.o), (4, sizes.lse)];
             wanted.extend([(STATUS, 4), (NO_LSE, 4)]);
+            if let Some((_, bytes)) = slopes {
+                wanted.push((SLOPES, bytes));
+            }
             if let Some(o_acc) = sizes.o_acc {
                 wanted.extend([(6, sizes.o), (7, sizes.lse), (8, o_acc)]);
             }
@@ -307,7 +339,14 @@ impl Wgpu {
             scratch,
             &entry.dispatches,
             &uniforms,
-            Bound { pack: &pack, unpack: &unpack, inputs: &inputs, outputs: &outputs, windows: &windows },
+            Bound {
+                pack: &pack,
+                unpack: &unpack,
+                inputs: &inputs,
+                outputs: &outputs,
+                windows: &windows,
+                slopes,
+            },
         );
         entry.places.push((place, uniforms));
         plans.push(entry);
@@ -386,6 +425,43 @@ fn windows(
     Ok(Windows { qkvo, lse })
 }
 
+/// ALiBi's slopes: their offset in the caller's buffer and their bytes, where the problem has
+/// ALiBi; or the first reason they cannot be copied (missing, given for a problem without ALiBi,
+/// an offset that is not a whole f32, a buffer without `COPY_SRC` or too short).
+fn slopes(problem: &Problem, inputs: &DeviceInputs<'_>) -> Result<Option<(u64, u64)>> {
+    let bad = |what: String| Error::Shape { tensor: "alibi_slopes", what };
+    let s = problem.shape;
+    let (alibi, t) = match (problem.params.alibi, inputs.alibi_slopes) {
+        (None, None) => return Ok(None),
+        (Some(alibi), Some(t)) => (alibi, t),
+        (Some(_), None) => return Err(bad("the problem has ALiBi, but no slopes buffer was given".into())),
+        (None, Some(_)) => return Err(bad("a slopes buffer was given, but the problem has no ALiBi".into())),
+    };
+    let (count, what) = match alibi {
+        attn_core::Alibi::PerHead => (s.heads_q, "heads_q"),
+        attn_core::Alibi::PerBatchHead => (s.batch * s.heads_q, "batch * heads_q"),
+    };
+    let bytes = 4 * count as u64;
+    if !t.offset.is_multiple_of(4) {
+        return Err(bad(format!("offset {} is not a multiple of the element size (4 bytes, f32)", t.offset)));
+    }
+    if !t.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return Err(bad(format!(
+            "the buffer's usage {:?} lacks COPY_SRC (the call copies the slopes into its scratch)",
+            t.buffer.usage()
+        )));
+    }
+    let end = t.offset.saturating_add(bytes);
+    if end > t.buffer.size() {
+        return Err(bad(format!(
+            "{count} slopes ({what}) from byte {} reach byte {end}, past the buffer's {} bytes",
+            t.offset,
+            t.buffer.size()
+        )));
+    }
+    Ok(Some((t.offset, bytes)))
+}
+
 /// Where each of the caller's tensors is bound.
 struct Windows {
     /// q, k, v, o.
@@ -423,9 +499,10 @@ fn dispatches(gpu: &Gpu, problem: &Problem, chosen: &Chosen, scratch: &Scratch) 
         lse: s(4),
         status: s(STATUS),
         partial: chosen.split.map(|_| [s(6), s(7), s(8)]),
-        // `record` refuses ALiBi and sequences of their own lengths (their data are not among
-        // the device inputs yet).
-        alibi_slopes: None,
+        // The call copies the caller's slopes here before the compute pass.
+        alibi_slopes: problem.params.alibi.map(|_| s(SLOPES)),
+        // `record` refuses sequences of their own lengths (their indices are not among the
+        // device inputs yet).
         seq_lens: None,
     };
     Dispatches::new(gpu, problem, &chosen.variant, chosen.grid, chosen.split, &buffers)
@@ -465,6 +542,8 @@ struct Bound<'c> {
     inputs: &'c DeviceInputs<'c>,
     outputs: &'c DeviceOutputs<'c>,
     windows: &'c Windows,
+    /// ALiBi's slopes: offset and bytes in `inputs.alibi_slopes`.
+    slopes: Option<(u64, u64)>,
 }
 
 /// Creates the bind groups over the caller's buffers, then records the call.
@@ -519,6 +598,9 @@ fn record_call(
     })?;
     let (packs, unpack) = groups;
     encoder.clear_buffer(scratch.get(STATUS), 0, None);
+    if let (Some(t), Some((offset, bytes))) = (inputs.alibi_slopes, bound.slopes) {
+        encoder.copy_buffer_to_buffer(t.buffer, offset, scratch.get(SLOPES), 0, bytes);
+    }
     let mut pass = encoder
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("attn"), timestamp_writes: None });
     pass.set_pipeline(bound.pack);

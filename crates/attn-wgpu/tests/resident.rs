@@ -126,6 +126,8 @@ struct Case {
     /// The host path's output buffer (its view written, the rest NaN) and LSE.
     o: Buffer,
     lse: Vec<f32>,
+    /// ALiBi's slopes, where the problem has ALiBi.
+    slopes: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -135,14 +137,24 @@ impl Case {
         let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
         let k = normal_buffer(&mut rng, problem.dtype, k_len, 1.0);
         let v = normal_buffer(&mut rng, problem.dtype, v_len, 1.0);
+        let s = problem.shape;
+        // Distinct slopes per head (and batch), as ALiBi's geometric ones are.
+        let slopes = problem.params.alibi.map(|alibi| {
+            let n = match alibi {
+                attn_core::Alibi::PerHead => s.heads_q,
+                attn_core::Alibi::PerBatchHead => s.batch * s.heads_q,
+            };
+            (0..n).map(|i| 0.5f32.powi(i as i32 % 8 + 1) * (1.0 + 0.1 * (i / 8) as f32)).collect::<Vec<_>>()
+        });
         let mut o = Buffer::zeros(problem.dtype, o_len);
         let mut lse = vec![0.0f32; problem.lse_len()];
-        let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data());
+        let extras = attn_core::Extras { alibi_slopes: slopes.as_deref(), ..Default::default() };
+        let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data()).with_extras(extras);
         let lse_out = problem.params.return_lse.then_some(lse.as_mut_slice());
         let mut outputs = Outputs { o: o.as_data_mut(), lse: lse_out };
         outputs.poison();
         let plan = b.forward(&problem, inputs, outputs).unwrap_or_else(|e| panic!("{problem}: {e}"));
-        Case { problem, plan, q, k, v, o, lse }
+        Case { problem, plan, q, k, v, o, lse, slopes }
     }
 
     /// Buffers for the device path: q, k, v with their data at `at`, o and the LSE poisoned.
@@ -205,11 +217,23 @@ impl Case {
         }
     }
 
+    /// The slopes (where the problem has ALiBi) in a buffer of their own, at `at`'s lead
+    /// rounded down to whole f32s, with garbage around them.
+    fn slopes_buffer(&self, b: &Wgpu, at: Placement) -> Option<wgpu::Buffer> {
+        let slopes = self.slopes.as_ref()?;
+        let mut all = vec![0x7f; at.lse().lead as usize];
+        all.extend(slopes.iter().flat_map(|x| x.to_le_bytes()));
+        all.extend(vec![0x7f; at.tail as usize / 4 * 4]);
+        Some(upload(b, "slopes", &all, USAGE))
+    }
+
     /// Runs the device path at `at` through [`Wgpu::submit`] and checks it.
     fn run_and_check(&self, b: &Wgpu, at: Placement) {
         let [q, k, v, o, lse] = self.buffers(b, at);
+        let slopes = self.slopes_buffer(b, at);
         let t = |buffer| DeviceTensor::at(buffer, at.lead);
-        let inputs = DeviceInputs { q: t(&q), k: t(&k), v: t(&v) };
+        let mut inputs = DeviceInputs::new(t(&q), t(&k), t(&v));
+        inputs.alibi_slopes = slopes.as_ref().map(|s| DeviceTensor::at(s, at.lse().lead));
         let outputs = DeviceOutputs {
             o: t(&o),
             lse: self.problem.params.return_lse.then(|| DeviceTensor::at(&lse, at.lse().lead)),
@@ -292,11 +316,11 @@ fn fused_qkv_in_one_buffer() {
     let qkv = upload(b, "qkv", &bytes(&fused), USAGE);
     let dev_o = upload(b, "o", &vec![POISON; o.len() * 2], USAGE);
     let el = 2;
-    let inputs = DeviceInputs {
-        q: DeviceTensor::at(&qkv, 0),
-        k: DeviceTensor::at(&qkv, (h * d * el) as u64),
-        v: DeviceTensor::at(&qkv, (2 * h * d * el) as u64),
-    };
+    let inputs = DeviceInputs::new(
+        DeviceTensor::at(&qkv, 0),
+        DeviceTensor::at(&qkv, (h * d * el) as u64),
+        DeviceTensor::at(&qkv, (2 * h * d * el) as u64),
+    );
     b.submit(&plan, inputs, DeviceOutputs { o: DeviceTensor::new(&dev_o), lse: None }).unwrap();
     assert_eq!(download(b, &dev_o), bytes(&o));
 }
@@ -333,12 +357,10 @@ fn long_keys_split_on_software_adapters() {
 }
 
 /// Sliding windows and soft-caps need no data beyond q, k and v: the device path runs them, bit
-/// for bit as the host path, split over keys on software adapters too. ALiBi needs its slopes
-/// and packed or paged sequences their indices, which the device inputs do not carry yet: a
-/// typed error before anything is recorded.
+/// for bit as the host path, split over keys on software adapters too.
 #[test]
-fn windows_and_soft_caps_but_not_alibi() {
-    let Some(b) = backend("windows_and_soft_caps_but_not_alibi") else { return };
+fn windows_and_soft_caps() {
+    let Some(b) = backend("windows_and_soft_caps") else { return };
     for (i, p) in [
         Problem::new(shape(2, 4, 2, 37, 90, 64), DType::F32).with_window(Some(10), Some(3)).with_lse(true),
         Problem::new(shape(1, 2, 2, 70, 45, 128), DType::F16).with_softcap(3.0).causal(),
@@ -358,18 +380,75 @@ fn windows_and_soft_caps_but_not_alibi() {
         );
         case.run_and_check(b, AT_ZERO);
     }
-    let case = Case::new(b, Problem::new(shape(1, 2, 2, 8, 8, 32), DType::F32), 70);
-    let plan = b.plan(&case.problem.with_alibi(attn_core::Alibi::PerHead)).unwrap();
-    let [q, k, v, o, lse] = case.buffers(b, AT_ZERO);
-    let t = DeviceTensor::new;
-    let inputs = DeviceInputs { q: t(&q), k: t(&k), v: t(&v) };
-    let outputs = DeviceOutputs { o: t(&o), lse: None };
-    match b.submit(&plan, inputs, outputs) {
-        Err(Error::Unsupported { what, .. }) => assert!(what.contains("ALiBi"), "{what}"),
-        other => panic!("{other:?}"),
+}
+
+/// ALiBi with the slopes in the caller's buffer (per head and per batch and head, at an offset,
+/// with the other score features, split over keys on software adapters): the host path's bits.
+#[test]
+fn alibi_with_slopes_in_the_callers_buffer() {
+    let Some(b) = backend("alibi_with_slopes_in_the_callers_buffer") else { return };
+    use attn_core::Alibi::{PerBatchHead, PerHead};
+    for (i, (p, at)) in [
+        (Problem::new(shape(2, 4, 2, 37, 45, 40), DType::F32).with_alibi(PerHead).with_lse(true), AT_ZERO),
+        (
+            Problem::new(shape(3, 4, 1, 29, 53, 64), DType::F16).with_alibi(PerBatchHead).causal(),
+            Placement { lead: 516, tail: 8 },
+        ),
+        (
+            Problem::new(shape(2, 2, 2, 70, 19, 128), DType::Bf16)
+                .with_alibi(PerBatchHead)
+                .with_window(Some(9), Some(4))
+                .with_softcap(5.0)
+                .with_lse(true),
+            Placement { lead: 10, tail: 6 },
+        ),
+        (
+            Problem::new(shape(1, 2, 1, 3, 20_000, 32), DType::F32).with_alibi(PerHead).with_lse(true),
+            Placement { lead: 8, tail: 0 },
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = Case::new(b, p, 80 + i as u64);
+        assert!(case.plan.kernel.contains("_alibi"), "{}", case.plan.kernel);
+        case.run_and_check(b, at);
     }
-    // Paged keys likewise (their block table).
-    let paged = case.problem.with_batching(attn_core::Batching {
+}
+
+/// The slopes are checked before anything is recorded: missing, given without ALiBi, short, at
+/// an odd offset, in a buffer without `COPY_SRC`. Packed or paged sequences need their indices,
+/// which the device inputs do not carry yet: a typed error too.
+#[test]
+fn alibi_and_paged_typed_errors() {
+    let Some(b) = backend("alibi_and_paged_typed_errors") else { return };
+    let p = Problem::new(shape(2, 2, 2, 8, 8, 32), DType::F32).with_alibi(attn_core::Alibi::PerBatchHead);
+    let case = Case::new(b, p, 70);
+    let [q, k, v, o, lse] = case.buffers(b, AT_ZERO);
+    let slopes = case.slopes_buffer(b, AT_ZERO).expect("slopes");
+    let t = DeviceTensor::new;
+    let inputs = DeviceInputs::new(t(&q), t(&k), t(&v));
+    let outputs = DeviceOutputs { o: t(&o), lse: None };
+    let slopes_error = |plan: &Plan, inputs| match b.submit(plan, inputs, outputs) {
+        Err(Error::Shape { tensor: "alibi_slopes", what }) => what,
+        other => panic!("{other:?}"),
+    };
+    let what = slopes_error(&case.plan, inputs);
+    assert!(what.contains("no slopes buffer"), "{what}");
+    let plain = b.plan(&Problem { params: attn_core::Params { alibi: None, ..p.params }, ..p }).unwrap();
+    let what = slopes_error(&plain, inputs.with_alibi_slopes(t(&slopes)));
+    assert!(what.contains("has no ALiBi"), "{what}");
+    // [heads_q] slopes for a [batch, heads_q] problem.
+    let short = upload(b, "short slopes", &[0; 8], USAGE);
+    let what = slopes_error(&case.plan, inputs.with_alibi_slopes(t(&short)));
+    assert!(what.contains("past the buffer"), "{what}");
+    let what = slopes_error(&case.plan, inputs.with_alibi_slopes(DeviceTensor::at(&slopes, 2)));
+    assert!(what.contains("multiple of"), "{what}");
+    let no_copy = upload(b, "no copy", &[0; 16], wgpu::BufferUsages::STORAGE);
+    let what = slopes_error(&case.plan, inputs.with_alibi_slopes(t(&no_copy)));
+    assert!(what.contains("COPY_SRC"), "{what}");
+    // Paged keys (their block table).
+    let paged = Problem::new(shape(1, 2, 2, 8, 8, 32), DType::F32).with_batching(attn_core::Batching {
         kv: attn_core::KvRows::Paged { page_size: 8, pages: 1, pages_per_seq: 1 },
         ..Default::default()
     });
@@ -378,7 +457,9 @@ fn windows_and_soft_caps_but_not_alibi() {
         other => panic!("{other:?}"),
     }
     assert!(download(b, &o).iter().all(|&x| x == POISON), "o was written");
-    let _ = lse;
+    // After all that, the right call runs.
+    b.submit(&case.plan, inputs.with_alibi_slopes(t(&slopes)), outputs).unwrap();
+    case.check(b, &o, &lse, AT_ZERO);
 }
 
 /// Two calls recorded into the caller's encoder between the caller's own copies, one submit:
@@ -402,14 +483,14 @@ fn records_into_the_callers_encoder() {
     b.record(
         &first.plan,
         &mut encoder,
-        DeviceInputs { q: t(&q1_later), k: t(&k1), v: t(&v1) },
+        DeviceInputs::new(t(&q1_later), t(&k1), t(&v1)),
         DeviceOutputs { o: t(&o1), lse: Some(t(&lse1)) },
     )
     .unwrap();
     b.record(
         &second.plan,
         &mut encoder,
-        DeviceInputs { q: t(&q2), k: t(&k2), v: t(&v2) },
+        DeviceInputs::new(t(&q2), t(&k2), t(&v2)),
         DeviceOutputs { o: t(&o2), lse: None },
     )
     .unwrap();
@@ -459,7 +540,7 @@ fn typed_errors_before_anything_is_recorded() {
     let case = Case::new(b, Problem::new(shape(1, 2, 2, 8, 8, 32), DType::F16).with_lse(true), 41);
     let [q, k, v, o, lse] = case.buffers(b, AT_ZERO);
     let t = DeviceTensor::new;
-    let inputs = DeviceInputs { q: t(&q), k: t(&k), v: t(&v) };
+    let inputs = DeviceInputs::new(t(&q), t(&k), t(&v));
     let outputs = DeviceOutputs { o: t(&o), lse: Some(t(&lse)) };
     let err = |plan: &Plan, inputs, outputs| b.submit(plan, inputs, outputs).unwrap_err();
     let shape_of = |e: Error| match e {

@@ -24,8 +24,10 @@ pub struct VerifyArgs {
     /// Machine-readable output: every result and the verdict.
     #[arg(long)]
     json: bool,
-    /// Also verify the CUDA backend's device-resident API (`cuda-resident`: inputs in buffers
-    /// of a caller's context and stream, run by `Cuda::run_on_stream`), where CUDA is available.
+    /// Also verify the device-resident APIs of the GPU backends verified (`--backend`, or all
+    /// available): `cuda-resident` (inputs in buffers of a caller's context and stream, run by
+    /// `Cuda::run_on_stream`) and `wgpu-resident` (inputs in `wgpu::Buffer`s, run by
+    /// `Wgpu::submit`). At least one must be available.
     #[arg(long)]
     resident: bool,
 }
@@ -43,11 +45,23 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if args.resident {
-        let resident = attn_cuda::OnStream::new(attn_cuda::Cuda::from_env()?);
-        match resident.availability() {
-            Availability::Available { .. } => backends.push(Box::new(resident)),
-            Availability::Unavailable { reason } => {
-                return Err(format!("--resident needs CUDA, which is unavailable here: {reason}").into());
+        let verified = |name: &str| backends.iter().any(|b| b.name() == name);
+        let mut resident: Vec<Box<dyn Attention>> = vec![];
+        if verified("cuda") {
+            resident.push(Box::new(attn_cuda::OnStream::new(attn_cuda::Cuda::from_env()?)));
+        }
+        if verified("wgpu") {
+            resident.push(Box::new(attn_wgpu::OnDevice::new(attn_wgpu::Wgpu::from_env()?)));
+        }
+        if resident.is_empty() {
+            return Err("--resident needs CUDA or wgpu among the backends verified; neither is".into());
+        }
+        for r in resident {
+            match r.availability() {
+                Availability::Available { .. } => backends.push(r),
+                Availability::Unavailable { reason } => {
+                    return Err(format!("--resident: {} is unavailable here: {reason}", r.name()).into());
+                }
             }
         }
     }
