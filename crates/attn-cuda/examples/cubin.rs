@@ -51,12 +51,9 @@ fn main() {
     let request = match args.iter().find_map(|a| a.strip_prefix("source=")) {
         Some(path) => {
             let source = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-            variant
-                .defines()
-                .into_iter()
-                .fold(attn_cuda::CompileRequest::new(variant.name(), source, arch), |r, (k, v)| {
-                    r.define(k, v)
-                })
+            attn_cuda::CompileRequest::new(variant.name(), source, arch)
+                .headers(attn_cuda::ampere::HEADERS)
+                .defines(variant.defines())
         }
         None => variant.request(arch),
     };

@@ -27,10 +27,8 @@ fn main() {
     let out = args.get(2).filter(|d| *d != "-");
     let filter = args.get(3).map_or("", String::as_str);
     for v in decode::Variant::all().into_iter().filter(|v| v.name().contains(filter)) {
-        let mut req = CompileRequest::new(v.name(), source.clone(), arch);
-        for (k, x) in v.defines() {
-            req = req.define(k, x);
-        }
+        let req =
+            CompileRequest::new(v.name(), source.clone(), arch).headers(decode::HEADERS).defines(v.defines());
         match compile(&req) {
             Ok(c) => {
                 // SipHash with fixed keys: the same PTX gives the same number on every run.

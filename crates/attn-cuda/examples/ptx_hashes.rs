@@ -1,17 +1,18 @@
 //! Prints a hash of each Ampere/Ada variant's PTX for one architecture (or, with `hopper`, of
-//! each Hopper variant's for sm_90a), with the line-number directives (`.loc`, `.file`) and
+//! each Hopper variant's for sm_90a; with `decode`, of each decode variant's for every
+//! architecture it runs on: sm_80, sm_89 and sm_90a), with the line-number directives (`.loc`, `.file`) and
 //! comments left out, so that a change to the kernel source can be checked not to touch the code
 //! of variants it should leave alone: run it before and after and compare (`diff`). No GPU
 //! needed (NVRTC only).
 //!
 //! ```text
-//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a|hopper] [NAME-PART] > hashes.txt
+//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a|hopper|decode] [NAME-PART] > hashes.txt
 //! ```
 //!
-//! Each line: the variant's name, the hash, its registers and spilled bytes; only the variants
+//! Each line: the variant's name (a decode variant's with its architecture after it), the hash, its registers and spilled bytes; only the variants
 //! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
 
-use attn_cuda::{Arch, CompileRequest, ampere, compile, hopper};
+use attn_cuda::{Arch, CompileRequest, ampere, compile, decode, hopper};
 use std::hash::{Hash, Hasher};
 
 /// The PTX without what moves when source lines move.
@@ -40,6 +41,14 @@ fn main() {
         Some("hopper") => {
             hopper::Variant::all().into_iter().map(|v| (v.name(), v.request(), "attn_fwd_sm90")).collect()
         }
+        Some("decode") => [Arch::Sm80, Arch::Sm89, Arch::Sm90a]
+            .into_iter()
+            .flat_map(|arch| {
+                decode::Variant::all()
+                    .into_iter()
+                    .map(move |v| (format!("{} {}", v.name(), arch.as_str()), v.request(arch), "attn_decode"))
+            })
+            .collect(),
         _ => ampere::Variant::all().into_iter().map(|v| (v.name(), v.request(arch), "attn_fwd")).collect(),
     };
     let variants: Vec<_> = variants.into_iter().filter(|(name, _, _)| keep(name)).collect();

@@ -43,20 +43,7 @@
 // host's dynamic shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-#if ATTN_BF16
-typedef __nv_bfloat16 elem_t;
-typedef __nv_bfloat162 elem2_t;
-#define MMA_T "bf16"
-__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
-#else
-typedef __half elem_t;
-typedef __half2 elem2_t;
-#define MMA_T "f16"
-__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-#endif
+#include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
 
 constexpr int D = ATTN_D;
 constexpr int DP = D + 8;  // padded shared-memory row, elements
@@ -68,7 +55,6 @@ constexpr int STAGES = ATTN_STAGES;
 constexpr bool MASKED = ATTN_MASKED;
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
-#define NEG_INF __int_as_float(0xff800000)
 constexpr float RESCALE_SLACK = 8.f;
 constexpr float LN2 = 0.69314718055994531f;
 
@@ -127,54 +113,12 @@ __device__ __forceinline__ long long kv_row(long long sb, long long sh, long lon
     return (long long)b * sb + (long long)g * sh + (long long)j * ss;
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
 #if ATTN_L2_PREFETCH
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 #else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 #endif
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float exp2_fast(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffff, x, 1);
-    return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
 // One warp's copy of keys n0 .. n0 + BN into a chunk of its ring (K and V); keys at or past
@@ -360,10 +304,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         const unsigned sv = sk + CHUNK_ELEMS * 2;
 
         float s[MT][BN / 8][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f;
+        zero_scores(s);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned a[MT][4];

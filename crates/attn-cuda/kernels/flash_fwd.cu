@@ -31,20 +31,7 @@
 // real head dim, and O's chunks past it are not stored). The host's plan (crates/attn-cuda/src/ampere/variant.rs) mirrors the shared-memory size
 // computed here.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-#if ATTN_BF16
-typedef __nv_bfloat16 elem_t;
-typedef __nv_bfloat162 elem2_t;
-#define MMA_T "bf16"
-__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
-#else
-typedef __half elem_t;
-typedef __half2 elem2_t;
-#define MMA_T "f16"
-__device__ __forceinline__ elem2_t pack2(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-#endif
+#include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
 
 constexpr int D = ATTN_D;
 constexpr int WARPS = ATTN_WARPS;
@@ -60,8 +47,6 @@ constexpr bool CAUSAL = ATTN_CAUSAL;
 static_assert(!(ATTN_CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
-// NVRTC has no <math.h>, hence no INFINITY.
-#define NEG_INF __int_as_float(0xff800000)
 // How far (log2 units) the running max may lag behind a row's true max before O is rescaled.
 constexpr float RESCALE_SLACK = 8.f;
 
@@ -145,10 +130,6 @@ __device__ __forceinline__ int swizzle(int row, int c) {
     return base | ((c - base) ^ ((row >> 1) & (CPR - base - 1)));
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // Byte address in shared memory of logical chunk `c` of row `row` of a [rows][D] tile.
 __device__ __forceinline__ unsigned tile_addr(const elem_t* tile, int row, int c) {
     return smem_u32(tile) + (row * D + swizzle(row, c) * 8) * 2;
@@ -158,9 +139,6 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool v
     // src-size 0 zero-fills: rows past the sequence end read as zeros.
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Rows r0 .. r0+ROWS of a [seq][D] matrix with row stride `stride` (elements) into a swizzled
 // shared tile; rows at or past `limit` (and, with ATTN_PAD, chunks at or past `chunks`) become zeros. A compile-time trip count: each thread issues
@@ -253,32 +231,6 @@ struct FragAddr {
     }
 };
 
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c += a * b for one m16n8k16 tile.
-__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x in one MUFU.EX2 instruction (flushes subnormal results to 0; 2^-inf = 0).
-__device__ __forceinline__ float exp2_fast(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 #if ATTN_SOFTCAP
 // tanh(x) from y = 2^(2 x log2(e)) as 1 - 2 / (1 + y): one MUFU.EX2 and one MUFU.RCP, within a
 // few f32 ulps of 1 in absolute error (tanh.approx.f32's 2^-11 relative error would move a
@@ -290,18 +242,6 @@ __device__ __forceinline__ float tanh_from_exp2(float x2) {
     return fmaf(-2.f, r, 1.f);
 }
 #endif
-
-__device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
-
-// Max / sum over the 4 threads of a quad, which together hold one row of an accumulator tile.
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffff, x, 1);
-    return x + __shfl_xor_sync(0xffffffff, x, 2);
-}
 
 // Whether key tile [n0, n0 + BN) crosses a window's edge for the WM rows whose first diagonal is
 // `diag0` (row + shift): its last key past the first row's last visible one, or its first key
@@ -484,10 +424,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         }
 
         float s[MT][BN / 8][4];
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f;
+        zero_scores(s);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned a[MT][4];

@@ -122,6 +122,17 @@ impl CompileRequest {
         self
     }
 
+    /// Adds each `(name, value)` as [`CompileRequest::define`] does, in order.
+    pub fn defines(self, defines: impl IntoIterator<Item = (String, String)>) -> Self {
+        defines.into_iter().fold(self, |req, (name, value)| req.define(name, value))
+    }
+
+    /// Adds each `(name, text)` as [`CompileRequest::header`] does, in order (a kernel family's
+    /// `HEADERS` list).
+    pub fn headers(self, headers: &[(&str, &str)]) -> Self {
+        headers.iter().fold(self, |req, (name, text)| req.header(*name, *text))
+    }
+
     /// What identifies the program this request compiles: a hash of its source, its headers,
     /// its NVRTC options (architecture, defines, include directories, flags) and whether a
     /// warning fails it. Two requests

@@ -15,4 +15,4 @@ pub(crate) mod launch;
 pub(crate) mod plan;
 pub(crate) mod variant;
 
-pub use variant::Variant;
+pub use variant::{HEADERS, Variant};

@@ -6,6 +6,9 @@ use attn_core::{DType, Launch, Problem};
 
 /// The kernel source, compiled at run time for the device's exact architecture.
 pub const SOURCE: &str = include_str!("../../kernels/flash_fwd.cu");
+/// The headers it includes, by name: the mma.sync building blocks it shares with the decode
+/// family (`kernels/mma_sm80.cuh`).
+pub const HEADERS: &[(&str, &str)] = &[("mma_sm80.cuh", include_str!("../../kernels/mma_sm80.cuh"))];
 
 /// One compiled specialisation of `kernels/flash_fwd.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,11 +103,7 @@ impl Variant {
 
     /// The NVRTC request that compiles this specialisation for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
-        let mut req = CompileRequest::new(self.name(), SOURCE, arch);
-        for (k, v) in self.defines() {
-            req = req.define(k, v);
-        }
-        req
+        CompileRequest::new(self.name(), SOURCE, arch).headers(HEADERS).defines(self.defines())
     }
 
     /// The registers one thread may use so that a block fits the register file: the fewer of
@@ -127,6 +126,34 @@ impl Variant {
             static_shared_bytes: 0,
             registers_per_thread: None,
             spill_bytes: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HEADERS;
+
+    /// The names a source's `#include "..."` lines ask for.
+    fn quoted_includes(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#include \""))
+            .filter_map(|rest| rest.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn every_header_the_mma_sync_kernels_include_is_passed() {
+        for (file, source) in [("flash_fwd.cu", super::SOURCE), ("decode.cu", crate::decode::SOURCE)] {
+            let includes = quoted_includes(source);
+            assert!(includes.contains(&"mma_sm80.cuh"), "{file} includes the shared header");
+            for name in includes {
+                assert!(HEADERS.iter().any(|(n, _)| *n == name), "{file} includes `{name}`, not in HEADERS");
+            }
+        }
+        for (name, text) in HEADERS {
+            assert!(quoted_includes(text).is_empty(), "{name} includes nothing of its own");
         }
     }
 }

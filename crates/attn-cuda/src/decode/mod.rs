@@ -31,4 +31,4 @@ pub(crate) mod plan;
 pub(crate) mod variant;
 
 pub use plan::{MAX_ROWS, MAX_SPLITS, Split, Tiles};
-pub use variant::{SOURCE, Variant};
+pub use variant::{HEADERS, SOURCE, Variant};

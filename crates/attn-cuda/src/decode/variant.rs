@@ -6,6 +6,9 @@ use attn_core::DType;
 
 /// The kernel source, compiled at run time for the device's exact architecture.
 pub const SOURCE: &str = include_str!("../../kernels/decode.cu");
+/// The headers it includes, by name: the Ampere/Ada family's (`kernels/mma_sm80.cuh`, the
+/// mma.sync building blocks both kernels use).
+pub const HEADERS: &[(&str, &str)] = crate::ampere::variant::HEADERS;
 
 /// Warps per CTA: each walks its own chunks of the split's keys.
 pub const WARPS: u32 = 4;
@@ -95,11 +98,7 @@ impl Variant {
 
     /// The NVRTC request that compiles this specialisation for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
-        let mut req = CompileRequest::new(self.name(), SOURCE, arch);
-        for (k, v) in self.defines() {
-            req = req.define(k, v);
-        }
-        req
+        CompileRequest::new(self.name(), SOURCE, arch).headers(HEADERS).defines(self.defines())
     }
 
     /// The registers one thread may use: 65536 / threads, at most 255. CI fails a variant over

@@ -262,15 +262,10 @@ impl Variant {
     /// The NVRTC request that compiles it (for sm_90a only: wgmma, TMA and setmaxnreg are
     /// Hopper's own).
     pub fn request(&self) -> CompileRequest {
-        let mut req = CompileRequest::new(self.name(), SOURCE, Arch::Sm90a)
-            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim));
-        for (name, text) in HEADERS {
-            req = req.header(*name, *text);
-        }
-        for (k, v) in self.defines() {
-            req = req.define(k, v);
-        }
-        req
+        CompileRequest::new(self.name(), SOURCE, Arch::Sm90a)
+            .header("sm90_wgmma.cuh", wgmma::header(self.dtype, self.block_n, self.head_dim))
+            .headers(HEADERS)
+            .defines(self.defines())
     }
 
     /// The registers a thread may hold at entry without a spill: 255, or with `setmaxnreg` the
