@@ -47,31 +47,7 @@ impl Variant {
                         for (seqs, alibi) in [(false, false), (true, false), (true, true)] {
                             let window = mask == KernelMask::Window;
                             let extended = seqs || alibi;
-                            for (warps, m_tiles, block_n, stages) in
-                                tile_candidates(head_dim, window, softcap, extended)
-                            {
-                                v.push(Variant {
-                                    dtype,
-                                    head_dim,
-                                    warps,
-                                    m_tiles,
-                                    block_n,
-                                    stages,
-                                    causal: mask == KernelMask::Causal,
-                                    window,
-                                    softcap,
-                                    seqs,
-                                    alibi,
-                                    pad: false,
-                                });
-                            }
-                            if !PADDED_HEAD_DIMS.contains(&head_dim) {
-                                continue;
-                            }
-                            // The padded form of each combination, in its one tile configuration.
-                            let (warps, m_tiles, block_n, stages) =
-                                padded_tiles(head_dim, window, softcap, extended);
-                            v.push(Variant {
+                            let variant = |(warps, m_tiles, block_n, stages), pad| Variant {
                                 dtype,
                                 head_dim,
                                 warps,
@@ -83,8 +59,15 @@ impl Variant {
                                 softcap,
                                 seqs,
                                 alibi,
-                                pad: true,
-                            });
+                                pad,
+                            };
+                            for tiles in tile_candidates(head_dim, window, softcap, extended) {
+                                v.push(variant(tiles, false));
+                            }
+                            if PADDED_HEAD_DIMS.contains(&head_dim) {
+                                // The padded form of each combination, in its one tile configuration.
+                                v.push(variant(padded_tiles(head_dim, window, softcap, extended), true));
+                            }
                         }
                     }
                 }
