@@ -3,7 +3,7 @@
 use crate::case::{Case, Distribution};
 use attn_core::rng::SplitMix64;
 use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
-use attn_core::{Alibi, DType, Layout, Problem, Shape, Strides, TensorStrides};
+use attn_core::{Alibi, DType, Layout, Mask, Problem, Shape, Strides, TensorStrides};
 
 fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
     with_extras(family, tag, problem, OwnedExtras::default(), dist, seed)
@@ -354,6 +354,28 @@ pub fn full() -> Vec<Case> {
         let gqa = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, 128) };
         let (varlen, extras) = seqs(gqa, dtype, &lens, &lens, KeyStore::Packed);
         v.push(with_extras("varlen", "b12-s1100", varlen.causal(), extras, Distribution::Normal, seed));
+        // Sequences around the prefill kernels' query blocks (64 to 192 rows): empty, one token,
+        // one short of a block, a block, one past, several; keys packed and longer than the
+        // queries, or a dense cache each sequence fills partly (seqused_k); each native head dim.
+        if dtype != DType::F32 {
+            let q_lens = [0, 1, 127, 128, 129, 191, 193, 450];
+            let k_lens = [5, 1, 300, 128, 140, 0, 400, 450];
+            let cases = [
+                ("b8-d64-hq4hkv2", 64, KeyStore::Packed, Mask::None),
+                ("b8-d128-hq4hkv2-causal", 128, KeyStore::Packed, Mask::Causal),
+                ("b8-d256-seqused-causal", 256, KeyStore::DenseUsed, Mask::Causal),
+                ("b8-d128-window", 128, KeyStore::Packed, Mask::Window { left: Some(70), right: Some(5) }),
+            ];
+            for (tag, d, keys, mask) in cases {
+                seed += 1;
+                let shape = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
+                let (problem, extras) = seqs(shape, dtype, &q_lens, &k_lens, keys);
+                let family = if keys == KeyStore::DenseUsed { "kv-cache" } else { "varlen" };
+                let case =
+                    with_extras(family, tag, problem.with_mask(mask), extras, Distribution::Normal, seed);
+                v.push(if d == 128 && mask == Mask::Causal { alibi(case, true) } else { case });
+            }
+        }
         let keys: Vec<usize> = (0..6).map(|_| 1 + rng.below(9000)).collect();
         let (paged, extras) = seqs(gqa, dtype, &[1; 6], &keys, KeyStore::Paged { page_size: 256, seed });
         v.push(with_extras("paged", "b6-sk9000-page256", paged, extras, Distribution::Normal, seed));
