@@ -11,6 +11,7 @@
 //!
 //! Each line: the variant's name (a decode variant's with its architecture after it), the hash, its registers and spilled bytes; only the variants
 //! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
+//! With `PTX_DIR=<folder>` each variant's PTX is written there as well (`<name>.ptx`).
 
 use attn_cuda::{Arch, CompileRequest, ampere, compile, decode, hopper};
 use std::hash::{Hash, Hasher};
@@ -61,6 +62,12 @@ fn main() {
                     part.iter()
                         .map(|(name, request, entry)| match compile(request) {
                             Ok(c) => {
+                                // PTX_DIR: each variant's PTX there too, for a diff of two builds.
+                                if let Ok(dir) = std::env::var("PTX_DIR") {
+                                    let file = std::path::Path::new(&dir)
+                                        .join(format!("{}.ptx", name.replace(' ', "-")));
+                                    std::fs::write(&file, &c.ptx).expect("write the PTX");
+                                }
                                 let mut h = std::collections::hash_map::DefaultHasher::new();
                                 code_only(&c.ptx).hash(&mut h);
                                 let r = c.resources_of(entry).cloned().unwrap_or_default();

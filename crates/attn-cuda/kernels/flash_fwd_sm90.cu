@@ -63,6 +63,16 @@
 //                   unchanged, O's columns past it are zeros) and its stores leave those columns
 //                   out; O stored from registers stops at it. Read by `#if` alone, like
 //                   ATTN_WINDOW: the other variants' PTX is what it was,
+//   ATTN_SEQS       1: sequences of their own lengths (attn_core::SeqMap): packed queries
+//                   (`cu_seqlens_q`, the tensor maps then over all packed rows, batch 1),
+//                   packed keys (`cu_seqlens_k`) and per-sequence key counts (`seqused_k`),
+//                   each a device array or null. Tiles are (sequence, head, query block) over
+//                   the longest sequence's blocks; the producer skips a tile past its own
+//                   sequence's blocks (drawing the next at once). Loads past a sequence's end
+//                   read its neighbour's rows, whose scores the key mask drops and whose query
+//                   rows are never stored: a warpgroup whose 64 rows run past its sequence
+//                   stores O from registers, the others by TMA as usual. Causal masks align on
+//                   each sequence's own lengths; no split tail. Read by `#if` alone,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -107,7 +117,7 @@ constexpr int Q_SLOTS = ATTN_Q_SLOTS;
 // Two Q slots stage O in the Q slot of its own piece (free_prev_q).
 constexpr bool O_IN_Q = Q_SLOTS == 2;
 constexpr bool STORER = O_STAGED && !O_IN_Q && CONSUMERS <= 3;
-constexpr bool SPLIT_TAIL = !CAUSAL && !ATTN_WINDOW;  // the host splits no masked variant's tail
+constexpr bool SPLIT_TAIL = !CAUSAL && !ATTN_WINDOW && !ATTN_SEQS;  // the host splits no masked or varlen variant's tail
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int NS = BN / 2;  // S accumulators per thread: 64 x BN over 128 threads
 constexpr int NO = D / 2;   // O accumulators per thread
@@ -138,7 +148,9 @@ static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to fou
 // schedule 552, q_sb 560, batch 656, scale_log2 676, head_group 688, whole 692, partials 704,
 // trace 712, win_left 720, alibi_slopes 736, alibi_batch_stride 744, head_dim 748; 768 bytes in
 // all (the last eight fields fill what was
-// padding, so the parameter block of the variants that do not read them is what it was).
+// padding, so the parameter block of the variants that do not read them is what it was). The
+// ATTN_SEQS variants declare five more (cu_seqlens_q 752 ... kv_total 780; 896 bytes): the host
+// passes them to every variant, and the driver copies the size the kernel declares.
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -177,6 +189,15 @@ struct Params {
     const float* alibi_slopes;  // ATTN_ALIBI: [heads_q], or [batch, heads_q]
     int alibi_batch_stride;     // ATTN_ALIBI: 0 (a slope per head) or heads_q (per batch and head)
     int head_dim;               // ATTN_PAD: the problem's head dim, a multiple of 8 below D
+#if ATTN_SEQS
+    // Sequences, as attn_core::SeqMap defines them; each array null where the problem has none
+    // (the dense sizes then hold). seq_q and seq_k above are the longest sequence's.
+    const int* cu_seqlens_q;  // [batch + 1] packed query offsets
+    const int* cu_seqlens_k;  // [batch + 1] packed key offsets
+    const int* seqused_k;     // [batch] keys each sequence uses
+    int q_total;              // packed query rows (the LSE is then [heads_q, q_total])
+    int kv_total;             // packed key rows
+#endif
 };
 
 // The pieces, in this order: each relies on what the ones before it declare (the configuration
@@ -192,7 +213,11 @@ constexpr int KV_BYTES = BN * D * 2;  // one K or V stage
 constexpr int O_BYTES = O_STAGED && !O_IN_Q ? BM * D * 2 : 0;  // O_IN_Q: O goes out through Q's
 // The mbarriers (Q's, the stages', O's for the storer), the piece slots (SLOT_INTS ints each),
 // the merge flags (4 ints) and where each warpgroup's O goes (4 ints each, for the storer).
+#if ATTN_SEQS
+constexpr int SLOT_INTS = 12;  // a Piece and its Tile, with its sequence's rows
+#else
 constexpr int SLOT_INTS = 8;  // a Piece and its Tile
+#endif
 constexpr int BARRIER_BYTES = 8 * (2 * Q_SLOTS + 4 * STAGES + 2 * 4) + 4 * SLOT_INTS * Q_SLOTS + 16 + 4 * 4 * 4;
 constexpr int SMEM_BYTES = Q_SLOTS * Q_BYTES + 2 * STAGES * KV_BYTES + O_BYTES + BARRIER_BYTES;
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within the H100's opt-in shared memory per block");

@@ -15,14 +15,40 @@
 // synchronizes the warpgroup. Flags: O_STAGED, O_IN_Q, STORER, BOTTOM, SPLIT_TAIL, CONSUMERS.
 #pragma once
 
+// Where row `row` of the tile's sequence has its LSE: [batch, heads_q, seq_q], or with packed
+// queries (ATTN_SEQS) [heads_q, q_total], FlashAttention's varlen layout.
+__device__ __forceinline__ long long lse_index(const Params& p, const Tile& tile, int row) {
+#if ATTN_SEQS
+    if (p.cu_seqlens_q != nullptr) return (long long)tile.h * p.q_total + tile.q_off + row;
+#endif
+    return ((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row;
+}
+
+// ATTN_SEQS: whether warpgroup wg's 64 rows of the tile run past its sequence's queries.
+__device__ __forceinline__ bool runs_past(const Tile& tile, int wg) {
+#if ATTN_SEQS
+    return __reduce_max_sync(0xffffffffu, tile.m0 + 64 * wg + 64 - tile.q_len) > 0;
+#else
+    return false;
+#endif
+}
+
 // O / sum to the output (rows past seq_q skipped), and the LSE when asked for. Staged: this
 // warpgroup's 64 rows go into its part of the O buffer in the 128-byte swizzled layout (each
 // quad's 16 bytes of a row land in a chunk of their own, so a warp's stores are free of bank
 // conflicts), then one thread hands them to TMA, which skips the rows past seq_q; the thread
 // waits for its previous store to have read the buffer before anyone writes it again.
-__device__ __forceinline__ void store_output(const Params& p, const Smem& s, elem_t* q_tile, const Tile& tile,
+__device__ __forceinline__ void store_output(const Params& p, const Smem& s, elem_t* q_tile, const Tile& piece_tile,
                                              int wg, int row0, float (&o)[NO], RowState& st, int& stores) {
     const int t = threadIdx.x % 128, lane = threadIdx.x % 32;
+#if ATTN_SEQS
+    // The sequence's rows read again from the arrays (cached), rather than held in registers
+    // through the key-tile loop, where D=256's consumers have none to spare.
+    Tile tile = piece_tile;
+    sequence_rows(p, tile);
+#else
+    const Tile& tile = piece_tile;
+#endif
     // Through a vote, which ptxas knows is the same in every lane: a branch on the flag itself
     // would make it take the key-tile loop for divergent code (28 R2UR in it at D=64, not 8).
     if (__any_sync(0xffffffffu, !st.final)) finalize(st);
@@ -31,20 +57,21 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     for (int r = 0; r < 2; ++r) {
         const float sum = st.total[r];
         const int row = row0 + 8 * r;
-        if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < p.seq_q) {
-            p.lse[((long long)tile.b * p.heads_q + tile.h) * p.seq_q + row] =
-                sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
+        if (p.lse != nullptr && lane % 4 == 0 && row >= 0 && row < queries_of(p, tile)) {
+            p.lse[lse_index(p, tile, row)] = sum > 0.f ? (st.max[r] + log2f(sum)) * 0.69314718055994531f : NEG_INF;
         }
     }
     // BOTTOM: a warpgroup whose rows start before row 0 stores them one by one, since a TMA
     // store at a negative row is an illegal instruction on the H100 (loads there zero-fill).
-    // The test goes through a warp reduction, whose result ptxas keeps in a uniform register.
-    if (!O_STAGED || (BOTTOM && __reduce_min_sync(0xffffffffu, tile.m0 + 64 * wg) < 0)) {
-        elem_t* out = p.o + tile.b * p.o_sb + tile.h * p.o_sh;
+    // ATTN_SEQS: so does one whose rows run past its sequence's, which a TMA store would write
+    // into the next sequence's rows. The tests go through a warp reduction, whose result ptxas
+    // keeps in a uniform register.
+    if (!O_STAGED || (BOTTOM && __reduce_min_sync(0xffffffffu, tile.m0 + 64 * wg) < 0) || runs_past(tile, wg)) {
+        elem_t* out = p.o + q_map_batch(p, tile) * p.o_sb + q_map_row(tile, 0) * p.o_ss + tile.h * p.o_sh;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 8 * r;
-            if (row < 0 || row >= p.seq_q) continue;
+            if (row < 0 || row >= queries_of(p, tile)) continue;
 #pragma unroll
             for (int c = 0; c < D / 8; ++c) {
                 const int col = 8 * c + 2 * (lane % 4);
@@ -89,9 +116,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     if (STORER) {
         if (t == 0) {
             volatile int* at = s.o_at + 4 * wg;
-            at[0] = tile.m0 + 64 * wg;
+            at[0] = q_map_row(tile, tile.m0 + 64 * wg);
             at[1] = tile.h;
-            at[2] = tile.b;
+            at[2] = q_map_batch(p, tile);
         }
         sm90::mbar_arrive(s.o_full + wg);  // releases this thread's writes to the storer
         sum_set(wg, SUM_STORE_FENCED, stamp());
@@ -106,7 +133,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Smem& s, ele
     if (t == 0) {
 #pragma unroll
         for (int c = 0; c < D_BLOCKS; ++c)
-            sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, tile.m0 + 64 * wg, tile.h, tile.b);
+            sm90::tma_store_4d(&p.o_map, mine + c * BM * 64, 64 * c, q_map_row(tile, tile.m0 + 64 * wg), tile.h,
+                               q_map_batch(p, tile));
         sm90::bulk_commit();
     }
 }

@@ -35,8 +35,8 @@ __device__ __forceinline__ void hand_out(const Params& p, const Smem& s, const P
     sm90::mbar_arrive_expect_tx(s.q_full + q, Q_BYTES);
 #pragma unroll
     for (int c = 0; c < D_BLOCKS; ++c)
-        sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c, tile.m0, tile.h,
-                          tile.b);
+        sm90::tma_load_4d(s.q + q * (Q_BYTES / 2) + c * BM * 64, &p.q_map, s.q_full + q, 64 * c,
+                          q_map_row(tile, tile.m0), tile.h, q_map_batch(p, tile));
 }
 
 // Hands out each piece, then loads its K/V tiles into the stages. With one Q slot the next
@@ -54,6 +54,7 @@ __device__ void produce(const Params& p, const Smem& s) {
     int n = 0;   // pieces handed out so far
     Piece pc = first_piece(p, blockIdx.x);
     Tile tile = tile_or_none(p, pc);
+    skip_past_blocks(p, pc, tile);
     hand_out(p, s, pc, tile, n);
     while (pc.t < p.tiles) {
         const int traced = n - 1;  // this piece's row of the trace
@@ -65,6 +66,7 @@ __device__ void produce(const Params& p, const Smem& s) {
         bool handed = false;  // the next piece
         Tile upcoming;
         const int g = tile.h / (p.heads_q / p.heads_kv);
+        const int k_batch = k_map_batch(p, tile);
         for (int j = pc.j0; j < pc.j1; ++j, ++it) {
             const int st = it % STAGES;
             const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
@@ -74,15 +76,16 @@ __device__ void produce(const Params& p, const Smem& s) {
             sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, j * BN, g, tile.b);
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, k_map_row(tile, j * BN), g, k_batch);
             TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
             sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, j * BN, g, tile.b);
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, k_map_row(tile, j * BN), g, k_batch);
             if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
                 if (!same_unit) next = first_piece(p, gridDim.x + drawn);
                 upcoming = tile_or_none(p, next);
+                skip_past_blocks(p, next, upcoming);
                 hand_out(p, s, next, upcoming, n);
                 handed = true;
             }
@@ -94,6 +97,7 @@ __device__ void produce(const Params& p, const Smem& s) {
         if (!handed) {
             if (!same_unit) next = first_piece(p, gridDim.x + drawn);
             upcoming = tile_or_none(p, next);
+            skip_past_blocks(p, next, upcoming);
             hand_out(p, s, next, upcoming, n);
         }
         pc = next;
@@ -421,6 +425,14 @@ __device__ __forceinline__ void negate_q_rows(elem_t* q, int wg) {
 
 // ---- One consumer warpgroup's tiles.
 
+// The keys a piece's rows may see at most: its sequence's (ATTN_SEQS) or the problem's. (A macro:
+// a member function of Ctx moved the other variants' code about.)
+#if ATTN_SEQS
+#define KEYS(c) ((c).seq_k)
+#else
+#define KEYS(c) ((c).p.seq_k)
+#endif
+
 // What a consumer warpgroup's thread knows while it computes one tile.
 struct Ctx {
     const Params& p;
@@ -435,6 +447,9 @@ struct Ctx {
     int q_prev;        // the Q slot of the last piece, to free (O_IN_Q), or -1
 #if ATTN_ALIBI
     float alibi;       // the piece's (batch, head)'s ALiBi slope in the units of s (add_alibi)
+#endif
+#if ATTN_SEQS
+    int seq_k;         // the sequence's keys (else the problem's: KEYS)
 #endif
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
@@ -475,8 +490,8 @@ struct Ctx {
 // the window of the warp's 16 rows (the first row's last key, the last row's first).
 __device__ __forceinline__ void mask_window_tile(const Ctx& c, float (&sc)[NS], int n0) {
     const int diag0 = c.warp_row0 + c.shift;
-    if (n0 + BN > c.p.seq_k || n0 + BN - 1 > diag0 + c.p.win_right || n0 < diag0 + 15 - c.p.win_left)
-        mask_window(sc, c.row0, n0, c.p.seq_k, c.shift, c.p.win_left, c.p.win_right);
+    if (n0 + BN > KEYS(c) || n0 + BN - 1 > diag0 + c.p.win_right || n0 < diag0 + 15 - c.p.win_left)
+        mask_window(sc, c.row0, n0, KEYS(c), c.shift, c.p.win_left, c.p.win_right);
 }
 #endif
 
@@ -493,7 +508,7 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
 #else
-    if (n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift)) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    if (n0 + BN > KEYS(c) || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift)) mask(sc, c.row0, n0, KEYS(c), c.shift);
 #endif
     const bool moved = update_max(sc, st, c.sl2, alpha);
     exponentiate(sc, st, c.sl2);
@@ -521,8 +536,8 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
 #else
-    const bool masked = n0 + BN > c.p.seq_k || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift);
-    if (masked) mask(sc, c.row0, n0, c.p.seq_k, c.shift);
+    const bool masked = n0 + BN > KEYS(c) || (CAUSAL && n0 + BN - 1 > c.warp_row0 + c.shift);
+    if (masked) mask(sc, c.row0, n0, KEYS(c), c.shift);
 #endif
     const bool fresh = st.max[0] == NEG_INF || st.max[1] == NEG_INF;  // a row that has seen no key
     float sums[2] = {0.f, 0.f};
@@ -644,7 +659,7 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
 #else
                fmaxf(fabsf(p.scale_log2), 1e-30f),
 #endif
-               p.seq_k - p.seq_q,
+               keys_of(p, tile) - queries_of(p, tile),
                tile.m0 + 64 * wg + 16 * warp + lane / 4,
                tile.m0 + 64 * wg + 16 * warp,
                sm90::smem_u32(q_tile_of(s, n)) + wg * 64 * 128,
@@ -660,6 +675,10 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
 #else
                    fmaxf(fabsf(p.scale_log2), 1e-30f)
 #endif
+#endif
+#if ATTN_SEQS
+               ,
+               tile.k_len
 #endif
     };
 }

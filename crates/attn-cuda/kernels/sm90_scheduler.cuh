@@ -16,26 +16,96 @@
 // (`Params::schedule`) is the producer's (produce), merging a split tile's pieces the epilogue's.
 #pragma once
 
-// The (batch * head, query block) of tile t, and how many key tiles it sees.
+// The (batch * head, query block) of tile t, and how many key tiles it sees (ATTN_SEQS: -1 for a
+// block past its sequence's, which no CTA computes).
 struct Tile {
     int b, h, m0, n_kv;
+#if ATTN_SEQS
+    int q_off, q_len;  // the sequence's first query row in the tensor map's rows (0 where dense), its queries
+    int k_off, k_len;  // the same of its keys (k_len: the keys it uses)
+#endif
 };
+
+// A tile's query and key counts: its sequence's (ATTN_SEQS), else the problem's.
+__device__ __forceinline__ int queries_of(const Params& p, const Tile& t) {
+#if ATTN_SEQS
+    return t.q_len;
+#else
+    return p.seq_q;
+#endif
+}
+__device__ __forceinline__ int keys_of(const Params& p, const Tile& t) {
+#if ATTN_SEQS
+    return t.k_len;
+#else
+    return p.seq_k;
+#endif
+}
+
+// Where a tile's query row `row` is in Q's (and O's) tensor map, and key row `row` in K's and
+// V's: (row, batch) coordinates. Packed rows (ATTN_SEQS) are all in batch 0, from the sequence's
+// first.
+__device__ __forceinline__ int q_map_row(const Tile& t, int row) {
+#if ATTN_SEQS
+    return t.q_off + row;
+#else
+    return row;
+#endif
+}
+__device__ __forceinline__ int q_map_batch(const Params& p, const Tile& t) {
+#if ATTN_SEQS
+    if (p.cu_seqlens_q != nullptr) return 0;
+#endif
+    return t.b;
+}
+__device__ __forceinline__ int k_map_row(const Tile& t, int row) {
+#if ATTN_SEQS
+    return t.k_off + row;
+#else
+    return row;
+#endif
+}
+__device__ __forceinline__ int k_map_batch(const Params& p, const Tile& t) {
+#if ATTN_SEQS
+    if (p.cu_seqlens_k != nullptr) return 0;
+#endif
+    return t.b;
+}
 
 // The key tiles that query rows before `row_end` see under the bottom-right causal mask (row i
 // sees keys j <= i + seq_k - seq_q).
-__device__ __forceinline__ int visible_key_tiles(const Params& p, int row_end) {
-    const int n_end = min(p.seq_k, max(0, row_end + p.seq_k - p.seq_q));
+__device__ __forceinline__ int visible_key_tiles(int seq_q, int seq_k, int row_end) {
+    const int n_end = min(seq_k, max(0, row_end + seq_k - seq_q));
     return (n_end + BN - 1) / BN;
 }
 
 #if ATTN_WINDOW
 // Under a window: the end of the keys that query rows m0 .. m0 + BM - 1 see (the last row's
 // last key), and the first key tile (the first row's first key's; at most the end's).
-__device__ __forceinline__ int window_end(const Params& p, int m0) {
-    return min(p.seq_k, max(0, m0 + BM + p.seq_k - p.seq_q + p.win_right));
+__device__ __forceinline__ int window_end(const Params& p, int seq_q, int seq_k, int m0) {
+    return min(seq_k, max(0, m0 + BM + seq_k - seq_q + p.win_right));
 }
-__device__ __forceinline__ int window_first_tile(const Params& p, int m0) {
-    return min(max(0, m0 + p.seq_k - p.seq_q - p.win_left), window_end(p, m0)) / BN;
+__device__ __forceinline__ int window_first_tile(const Params& p, const Tile& t) {
+    const int seq_q = queries_of(p, t), seq_k = keys_of(p, t);
+    return min(max(0, t.m0 + seq_k - seq_q - p.win_left), window_end(p, seq_q, seq_k, t.m0)) / BN;
+}
+#endif
+
+#if ATTN_SEQS
+// Sequence b's rows (attn_core::SeqMap's definitions), each index clamped into the problem's
+// bounds first, as the Ampere/Ada kernel's (a few scalar loads per tile, by the producer): the
+// device-resident calls take the caller's arrays unchecked, and corrupt contents must give wrong
+// rows, never an access outside o or the LSE (TMA clips its own). Offsets land in [0, q_total]
+// and [0, kv_total], a sequence ends at or after its start and within seq_q (seq_k) rows, a key
+// count in [0, the keys the sequence holds]; valid arrays pass unchanged.
+__device__ __forceinline__ void sequence_rows(const Params& p, Tile& t) {
+    const int* cu_q = p.cu_seqlens_q;
+    const int* cu_k = p.cu_seqlens_k;
+    t.q_off = cu_q != nullptr ? min(max(cu_q[t.b], 0), p.q_total) : 0;
+    t.q_len = cu_q != nullptr ? min(min(max(cu_q[t.b + 1], t.q_off), p.q_total) - t.q_off, p.seq_q) : p.seq_q;
+    t.k_off = cu_k != nullptr ? min(max(cu_k[t.b], 0), p.kv_total) : 0;
+    const int held = cu_k != nullptr ? min(min(max(cu_k[t.b + 1], t.k_off), p.kv_total) - t.k_off, p.seq_k) : p.seq_k;
+    t.k_len = p.seqused_k != nullptr ? min(max(p.seqused_k[t.b], 0), held) : held;
 }
 #endif
 
@@ -59,12 +129,28 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     Tile tile;
     tile.b = bh / p.heads_q;
     tile.h = bh % p.heads_q;
+#if ATTN_SEQS
+    // The blocks run over the longest sequence's; this sequence has `blocks` of them. Under a
+    // causal mask they count from each sequence's last (its longest, first in the order; the
+    // blocks past a short sequence's then come last), else from its first.
+    sequence_rows(p, tile);
+    const int blocks = (tile.q_len + BM - 1) / BM;
+    if (CAUSAL) qb -= p.q_blocks - blocks;
+    tile.m0 = BOTTOM ? tile.q_len - (blocks - qb) * BM : qb * BM;
+#if ATTN_WINDOW
+    tile.n_kv = (window_end(p, tile.q_len, tile.k_len, tile.m0) + BN - 1) / BN;
+#else
+    tile.n_kv = CAUSAL ? visible_key_tiles(tile.q_len, tile.k_len, tile.m0 + BM) : (tile.k_len + BN - 1) / BN;
+#endif
+    if (qb < 0 || qb >= blocks) tile.n_kv = -1;  // past the sequence's blocks: skipped
+#else
     // BOTTOM: the first block starts before row 0 where BM does not divide seq_q.
     tile.m0 = BOTTOM ? p.seq_q - (p.q_blocks - qb) * BM : qb * BM;
 #if ATTN_WINDOW
-    tile.n_kv = (window_end(p, tile.m0) + BN - 1) / BN;
+    tile.n_kv = (window_end(p, p.seq_q, p.seq_k, tile.m0) + BN - 1) / BN;
 #else
-    tile.n_kv = CAUSAL ? visible_key_tiles(p, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
+    tile.n_kv = CAUSAL ? visible_key_tiles(p.seq_q, p.seq_k, tile.m0 + BM) : (p.seq_k + BN - 1) / BN;
+#endif
 #endif
     return tile;
 }
@@ -99,7 +185,7 @@ __device__ __forceinline__ Piece first_piece(const Params& p, int u) {
     // A window's tiles are never split: the piece is the tile's key tiles, first to last.
     if (u >= p.tiles) return Piece{u, 0, 0, -1};
     const Tile tile = tile_at(p, u);
-    return Piece{u, window_first_tile(p, tile.m0), tile.n_kv, -1};
+    return Piece{u, window_first_tile(p, tile), tile.n_kv, -1};
 #else
     if (!SPLIT_TAIL || u < p.whole) return Piece{u, 0, u < p.tiles ? tile_at(p, u).n_kv : 0, -1};
 #endif
@@ -122,6 +208,17 @@ __device__ __forceinline__ Tile tile_or_none(const Params& p, const Piece& pc) {
     return pc.t < p.tiles ? tile_at(p, pc.t) : Tile{0, 0, 0, 0};
 }
 
+// ATTN_SEQS: past a tile beyond its sequence's blocks (n_kv -1) to the next unit of work, drawn
+// from the counter at once, until a real one or the end. (Nothing in other variants.)
+__device__ __forceinline__ void skip_past_blocks(const Params& p, Piece& pc, Tile& tile) {
+#if ATTN_SEQS
+    while (pc.t < p.tiles && tile.n_kv < 0) {
+        pc = first_piece(p, gridDim.x + atomicAdd(p.schedule, 1u));
+        tile = tile_or_none(p, pc);
+    }
+#endif
+}
+
 // ---- The piece slots.
 
 // Waits until the consumers are done with the Q slot of piece n (they last used it for piece
@@ -141,6 +238,12 @@ __device__ __forceinline__ int announce(const Smem& s, const Piece& pc, const Ti
     slot[5] = tile.h;
     slot[6] = tile.m0;
     slot[7] = tile.n_kv;
+#if ATTN_SEQS
+    slot[8] = tile.q_off;
+    slot[9] = tile.q_len;
+    slot[10] = tile.k_off;
+    slot[11] = tile.k_len;
+#endif
     return q;
 }
 
@@ -155,6 +258,10 @@ __device__ __forceinline__ Piece take_piece(const Params& p, const Smem& s, int 
     const int q = n % Q_SLOTS;
     sm90::mbar_wait(s.q_full + q, (n / Q_SLOTS) & 1);
     const volatile int* slot = s.piece + SLOT_INTS * q;
+#if ATTN_SEQS
+    tile = Tile{slot[4], slot[5], slot[6], slot[7], slot[8], slot[9], slot[10], slot[11]};
+#else
     tile = Tile{slot[4], slot[5], slot[6], slot[7]};
+#endif
     return Piece{slot[0], slot[1], slot[2], slot[3]};
 }

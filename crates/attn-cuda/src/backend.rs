@@ -35,7 +35,14 @@ pub(crate) const FEATURES: &[Feature] = &[
 ];
 
 /// What the Hopper family runs of [`FEATURES`].
-const HOPPER_FEATURES: &[Feature] = &[Feature::Window, Feature::Softcap, Feature::Alibi];
+const HOPPER_FEATURES: &[Feature] = &[
+    Feature::Window,
+    Feature::Softcap,
+    Feature::Alibi,
+    Feature::PackedQueries,
+    Feature::PackedKeys,
+    Feature::KeysUsed,
+];
 
 /// One specialisation of either family, as a plan chose it.
 #[derive(Clone, Debug, PartialEq)]
@@ -250,13 +257,13 @@ impl Cuda {
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
         }
-        // Sequences of their own lengths run on the Ampere/Ada family (sm_90 runs it too).
+        // A paged KV cache runs on the Ampere/Ada family (sm_90 runs it too).
         if let Err(e) = problem.require_features("cuda's Hopper family", HOPPER_FEATURES) {
             return match wanted {
                 true => Err(e),
                 false => Ok(Choice::Ampere(Some(format!(
-                    "the Hopper family takes no sequences of their own lengths yet: the Ampere/Ada \
-                     family (which runs on sm_90) does ({e})"
+                    "the Hopper family takes no paged KV cache (TMA cannot gather its pages): the \
+                     Ampere/Ada family (which runs on sm_90) does ({e})"
                 )))),
             };
         }

@@ -6,7 +6,7 @@ use super::variant::Variant;
 use crate::runtime::driver;
 use crate::scores::ScoreParams;
 use crate::tensors::{DevicePointers, ExtraPointers, strides};
-use attn_core::{Alibi, DType, Error, Problem, Result, Strides};
+use attn_core::{Alibi, DType, Error, KvRows, Problem, QueryRows, Result, Strides};
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,
@@ -59,6 +59,14 @@ pub struct Sm90Params {
     alibi_batch_stride: i32,
     // The padded variants' head dim (`Variant::pad`): the problem's, below the kernel's.
     head_dim: i32,
+    // The sequence variants' arrays (`Variant::seqs`; device arrays, each null where the problem
+    // has none) and packed row counts (0 where dense). Past the 768 bytes the other variants
+    // declare: the driver copies what each kernel declares.
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    seqused_k: u64,
+    q_total: i32,
+    kv_total: i32,
 }
 
 /// Device addresses of the Hopper kernel's workspace: the persistent scheduler's counters (zero
@@ -154,13 +162,48 @@ impl Sm90Params {
     ) -> Result<Self> {
         let s = problem.shape;
         let t = problem.strides;
-        let map = |name: &'static str, base: u64, heads: usize, seq: usize, st: Strides, rows: usize| {
-            tensor_map(problem.dtype, base, [s.head_dim, seq, heads, s.batch], st, rows)
+        // Packed rows (sequences of their own lengths) are one batch of all the rows.
+        let q_total = match problem.batching.q {
+            QueryRows::Packed { total } => Some(total),
+            QueryRows::Dense => None,
+        };
+        let kv_total = match problem.batching.kv {
+            KvRows::Packed { total } => Some(total),
+            KvRows::Dense => None,
+            KvRows::Paged { .. } => {
+                return Err(Error::PlanMismatch {
+                    what: format!(
+                        "plan `{}` for {problem}: the Hopper family takes no paged cache",
+                        variant.name()
+                    ),
+                });
+            }
+        };
+        let map = |name: &'static str,
+                   base: u64,
+                   heads: usize,
+                   rows_of: (usize, Option<usize>),
+                   st: Strides,
+                   rows: usize| {
+            let (seq, batch) = match rows_of.1 {
+                Some(total) => (total, 1),
+                None => (rows_of.0, s.batch),
+            };
+            tensor_map(problem.dtype, base, [s.head_dim, seq, heads, batch], st, rows)
                 .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
         };
         let (q, k, v, o) = (at.q, at.k, at.v, at.o);
         let q_blocks = s.seq_q.div_ceil(variant.block_m());
         let scores = ScoreParams::of(problem);
+        if variant.seqs == problem.batching.is_dense() {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` for {problem}: a sequence variant needs a problem with sequences of their own \
+                     lengths, and a variant without them a dense problem",
+                    variant.name()
+                ),
+            });
+        }
         if variant.alibi != problem.params.alibi.is_some() || (variant.alibi && extras.alibi_slopes == 0) {
             return Err(Error::PlanMismatch {
                 what: format!(
@@ -171,11 +214,11 @@ impl Sm90Params {
             });
         }
         Ok(Sm90Params {
-            q_map: map("q", q, s.heads_q, s.seq_q, t.q, variant.block_m())?,
-            k_map: map("k", k, s.heads_kv, s.seq_k, t.k, variant.block_n)?,
-            v_map: map("v", v, s.heads_kv, s.seq_k, t.v, variant.block_n)?,
+            q_map: map("q", q, s.heads_q, (s.seq_q, q_total), t.q, variant.block_m())?,
+            k_map: map("k", k, s.heads_kv, (s.seq_k, kv_total), t.k, variant.block_n)?,
+            v_map: map("v", v, s.heads_kv, (s.seq_k, kv_total), t.v, variant.block_n)?,
             // Stored by each consumer warpgroup: 64 rows.
-            o_map: map("o", o, s.heads_q, s.seq_q, t.o, 64)?,
+            o_map: map("o", o, s.heads_q, (s.seq_q, q_total), t.o, 64)?,
             q,
             k,
             v,
@@ -210,6 +253,11 @@ impl Sm90Params {
                 _ => 0,
             },
             head_dim: s.head_dim as i32,
+            cu_seqlens_q: extras.cu_seqlens_q,
+            cu_seqlens_k: extras.cu_seqlens_k,
+            seqused_k: extras.seqused_k,
+            q_total: q_total.unwrap_or(0) as i32,
+            kv_total: kv_total.unwrap_or(0) as i32,
         })
     }
 
@@ -337,8 +385,8 @@ mod tests {
         // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, the window and
         // soft-cap's 2 ints and 2 floats (736), ALiBi's pointer and int (748), the padded
         // variants' head dim (752), padded to the 128-byte alignment: 768, as before they were
-        // added.
-        assert_eq!(std::mem::size_of::<super::Sm90Params>(), 768);
+        // added; then the sequence variants' three pointers and two ints (784), padded: 896.
+        assert_eq!(std::mem::size_of::<super::Sm90Params>(), 896);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
         use std::mem::offset_of;
@@ -356,7 +404,9 @@ mod tests {
             offset_of!(super::Sm90Params, alibi_slopes),
             offset_of!(super::Sm90Params, alibi_batch_stride),
             offset_of!(super::Sm90Params, head_dim),
+            offset_of!(super::Sm90Params, cu_seqlens_q),
+            offset_of!(super::Sm90Params, kv_total),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736, 744, 748]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736, 744, 748, 752, 780]);
     }
 }

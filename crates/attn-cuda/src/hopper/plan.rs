@@ -34,6 +34,7 @@ impl Variant {
                     bottom: false,
                     trace: false,
                     pad: false,
+                    seqs: false,
                 };
                 v.push(window);
                 v.extend(window.with_q_slots(2).ok());
@@ -44,6 +45,30 @@ impl Variant {
         let biased: Vec<Variant> = v.iter().filter_map(|x| x.biased()).collect();
         v.extend(biased);
         v.extend(Self::all_padded());
+        v.extend(Self::all_seqs());
+        v
+    }
+
+    /// The sequence variants ([`Variant::seqs`]), as [`choose`] plans them for packed queries and
+    /// keys: each mask (none, causal, a window) with and without the soft-cap and ALiBi, both
+    /// dtypes, each native head dim on its one tile configuration (see [`key_tiles_for`]).
+    fn all_seqs() -> Vec<Variant> {
+        use attn_core::sequences::{KeyStore, batch_of};
+        let mut v = vec![];
+        for dtype in [DType::F16, DType::Bf16] {
+            for d in HEAD_DIMS {
+                let shape = attn_core::Shape::new(1, 2, 1, d);
+                let (p, _) = batch_of(shape, dtype, &[100, 4096], &[4096, 100], KeyStore::Packed);
+                let masks = [p, p.causal(), p.with_window(Some(256), Some(0))];
+                let capped = masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]);
+                for m in capped.flat_map(|m| [m, m.with_alibi(attn_core::Alibi::PerHead)]) {
+                    // (None where the family hands the problem over: hands_over.)
+                    if let Ok((x, _)) = choose(&m, &DeviceLimits::h100(), 132, None, true) {
+                        v.push(x);
+                    }
+                }
+            }
+        }
         v
     }
 
@@ -115,6 +140,7 @@ impl Variant {
                         bottom: false,
                         trace: false,
                         pad: false,
+                        seqs: false,
                     }];
                     if let Some(long) = long_tiles(head_dim, causal) {
                         here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -342,7 +368,8 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 /// mask takes [`capped_causal_tiles`] where a head dim has them, and never the short causal ones.
 ///
 /// A padded head dim ([`Variant::pad`]) takes its kernel's [`tiles`] (or [`capped_causal_tiles`])
-/// whatever the keys: one padded build per mask and kernel head dim, not one per tile choice.
+/// whatever the keys: one padded build per mask and kernel head dim, not one per tile choice; so
+/// do sequences of their own lengths ([`Variant::seqs`]), whose lengths the plan does not see.
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
     let kernel_d = kernel_head_dim(d).unwrap_or(d);
@@ -361,7 +388,7 @@ pub fn key_tiles_for(problem: &Problem) -> Tiles {
     if let Some(t) = capped_causal_tiles(kernel_d).filter(|_| causal && capped) {
         return t;
     }
-    if kernel_d != d {
+    if kernel_d != d || !problem.batching.is_dense() {
         return tiles(kernel_d);
     }
     if let Some(t) = short_causal_tiles(d, causal).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS && !capped) {
@@ -397,6 +424,17 @@ pub fn choose(
     let kernel_d = kernel_d.unwrap_or(s.head_dim);
     let mask = KernelMask::of(problem);
     let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
+    let seqs = !problem.batching.is_dense();
+    if seqs && (kernel_d != s.head_dim || matches!(problem.batching.kv, attn_core::KvRows::Paged { .. })) {
+        // TMA cannot gather a paged cache's pages; padded builds with sequences are not
+        // compiled (one padded build per mask and soft-cap is enough to carry).
+        return Err(Error::Unsupported {
+            backend: "cuda (Hopper family)".into(),
+            what: format!(
+                "{problem}: a paged KV cache, or sequences of their own lengths on a head dim other than                  {HEAD_DIMS:?} (the Ampere/Ada family runs it)"
+            ),
+        });
+    }
     if alibi && kernel_d != s.head_dim {
         // Not compiled: one padded build per mask and soft-cap is enough to carry.
         return Err(Error::Unsupported {
@@ -451,6 +489,7 @@ pub fn choose(
         bottom: false,
         trace: false,
         pad: kernel_d != s.head_dim,
+        seqs: !problem.batching.is_dense(),
     };
     // Two slots where they are the default and fit (forced tiles may leave no room); a window's
     // as without a mask: its pieces are short, and the next one's Q loads under this one's.
@@ -760,7 +799,7 @@ mod tests {
         // these with the soft-cap too, but D=256's window, windows in two Q slots and D=128's
         // short causal tiles (Variant::capped). All of them with ALiBi too, but D=256's window
         // and causal soft-capped tiles (hands_over).
-        let native: Vec<Variant> = Variant::all().into_iter().filter(|v| !v.pad).collect();
+        let native: Vec<Variant> = Variant::all().into_iter().filter(|v| !v.pad && !v.seqs).collect();
         assert_eq!(native.iter().filter(|v| v.threads() == 384).count(), 2 * (2 * (9 + 3 + 9 + 1) - 2));
         assert_eq!(native.iter().filter(|v| v.threads() == 512).count(), 2 * 2 * (6 + 2 + 5 + 1));
         assert_eq!(native.len(), 140);
@@ -768,6 +807,42 @@ mod tests {
         // family runs on those head dims): 6 at D=64 and 128, 5 at D=256 (no window with a
         // soft-cap), for each dtype.
         assert_eq!(Variant::all().iter().filter(|v| v.pad).count(), 34);
+        // Sequences (each mask with and without the soft-cap and ALiBi, on each native head dim's
+        // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), for
+        // each dtype.
+        assert_eq!(Variant::all().iter().filter(|v| v.seqs).count(), 2 * (12 + 12 + 8));
+    }
+
+    #[test]
+    fn sequences_plan_compiled_variants_and_paged_caches_hand_over() {
+        use attn_core::sequences::{KeyStore, batch_of};
+        let h100 = DeviceLimits::h100();
+        let all = Variant::all();
+        for d in HEAD_DIMS {
+            for keys in [KeyStore::Packed, KeyStore::DenseUsed] {
+                for s in [512, 8192] {
+                    let shape = Shape { heads_kv: 4, ..Shape::new(1, 16, 1, d) };
+                    let (p, _) = batch_of(shape, DType::Bf16, &[s / 2, s, 1], &[s, s / 3, 7], keys);
+                    for m in [p, p.causal(), p.with_window(Some(100), Some(0)), p.with_softcap(30.0)] {
+                        let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
+                        assert!(v.seqs && all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                        // The head dim's one tile configuration, whatever the longest sequence.
+                        assert_eq!(v.block_n, tiles(d).block_n, "{}", v.name());
+                        assert_eq!(v.split(&m, launch.grid[0]).units, 0, "{}: no split tail", v.name());
+                        assert!(v.name().ends_with("_seqs"), "{}", v.name());
+                    }
+                }
+            }
+            // A paged cache, and a padded head dim with sequences: the Ampere/Ada family's.
+            let paged = KeyStore::Paged { page_size: 64, seed: 1 };
+            let (paged, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[3, 9], &[100, 200], paged);
+            let (padded, _) =
+                batch_of(Shape::new(1, 16, 1, d - 8), DType::Bf16, &[3, 9], &[100, 200], KeyStore::Packed);
+            for m in [paged, padded] {
+                let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
+                assert!(e.contains("Ampere/Ada family runs it"), "{e}");
+            }
+        }
     }
 
     #[test]

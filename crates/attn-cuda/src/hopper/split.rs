@@ -76,7 +76,8 @@ impl Split {
 
 impl Variant {
     /// How the persistent grid splits the tail of `problem` over `ctas` CTAs (`Split`);
-    /// `Split::none` under a causal mask or a window, or where it would not help (the
+    /// `Split::none` under a causal mask or a window, with sequences of their own lengths (whose
+    /// tiles differ in length), or where it would not help (the
     /// tiles fill whole waves, runs of `MIN_RUN` would not outnumber the tail's tiles, or the
     /// busiest CTA would gain less than `MIN_GAIN` key tiles and a quarter of its work).
     /// The grid [`Variant::launch`] gives for `ctas` splits the same way as `ctas`.
@@ -84,7 +85,7 @@ impl Variant {
         let tiles = self.tiles(problem).min(i32::MAX as u64) as u32;
         let key_tiles = problem.shape.seq_k.div_ceil(self.block_n) as u64;
         let rest = tiles % ctas.max(1);
-        if self.causal || self.window || rest == 0 || key_tiles == 0 {
+        if self.causal || self.window || self.seqs || rest == 0 || key_tiles == 0 {
             return Split::none(tiles);
         }
         let units = (rest as u64 * key_tiles / MIN_RUN).min(ctas as u64) as u32;

@@ -100,6 +100,13 @@ pub struct Variant {
     /// the sequence leaves a block short (at D=64, 4% at S=4096, 12% at 1024, none at 2048 or
     /// 8192), and as much faster on the H100 (measured at 781ff61, see docs/experiments.md).
     pub bottom: bool,
+    /// Sequences of their own lengths compiled in (`ATTN_SEQS`): packed queries or keys
+    /// (`cu_seqlens_q`, `cu_seqlens_k`) and per-sequence key counts (`seqused_k`), each a device
+    /// array the kernel reads (clamped) per tile. Tiles run over the longest sequence's query
+    /// blocks, those past a sequence's own are skipped; a warpgroup whose rows run past its
+    /// sequence stores O from registers; no split tail. Not with a paged cache, whose pages TMA
+    /// cannot gather (the Ampere/Ada family runs it).
+    pub seqs: bool,
     /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
     /// each piece's steps in SM cycles into a buffer the host writes out (see
     /// `TRACE_LEN_PER_CTA` in `hopper/launch.rs`). Never planned unless asked for.
@@ -171,10 +178,12 @@ impl Variant {
         let q = self.q_slots as usize * self.block_m() * self.head_dim * 2;
         let kv = 2 * self.stages as usize * self.block_n * self.head_dim * 2;
         // The mbarriers (Q's, the stages', and O's full/empty for each of up to four consumer
-        // warpgroups), a piece slot (8 ints: the piece and its tile) per Q slot, the merge flags
-        // (4 ints) and where each warpgroup's O goes (4 ints each).
+        // warpgroups), a piece slot (8 ints: the piece and its tile; 12 with its sequence's
+        // rows) per Q slot, the merge flags (4 ints) and where each warpgroup's O goes (4 ints
+        // each).
+        let slot_ints = if self.seqs { 12 } else { 8 };
         let barriers = 8 * (2 * self.q_slots as usize + 4 * self.stages as usize + 8)
-            + 32 * self.q_slots as usize
+            + 4 * slot_ints * self.q_slots as usize
             + 16
             + 64;
         q + kv + barriers + 1024
@@ -212,10 +221,10 @@ impl Variant {
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask,
-    /// soft-cap, ALiBi, padding.
+    /// soft-cap, ALiBi, padding, sequences.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -228,6 +237,7 @@ impl Variant {
             if self.softcap { "_softcap" } else { "" },
             if self.alibi { "_alibi" } else { "" },
             if self.pad { "_pad" } else { "" },
+            if self.seqs { "_seqs" } else { "" },
             if self.trace { "_trace" } else { "" }
         )
     }
@@ -256,6 +266,7 @@ impl Variant {
             ("ATTN_BOTTOM".into(), flag(self.bottoms())),
             ("ATTN_TRACE".into(), flag(self.trace)),
             ("ATTN_PAD".into(), flag(self.pad)),
+            ("ATTN_SEQS".into(), flag(self.seqs)),
         ]
     }
 
