@@ -12,7 +12,8 @@
 #             and the ratio to the next natively supported dim's TFLOP/s scaled by D/D_next.
 # Steps run in priority order (varlen 16:16 and head dims round 1, then round 2, then GQA), each
 # starting only while time is left of BUDGET seconds (default 270); both result JSONs are
-# rewritten after every step, so a call cut short keeps what ran.
+# rewritten after every step, so a call cut short keeps what ran. ONLY=varlen (or head) runs only
+# the steps whose name holds it.
 # Expects the release `attn` at $ATTN (default: bin/attn next to this script, else
 # .device/bin/attn) and the commit in COMMIT next to it (else .device/COMMIT). Writes
 # $OUT/h100-varlen-prefill.json and $OUT/h100-head-dims.json (what bench/results/ keeps) and
@@ -24,7 +25,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 attn=${ATTN:-$here/bin/attn}; [[ -x $attn ]] || attn=.device/bin/attn
 commit_file=$here/COMMIT; [[ -f $commit_file ]] || commit_file=.device/COMMIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$final/log.txt"
-ATTN="$attn" OUTDIR="$final" BUDGET=${BUDGET:-270} ITERS=${ITERS:-10} COMMIT=$(cat "$commit_file" 2>/dev/null || echo unknown) \
+ONLY=${ONLY:-} ATTN="$attn" OUTDIR="$final" BUDGET=${BUDGET:-270} ITERS=${ITERS:-10} COMMIT=$(cat "$commit_file" 2>/dev/null || echo unknown) \
   timeout 295 python3 - 2>&1 <<'PY' | tee -a "$final/log.txt"
 import json, os, subprocess, time
 import torch
@@ -233,7 +234,10 @@ plan = [("varlen 16:16 round 1", lambda: [varlen_round(16, 16, m) for m in ("cau
         ("head dims round 2", dims_round),
         ("varlen 32:8 round 1", lambda: [varlen_round(32, 8, m) for m in ("causal", "none")]),
         ("varlen 32:8 round 2", lambda: [varlen_round(32, 8, m) for m in ("causal", "none")])]
+only = os.environ.get("ONLY", "")
 for name, step in plan:
+    if only not in name:
+        continue
     if left() < 15:
         print(f"time budget spent: {name} not run", flush=True)
         steps.append(f"{name}: not run (budget)")

@@ -431,7 +431,8 @@ pub fn choose(
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{problem}: a paged KV cache, or sequences of their own lengths on a head dim other than                  {HEAD_DIMS:?} (the Ampere/Ada family runs it)"
+                "{problem}: a paged KV cache, or sequences of their own lengths on a head dim other than \
+                 {HEAD_DIMS:?} (the Ampere/Ada family runs it)"
             ),
         });
     }
