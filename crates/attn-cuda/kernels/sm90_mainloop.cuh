@@ -70,18 +70,19 @@ __device__ void produce(const Params& p, const Smem& s) {
         for (int j = pc.j0; j < pc.j1; ++j, ++it) {
             const int st = it % STAGES;
             const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
+            const int n0 = key_tile_at(pc.j0, pc.j1, j) * BN;  // the tile's first key
             elem_t* k = s.k + st * (KV_BYTES / 2);
             elem_t* v = s.v + st * (KV_BYTES / 2);
             TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
             sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, k_map_row(tile, j * BN), g, k_batch);
+                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, k_map_row(tile, n0), g, k_batch);
             TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
             sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
 #pragma unroll
             for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, k_map_row(tile, j * BN), g, k_batch);
+                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, k_map_row(tile, n0), g, k_batch);
             if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
                 if (!same_unit) next = first_piece(p, gridDim.x + drawn);
                 upcoming = tile_or_none(p, next);
@@ -574,12 +575,13 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     sum_set(c.wg, SUM_FIRST_S, stamp());
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.j1 - c.j0 == 1) c.release_q();
-    softmax_step(c, sc, st, c.j0, alpha);
+    softmax_step(c, sc, st, key_tile_at(c.j0, c.j1, c.j0), alpha);
     to_fragments(sc, pa);
 }
 
-// Key tile j: S_j issued with P_{j-1} V_{j-1} (tile `it`), S_j's softmax under that P V, then
-// O rescaled where the max moved and P_j packed; `it` moves on to tile j. SPECULATE: the softmax
+// The piece's j-th key tile (key_tile_at; j - j0 tiles in): S_j issued with P_{j-1} V_{j-1} (tile
+// `it`), S_j's softmax under that P V, then O rescaled where the max moved and P_j packed; `it`
+// moves on to tile j. SPECULATE: the softmax
 // against the running max (softmax_speculative), which may issue S_j again: not for the piece's
 // last tile, whose S frees Q for the next piece. K's stage is freed before it all the same: the
 // producer loads the stage's next K only after the V before that, into the stage that P_{j-1} V_{j-1}
@@ -601,8 +603,9 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (j + 1 == c.j1) c.release_q();
-    const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, j, c.k_smem(Ctx::stage(it)), alpha)
-                                 : softmax_step(c, sc, st, j, alpha);
+    const int kt = key_tile_at(c.j0, c.j1, j);
+    const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, kt, c.k_smem(Ctx::stage(it)), alpha)
+                                 : softmax_step(c, sc, st, kt, alpha);
     sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
     sm90::fence_regs(o);
     c.release(c.s.v_empty + Ctx::stage(prev));
@@ -637,6 +640,14 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     first_tile(c, o, pa, sc, st, it);
     // The piece's last tile frees Q (release_q) with its S, so only the tiles before it speculate.
     int j = c.j0 + 1;
+#if ATTN_REVERSE
+    // Walked back from the diagonal, a row above the first tile's diagonals sees no key until its
+    // own diagonal's tile, and a warpgroup with such a row would issue S again on each of those
+    // tiles: the tiles a block's rows span (and one for the blocks laid from the bottom) find
+    // their max first.
+    for (const int spanned = min(c.j1 - 1, c.j0 + (BM - 1) / BN + 2); j < spanned; ++j)
+        next_tile<false>(c, o, pa, sc, st, it, j);
+#endif
     for (; j + 1 < c.j1; ++j) next_tile<SPECULATE>(c, o, pa, sc, st, it, j);
     if (j < c.j1) next_tile<false>(c, o, pa, sc, st, it, j);
     last_pv(c, o, pa, st, it);
