@@ -125,27 +125,29 @@ constexpr int D_BLOCKS = D / 64;
 #define NEG_INF __int_as_float(0xff800000)
 constexpr float RESCALE_SLACK = 8.f;
 constexpr float RESCALE_LIMIT = 256.f;  // 2^RESCALE_SLACK: the largest p the slack lets through
-// Causal with ALiBi, a piece walks its key tiles from the last (the diagonal's) back to the first
-// (REVERSE, key_tile_at): the bias -slope (i - j) then falls from each key tile to the next, so
-// the running max that the first tile sets holds. Walking forward it grows by slope * BN a tile.
-#if ATTN_ALIBI && ATTN_CAUSAL
-#define ATTN_REVERSE 1
+// Under ALiBi (at D <= 128, where the softmax speculates), a piece walks its key tiles from the
+// one holding its query block's last diagonal back to its first, then on past the diagonal
+// (DIAGONAL_FIRST, key_tile_at): the bias -slope |i - j| then only falls along the walk, so the
+// running max the first tiles set holds. Walked forward, scores grow by slope * BN from each key
+// tile to the next before the diagonal: for about half the standard slopes by more than
+// RESCALE_SLACK, so that every tile issued S again (47-102% slower than no bias on the H100,
+// 0528746). Causal, the walk is the key tiles from the last back.
+#if ATTN_ALIBI && ATTN_D <= 128
+#define ATTN_DIAGONAL_FIRST 1
 #else
-#define ATTN_REVERSE 0
+#define ATTN_DIAGONAL_FIRST 0
 #endif
 // Key tiles past a piece's first exponentiate against the running max without finding their own
-// (softmax_speculative); not at D=256, where the second S product it may issue spills registers,
-// nor under ALiBi walked forward (a window, or no mask), whose scores grow from each key tile to
-// the next by slope * BN: for about half the standard slopes by more than RESCALE_SLACK, so that
-// every tile issued S again (ALiBi was 47-102% slower than none with speculation on the H100,
-// 0528746).
-constexpr bool SPECULATE = D <= 128 && (!ATTN_ALIBI || ATTN_REVERSE);
+// (softmax_speculative); not at D=256, where the second S product it may issue spills registers.
+constexpr bool SPECULATE = D <= 128;
 
 // The key tile that a piece of key tiles [j0, j1) takes k-th (j0 <= k < j1): k itself, or with
-// REVERSE from the last back.
-__device__ __forceinline__ int key_tile_at(int j0, int j1, int k) {
-#if ATTN_REVERSE
-    return j0 + j1 - 1 - k;
+// DIAGONAL_FIRST the tile `diag` (of the block's last diagonal; held within the piece) first,
+// then back to j0, then on from diag + 1.
+__device__ __forceinline__ int key_tile_at(int j0, int j1, int diag, int k) {
+#if ATTN_DIAGONAL_FIRST
+    const int d = min(max(diag, j0), j1 - 1);
+    return k <= d ? d - (k - j0) : k;
 #else
     return k;
 #endif

@@ -67,10 +67,11 @@ __device__ void produce(const Params& p, const Smem& s) {
         Tile upcoming;
         const int g = tile.h / (p.heads_q / p.heads_kv);
         const int k_batch = k_map_batch(p, tile);
+        const int diag = diagonal_tile(p, tile);
         for (int j = pc.j0; j < pc.j1; ++j, ++it) {
             const int st = it % STAGES;
             const unsigned free_parity = ((it / STAGES) & 1) ^ 1;
-            const int n0 = key_tile_at(pc.j0, pc.j1, j) * BN;  // the tile's first key
+            const int n0 = key_tile_at(pc.j0, pc.j1, diag, j) * BN;  // the tile's first key
             elem_t* k = s.k + st * (KV_BYTES / 2);
             elem_t* v = s.v + st * (KV_BYTES / 2);
             TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
@@ -452,6 +453,9 @@ struct Ctx {
 #if ATTN_SEQS
     int seq_k;         // the sequence's keys (else the problem's: KEYS)
 #endif
+#if ATTN_DIAGONAL_FIRST
+    int diag;          // the key tile of the tile's last diagonal (diagonal_tile, walk)
+#endif
 
     __device__ unsigned k_smem(int stage) const { return sm90::smem_u32(s.k) + stage * KV_BYTES; }
     __device__ unsigned v_smem(int stage) const { return sm90::smem_u32(s.v) + stage * KV_BYTES; }
@@ -558,6 +562,15 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     return softmax_step(c, sc, st, j, alpha);
 }
 
+// The key tile a consumer takes j-th of its piece (key_tile_at, as the producer loads them).
+__device__ __forceinline__ int walk(const Ctx& c, int j) {
+#if ATTN_DIAGONAL_FIRST
+    return key_tile_at(c.j0, c.j1, c.diag, j);
+#else
+    return j;
+#endif
+}
+
 // The piece's first S, alone in its turn, and its softmax (O is still 0: nothing to rescale);
 // P goes to `pa`. `it` is the piece's first K/V tile.
 __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
@@ -575,7 +588,7 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     sum_set(c.wg, SUM_FIRST_S, stamp());
     c.release(c.s.k_empty + Ctx::stage(it));
     if (c.j1 - c.j0 == 1) c.release_q();
-    softmax_step(c, sc, st, key_tile_at(c.j0, c.j1, c.j0), alpha);
+    softmax_step(c, sc, st, walk(c, c.j0), alpha);
     to_fragments(sc, pa);
 }
 
@@ -603,7 +616,7 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     sm90::fence_regs(sc);
     c.release(c.s.k_empty + Ctx::stage(it));
     if (j + 1 == c.j1) c.release_q();
-    const int kt = key_tile_at(c.j0, c.j1, j);
+    const int kt = walk(c, j);
     const bool moved = SPECULATE ? softmax_speculative(c, o, pa, sc, st, kt, c.k_smem(Ctx::stage(it)), alpha)
                                  : softmax_step(c, sc, st, kt, alpha);
     sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P's registers are free
@@ -640,11 +653,11 @@ __device__ void mainloop_computed(const Ctx& c, float (&o)[NO], RowState& st, in
     first_tile(c, o, pa, sc, st, it);
     // The piece's last tile frees Q (release_q) with its S, so only the tiles before it speculate.
     int j = c.j0 + 1;
-#if ATTN_REVERSE
-    // Walked back from the diagonal, a row above the first tile's diagonals sees no key until its
-    // own diagonal's tile, and a warpgroup with such a row would issue S again on each of those
-    // tiles: the tiles a block's rows span (and one for the blocks laid from the bottom) find
-    // their max first.
+#if ATTN_DIAGONAL_FIRST
+    // Walked back from the block's last diagonal, a row above the first tile's diagonals sees no
+    // key (causal), or its largest bias, only at its own diagonal's tile, and a warpgroup with such
+    // a row would issue S again on each of those tiles: the tiles a block's rows span (and one for
+    // the blocks laid from the bottom) find their max first.
     for (const int spanned = min(c.j1 - 1, c.j0 + (BM - 1) / BN + 2); j < spanned; ++j)
         next_tile<false>(c, o, pa, sc, st, it, j);
 #endif
@@ -690,6 +703,10 @@ __device__ __forceinline__ Ctx context(const Params& p, const Smem& s, int wg, c
 #if ATTN_SEQS
                ,
                tile.k_len
+#endif
+#if ATTN_DIAGONAL_FIRST
+               ,
+               diagonal_tile(p, tile)
 #endif
     };
 }

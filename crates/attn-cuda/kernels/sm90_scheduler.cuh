@@ -91,6 +91,12 @@ __device__ __forceinline__ int window_first_tile(const Params& p, const Tile& t)
 }
 #endif
 
+// The key tile of the tile's last query row's diagonal (key_tile_at; a row before key 0 counts
+// as tile 0).
+__device__ __forceinline__ int diagonal_tile(const Params& p, const Tile& t) {
+    return max(0, t.m0 + BM - 1 + keys_of(p, t) - queries_of(p, t)) / BN;
+}
+
 #if ATTN_SEQS
 // Sequence b's rows (attn_core::SeqMap's definitions), each index clamped into the problem's
 // bounds first, as the Ampere/Ada kernel's (a few scalar loads per tile, by the producer): the
