@@ -249,6 +249,22 @@ impl Variant {
                 self.head_dim, self.head_dim
             ));
         }
+        if self.seqs {
+            notes.push(format!(
+                "sequences of their own lengths (ATTN_SEQS): tiles over the longest sequence's {} query blocks, \
+                 each reading its sequence's offsets and lengths from the device arrays (clamped); the blocks past \
+                 a sequence's own are skipped, and a warpgroup whose rows run past its sequence stores O from \
+                 registers",
+                problem.shape.seq_q.div_ceil(self.block_m())
+            ));
+        }
+        if self.alibi && self.head_dim <= 128 {
+            notes.push(
+                "ALiBi: each piece walks its key tiles from its block's last diagonal back, then on past it \
+                 (ATTN_DIAGONAL_FIRST), so that the bias only falls and the softmax speculates"
+                    .into(),
+            );
+        }
         notes.extend(crate::scores::notes(problem, self.block_m(), self.block_n));
         notes.push(match self.o_staged() {
             true if self.q_slots == 2 => "O leaves through its tile's Q slot and a TMA store".into(),
@@ -831,6 +847,8 @@ mod tests {
                         assert_eq!(v.block_n, tiles(d).block_n, "{}", v.name());
                         assert_eq!(v.split(&m, launch.grid[0]).units, 0, "{}: no split tail", v.name());
                         assert!(v.name().ends_with("_seqs"), "{}", v.name());
+                        let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
+                        assert!(notes.iter().any(|n| n.contains("ATTN_SEQS")), "{notes:?}");
                     }
                 }
             }
