@@ -356,7 +356,8 @@ pub fn full() -> Vec<Case> {
         v.push(with_extras("varlen", "b12-s1100", varlen.causal(), extras, Distribution::Normal, seed));
         // Sequences around the prefill kernels' query blocks (64 to 192 rows): empty, one token,
         // one short of a block, a block, one past, several; keys packed and longer than the
-        // queries, or a dense cache each sequence fills partly (seqused_k); each native head dim.
+        // queries, or a dense cache each sequence fills partly (seqused_k); each native head dim;
+        // one with ALiBi, one windowed, one soft-capped.
         if dtype != DType::F32 {
             let q_lens = [0, 1, 127, 128, 129, 191, 193, 450];
             let k_lens = [5, 1, 300, 128, 140, 0, 400, 450];
@@ -365,11 +366,15 @@ pub fn full() -> Vec<Case> {
                 ("b8-d128-hq4hkv2-causal", 128, KeyStore::Packed, Mask::Causal),
                 ("b8-d256-seqused-causal", 256, KeyStore::DenseUsed, Mask::Causal),
                 ("b8-d128-window", 128, KeyStore::Packed, Mask::Window { left: Some(70), right: Some(5) }),
+                ("b8-d64-causal-cap20", 64, KeyStore::Packed, Mask::Causal),
             ];
             for (tag, d, keys, mask) in cases {
                 seed += 1;
                 let shape = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
-                let (problem, extras) = seqs(shape, dtype, &q_lens, &k_lens, keys);
+                let (mut problem, extras) = seqs(shape, dtype, &q_lens, &k_lens, keys);
+                if tag.ends_with("cap20") {
+                    problem = problem.with_softcap(20.0);
+                }
                 let family = if keys == KeyStore::DenseUsed { "kv-cache" } else { "varlen" };
                 let case =
                     with_extras(family, tag, problem.with_mask(mask), extras, Distribution::Normal, seed);
