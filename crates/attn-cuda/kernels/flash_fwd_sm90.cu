@@ -27,7 +27,8 @@
 //   the bounds are run-time parameters; no split tail), ATTN_SOFTCAP (scores capped at +-cap,
 //   cap * tanh(scaled score / cap), the cap a run-time parameter), ATTN_ALIBI (a bias
 //   -slope |i + seq_k - seq_q - j| added to each score after the soft-cap, before the mask; the
-//   slopes a device array, one per head or per (batch, head)),
+//   slopes a device array, one per head or per (batch, head); at D <= 128 a piece's key tiles are
+//   walked from its block's diagonal outwards: DIAGONAL_FIRST below),
 // and in every variant: a producer warpgroup copies Q, K and V with TMA; inside a consumer
 // warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (and S_j
 // was issued with it); the consumer warpgroups take turns issuing their products (named
