@@ -446,16 +446,21 @@ pub fn choose(
     if seqs
         && (kernel_d != s.head_dim
             || spills
+            || problem.batching.keys_used
             || matches!(problem.batching.kv, attn_core::KvRows::Paged { .. }))
     {
         // TMA cannot gather a paged cache's pages; padded builds with sequences are not
-        // compiled (one padded build per mask and soft-cap is enough to carry).
+        // compiled (one padded build per mask and soft-cap is enough to carry). A cache's slots
+        // past a sequence's key count (seqused_k) are unwritten memory, which TMA would load into
+        // the last key tile's V: its probabilities there are 0, but 0 times a NaN or an infinity
+        // is NaN, and the Ampere/Ada family loads zeros there instead.
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{problem}: a paged KV cache, sequences of their own lengths on a head dim other than \
-                 {HEAD_DIMS:?}, or at D=64 with a window and a soft-cap (the consumers would spill registers; \
-                 the Ampere/Ada family runs it)"
+                "{problem}: a paged KV cache, per-sequence key counts (seqused_k: the cache's unused slots \
+                 would be read into the last key tile), sequences of their own lengths on a head dim other \
+                 than {HEAD_DIMS:?}, or at D=64 with a window and a soft-cap (the consumers would spill \
+                 registers); the Ampere/Ada family runs it"
             ),
         });
     }
@@ -843,28 +848,29 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let all = Variant::all();
         for d in HEAD_DIMS {
-            for keys in [KeyStore::Packed, KeyStore::DenseUsed] {
-                for s in [512, 8192] {
-                    let shape = Shape { heads_kv: 4, ..Shape::new(1, 16, 1, d) };
-                    let (p, _) = batch_of(shape, DType::Bf16, &[s / 2, s, 1], &[s, s / 3, 7], keys);
-                    for m in [p, p.causal(), p.with_window(Some(100), Some(0)), p.with_softcap(30.0)] {
-                        let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
-                        assert!(v.seqs && all.contains(&v), "{} for {m} is not compiled in CI", v.name());
-                        // The head dim's one tile configuration, whatever the longest sequence.
-                        assert_eq!(v.block_n, tiles(d).block_n, "{}", v.name());
-                        assert_eq!(v.split(&m, launch.grid[0]).units, 0, "{}: no split tail", v.name());
-                        assert!(v.name().ends_with("_seqs"), "{}", v.name());
-                        let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
-                        assert!(notes.iter().any(|n| n.contains("ATTN_SEQS")), "{notes:?}");
-                    }
+            for s in [512, 8192] {
+                let shape = Shape { heads_kv: 4, ..Shape::new(1, 16, 1, d) };
+                let (p, _) = batch_of(shape, DType::Bf16, &[s / 2, s, 1], &[s, s / 3, 7], KeyStore::Packed);
+                for m in [p, p.causal(), p.with_window(Some(100), Some(0)), p.with_softcap(30.0)] {
+                    let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
+                    assert!(v.seqs && all.contains(&v), "{} for {m} is not compiled in CI", v.name());
+                    // The head dim's one tile configuration, whatever the longest sequence.
+                    assert_eq!(v.block_n, tiles(d).block_n, "{}", v.name());
+                    assert_eq!(v.split(&m, launch.grid[0]).units, 0, "{}: no split tail", v.name());
+                    assert!(v.name().ends_with("_seqs"), "{}", v.name());
+                    let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
+                    assert!(notes.iter().any(|n| n.contains("ATTN_SEQS")), "{notes:?}");
                 }
             }
-            // A paged cache, and a padded head dim with sequences: the Ampere/Ada family's.
+            // A paged cache, a cache's key counts, and a padded head dim with sequences: the
+            // Ampere/Ada family's.
             let paged = KeyStore::Paged { page_size: 64, seed: 1 };
             let (paged, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[3, 9], &[100, 200], paged);
+            let used = KeyStore::DenseUsed;
+            let (used, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[300, 9], &[400, 200], used);
             let (padded, _) =
                 batch_of(Shape::new(1, 16, 1, d - 8), DType::Bf16, &[3, 9], &[100, 200], KeyStore::Packed);
-            for m in [paged, padded] {
+            for m in [paged, used, padded] {
                 let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
                 assert!(e.contains("Ampere/Ada family runs it"), "{e}");
             }
