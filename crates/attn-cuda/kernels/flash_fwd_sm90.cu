@@ -71,7 +71,9 @@
 //                   the longest sequence's blocks; the producer skips a tile past its own
 //                   sequence's blocks (drawing the next at once). Loads past a sequence's end
 //                   read its neighbour's rows, whose scores the key mask drops and whose query
-//                   rows are never stored: a warpgroup whose 64 rows run past its sequence
+//                   rows are never stored (V's rows there meet probabilities of 0, which a NaN or
+//                   an infinity would still turn to NaN: the host plans no cache with seqused_k,
+//                   whose unused slots are unwritten memory, on this family): a warpgroup whose 64 rows run past its sequence
 //                   stores O from registers, the others by TMA as usual. Causal masks align on
 //                   each sequence's own lengths; no split tail. Read by `#if` alone,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
