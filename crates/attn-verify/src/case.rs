@@ -65,12 +65,39 @@ impl Case {
         };
         let sigma_qk = if self.dist == Distribution::LargeMagnitude { 20.0 } else { 1.0 };
         let mut q = draw(q_len, sigma_qk);
-        let k = draw(k_len, sigma_qk);
-        let v = draw(v_len, 1.0);
+        let mut k = draw(k_len, sigma_qk);
+        let mut v = draw(v_len, 1.0);
         if self.dist == Distribution::OneHotPeaked {
             self.peak_queries(&mut q, &k, &mut rng);
         }
+        if p.batching.keys_used {
+            self.poison_unused_keys(&mut k, &mut v);
+        }
         [Buffer::from_f32(dtype, q), Buffer::from_f32(dtype, k), Buffer::from_f32(dtype, v)]
+    }
+
+    /// A cache with per-sequence key counts (`seqused_k`): every element of k and v outside the
+    /// keys the sequences use (the slots past each count, spare pages) becomes NaN, as unwritten
+    /// cache memory may hold; a backend that lets one reach an output fails.
+    fn poison_unused_keys(&self, k: &mut [f32], v: &mut [f32]) {
+        let p = &self.problem;
+        let s = p.shape;
+        let map = p.seq_map(self.extras.borrow()).expect("verification cases have valid extras");
+        let (mut k_used, mut v_used) = (vec![false; k.len()], vec![false; v.len()]);
+        for b in 0..s.batch {
+            for g in 0..s.heads_kv {
+                for j in 0..map.k_len(b) {
+                    let (ko, vo) = (map.k_offset(b, g, j), map.v_offset(b, g, j));
+                    k_used[ko..ko + s.head_dim].fill(true);
+                    v_used[vo..vo + s.head_dim].fill(true);
+                }
+            }
+        }
+        for (x, used) in k.iter_mut().zip(&k_used).chain(v.iter_mut().zip(&v_used)) {
+            if !used {
+                *x = f32::NAN;
+            }
+        }
     }
 
     /// Sets each query row to `α · k[j]` for a random visible key `j` of its kv head, with `α`

@@ -115,3 +115,23 @@ fn bucket(x: f64) -> String {
     let m = if e - k == 0.0 { 1.0 } else { m };
     format!("{:.0e}", m * 10f64.powf(k))
 }
+
+#[test]
+fn a_cache_with_key_counts_has_nan_in_its_unused_slots_only() {
+    // The cases with per-sequence key counts poison every K and V element outside the used keys:
+    // a backend that reads one into an output fails them (unwritten cache memory may hold anything).
+    let cases: Vec<_> = grid::quick().into_iter().filter(|c| c.problem.batching.keys_used).collect();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let [_, k, v] = case.inputs();
+        let map = case.problem.seq_map(case.extras.borrow()).unwrap();
+        let s = case.problem.shape;
+        let used: usize = (0..s.batch).map(|b| map.k_len(b) * s.heads_kv * s.head_dim).sum();
+        for (name, x) in [("k", k.to_f32_vec()), ("v", v.to_f32_vec())] {
+            let finite = x.iter().filter(|e| e.is_finite()).count();
+            let nan = x.iter().filter(|e| e.is_nan()).count();
+            assert_eq!((finite, nan), (used, x.len() - used), "{}: {name}", case.name);
+            assert!(nan > 0, "{}: no unused slot to poison", case.name);
+        }
+    }
+}
