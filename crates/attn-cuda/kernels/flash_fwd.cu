@@ -578,6 +578,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_fwd(const __grid_cons
         }
     }
     cp_wait<0>();
+    // A block that walked no key tile (rows above a causal diagonal before the first key, a
+    // sequence without keys, a window outside them) met no barrier since Q's copies: cp_wait
+    // covers only this thread's own, and another warp's copy into this warp's rows of sQ could
+    // still land on top of the O staged there. (Unconditional: testing for no tile spilled the
+    // tightest D=128 builds.)
+#if ATTN_CAUSAL || ATTN_WINDOW || ATTN_SEQS
+    __syncthreads();
+#endif
 
     // O is staged through this warp's own rows of sQ (only this warp ever read them), then
     // written with 16-byte stores: whole rows per group of lanes instead of 4-byte pieces.
