@@ -571,6 +571,36 @@ __device__ __forceinline__ int walk(const Ctx& c, int j) {
 #endif
 }
 
+// V's rows past the sequence's keys, in key tile `kt` (K/V tile `it`), set to zero before a P V
+// reads them (ATTN_SEQS). TMA loads whole tiles from tensor maps that span every packed row: the
+// last key tile's rows past the keys hold the next sequence's rows or a cache's unwritten slots
+// (seqused_k), where P is 0, but 0 times a NaN or an infinity there is NaN. Called once the
+// tile's S and softmax are done (its P packed, S's registers free), which waits for V there on
+// that tile only. A row is 128 contiguous bytes of each 64-column block (the 128-byte swizzle
+// moves 16-byte pieces within their row). Both consumer warpgroups clear the rows (the same
+// zeros; neither frees the stage before its own P V is done), each before its own wgmma reads
+// them through the async proxy.
+__device__ __forceinline__ void clear_v_past_keys(const Ctx& c, int it, int kt) {
+#if ATTN_SEQS
+    const int first = max(KEYS(c) - kt * BN, 0);  // the tile's first row past the keys
+    if (first >= BN) return;                        // the same for the whole warpgroup
+    TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
+    // The warpgroup's 128 threads clear 16 rows (2048 bytes) of each block a pass, a thread the
+    // 16 bytes at its own offset, from the pass that holds row `first` on.
+    const int mine = (threadIdx.x % 128) * 16;
+    const unsigned v = c.v_smem(Ctx::stage(it)) + mine;
+#pragma unroll
+    for (int pass = 0; pass < BN / 16; ++pass)
+        if (pass * 2048 + mine >= first * 128)
+#pragma unroll
+            for (int b = 0; b < D_BLOCKS; ++b)
+                asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(v + b * BN * 128 + pass * 2048), "r"(0u)
+                             : "memory");
+    sm90::fence_proxy_async();
+    sm90::named_sync(1 + c.wg, 128);
+#endif
+}
+
 // The piece's first S, alone in its turn, and its softmax (O is still 0: nothing to rescale);
 // P goes to `pa`. `it` is the piece's first K/V tile.
 __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4],
@@ -590,6 +620,7 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     if (c.j1 - c.j0 == 1) c.release_q();
     softmax_step(c, sc, st, walk(c, c.j0), alpha);
     to_fragments(sc, pa);
+    clear_v_past_keys(c, it, walk(c, c.j0));
 }
 
 // The piece's j-th key tile (key_tile_at; j - j0 tiles in): S_j issued with P_{j-1} V_{j-1} (tile
@@ -624,6 +655,7 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     c.release(c.s.v_empty + Ctx::stage(prev));
     if (moved) rescale(o, alpha);
     to_fragments(sc, pa);
+    clear_v_past_keys(c, it, kt);
 }
 
 // The piece's last P V, alone in its turn; `it` moves past it.

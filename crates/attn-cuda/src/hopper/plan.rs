@@ -441,26 +441,28 @@ pub fn choose(
     let mask = KernelMask::of(problem);
     let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
     let seqs = !problem.batching.is_dense();
-    // D=64's window with a soft-cap (without ALiBi, on 112-key tiles) spills 48 bytes with sequences.
-    let spills = kernel_d == 64 && mask == KernelMask::Window && softcap && !alibi;
+    // With sequences, D=64's window with a soft-cap (without ALiBi, on 112-key tiles) spills 48
+    // bytes, and D=256's causal soft-cap (without ALiBi) 52 since its consumers clear V's rows
+    // past a sequence's keys (clear_v_past_keys).
+    let spills = !alibi
+        && softcap
+        && ((kernel_d == 64 && mask == KernelMask::Window)
+            || (kernel_d == 256 && mask == KernelMask::Causal));
     if seqs
         && (kernel_d != s.head_dim
             || spills
-            || problem.batching.keys_used
             || matches!(problem.batching.kv, attn_core::KvRows::Paged { .. }))
     {
         // TMA cannot gather a paged cache's pages; padded builds with sequences are not
-        // compiled (one padded build per mask and soft-cap is enough to carry). A cache's slots
-        // past a sequence's key count (seqused_k) are unwritten memory, which TMA would load into
-        // the last key tile's V: its probabilities there are 0, but 0 times a NaN or an infinity
-        // is NaN, and the Ampere/Ada family loads zeros there instead.
+        // compiled (one padded build per mask and soft-cap is enough to carry). (A cache's slots
+        // past a sequence's key count, which TMA loads into the last key tile, are zeroed in
+        // V before its P V: clear_v_past_keys.)
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{problem}: a paged KV cache, per-sequence key counts (seqused_k: the cache's unused slots \
-                 would be read into the last key tile), sequences of their own lengths on a head dim other \
-                 than {HEAD_DIMS:?}, or at D=64 with a window and a soft-cap (the consumers would spill \
-                 registers); the Ampere/Ada family runs it"
+                "{problem}: a paged KV cache, sequences of their own lengths on a head dim other than \
+                 {HEAD_DIMS:?}, or with a soft-cap at D=64 with a window or D=256 causal (the consumers \
+                 would spill registers); the Ampere/Ada family runs it"
             ),
         });
     }
@@ -837,9 +839,9 @@ mod tests {
         // soft-cap), for each dtype.
         assert_eq!(Variant::all().iter().filter(|v| v.pad).count(), 34);
         // Sequences (each mask with and without the soft-cap and ALiBi, on each native head dim's
-        // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over) and
-        // D=64's window with a soft-cap (which spills with sequences), for each dtype.
-        assert_eq!(Variant::all().iter().filter(|v| v.seqs).count(), 2 * (11 + 12 + 8));
+        // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), and
+        // the soft-capped D=64 window and D=256 causal (which spill with sequences), for each dtype.
+        assert_eq!(Variant::all().iter().filter(|v| v.seqs).count(), 2 * (11 + 12 + 7));
     }
 
     #[test]
@@ -848,9 +850,11 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let all = Variant::all();
         for d in HEAD_DIMS {
-            for s in [512, 8192] {
+            for (s, keys) in
+                [512, 8192].into_iter().flat_map(|s| [(s, KeyStore::Packed), (s, KeyStore::DenseUsed)])
+            {
                 let shape = Shape { heads_kv: 4, ..Shape::new(1, 16, 1, d) };
-                let (p, _) = batch_of(shape, DType::Bf16, &[s / 2, s, 1], &[s, s / 3, 7], KeyStore::Packed);
+                let (p, _) = batch_of(shape, DType::Bf16, &[s / 2, s, 1], &[s, s / 3, 7], keys);
                 for m in [p, p.causal(), p.with_window(Some(100), Some(0)), p.with_softcap(30.0)] {
                     let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
                     assert!(v.seqs && all.contains(&v), "{} for {m} is not compiled in CI", v.name());
@@ -862,15 +866,12 @@ mod tests {
                     assert!(notes.iter().any(|n| n.contains("ATTN_SEQS")), "{notes:?}");
                 }
             }
-            // A paged cache, a cache's key counts, and a padded head dim with sequences: the
-            // Ampere/Ada family's.
+            // A paged cache, and a padded head dim with sequences: the Ampere/Ada family's.
             let paged = KeyStore::Paged { page_size: 64, seed: 1 };
             let (paged, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[3, 9], &[100, 200], paged);
-            let used = KeyStore::DenseUsed;
-            let (used, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[300, 9], &[400, 200], used);
             let (padded, _) =
                 batch_of(Shape::new(1, 16, 1, d - 8), DType::Bf16, &[3, 9], &[100, 200], KeyStore::Packed);
-            for m in [paged, used, padded] {
+            for m in [paged, padded] {
                 let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
                 assert!(e.contains("Ampere/Ada family runs it"), "{e}");
             }
