@@ -97,6 +97,11 @@ pub struct ProblemArgs {
     /// block_table layout).
     #[arg(long, value_name = "PAGE")]
     pub page_size: Option<usize>,
+    /// Keys and values in a dense cache, `[batch, slots, heads, head_dim]`, that each sequence
+    /// fills only up to its key count (`seqused_k`, FlashAttention's `cache_seqlens`; with
+    /// --varlen the counts it draws, and as many slots as the largest).
+    #[arg(long)]
+    pub kv_cache: bool,
     /// Also compute the log-sum-exp per row.
     #[arg(long)]
     pub lse: bool,
@@ -142,14 +147,22 @@ impl ProblemArgs {
             p = p.with_softcap(cap);
         }
         let mut extras = OwnedExtras::default();
-        if self.varlen.is_some() || self.page_size.is_some() {
+        if self.kv_cache && self.page_size.is_some() {
+            return Err(attn::Error::InvalidParameter {
+                what: "--kv-cache with --page-size: a paged cache already has per-sequence key counts; \
+                       give one of them"
+                    .into(),
+            });
+        }
+        if self.varlen.is_some() || self.page_size.is_some() || self.kv_cache {
             let (q_lens, k_lens) = match self.varlen {
                 Some(min) => varlen_lengths(shape.batch, shape.seq_q, shape.seq_k, min)?,
                 None => (vec![shape.seq_q; shape.batch], vec![shape.seq_k; shape.batch]),
             };
-            let keys = match self.page_size {
-                Some(page_size) => KeyStore::Paged { page_size, seed: LENGTHS_SEED },
-                None => KeyStore::Packed,
+            let keys = match (self.page_size, self.kv_cache) {
+                (Some(page_size), _) => KeyStore::Paged { page_size, seed: LENGTHS_SEED },
+                (None, true) => KeyStore::DenseUsed,
+                (None, false) => KeyStore::Packed,
             };
             (p, extras) = into_sequences(p, &q_lens, &k_lens, keys);
         }
@@ -383,6 +396,12 @@ mod sequence_flag_tests {
             matches!(p.batching.kv, attn::KvRows::Paged { page_size: 16, .. }) && e.alibi_slopes.is_some()
         );
         assert_eq!(p.seq_map(e.borrow()).unwrap().k_len(1), 100);
+        let (p, e) = problem("--varlen 100 -b 3 --seq-q 64 --seq-k 500 --kv-cache").unwrap();
+        let map = p.seq_map(e.borrow()).unwrap();
+        assert!(p.batching.keys_used && matches!(p.batching.kv, attn::KvRows::Dense));
+        assert!((0..3).all(|b| map.q_len(b) == 64 && (100..=500).contains(&map.k_len(b))));
+        let err = problem("--kv-cache --page-size 16").unwrap_err().to_string();
+        assert!(err.contains("--kv-cache with --page-size"), "{err}");
         let err = problem("--varlen 0").unwrap_err().to_string();
         assert!(err.contains("--varlen 0") && err.contains("1 to --seq"), "{err}");
     }
