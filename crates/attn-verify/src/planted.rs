@@ -37,11 +37,15 @@ pub enum Flaw {
     /// The block table ignored: a sequence's pages read as if stored in order,
     /// `b · pages_per_seq + j / page_size`.
     PagesInOrder,
+    /// A cache's slots past a sequence's key count (`seqused_k`) up to the end of its 64-key tile
+    /// weighed in with probability 0, as a kernel that loads whole tiles does: 0 times the NaN of
+    /// an unwritten slot is NaN.
+    WeighsUnusedSlots,
 }
 
 impl Flaw {
     /// Every planted flaw.
-    pub const ALL: [Flaw; 11] = [
+    pub const ALL: [Flaw; 12] = [
         Flaw::NoMaxSubtraction,
         Flaw::WrongKvHead,
         Flaw::TopLeftCausal,
@@ -53,6 +57,7 @@ impl Flaw {
         Flaw::AlibiTopLeft,
         Flaw::VarlenMaxLengths,
         Flaw::PagesInOrder,
+        Flaw::WeighsUnusedSlots,
     ];
 }
 
@@ -144,8 +149,17 @@ impl Planted {
             let w: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
             let sum: f32 = w.iter().sum();
             let oo = map.o_offset(b, h, i);
+            // The flaw's zero-weight slots: past the key count to its tile's end, in the cache.
+            let unused = match self.flaw {
+                Flaw::WeighsUnusedSlots if p.batching.keys_used && visible.end == k_len => {
+                    k_len..k_len.next_multiple_of(64).min(s.seq_k)
+                }
+                _ => 0..0,
+            };
             for x in 0..d {
-                let acc: f32 = visible.clone().zip(&w).map(|(j, w)| w * v[k_place(b, g, j, true) + x]).sum();
+                let acc: f32 =
+                    visible.clone().zip(&w).map(|(j, w)| w * v[k_place(b, g, j, true) + x]).sum::<f32>()
+                        + unused.clone().map(|j| 0.0 * v[k_place(b, g, j, true) + x]).sum::<f32>();
                 let val = if sum > 0.0 { acc / sum } else { 0.0 };
                 set(&mut o, oo + x, val);
             }

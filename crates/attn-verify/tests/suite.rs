@@ -62,6 +62,7 @@ fn planted_bugs_are_caught_by_their_named_cases() {
         (Flaw::AlibiTopLeft, "alibi"),
         (Flaw::VarlenMaxLengths, "varlen"),
         (Flaw::PagesInOrder, "paged"),
+        (Flaw::WeighsUnusedSlots, "kv-cache"),
     ];
     assert_eq!(expected.len(), Flaw::ALL.len());
     let cases = grid::quick();
