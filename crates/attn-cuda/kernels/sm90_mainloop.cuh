@@ -580,6 +580,12 @@ __device__ __forceinline__ int walk(const Ctx& c, int j) {
 // moves 16-byte pieces within their row). Both consumer warpgroups clear the rows (the same
 // zeros; neither frees the stage before its own P V is done), each before its own wgmma reads
 // them through the async proxy.
+// Where: walked in order, only a piece's last tile can hold the sequence's last key with rows
+// past it (a block's last visible tile ends at or before the keys' end, or is that tile), so the
+// clearing stands before the piece's last P V, outside the key-tile loop; walked diagonal first
+// (ALiBi), after the softmax of whichever tile it is, and D=256 keeps that place too (before its
+// last P V, two of its variants spilled).
+constexpr bool CLEAR_IN_LOOP = ATTN_DIAGONAL_FIRST || D == 256;
 __device__ __forceinline__ void clear_v_past_keys(const Ctx& c, int it, int kt) {
 #if ATTN_SEQS
     const int first = max(KEYS(c) - kt * BN, 0);  // the tile's first row past the keys
@@ -620,7 +626,7 @@ __device__ __forceinline__ void first_tile(const Ctx& c, float (&o)[NO], unsigne
     if (c.j1 - c.j0 == 1) c.release_q();
     softmax_step(c, sc, st, walk(c, c.j0), alpha);
     to_fragments(sc, pa);
-    clear_v_past_keys(c, it, walk(c, c.j0));
+    if (CLEAR_IN_LOOP) clear_v_past_keys(c, it, walk(c, c.j0));
 }
 
 // The piece's j-th key tile (key_tile_at; j - j0 tiles in): S_j issued with P_{j-1} V_{j-1} (tile
@@ -655,12 +661,13 @@ __device__ __forceinline__ void next_tile(const Ctx& c, float (&o)[NO], unsigned
     c.release(c.s.v_empty + Ctx::stage(prev));
     if (moved) rescale(o, alpha);
     to_fragments(sc, pa);
-    clear_v_past_keys(c, it, kt);
+    if (CLEAR_IN_LOOP) clear_v_past_keys(c, it, kt);
 }
 
 // The piece's last P V, alone in its turn; `it` moves past it.
 __device__ __forceinline__ void last_pv(const Ctx& c, float (&o)[NO], unsigned (&pa)[BN / 16][4], RowState& st,
                                        int& it) {
+    if (!CLEAR_IN_LOOP) clear_v_past_keys(c, it, c.j1 - 1);
     TIMED(c.wg, SUM_V, sm90::mbar_wait(c.s.v_full + Ctx::stage(it), Ctx::phase(it)));
     TIMED(c.wg, SUM_TURN, await_turn(c.wg));
     begin_batch(o, pa);
