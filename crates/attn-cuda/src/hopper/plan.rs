@@ -253,7 +253,8 @@ impl Variant {
             notes.push(format!(
                 "sequences of their own lengths (ATTN_SEQS): tiles over the longest sequence's {} query blocks, \
                  each reading its sequence's offsets and lengths from the device arrays (clamped); the blocks past \
-                 a sequence's own are skipped, and a warpgroup whose rows run past its sequence stores O from \
+                 a sequence's own are skipped, a sequence's last key tile has V's rows past its keys cleared before \
+                 its P V (clear_v_past_keys), and a warpgroup whose rows run past its sequence stores O from \
                  registers",
                 problem.shape.seq_q.div_ceil(self.block_m())
             ));

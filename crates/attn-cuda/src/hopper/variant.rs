@@ -103,8 +103,10 @@ pub struct Variant {
     /// Sequences of their own lengths compiled in (`ATTN_SEQS`): packed queries or keys
     /// (`cu_seqlens_q`, `cu_seqlens_k`) and per-sequence key counts (`seqused_k`), each a device
     /// array the kernel reads (clamped) per tile. Tiles run over the longest sequence's query
-    /// blocks, those past a sequence's own are skipped; a warpgroup whose rows run past its
-    /// sequence stores O from registers; no split tail. Not with a paged cache, whose pages TMA
+    /// blocks, those past a sequence's own are skipped; a sequence's last key tile has V's rows
+    /// past its keys cleared in shared memory before its P V (`clear_v_past_keys`: the rows TMA
+    /// loads there are the next sequence's, or a cache's unwritten slots); a warpgroup whose rows
+    /// run past its sequence stores O from registers; no split tail. Not with a paged cache, whose pages TMA
     /// cannot gather (the Ampere/Ada family runs it).
     pub seqs: bool,
     /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
