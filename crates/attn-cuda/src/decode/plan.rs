@@ -184,9 +184,11 @@ pub fn key_range(problem: &Problem) -> (usize, usize) {
     }
 }
 
-/// The split count for `pairs` CTAs' worth of rows over `chunks` chunks, on `slots` CTAs that
-/// run at once: 1 where the pairs fill 80% of the slots; else the fewest splits within
-/// [`WAVE_EFFICIENCY`] of the best wave efficiency, each split at least
+/// The split count for `pairs` CTAs' worth of rows over `chunks` chunks, filling `slots`: one
+/// CTA per SM (the plan passes the SM count, not the CTAs an SM could hold at once: splitting
+/// further to fill a second CTA slot per SM was slower on every H100 row tried, 2-20%, in
+/// docs/experiments.md). 1 where the pairs fill 80% of the slots; else the fewest splits
+/// within [`WAVE_EFFICIENCY`] of the best wave efficiency, each split at least
 /// [`MIN_CHUNKS_PER_SPLIT`] chunks, at most [`MAX_SPLITS`].
 pub fn splits_for(pairs: u64, chunks: u64, slots: u64) -> u32 {
     let most = (chunks / MIN_CHUNKS_PER_SPLIT).clamp(1, MAX_SPLITS as u64);
@@ -303,7 +305,7 @@ pub fn choose(
         let slots = sms.max(1) as u64 * per_sm as u64;
         let splits = match forced_splits {
             Some(n) => n.clamp(1, MAX_SPLITS),
-            None => splits_for(pairs, chunks, slots),
+            None => splits_for(pairs, chunks, sms.max(1) as u64),
         };
         let split = Split { splits, row_blocks, pairs: pairs.min(u32::MAX as u64) as u32, chunks };
         let launch = variant.launch(problem, &split);
@@ -433,6 +435,12 @@ mod tests {
         // One CTA per SM: 8 x 16 = 128 CTAs, 0.97 of a wave.
         assert_eq!(split.splits, 16, "{split:?}");
         assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
+        // Splits fill one CTA per SM, not every CTA an SM could hold: D = 64 (two per SM) takes
+        // 16 splits of 8 pairs, not 32; 16 queries' 128 pairs on 132 SMs are not split.
+        let (_, _, split, _) = choose(&decode(1, 32, 8, 1, 32768, 64), &h100, 132, None, None).unwrap();
+        assert_eq!(split.splits, 16, "{split:?}");
+        let (_, _, split, _) = choose(&decode(8, 32, 8, 16, 4096, 128), &h100, 132, None, None).unwrap();
+        assert_eq!((split.pairs, split.splits), (128, 1), "{split:?}");
         // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
         let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (2, 2));
