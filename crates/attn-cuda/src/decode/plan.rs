@@ -184,20 +184,20 @@ pub fn key_range(problem: &Problem) -> (usize, usize) {
     }
 }
 
-/// The split count for `pairs` CTAs' worth of rows over `chunks` chunks, filling `slots`: one
-/// CTA per SM (the plan passes the SM count, not the CTAs an SM could hold at once: splitting
-/// further to fill a second CTA slot per SM was slower on every H100 row tried, 2-20%, in
-/// docs/experiments.md). 1 where the pairs fill 80% of the slots; else the fewest splits
-/// within [`WAVE_EFFICIENCY`] of the best wave efficiency, each split at least
+/// The split count for `pairs` CTAs' worth of rows over `chunks` chunks, in waves of `wave`
+/// CTAs (the plan passes the SM count, one CTA per SM, not the CTAs an SM could hold at once:
+/// splitting further to fill a second CTA slot per SM was slower on every H100 row tried, 2-20%,
+/// in docs/experiments.md). 1 where the pairs fill 80% of a wave; else the fewest splits within
+/// [`WAVE_EFFICIENCY`] of the best wave efficiency, each split at least
 /// [`MIN_CHUNKS_PER_SPLIT`] chunks, at most [`MAX_SPLITS`].
-pub fn splits_for(pairs: u64, chunks: u64, slots: u64) -> u32 {
+pub fn splits_for(pairs: u64, chunks: u64, wave: u64) -> u32 {
     let most = (chunks / MIN_CHUNKS_PER_SPLIT).clamp(1, MAX_SPLITS as u64);
-    if pairs * 5 >= slots * 4 || most == 1 {
+    if pairs * 5 >= wave * 4 || most == 1 {
         return 1;
     }
     let efficiency = |s: u64| {
         let n = pairs * s;
-        n as f64 / (n.div_ceil(slots) * slots) as f64
+        n as f64 / (n.div_ceil(wave) * wave) as f64
     };
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
     (1..=most).find(|&s| efficiency(s) >= WAVE_EFFICIENCY * best).unwrap_or(1) as u32
@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn splits_fill_the_device_and_no_more() {
-        // 132 SMs, 2 CTAs each: 264 slots.
+        // Waves of 264 CTAs.
         assert_eq!(splits_for(8, 2048, 264), 32); // 256 CTAs: 0.97 of a wave
         assert_eq!(splits_for(64, 2048, 264), 4); // 256 CTAs
         assert_eq!(splits_for(256, 2048, 264), 1); // the pairs fill the device already
@@ -420,7 +420,7 @@ mod tests {
         // One pair: at most MAX_SPLITS CTAs (0.48 of a wave), the fewest within 95% of that.
         assert_eq!(splits_for(1, 1_000_000, 264), 122);
         assert_eq!(splits_for(8, 7, 264), 1);
-        // One CTA per SM: 132 slots.
+        // Waves of 132 CTAs (one per SM on 132 SMs, as the plan fills them).
         assert_eq!(splits_for(8, 2048, 132), 16);
         assert_eq!(splits_for(32, 2048, 132), 4);
     }
