@@ -29,8 +29,12 @@ pub fn bundle() -> Result<(), String> {
             .map_err(|e| format!("copy {example}: {e}"))?;
     }
     // Test binaries that need a GPU: cargo names them with a hash, which its JSON messages give.
-    for (package, test) in [("attn-cuda", "resident"), ("attn-cuda", "gpu_smoke"), ("attn-wgpu", "resident")]
-    {
+    for (package, test) in [
+        ("attn-cuda", "resident"),
+        ("attn-cuda", "append"),
+        ("attn-cuda", "gpu_smoke"),
+        ("attn-wgpu", "resident"),
+    ] {
         let args = ["test", "--release", "-p", package, "--test", test, "--no-run", "--message-format=json"];
         cmd::cargo_run(&args[..args.len() - 1])?;
         let messages = cmd::output(&cmd::cargo().to_string_lossy(), &args)

@@ -106,34 +106,9 @@ fn check(
     new: &NewRows<'_>,
 ) -> Result<()> {
     let bad = |what: String| Err(Error::InvalidParameter { what });
-    if !cache.batching.keys_used || matches!(cache.batching.kv, KvRows::Packed { .. }) {
-        return bad(format!(
-            "appending to a cache needs per-sequence key counts (seqused_k) and dense or paged keys; {cache} has \
-             neither or packed keys"
-        ));
-    }
-    cache.validate()?;
+    check_append_layout(cache, tensor, dst, (new.data.dtype(), new.data.len()), new.strides, new.len)?;
     let map = cache.seq_map(extras)?;
     let s = cache.shape;
-    let [_, (_, k_need), (_, v_need), _] = cache.required_lens();
-    let (name, need) = match tensor {
-        CacheTensor::Keys => ("k", k_need),
-        CacheTensor::Values => ("v", v_need),
-    };
-    let new_need = new.strides.required_len(s.batch, s.heads_kv, new.len.max(1), s.head_dim);
-    for (what, dtype, len, need) in
-        [("cache", dst.0, dst.1, need), ("new rows", new.data.dtype(), new.data.len(), new_need)]
-    {
-        if dtype != cache.dtype {
-            return Err(Error::DTypeMismatch { tensor: name, expected: cache.dtype, found: dtype });
-        }
-        if len < need {
-            return Err(Error::Shape {
-                tensor: name,
-                what: format!("the {what} have {len} elements; they need {need}"),
-            });
-        }
-    }
     for b in 0..s.batch {
         let n = map.k_len(b);
         if n + new.len > s.seq_k {
@@ -155,6 +130,49 @@ fn check(
                     ));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// What an append checks that does not read the index arrays' contents (the device path's
+/// checks, where they are in device memory): a cache with per-sequence key counts whose keys
+/// are dense or paged, a valid problem, and the cache tensor (`dst`: dtype, elements) and the
+/// new rows (`new`: dtype, elements; `strides`, `len` rows per sequence) of the problem's
+/// dtype and long enough for what the problem and the strides reach.
+pub fn check_append_layout(
+    cache: &Problem,
+    tensor: CacheTensor,
+    dst: (DType, usize),
+    new: (DType, usize),
+    strides: Strides,
+    len: usize,
+) -> Result<()> {
+    if !cache.batching.keys_used || matches!(cache.batching.kv, KvRows::Packed { .. }) {
+        return Err(Error::InvalidParameter {
+            what: format!(
+                "appending to a cache needs per-sequence key counts (seqused_k) and dense or paged keys; {cache} \
+                 has neither or packed keys"
+            ),
+        });
+    }
+    cache.validate()?;
+    let s = cache.shape;
+    let [_, (_, k_need), (_, v_need), _] = cache.required_lens();
+    let (name, need) = match tensor {
+        CacheTensor::Keys => ("k", k_need),
+        CacheTensor::Values => ("v", v_need),
+    };
+    let new_need = strides.required_len(s.batch, s.heads_kv, len.max(1), s.head_dim);
+    for (what, (dtype, len), need) in [("cache", dst, need), ("new rows", new, new_need)] {
+        if dtype != cache.dtype {
+            return Err(Error::DTypeMismatch { tensor: name, expected: cache.dtype, found: dtype });
+        }
+        if len < need {
+            return Err(Error::Shape {
+                tensor: name,
+                what: format!("the {what} have {len} elements; they need {need}"),
+            });
         }
     }
     Ok(())

@@ -56,7 +56,7 @@ pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics,
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use knobs::Knob;
-pub use kv_cache::{CacheTensor, NewRows, append_kv, append_rows};
+pub use kv_cache::{CacheTensor, NewRows, append_kv, append_rows, check_append_layout};
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
 pub use sequences::{Alibi, Batching, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};

@@ -467,6 +467,10 @@ mod tests {
             // The kernel that holds the stream before a timed launch (runtime::Gpu::time).
             let hold = compile(&CompileRequest::new("hold", HOLD, arch)).unwrap_or_else(|e| panic!("{e}"));
             assert!(hold.resources_of("hold_stream").is_some(), "{arch}: {}", hold.log);
+            // The device-resident cache append (crate::append).
+            let append = compile(&crate::append::request(arch)).unwrap_or_else(|e| panic!("{e}"));
+            let rows = append.resources_of("append_rows");
+            assert!(rows.is_some_and(|r| r.spill_stores == 0), "{arch}: {}", append.log);
         }
     }
 

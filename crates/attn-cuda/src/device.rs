@@ -169,7 +169,7 @@ impl Cuda {
     /// The backend's state for the context `ctx`: the backend's own device where that is open
     /// and `ctx` is its context, else the caller's context, attached on first use (reading its
     /// device's attributes; nothing is created on it).
-    fn context_for(&self, ctx: &Arc<CudaContext>) -> Result<Arc<Gpu>> {
+    pub(crate) fn context_for(&self, ctx: &Arc<CudaContext>) -> Result<Arc<Gpu>> {
         // The backend's own device, where it is open already (a caller on another device must
         // not make it open device 0).
         if let Some(Ok(own)) = self.gpu.get()

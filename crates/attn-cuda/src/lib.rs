@@ -26,8 +26,10 @@
 //! (`attn_core::Extras`) with the inputs, and through the device-resident calls, which take them
 //! as the caller's device memory ([`DeviceArrays`], [`ExtraPointers`]), checked for presence,
 //! length, context and alignment but not for contents, which every kernel that reads them clamps
-//! into the problem's bounds ([`indices`]). Sequences run on the Ampere/Ada family (the Hopper
-//! family hands them to it, on sm_90 too), ALiBi on either.
+//! into the problem's bounds ([`indices`]). Packed sequences, key counts and ALiBi run on both
+//! prefill families, a paged cache on the Ampere/Ada one (TMA cannot gather pages; the plan says
+//! so), and the decode family takes dense and paged caches. A decode step's new keys and values
+//! are appended to a cache in device memory by [`Cuda::append_rows_on_stream`] ([`append`]).
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc
 //! loads `libcuda` and `libnvrtc` dynamically, and [`probe()`] / [`nvrtc_available`] open both
@@ -50,6 +52,7 @@
 //! `ATTN_REQUIRE_NVRTC=1` (as `cargo xtask test` sets), where they fail.
 
 pub mod ampere;
+pub mod append;
 mod backend;
 mod compile;
 pub mod decode;
@@ -64,6 +67,7 @@ mod runtime;
 pub mod scores;
 mod tensors;
 
+pub use append::AppendArrays;
 pub use backend::Cuda;
 pub use compile::{Arch, CompileError, CompileRequest, Compiled, compile, compile_cached};
 pub use device::{DeviceElement, OnStream};
