@@ -128,3 +128,68 @@ fn float_view<'a>(storage: &'a Storage, layout: &Layout) -> candle_core::Result<
     let (s, at, n) = cuda_of(storage, layout, "alibi_slopes")?;
     Ok(s.as_cuda_slice::<f32>()?.slice(at..at + n))
 }
+
+/// The index tensors of an append: the counts before it, the block table of a paged cache, and
+/// whether to make the counts after it.
+pub(crate) struct AppendIndex<'a> {
+    pub(crate) seqused: &'a Index,
+    pub(crate) table: Option<&'a Index>,
+    pub(crate) counts: bool,
+}
+
+/// Appends the rows of `new` into the cache tensor `dst` (in place) on candle's stream
+/// (`Cuda::append_rows_on_stream`: `kernels/append.cu`); returns the counts after the append in
+/// a new `[batch]` i32 storage where `index.counts` asks for them.
+pub(crate) fn append(
+    cache: &Problem,
+    tensor: attn_core::CacheTensor,
+    dst: (&mut CudaStorage, &Layout),
+    new: (&CudaStorage, &Layout),
+    strides: attn_core::Strides,
+    len: usize,
+    index: AppendIndex<'_>,
+) -> candle_core::Result<Option<CudaStorage>> {
+    match cache.dtype {
+        DType::F16 => append_typed::<half::f16>(cache, tensor, dst, new, strides, len, index),
+        DType::Bf16 => append_typed::<half::bf16>(cache, tensor, dst, new, strides, len, index),
+        DType::F32 => Err(candle_core::Error::Msg(
+            "attn: the CUDA kernels take f16 and bf16 (f32 runs on the CPU)".into(),
+        )),
+    }
+}
+
+fn append_typed<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
+    cache: &Problem,
+    tensor: attn_core::CacheTensor,
+    (dst, dst_layout): (&mut CudaStorage, &Layout),
+    (new, new_layout): (&CudaStorage, &Layout),
+    strides: attn_core::Strides,
+    len: usize,
+    index: AppendIndex<'_>,
+) -> candle_core::Result<Option<CudaStorage>> {
+    let device = dst.device.clone();
+    let stream = device.cuda_stream();
+    let used_storage = index.seqused.tensor.storage_and_layout();
+    let table_storage = index.table.map(|t| (t.tensor.storage_and_layout(), t.name));
+    let seqused_k = int_view(&used_storage.0, used_storage.1, index.seqused.name)?;
+    let block_table = match &table_storage {
+        Some(((storage, layout), name)) => Some(int_view(storage, layout, name)?),
+        None => None,
+    };
+    let mut counts = match index.counts {
+        true => Some(device.alloc_zeros::<i32>(cache.shape.batch)?),
+        false => None,
+    };
+    let at = dst_layout.start_offset();
+    let mut dst_view = dst.as_cuda_slice_mut::<T>()?.slice_mut(at..);
+    let new_view = view::<T>(new, new_layout)?;
+    let arrays = attn_cuda::AppendArrays {
+        seqused_k,
+        block_table,
+        counts_after: counts.as_mut().map(|c| c.as_view_mut()),
+    };
+    backend()
+        .append_rows_on_stream(cache, tensor, &mut dst_view, &new_view, strides, len, arrays, &stream)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(counts.map(|c| CudaStorage::wrap_cuda_slice(c, device)))
+}

@@ -8,6 +8,7 @@ use attn_core::{
 };
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Tensor};
+use std::sync::Mutex;
 
 /// Which keys of a cache each sequence uses, and where its pages are (on q's device).
 pub(crate) struct CacheIndex {
@@ -30,8 +31,11 @@ pub(crate) struct CacheIndex {
 ///
 /// Runs on CPU (cpu-flash) and CUDA tensors (attn's kernels on candle's stream, reading
 /// `cache_seqlens` and `block_table` in place where they are on q's device; see the crate's
-/// notes on index tensors). Appending `k_new`/`v_new` runs on CPU tensors only so far: on CUDA
-/// it is an error (append with candle's own ops, then call this without them).
+/// notes on index tensors). Appending `k_new`/`v_new` runs where the cache is: on the CPU, with
+/// the counts and page numbers checked first (a typed error where the new rows do not fit); on
+/// CUDA, one kernel per cache tensor on candle's stream, reading the counts and block table in
+/// place and clamping them into the cache (as the attention kernels do), then the attention over
+/// the counts the keys' append wrote, without a copy to the host.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_with_kvcache(
     q: &Tensor,
@@ -54,25 +58,30 @@ pub fn flash_attn_with_kvcache(
     };
     match (k_new, v_new) {
         (Some(k_new), Some(v_new)) => {
-            if !k_cache.device().is_cpu() {
-                return Err(msg(
-                    "attn: appending k_new/v_new into a cache runs on CPU tensors only so far; on CUDA \
-                     append with candle's ops and call flash_attn_with_kvcache without them"
-                        .into(),
-                ));
-            }
-            let mut used = seqused.host()?;
-            let host_table = table.as_ref().map(|(t, n)| t.host().map(|t| (t, *n))).transpose()?;
+            // The keys' append leaves the counts after it here where it runs on CUDA (a new
+            // device buffer); on the CPU they are made on the host below.
+            let counts = Mutex::new(None);
             for (cache, new, tensor) in
                 [(k_cache, k_new, CacheTensor::Keys), (v_cache, v_new, CacheTensor::Values)]
             {
-                let op = Append { seqused: used.clone(), table: host_table.clone(), tensor };
+                let op = Append {
+                    seqused: &seqused,
+                    table: table.as_ref().map(|(t, n)| (t, *n)),
+                    tensor,
+                    counts: (tensor == CacheTensor::Keys).then_some(&counts),
+                };
                 cache.inplace_op2(new, &op)?;
             }
             let len = k_new.dim(1)? as i32;
-            used.iter_mut().for_each(|n| *n += len);
-            let used = Tensor::new(used, &candle_core::Device::Cpu)?;
-            seqused = Index::new(&used, q, "cache_seqlens")?;
+            let after = match counts.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(storage) => storage.into_tensor(),
+                None => {
+                    let mut used = seqused.host()?;
+                    used.iter_mut().for_each(|n| *n += len);
+                    Tensor::new(used, &candle_core::Device::Cpu)?
+                }
+            };
+            seqused = Index::new(&after, q, "cache_seqlens")?;
         }
         (None, None) => {}
         _ => return Err(msg("attn: give both k_new and v_new, or neither".into())),
@@ -87,13 +96,39 @@ fn msg(m: String) -> candle_core::Error {
 }
 
 /// Writes new rows into one cache tensor, in place.
-struct Append {
-    seqused: Vec<i32>,
-    table: Option<(Vec<i32>, usize)>,
+struct Append<'a> {
+    /// The keys each sequence holds before the append.
+    seqused: &'a Index,
+    /// The block table and pages per sequence, for a paged cache.
+    table: Option<(&'a Index, usize)>,
     tensor: CacheTensor,
+    /// Where a CUDA append leaves the counts after it (the keys' append only).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    counts: Option<&'a Mutex<Option<Counts>>>,
 }
 
-impl Append {
+/// The key counts after an append, made on the device that ran it.
+enum Counts {
+    #[cfg(feature = "cuda")]
+    Cuda(candle_core::CudaStorage, usize),
+}
+
+impl Counts {
+    /// As a tensor (`[batch]` i32).
+    fn into_tensor(self) -> Tensor {
+        match self {
+            #[cfg(feature = "cuda")]
+            Counts::Cuda(storage, batch) => Tensor::from_storage(
+                candle_core::Storage::Cuda(storage),
+                batch,
+                candle_core::op::BackpropOp::none(),
+                false,
+            ),
+        }
+    }
+}
+
+impl Append<'_> {
     /// The cache as attn-core describes it (keys and values alike placed by this tensor's
     /// layout), and the new rows' strides and count.
     fn problem(
@@ -115,11 +150,10 @@ impl Append {
         let ([c0, c1, heads_kv, head_dim], cache_strides) = four(cache, "the cache")?;
         let ([_, len, _, _], new_strides) = four(new, "the new rows")?;
         let batch = self.seqused.len();
-        let (kv, seq_k) = match &self.table {
-            Some((_, pages_per_seq)) => (
-                KvRows::Paged { page_size: c1, pages: c0, pages_per_seq: *pages_per_seq },
-                pages_per_seq * c1,
-            ),
+        let (kv, seq_k) = match self.table {
+            Some((_, pages_per_seq)) => {
+                (KvRows::Paged { page_size: c1, pages: c0, pages_per_seq }, pages_per_seq * c1)
+            }
             None => (KvRows::Dense, c1),
         };
         let shape = AttnShape { batch, heads_q: heads_kv, heads_kv, seq_q: 1, seq_k, head_dim };
@@ -131,7 +165,7 @@ impl Append {
     }
 }
 
-impl candle_core::InplaceOp2 for Append {
+impl candle_core::InplaceOp2 for Append<'_> {
     fn name(&self) -> &'static str {
         "attn-append-kv"
     }
@@ -150,9 +184,10 @@ impl candle_core::InplaceOp2 for Append {
             other => return Err(msg(format!("attn: cache dtype {other:?} (f32, f16 and bf16 run)"))),
         };
         let (problem, strides, len) = self.problem(dtype, l1, l2)?;
+        let (seqused, table) = (self.seqused.host()?, self.table.map(|(t, _)| t.host()).transpose()?);
         let extras = attn_core::Extras {
-            seqused_k: Some(&self.seqused),
-            block_table: self.table.as_ref().map(|(t, _)| t.as_slice()),
+            seqused_k: Some(&seqused),
+            block_table: table.as_deref(),
             ..Default::default()
         };
         let (o1, o2) = (l1.start_offset(), l2.start_offset());
@@ -172,5 +207,33 @@ impl candle_core::InplaceOp2 for Append {
         attn_core::append_rows(&problem, extras, self.tensor, dst, new)
             .map(|_| ())
             .map_err(candle_core::Error::wrap)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let dtype = match s1.dtype() {
+            DType::F16 => attn_core::DType::F16,
+            DType::BF16 => attn_core::DType::Bf16,
+            other => {
+                return Err(msg(format!("attn: cache dtype {other:?} (the CUDA kernels take f16 and bf16)")));
+            }
+        };
+        let (problem, strides, len) = self.problem(dtype, l1, l2)?;
+        let index = crate::cuda::AppendIndex {
+            seqused: self.seqused,
+            table: self.table.map(|(t, _)| t),
+            counts: self.counts.is_some(),
+        };
+        let counts = crate::cuda::append(&problem, self.tensor, (s1, l1), (s2, l2), strides, len, index)?;
+        if let (Some(slot), Some(counts)) = (self.counts, counts) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Counts::Cuda(counts, problem.shape.batch));
+        }
+        Ok(())
     }
 }

@@ -28,8 +28,8 @@
 //!   ([`flash_attn_with_lse`]); windows ([`flash_attn_windowed`]), soft-caps, ALiBi
 //!   ([`flash_attn_alibi`], [`flash_attn_alibi_windowed_softcap`]), packed variable-length
 //!   batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
-//!   ([`flash_attn_with_kvcache`]) run on CPU and CUDA tensors (appending new keys into the
-//!   cache runs on CPU tensors so far); and there is no backward pass yet (the ops are
+//!   ([`flash_attn_with_kvcache`], appending new keys and values into the cache in place) run
+//!   on CPU and CUDA tensors; and there is no backward pass yet (the ops are
 //!   forward-only: a graph that needs their gradient is an error from candle).
 //! - Index tensors (offsets, key counts, block tables: u32 or i32; ALiBi slopes: f32) go where
 //!   q is: on CUDA the kernels read them in place on candle's stream, with no copy and no

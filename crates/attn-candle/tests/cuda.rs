@@ -174,7 +174,7 @@ fn alibi_on_cuda_matches_cpu() {
 }
 
 /// `flash_attn_with_kvcache` on CUDA, dense and paged (16-key pages, shuffled), the key counts and
-/// block table on the GPU; appending on CUDA is a typed error.
+/// block table on the GPU.
 #[test]
 fn kvcache_on_cuda_matches_cpu() {
     let Some(gpu) = device("kvcache_on_cuda_matches_cpu") else { return };
@@ -206,20 +206,69 @@ fn kvcache_on_cuda_matches_cpu() {
         .unwrap();
         close(&format!("kvcache paged={paged}"), &o, &want, dtype);
     }
-    let (kc, vc) = (on(&randn(&[3, 64, 2, 64], dtype)), on(&randn(&[3, 64, 2, 64], dtype)));
-    let new = on(&randn(&[3, 1, 2, 64], dtype));
-    let e = attn_candle::flash_attn_with_kvcache(
-        &on(&q),
-        &kc,
-        &vc,
-        Some(&new),
-        Some(&new),
-        &on(&seqlens),
-        None,
-        0.125,
-        true,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("CPU tensors only"), "{e}");
+}
+
+/// Appending `k_new`/`v_new` on CUDA (`kernels/append.cu`), dense and paged caches, the counts
+/// and block table on the GPU: two decode steps of 1 and then 3 new rows (crossing a page), each
+/// leaving the caches bit for bit as the CPU append does and giving the CPU's output; the
+/// caller's `cache_seqlens` unchanged.
+#[test]
+fn kvcache_append_on_cuda_matches_cpu() {
+    let Some(gpu) = device("kvcache_append_on_cuda_matches_cpu") else { return };
+    let dtype = DType::BF16;
+    let on = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let seqlens = Tensor::new(&[50i32, 0, 60], &Device::Cpu).unwrap();
+    let table = Tensor::new(&[[4u32, 0, 7, 9], [2, 8, 5, 10], [1, 6, 3, 11]], &Device::Cpu).unwrap();
+    let bits = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    for paged in [false, true] {
+        let (kc, vc) = match paged {
+            false => (randn(&[3, 64, 2, 64], dtype), randn(&[3, 64, 2, 64], dtype)),
+            true => (randn(&[12, 16, 2, 64], dtype), randn(&[12, 16, 2, 64], dtype)),
+        };
+        let (kc_gpu, vc_gpu, seqlens_gpu) = (on(&kc), on(&vc), on(&seqlens));
+        let bt = paged.then_some(&table);
+        let bt_gpu = bt.map(on);
+        let mut used = seqlens.clone();
+        let mut used_gpu = seqlens_gpu.clone();
+        for len in [1, 3] {
+            let q = randn(&[3, len, 8, 64], dtype);
+            let (k_new, v_new) = (randn(&[3, len, 2, 64], dtype), randn(&[3, len, 2, 64], dtype));
+            let want = attn_candle::flash_attn_with_kvcache(
+                &q,
+                &kc,
+                &vc,
+                Some(&k_new),
+                Some(&v_new),
+                &used,
+                bt,
+                0.125,
+                true,
+            )
+            .unwrap();
+            let o = attn_candle::flash_attn_with_kvcache(
+                &on(&q),
+                &kc_gpu,
+                &vc_gpu,
+                Some(&on(&k_new)),
+                Some(&on(&v_new)),
+                &used_gpu,
+                bt_gpu.as_ref(),
+                0.125,
+                true,
+            )
+            .unwrap();
+            let what = format!("append paged={paged} len={len}");
+            assert!(bits(&kc_gpu) == bits(&kc), "{what}: the key cache differs from the CPU append");
+            assert!(bits(&vc_gpu) == bits(&vc), "{what}: the value cache differs from the CPU append");
+            close(&what, &o, &want, dtype);
+            assert_eq!(
+                used_gpu.to_vec1::<i32>().unwrap(),
+                used.to_vec1::<i32>().unwrap(),
+                "{what}: cache_seqlens changed"
+            );
+            let next: Vec<i32> = used.to_vec1::<i32>().unwrap().iter().map(|n| n + len as i32).collect();
+            used = Tensor::new(next, &Device::Cpu).unwrap();
+            used_gpu = on(&used);
+        }
+    }
 }
