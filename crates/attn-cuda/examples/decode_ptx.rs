@@ -1,4 +1,5 @@
-//! Prints a hash of the PTX of every decode variant (NVRTC, no GPU needed), one line each, so
+//! Prints a hash of the PTX of every decode variant (NVRTC, no GPU needed) and ptxas's registers
+//! and spills, one line each, so
 //! that a kernel change that must leave some variants' code alone can be checked: run it on the
 //! source before and after (`git show main:crates/attn-cuda/kernels/decode.cu > old.cu`), and
 //! diff. The hash is of the instructions: source line markers (`.loc`, which move with any edit
@@ -34,7 +35,14 @@ fn main() {
                 // SipHash with fixed keys: the same PTX gives the same number on every run.
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 normalized(&c.ptx).hash(&mut h);
-                println!("{} {} {:016x}", v.name(), arch.as_str(), h.finish());
+                let r = c.resources_of("attn_decode");
+                let (regs, spill) = r.map_or((0, 0), |r| (r.registers, r.spill_stores));
+                println!(
+                    "{} {} {:016x} {regs} registers {spill} B spilled",
+                    v.name(),
+                    arch.as_str(),
+                    h.finish()
+                );
                 if let Some(dir) = out {
                     let path = format!("{dir}/{}_{}.ptx", v.name(), arch.as_str());
                     std::fs::write(&path, &c.ptx).unwrap_or_else(|e| panic!("write {path}: {e}"));
