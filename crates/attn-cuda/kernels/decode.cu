@@ -27,6 +27,10 @@
 // keys some of its rows see.
 //
 // Extras (ATTN_EXTRAS; the plain variants compile without any of it, to the same PTX):
+// - packed (varlen) queries and keys (`cu_seqlens_q`, `cu_seqlens_k`, null: dense rows): a
+//   sequence's rows start at its offset (the batch stride unused) and its lengths are its own;
+//   rows of a group past a sequence's queries (the launch's rows are sized by the longest) are
+//   padding that sees nothing and is not stored.
 // - per-sequence key counts (`seqused_k`, null: `seq_k` each): a sequence's keys, shift and
 //   window are its own. Every sequence cuts its keys into the launch's `splits` (sized by the
 //   host for the longest); a split past a short sequence's last chunk walks no key and leaves
@@ -103,6 +107,10 @@ struct Params {
     float softcap_log2;         // cap * log2(e); 0: no soft-cap
     float softcap_inv;          // |softmax scale| / cap
     int pages;                  // pages in a paged cache (the page numbers' clamp)
+    const int* cu_seqlens_q;    // [batch + 1] packed query offsets; null: dense queries
+    const int* cu_seqlens_k;    // [batch + 1] packed key offsets; null: dense or paged keys
+    int q_total;                // packed query rows (the offsets' clamp; the LSE is [heads_q, q_total])
+    int kv_total;               // packed key rows (the offsets' clamp)
 #endif
 };
 
@@ -121,15 +129,37 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool v
 #endif
 }
 
+#if ATTN_EXTRAS
+// Packed rows of sequence b (attn_core::SeqMap's definition): its first row and its length,
+// from the offsets `cu` (`total` rows in all, at most `most` a sequence); null offsets: dense,
+// row 0 and `most`. Each index is clamped into the problem's bounds (a caller's device arrays
+// are not checked on the host): the start into [0, total], the end at or after the start,
+// within `total` and at most `most` rows on. Valid offsets pass unchanged.
+struct SeqRows {
+    int start, len;
+};
+__device__ __forceinline__ SeqRows seq_rows(const int* cu, int b, int total, int most) {
+    if (cu == nullptr) return {0, most};
+    const int start = min(max(cu[b], 0), total);
+    return {start, min(min(max(cu[b + 1], start), total) - start, most)};
+}
+#endif
+
 // One warp's copy of keys n0 .. n0 + BN into a chunk of its ring (K and V); keys at or past
 // `end` read as zeros (their scores are masked, and zero values keep P V finite).
 __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* sv, int b, int g, int n0,
                                            int end, int lane) {
 #if ATTN_EXTRAS
-    // Where the chunk's rows are: sequence b's rows (dense), or rows of at most two pages (n0 is a
-    // multiple of BN, see the file's notes): keys before `boundary` on the first, the rest on
-    // the second. The element offset of key j is base + g * sh + j * ss, base by its page.
-    long long k_base0 = (long long)b * p.k_sb, v_base0 = (long long)b * p.v_sb;
+    // Where the chunk's rows are: sequence b's rows (dense, or packed from its first row), or
+    // rows of at most two pages (n0 is a multiple of BN, see the file's notes): keys before
+    // `boundary` on the first, the rest on the second. The element offset of key j is
+    // base + g * sh + j * ss, base by its sequence or page.
+    // (Packed keys: the sequence's first row is read again for each chunk, a cached load, rather
+    // than held in a register through the key loop.)
+    const int first_row = seq_rows(p.cu_seqlens_k, b, p.kv_total, p.seq_k).start;
+    const bool packed = p.cu_seqlens_k != nullptr;
+    long long k_base0 = packed ? (long long)first_row * p.k_ss : (long long)b * p.k_sb;
+    long long v_base0 = packed ? (long long)first_row * p.v_ss : (long long)b * p.v_sb;
     long long k_base1 = k_base0, v_base1 = v_base0;
     int boundary = end;
     if (p.block_table != nullptr) {
@@ -187,14 +217,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     const int pair = (b * p.heads_kv + g) * p.row_blocks + rb;
     const int r0 = rb * BM;  // this block's first row of the group
 #if ATTN_EXTRAS
-    // This sequence's keys, clamped into [0, seq_k] (a caller's device array is not checked on
-    // the host; one min and max per CTA).
-    const int seq_k = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), p.seq_k) : p.seq_k;
+    // This sequence's query rows (packed or dense) and the keys it uses: its packed keys or its
+    // count of them, clamped into [0, the keys it holds] (one min and max per CTA).
+    const SeqRows queries = seq_rows(p.cu_seqlens_q, b, p.q_total, p.seq_q);
+    const int k_held = seq_rows(p.cu_seqlens_k, b, p.kv_total, p.seq_k).len;
+    const int seq_k = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), k_held) : k_held;
+    // The group's rows are sized by the longest sequence: query qi is one of this one's while
+    // qi < its length, and packed rows start at its first (the batch stride unused).
+#define SEQ_Q queries.len
 #define SEQ_K seq_k
+#define QUERY_REAL(qi) ((qi) < queries.len)
+#define Q_SEQ (p.cu_seqlens_q != nullptr ? (long long)queries.start * p.q_ss : (long long)b * p.q_sb)
 #else
-#define SEQ_K p.seq_k  // read where it is used, as the plain kernel always has
+// Read where they are used, as the plain kernel always has.
+#define SEQ_Q p.seq_q
+#define SEQ_K p.seq_k
+#define QUERY_REAL(qi) true
+#define Q_SEQ (long long)b * p.q_sb
 #endif
-    const int shift = SEQ_K - p.seq_q;
+    const int shift = SEQ_K - SEQ_Q;
     const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
     // What multiplies a raw score into base-2 units: the extras variants convert their scores
     // (soft-cap, ALiBi) to those units first.
@@ -209,9 +250,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         uint4 x = make_uint4(0, 0, 0, 0);
         if (row < p.rows) {
             const int h = g * p.group + row / p.seq_q, qi = row % p.seq_q;
-            x = *reinterpret_cast<const uint4*>(p.q + (long long)b * p.q_sb + (long long)h * p.q_sh +
-                                                (long long)qi * p.q_ss + c * 8);
-            x.x ^= flip, x.y ^= flip, x.z ^= flip, x.w ^= flip;
+            if (QUERY_REAL(qi)) {
+                x = *reinterpret_cast<const uint4*>(p.q + Q_SEQ + (long long)h * p.q_sh + (long long)qi * p.q_ss + c * 8);
+                x.x ^= flip, x.y ^= flip, x.z ^= flip, x.w ^= flip;
+            }
         }
         *reinterpret_cast<uint4*>(sQ + r * DP + c * 8) = x;
     }
@@ -242,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             const int qi = row % p.seq_q;
             row_lo[t][r] = MASKED ? qi + shift - p.window_left : 0;
             row_hi[t][r] = MASKED ? qi + shift + p.window_right : SEQ_K - 1;
-            if (row >= p.rows) row_lo[t][r] = 1, row_hi[t][r] = 0;  // padding: sees nothing
+            if (row >= p.rows || !QUERY_REAL(qi)) row_lo[t][r] = 1, row_hi[t][r] = 0;  // padding: sees nothing
         }
 #if ATTN_EXTRAS
     // ALiBi: each of this thread's rows' slope (base-2 units) and diagonal key i + shift.
@@ -436,6 +478,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         }
     __syncthreads();
 
+#if ATTN_EXTRAS
+    // The query rows again, read after the key loop rather than held through it: only this
+    // sequence's are stored, packed from its first row (the LSE then [heads_q, q_total]).
+    const SeqRows stored = seq_rows(p.cu_seqlens_q, b, p.q_total, p.seq_q);
+#define STORED(qi) ((qi) < stored.len)
+#define O_SEQ (p.cu_seqlens_q != nullptr ? (long long)stored.start * p.o_ss : (long long)b * p.o_sb)
+#define LSE_INDEX(h, qi)                                                               \
+    (p.cu_seqlens_q != nullptr ? (long long)(h) * p.q_total + stored.start + (qi)      \
+                               : ((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
+#else
+#define STORED(qi) true
+#define O_SEQ (long long)b * p.o_sb
+#define LSE_INDEX(h, qi) (((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
+#endif
     // The warps merged in warp order: o = sum_w 2^(m_w - M) acc_w / L, L = sum_w 2^(m_w - M) l_w,
     // lse = (M + log2 L) ln 2 (natural log of the scaled scores). A row that sees no key: o = 0,
     // lse = -inf.
@@ -462,10 +518,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         const int grow_ = r0 + row;
         const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
         if (direct) {
-            elem_t* out = p.o + (long long)b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
-            const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
-            *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
-            if (p.lse != nullptr && col == 0) p.lse[((long long)b * p.heads_q + h) * p.seq_q + qi] = lse;
+            if (STORED(qi)) {
+                elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
+                const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
+                *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
+                if (p.lse != nullptr && col == 0) p.lse[LSE_INDEX(h, qi)] = lse;
+            }
         } else {
             *reinterpret_cast<float4*>(p.partial_o + (slot * BM + row) * D + col) =
                 make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
@@ -507,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         if (lane == 0 && p.lse != nullptr) {
             const int grow_ = r0 + row;
             const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
-            p.lse[((long long)b * p.heads_q + h) * p.seq_q + qi] = sum > 0.f ? mx + logf(sum) : NEG_INF;
+            if (STORED(qi)) p.lse[LSE_INDEX(h, qi)] = sum > 0.f ? mx + logf(sum) : NEG_INF;
         }
     }
     __syncthreads();
@@ -521,7 +579,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         }
         const int grow_ = r0 + row;
         const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
-        elem_t* out = p.o + (long long)b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
+        if (!STORED(qi)) continue;
+        elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
         *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(pack2(o[0], o[1])), as_u32(pack2(o[2], o[3])));
     }
     if (threadIdx.x == 0) p.tickets[pair] = 0;  // every split has taken its ticket: ready for the next launch

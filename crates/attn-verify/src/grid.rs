@@ -263,6 +263,14 @@ pub fn quick() -> Vec<Case> {
         ),
         false,
     ));
+    // Decode-shaped varlen batches (the CUDA backend's decode family): packed queries of 0 to 3
+    // tokens over packed keys (one sequence without keys), causal, with ALiBi; one query a
+    // sequence over packed keys.
+    let gqa4 = Shape { heads_kv: 2, ..Shape::new(1, 8, 1, 128) };
+    let (problem, extras) = seqs(gqa4, Bf16, &[1, 3, 0, 2, 1], &[300, 2, 9, 1000, 0], KeyStore::Packed);
+    v.push(alibi(with_extras("varlen", "decode-b5-q0to3", problem.causal(), extras, Normal, 184), true));
+    let (problem, extras) = seqs(gqa4, F16, &[1; 4], &[70, 1, 2000, 33], KeyStore::Packed);
+    v.push(with_extras("varlen", "decode-b4-q1", problem, extras, OneHotPeaked, 185));
     // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
     let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
     v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));

@@ -5,7 +5,7 @@ use super::variant::Variant;
 use crate::hopper::launch::Workspace;
 use crate::runtime::driver;
 use crate::tensors::{DevicePointers, ExtraPointers, strides};
-use attn_core::{Alibi, KvRows, Problem, Result};
+use attn_core::{Alibi, KvRows, Problem, QueryRows, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::Arc;
 
@@ -51,6 +51,11 @@ pub struct DecodeParams {
     /// Pages in a paged cache: the kernel clamps page numbers below it (a device-resident
     /// caller's block table is not checked on the host).
     pages: i32,
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    /// Packed query and key rows: the kernel clamps offsets into them (unchecked, as pages are).
+    q_total: i32,
+    kv_total: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -119,6 +124,16 @@ impl DecodeParams {
             softcap_log2: cap * std::f32::consts::LOG2_E,
             softcap_inv: if cap > 0.0 { problem.scale().abs() / cap } else { 0.0 },
             pages,
+            cu_seqlens_q: extras.cu_seqlens_q,
+            cu_seqlens_k: extras.cu_seqlens_k,
+            q_total: match problem.batching.q {
+                QueryRows::Packed { total } => total as i32,
+                QueryRows::Dense => 0,
+            },
+            kv_total: match problem.batching.kv {
+                KvRows::Packed { total } => total as i32,
+                _ => 0,
+            },
         }
     }
 }
@@ -173,8 +188,9 @@ mod tests {
     #[test]
     fn layout_matches_the_kernel() {
         // 8 pointers + 12 strides (8 bytes each) + 11 ints + 1 float = 208 bytes, no padding: all
-        // the plain variants declare. Then the extras: 3 pointers + 6 four-byte fields = 256.
-        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 256);
+        // the plain variants declare. Then the extras: 3 pointers + 6 four-byte fields, then 2
+        // pointers + 2 four-byte fields (packed sequences) = 280.
+        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 280);
         assert_eq!(std::mem::align_of::<super::DecodeParams>(), 8);
         use std::mem::offset_of;
         assert_eq!(offset_of!(super::DecodeParams, q_strides), 64);
@@ -184,5 +200,7 @@ mod tests {
         assert_eq!(offset_of!(super::DecodeParams, page_size), 232);
         assert_eq!(offset_of!(super::DecodeParams, softcap_inv), 248);
         assert_eq!(offset_of!(super::DecodeParams, pages), 252);
+        assert_eq!(offset_of!(super::DecodeParams, cu_seqlens_k), 264);
+        assert_eq!(offset_of!(super::DecodeParams, kv_total), 276);
     }
 }

@@ -14,15 +14,18 @@
 //!   variants that ship.
 //! - `launch`: the kernel's parameter block and the workspace (partial results and tickets).
 //!
-//! Paged KV caches, per-sequence key counts (`seqused_k`), soft-caps and ALiBi run in each tile
-//! configuration's extras variant ([`Variant::extras`], `ATTN_EXTRAS`), which a problem takes when
-//! it asks for any of them; the plain variants compile to the PTX they had before
-//! (`examples/decode_ptx.rs` checks it). The block table, key counts and slopes are copied to
-//! the device with the inputs (`DeviceTensors`), or given as the caller's device memory to the
-//! device-resident calls (unchecked there: the kernel clamps key counts into `[0, seq_k]` and
-//! page numbers into `[0, pages)`, see `crate::indices`). A sequence's key range (`lo`, `hi`, the diagonal's shift) is its
-//! own; the plan sizes the splits by the longest sequence, and each sequence cuts its own keys
-//! into that many (a split past a short sequence's end leaves an empty partial). Chunks start on
+//! Packed (varlen) queries and keys, paged KV caches, per-sequence key counts (`seqused_k`),
+//! soft-caps and ALiBi run in each tile configuration's extras variant ([`Variant::extras`],
+//! `ATTN_EXTRAS`), which a problem takes when it asks for any of them; the plain variants compile
+//! to the PTX they had before (`examples/decode_ptx.rs` checks it). The offsets, block table,
+//! key counts and slopes are copied to the device with the inputs (`DeviceTensors`), or given as
+//! the caller's device memory to the device-resident calls (unchecked there: the kernel clamps
+//! offsets into the packed rows, key counts into `[0, seq_k]` and page numbers into
+//! `[0, pages)`, see `crate::indices`). A sequence's rows and key range (`lo`, `hi`, the
+//! diagonal's shift) are its own: a group's rows are sized by the longest sequence's queries (a
+//! shorter one's rows past its own are padding, neither computed against keys nor stored), and
+//! the plan sizes the splits by the longest sequence's keys, each sequence cutting its own into
+//! that many (a split past a short sequence's end leaves an empty partial). Chunks start on
 //! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
 //! two pages, whose numbers `load_chunk` reads once per chunk.
 

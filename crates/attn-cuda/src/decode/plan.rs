@@ -9,15 +9,22 @@ use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Probl
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// The features beyond a dense, plain or causal softmax that the family runs.
-pub const FEATURES: [Feature; 5] =
-    [Feature::Window, Feature::Softcap, Feature::Alibi, Feature::PagedKv, Feature::KeysUsed];
+pub const FEATURES: [Feature; 7] = [
+    Feature::Window,
+    Feature::Softcap,
+    Feature::Alibi,
+    Feature::PackedQueries,
+    Feature::PackedKeys,
+    Feature::PagedKv,
+    Feature::KeysUsed,
+];
 
 /// Keys per page of a paged cache: a multiple of this (every chunk size divides 32 and starts
 /// on a multiple of itself, so a chunk lies in at most two pages).
 pub const PAGE_MULTIPLE: usize = 16;
 
-/// Whether `problem` needs the extras variant ([`Variant::extras`]): per-sequence key counts, a
-/// paged cache, a soft-cap or ALiBi.
+/// Whether `problem` needs the extras variant ([`Variant::extras`]): packed sequences,
+/// per-sequence key counts, a paged cache, a soft-cap or ALiBi.
 pub fn needs_extras(problem: &Problem) -> bool {
     problem.features().iter().any(|f| *f != Feature::Window)
 }
@@ -128,7 +135,6 @@ pub fn applies(problem: &Problem) -> Result<()> {
     let s = problem.shape;
     check_supported(problem, "cuda decode", &HEAD_DIMS)?;
     check_alignment(problem)?;
-    // Packed (varlen) queries and keys do not run: decode batches are dense, or paged.
     problem.require_features("cuda decode", &FEATURES)?;
     if let KvRows::Paged { page_size, .. } = problem.batching.kv
         && (page_size == 0 || page_size % PAGE_MULTIPLE != 0)
@@ -386,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn caches_of_pages_of_16_keys_run_varlen_queries_do_not() {
+    fn caches_of_pages_of_16_keys_and_packed_sequences_run() {
         let h100 = DeviceLimits::h100();
         for page in [16, 64, 256] {
             let (v, _, split, _) = choose(&cache(page, &[1, 1]), &h100, 132, None, None).unwrap();
@@ -396,8 +402,18 @@ mod tests {
         }
         let err = applies(&cache(24, &[1, 1])).unwrap_err().to_string();
         assert!(err.contains("24-key pages") && err.contains("multiple of 16"), "{err}");
-        let err = applies(&cache(16, &[1, 2])).unwrap_err().to_string();
-        assert!(err.contains("packed (varlen) queries"), "{err}");
+        // Packed queries (one and two a sequence) from a paged cache, and packed keys: the
+        // extras variant, the group's rows sized by the longest sequence.
+        let (v, _, split, _) = choose(&cache(16, &[1, 2]), &h100, 132, None, None).unwrap();
+        assert!(v.extras && (split.pairs, split.row_blocks) == (16, 1), "{} {split:?}", v.name());
+        let packed =
+            batch_of(Shape::new(1, 32, 1, 128), DType::Bf16, &[4, 1, 0], &[300, 9, 5], KeyStore::Packed).0;
+        let (v, _, split, _) = choose(&packed.causal(), &h100, 132, None, None).unwrap();
+        assert!(v.extras && v.masked && split.row_blocks == 1, "{} {split:?}", v.name());
+        // Past 64 rows a group goes to the prefill families.
+        let mqa = Shape { heads_kv: 1, ..Shape::new(1, 32, 1, 128) };
+        let long = batch_of(mqa, DType::Bf16, &[3, 1], &[300, 9], KeyStore::Packed).0;
+        assert!(applies(&long).unwrap_err().to_string().contains("96 query rows"));
         // Plain problems keep the plain variants.
         let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None).unwrap();
         assert!(!v.extras);
