@@ -139,8 +139,8 @@ impl Cuda {
                 return Err(Error::Shape {
                     tensor: name,
                     what: format!(
-                        "the {what}' head dim ({}) and strides ({st:?}) must be multiples of 8 elements: the \
-                         kernel moves 16 bytes at a time",
+                        "{what}: the head dim ({}) and the strides ({st:?}) must be multiples of 8 elements: \
+                         the kernel moves 16 bytes at a time",
                         s.head_dim
                     ),
                 });
