@@ -37,7 +37,7 @@ impl Variant {
     /// Every specialisation the backend can choose, for the CI compile check: each mask (none,
     /// causal, window) with and without the soft-cap, each plain, with sequences, and with
     /// sequences and ALiBi (a dense problem with ALiBi runs the latter, its index arrays null);
-    /// and at [`PADDED_HEAD_DIMS`] each of these padded (`ATTN_PAD`) in its one configuration.
+    /// and at `plan::PADDED_HEAD_DIMS` each of these padded (`ATTN_PAD`) in its one configuration.
     pub fn all() -> Vec<Variant> {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {

@@ -16,7 +16,7 @@ pub struct Variant {
     /// f16 or bf16.
     pub dtype: DType,
     /// Head dimension the kernel is compiled for (`ATTN_D`): the problem's, or with `pad` the
-    /// next one of [`super::plan::HEAD_DIMS`] above it.
+    /// next one of `plan::PADDED_HEAD_DIMS` (64, 128, 256) above it.
     pub head_dim: usize,
     /// Warps per block.
     pub warps: u32,
