@@ -48,6 +48,10 @@ fn main() -> attn_core::Result<()> {
     };
     let rows = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(50);
+    if let Err(reason) = attn_cuda::probe() {
+        eprintln!("decode_bench: CUDA is unavailable, because {reason}");
+        std::process::exit(1);
+    }
     let cuda = Cuda::from_env()?;
     let ctx = CudaContext::new(0).map_err(driver("cuCtxCreate"))?;
     let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
