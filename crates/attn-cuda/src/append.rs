@@ -22,8 +22,9 @@
 use crate::backend::Cuda;
 use crate::compile::{Arch, CompileRequest};
 use crate::device::DeviceElement;
+use crate::indices::{self, DeviceArrays};
 use crate::runtime::driver;
-use attn_core::{CacheTensor, Error, KvRows, Problem, Result, Strides};
+use attn_core::{CacheTensor, Error, KvRows, Problem, QueryRows, Result, Strides};
 use cudarc::driver::PushKernelArg;
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 use std::sync::{Arc, OnceLock};
@@ -100,9 +101,10 @@ impl Cuda {
     /// Errors, before anything is enqueued: a cache without key counts or with packed keys, an
     /// element type other than the problem's, a buffer shorter than the problem or the strides
     /// reach, a head dim or stride that is not a multiple of 8 elements or an address that is
-    /// not 16-byte aligned (the kernel moves 16 bytes at a time), a block table given or missing
-    /// against the problem, an index array too short, of another context or overlapping
-    /// `counts_after`, a failed launch.
+    /// not 16-byte aligned (the kernel moves 16 bytes at a time), a key-count or block-table
+    /// array given or missing against the cache, too short, of another context or misaligned
+    /// (`crate::indices`' checks, as for the attention calls), a `counts_after` too short, of
+    /// another context, misaligned or overlapping an array the launch reads, a failed launch.
     #[allow(clippy::too_many_arguments)]
     pub fn append_rows_on_stream<T: DeviceElement>(
         &self,
@@ -166,59 +168,45 @@ impl Cuda {
                 ),
             })
         };
-        let short = |tensor: &'static str, have: usize, need: usize, dims: &str| {
-            (have < need).then(|| Error::Shape {
-                tensor,
-                what: format!("the device buffer holds {have} i32; the append reads {dims} = {need}"),
+        let counts_short = |c: &CudaViewMut<'_, i32>| {
+            (c.len() < s.batch).then(|| Error::Shape {
+                tensor: "counts_after",
+                what: format!(
+                    "the device buffer holds {} i32; the append writes [batch] = {}",
+                    c.len(),
+                    s.batch
+                ),
             })
         };
-        let mut arrays = arrays;
-        let table_need = s.batch * pages_per_seq;
+        let mut counts_after = arrays.counts_after;
         let problems = [
             other(name, dst.stream()),
             other(name, new.stream()),
-            other("seqused_k", arrays.seqused_k.stream()),
-            short("seqused_k", arrays.seqused_k.len(), s.batch, "[batch]"),
-            arrays.block_table.as_ref().and_then(|t| other("block_table", t.stream())),
-            arrays
-                .block_table
-                .as_ref()
-                .and_then(|t| short("block_table", t.len(), table_need, "[batch, pages_per_seq]")),
-            arrays.counts_after.as_ref().and_then(|c| other("counts_after", c.stream())),
-            arrays.counts_after.as_ref().and_then(|c| short("counts_after", c.len(), s.batch, "[batch]")),
+            counts_after.as_ref().and_then(|c| other("counts_after", c.stream())),
+            counts_after.as_ref().and_then(counts_short),
         ];
         if let Some(e) = problems.into_iter().flatten().next() {
             return Err(e);
         }
-        match (pages_per_seq > 0, arrays.block_table.is_some()) {
-            (true, false) => {
-                return Err(Error::Shape {
-                    tensor: "block_table",
-                    what: format!(
-                        "the cache is paged, so `block_table` ([batch, pages_per_seq] = {table_need} i32) is required"
-                    ),
-                });
-            }
-            (false, true) => {
-                return Err(Error::Shape {
-                    tensor: "block_table",
-                    what: "`block_table` was given, but the cache is not paged: give it only with one".into(),
-                });
-            }
-            _ => {}
-        }
+        // The key counts and block table are checked as the attention calls check them (present
+        // exactly when the cache needs them, long enough, on the stream's context, aligned), against
+        // the cache's keys alone: its queries' layout and ALiBi's slopes are no concern here.
+        let mut keys = *cache;
+        keys.batching.q = QueryRows::Dense;
+        keys.params.alibi = None;
+        let table_need = s.batch * pages_per_seq;
+        let index = DeviceArrays {
+            seqused_k: Some(arrays.seqused_k),
+            block_table: arrays.block_table,
+            ..DeviceArrays::default()
+        };
         // The addresses, with cudarc's stream-ordering guards held until the launch is enqueued.
+        let (given, _index_guards) = index.given(stream);
+        let at = indices::check(&keys, given, stream.context().ordinal())?;
+        let (used_at, table_at) = (at.seqused_k, at.block_table);
         let (dst_at, _dst) = dst.device_ptr_mut(stream);
         let (src_at, _src) = new.device_ptr(stream);
-        let (used_at, _used) = arrays.seqused_k.device_ptr(stream);
-        let (table_at, _table) = match &arrays.block_table {
-            Some(t) => {
-                let (at, guard) = t.device_ptr(stream);
-                (at, Some(guard))
-            }
-            None => (0, None),
-        };
-        let (after_at, _after) = match arrays.counts_after.as_mut() {
+        let (after_at, _after) = match counts_after.as_mut() {
             Some(c) => {
                 let (at, guard) = c.device_ptr_mut(stream);
                 (at, Some(guard))
@@ -235,15 +223,11 @@ impl Cuda {
                 });
             }
         }
-        for (tensor, address) in
-            [("seqused_k", used_at), ("block_table", table_at), ("counts_after", after_at)]
-        {
-            if address % 4 != 0 {
-                return Err(Error::Shape {
-                    tensor,
-                    what: format!("device address {address:#x} is not 4-byte aligned"),
-                });
-            }
+        if after_at % 4 != 0 {
+            return Err(Error::Shape {
+                tensor: "counts_after",
+                what: format!("device address {after_at:#x} is not 4-byte aligned"),
+            });
         }
         if after_at != 0 {
             let written = after_at..after_at + 4 * s.batch as u64;
