@@ -40,9 +40,14 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--backends", default="cudnn,flash")
     ap.add_argument("--roofline-gib", type=float, default=4.0)
+    ap.add_argument("--profile-once", action="store_true",
+                    help="no timing: one call per row and backend between cudaProfilerStart and Stop, "
+                         "for `ncu --profile-from-start off` (bench/device/decode-ncu.sh)")
     a = ap.parse_args()
     torch.manual_seed(1)
     dev = torch.cuda.get_device_name()
+    if a.profile_once:
+        return profile_once(a)
     n = int(a.roofline_gib * 2**30 / 2)
     x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     us = time_call(lambda: x.sum(dtype=torch.float32), a.iters)
@@ -76,6 +81,31 @@ def main():
             except Exception as e:  # a backend that does not take the shape
                 row[name] = {"error": str(e).splitlines()[0][:160]}
         print(json.dumps(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+def profile_once(a):
+    """Each row's call once per backend inside a profiler range, after a warm-up call."""
+    for line in open(a.rows):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        b, hq, hkv, sq, sk, d = map(int, line.split())
+        q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        for name in a.backends.split(","):
+            def call():
+                with sdpa_kernel(BACKENDS[name]):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+            call()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            call()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            print(f"profiled {name}: {line}", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
 
