@@ -1,6 +1,6 @@
 // Which work a CTA does and how the producer hands it to the consumers: tiles (one query block
 // of one batch and head, numbered by tile_at so that neighbours share K/V in L2 and, under a
-// causal mask, the longest go first), pieces (key tiles [j0, j1) of a tile: without a mask the
+// causal mask or a window, the longest go first), pieces (key tiles [j0, j1) of a tile: without a mask the
 // tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
 // and next_piece), and the piece slots through which each piece travels from the producer
 // (announce, slot_free) to the consumers (take_piece).
@@ -131,6 +131,13 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int t) {
     } else {
         bh = t / p.q_blocks;
         qb = t % p.q_blocks;
+#if ATTN_WINDOW && !ATTN_SEQS
+        // A window's blocks go from each head's last: under a window that ends at the diagonal
+        // a head's first blocks see fewer keys than the rest, and taken last they fill the end
+        // of the persistent grid's last wave instead of leaving full-length pieces there (the
+        // (4096, 0) window at S=32768 0.991x the time on the H100, h100-window-order.json).
+        qb = p.q_blocks - 1 - qb;
+#endif
     }
     Tile tile;
     tile.b = bh / p.heads_q;
