@@ -59,20 +59,10 @@ def main():
                       "gbps": round(4 * n / us / 1e3, 1)}), flush=True)
     del x, y
     torch.cuda.empty_cache()
-    for line in open(a.rows):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        b, hq, hkv, sq, sk, d = map(int, line.split())
-        q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+    for line, (b, hq, hkv, sq, sk, d), calls in rows(a):
         kv_bytes = 2 * b * hkv * sk * d * 2
         row = {"batch": b, "heads_q": hq, "heads_kv": hkv, "seq_q": sq, "seq_k": sk, "head_dim": d}
-        for name in a.backends.split(","):
-            def call():
-                with sdpa_kernel(BACKENDS[name]):
-                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+        for name, call in calls:
             try:
                 call()
                 torch.cuda.synchronize()
@@ -81,12 +71,13 @@ def main():
             except Exception as e:  # a backend that does not take the shape
                 row[name] = {"error": str(e).splitlines()[0][:160]}
         print(json.dumps(row), flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+        del calls, call  # the row's tensors go when the generator moves on
 
 
-def profile_once(a):
-    """Each row's call once per backend inside a profiler range, after a warm-up call."""
+def rows(a):
+    """Each row of the rows file: its line, its numbers and, on fresh random bf16 BHSD tensors,
+    each backend's SDPA call. The tensors are freed when the next row is asked for, once the
+    caller has dropped the calls."""
     for line in open(a.rows):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -95,10 +86,22 @@ def profile_once(a):
         q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
-        for name in a.backends.split(","):
+
+        def call_of(name):
             def call():
                 with sdpa_kernel(BACKENDS[name]):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+            return call
+
+        yield line, (b, hq, hkv, sq, sk, d), [(name, call_of(name)) for name in a.backends.split(",")]
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+def profile_once(a):
+    """Each row's call once per backend inside a profiler range, after a warm-up call."""
+    for line, _, calls in rows(a):
+        for name, call in calls:
             call()
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStart()
@@ -106,8 +109,7 @@ def profile_once(a):
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
             print(f"profiled {name}: {line}", flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+        del calls, call
 
 
 if __name__ == "__main__":
