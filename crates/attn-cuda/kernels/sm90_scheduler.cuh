@@ -1,7 +1,7 @@
 // Which work a CTA does and how the producer hands it to the consumers: tiles (one query block
 // of one batch and head, numbered by tile_at so that neighbours share K/V in L2 and, under a
-// causal mask or a window, the longest go first), pieces (key tiles [j0, j1) of a tile: without a mask the
-// tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
+// causal mask or a window, the longest go first), pieces (key tiles [j0, j1) of a tile: without
+// a mask the tail's tiles are cut into runs dealt evenly to the CTAs, first_piece
 // and next_piece), and the piece slots through which each piece travels from the producer
 // (announce, slot_free) to the consumers (take_piece).
 //
