@@ -22,9 +22,9 @@ tmp=$(mktemp -d)
     echo "$row" > "$tmp/row.txt"
     echo "==== row: $row — cuDNN (PyTorch SDPA), one call"
     timeout 240 "$ncu" --profile-from-start off "${sections[@]}" \
-      python3 bench/peers/torch_sdpa_decode.py "$tmp/row.txt" --backends cudnn --profile-once 2>&1 | grep -v "^==PROF==" | tail -150
+      python3 bench/peers/torch_sdpa_decode.py "$tmp/row.txt" --backends cudnn --profile-once 2>&1 | grep -v "^==PROF=="
     echo "==== row: $row — attn decode, the 21st launch"
     timeout 240 "$ncu" -k regex:attn_decode --launch-skip 20 --launch-count 1 "${sections[@]}" \
-      .device/bin/decode_bench "$tmp/row.txt" 5 2>&1 | grep -v "^==PROF==" | tail -150
+      .device/bin/decode_bench "$tmp/row.txt" 5 2>&1 | grep -v "^==PROF=="
   done
 } 2>&1 | tee "$out/decode-ncu.txt"
