@@ -227,6 +227,17 @@ pub enum Feature {
 }
 
 impl Feature {
+    /// Every feature, for a kernel that runs them all.
+    pub const ALL: [Feature; 7] = [
+        Feature::Window,
+        Feature::Softcap,
+        Feature::Alibi,
+        Feature::PackedQueries,
+        Feature::PackedKeys,
+        Feature::PagedKv,
+        Feature::KeysUsed,
+    ];
+
     /// The feature's name in messages and the README's feature table.
     pub fn name(self) -> &'static str {
         match self {

@@ -21,18 +21,10 @@ use std::time::Duration;
 /// f16/bf16 cases, at commit 62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
-/// What the backend runs beyond a dense plain or causal softmax (the Ampere/Ada family all of
-/// it; the Hopper family windows, soft-caps and ALiBi, and defers the rest to the Ampere/Ada
-/// one).
-pub(crate) const FEATURES: &[Feature] = &[
-    Feature::Window,
-    Feature::Softcap,
-    Feature::Alibi,
-    Feature::PackedQueries,
-    Feature::PackedKeys,
-    Feature::PagedKv,
-    Feature::KeysUsed,
-];
+/// What the backend runs beyond a dense plain or causal softmax: every feature (the Ampere/Ada
+/// family all of them; the Hopper family [`HOPPER_FEATURES`], and defers paged caches to the
+/// Ampere/Ada one).
+pub(crate) const FEATURES: &[Feature] = &Feature::ALL;
 
 /// What the Hopper family runs of [`FEATURES`].
 const HOPPER_FEATURES: &[Feature] = &[

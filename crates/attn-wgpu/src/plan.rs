@@ -818,15 +818,7 @@ pub fn choose_among(
 
 /// The features beyond dense plain or causal scores that the FMA kernel runs (the
 /// cooperative-matrix kernel none: such problems take the FMA kernel).
-pub const SCORE_FEATURES: [Feature; 7] = [
-    Feature::Window,
-    Feature::Softcap,
-    Feature::Alibi,
-    Feature::PackedQueries,
-    Feature::PackedKeys,
-    Feature::PagedKv,
-    Feature::KeysUsed,
-];
+pub const SCORE_FEATURES: [Feature; 7] = Feature::ALL;
 
 /// The longest `seq_q + seq_k` a sliding window is planned for: the kernel computes each row's
 /// first and last key in i32, from sums of up to about twice this.

@@ -9,15 +9,7 @@ use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Probl
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// The features beyond a dense, plain or causal softmax that the family runs.
-pub const FEATURES: [Feature; 7] = [
-    Feature::Window,
-    Feature::Softcap,
-    Feature::Alibi,
-    Feature::PackedQueries,
-    Feature::PackedKeys,
-    Feature::PagedKv,
-    Feature::KeysUsed,
-];
+pub const FEATURES: [Feature; 7] = Feature::ALL;
 
 /// Keys per page of a paged cache: a multiple of this (every chunk size divides 32 and starts
 /// on a multiple of itself, so a chunk lies in at most two pages).
