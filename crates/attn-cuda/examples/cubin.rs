@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run -p attn-cuda --example cubin -- <f16|bf16> <head_dim> <warps> <m_tiles> <block_n> <stages> [causal|window] [softcap] [seqs] [alibi] [pad] [sm_80|sm_89|sm_90a] [source=<file>]
-//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [alibi] [q2] [top] [trace] [pad] [seqs] [tiles=<keys>:<stages>:<consumers>]
+//! cargo run -p attn-cuda --example cubin -- sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [alibi] [q2] [top] [trace] [pad] [seqs] [paged] [tiles=<keys>:<stages>:<consumers>]
 //! ```
 //!
 //! With `source=<file>` among the arguments, the Ampere/Ada variant is compiled from that copy of
@@ -78,7 +78,7 @@ fn main() {
 }
 
 fn hopper_cubin(args: &[String]) {
-    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [alibi] [q2] [top] [trace] [pad] [seqs] [tiles=<keys>:<stages>:<consumers>]";
+    let usage = "usage: cubin sm90 <f16|bf16> <head_dim> [causal|window] [softcap] [alibi] [q2] [top] [trace] [pad] [seqs] [paged] [tiles=<keys>:<stages>:<consumers>]";
     let (Some(dtype), Some(d)) = (args.first(), args.get(1)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -105,7 +105,8 @@ fn hopper_cubin(args: &[String]) {
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),
         pad: args.iter().any(|a| a == "pad"),
-        seqs: args.iter().any(|a| a == "seqs"),
+        seqs: args.iter().any(|a| a == "seqs" || a == "paged"),
+        paged: args.iter().any(|a| a == "paged"),
     };
     let variant = match args.iter().any(|a| a == "q2") {
         true => variant.with_q_slots(2).unwrap_or_else(|e| panic!("{e}")),

@@ -70,12 +70,15 @@
 //                   each a device array or null. Tiles are (sequence, head, query block) over
 //                   the longest sequence's blocks; the producer skips a tile past its own
 //                   sequence's blocks (drawing the next at once). Loads past a sequence's end
-//                   read its neighbour's rows, whose scores the key mask drops and whose query
-//                   rows are never stored (V's rows there meet probabilities of 0, which a NaN or
-//                   an infinity would still turn to NaN: the host plans no cache with seqused_k,
-//                   whose unused slots are unwritten memory, on this family): a warpgroup whose 64 rows run past its sequence
+//                   read its neighbour's rows (or a cache's unused slots), whose scores the key
+//                   mask drops and whose query rows are never stored (V's rows there meet
+//                   probabilities of 0, which a NaN or an infinity would still turn to NaN: the
+//                   consumers zero them first, clear_v_past_keys): a warpgroup whose 64 rows run past its sequence
 //                   stores O from registers, the others by TMA as usual. Causal masks align on
 //                   each sequence's own lengths; no split tail. Read by `#if` alone,
+//   ATTN_PAGED      1 (with ATTN_SEQS): keys and values in a paged cache (`block_table`): each
+//                   key tile loaded a TMA box of `page_box` rows at a time, each from its page
+//                   (load_kv_tile). Read by `#if` alone,
 //   ATTN_TRACE      1 (a diagnostic build, never the default): the producer and one thread of
 //                   each consumer warpgroup stamp each piece's steps in SM clock cycles into
 //                   `trace` (see trace_put), for a timeline of where a CTA's cycles go
@@ -161,6 +164,7 @@ static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N: a multiple of 16 
 static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "128 to 256 query rows: several consumer warpgroups taking turns");
 static_assert(!BOTTOM || (CAUSAL && O_STAGED), "blocks from the bottom: causal, Q and O by TMA");
 static_assert(!(CAUSAL && ATTN_WINDOW), "a causal window is a window with right = 0");
+static_assert(!ATTN_PAGED || ATTN_SEQS, "a paged cache is read as sequences of their own lengths");
 static_assert(Q_SLOTS == 1 || (Q_SLOTS == 2 && O_STAGED), "two Q slots: O staged");
 static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to four consumer warpgroups");
 
@@ -173,8 +177,9 @@ static_assert(!ATTN_TRACE || CONSUMERS < 5, "the trace: a producer and up to fou
 // trace 712, win_left 720, alibi_slopes 736, alibi_batch_stride 744, head_dim 748; 768 bytes in
 // all (the last eight fields fill what was
 // padding, so the parameter block of the variants that do not read them is what it was). The
-// ATTN_SEQS variants declare five more (cu_seqlens_q 752 ... kv_total 780; 896 bytes): the host
-// passes them to every variant, and the driver copies the size the kernel declares.
+// ATTN_SEQS variants declare five more (cu_seqlens_q 752 ... kv_total 780) and ATTN_PAGED four
+// (block_table 784 ... page_box 800; 896 bytes in both): the host passes them to every variant,
+// and the driver copies the size the kernel declares.
 struct Params {
     // (D, seq, heads, batch); boxes of 64 columns x BM (q), BN (k, v) or 64 (o) rows.
     sm90::TensorMap q_map, k_map, v_map, o_map;
@@ -221,6 +226,14 @@ struct Params {
     const int* seqused_k;     // [batch] keys each sequence uses
     int q_total;              // packed query rows (the LSE is then [heads_q, q_total])
     int kv_total;             // packed key rows
+#if ATTN_PAGED
+    // A paged cache (attn_core::KvRows::Paged): k_map and v_map span [D, page_size, heads_kv,
+    // pages] with boxes of page_box rows, a multiple of 16 that divides both BN and page_size
+    // (load_kv_tile).
+    const int* block_table;   // [batch, pages_per_seq] page numbers (fewer than 2^31 entries)
+    int page_size, pages_per_seq;
+    int page_box;             // rows per TMA box of a key tile
+#endif
 #endif
 };
 

@@ -39,6 +39,36 @@ __device__ __forceinline__ void hand_out(const Params& p, const Smem& s, const P
                           q_map_row(tile, tile.m0), tile.h, q_map_batch(p, tile));
 }
 
+// Key (or value) tile n0 of KV head g into a stage (`dst`, arrivals on `bar`): one box of BN rows
+// per 64 columns at (row, batch) = (k_map_row, k_batch); from a paged cache (ATTN_PAGED),
+// BN / page_box boxes of page_box rows (a multiple of 16 dividing the page size: no box crosses
+// a page), each from its page and at its rows' place in the stage (a multiple of 8 rows, so the
+// 128-byte swizzle lays the boxes out as one box of BN rows would). A box past the sequence's
+// last table entry (in the tile past its keys) reads that entry's page, and a page number past
+// the cache, or negative, reads zeros (TMA clips every box): a corrupt table gives wrong rows,
+// never a stray access. The rows past the sequence's keys are masked (K) and cleared (V,
+// clear_v_past_keys) as dense rows are. The page numbers are read box by box in a loop kept
+// rolled, and its column blocks' copies too (unrolled, or with the numbers held in an array, the
+// producer's 40 registers spilled, or ptxas's choices spilled D=256's consumers); the table's
+// line stays in L1, which TMA's traffic does not touch.
+__device__ __forceinline__ void load_kv_tile(const Params& p, const Tile& tile, elem_t* dst, const sm90::TensorMap* map,
+                                             unsigned long long* bar, int n0, int g, int k_batch) {
+#if ATTN_PAGED
+    const int* table = p.block_table + tile.b * p.pages_per_seq;
+#pragma unroll 1
+    for (int r = 0; r < BN; r += p.page_box) {
+        const unsigned key = n0 + r;
+        const int page = __ldg(table + min(key / (unsigned)p.page_size, (unsigned)p.pages_per_seq - 1u));
+#pragma unroll 1
+        for (int c = 0; c < D_BLOCKS; ++c)
+            sm90::tma_load_4d(dst + c * BN * 64 + r * 64, map, bar, 64 * c, key % (unsigned)p.page_size, g, page);
+    }
+#else
+#pragma unroll
+    for (int c = 0; c < D_BLOCKS; ++c) sm90::tma_load_4d(dst + c * BN * 64, map, bar, 64 * c, k_map_row(tile, n0), g, k_batch);
+#endif
+}
+
 // Hands out each piece, then loads its K/V tiles into the stages. With one Q slot the next
 // piece goes out after this piece's last K/V tile (its slot is free once this piece's last S
 // is done); with two, as soon as its slot is free while this piece's tiles go out (the slot
@@ -76,14 +106,10 @@ __device__ void produce(const Params& p, const Smem& s) {
             elem_t* v = s.v + st * (KV_BYTES / 2);
             TIMED(PRODUCER_ROLE, SUM_K, sm90::mbar_wait(s.k_empty + st, free_parity));
             sm90::mbar_arrive_expect_tx(s.k_full + st, KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(k + c * BN * 64, &p.k_map, s.k_full + st, 64 * c, k_map_row(tile, n0), g, k_batch);
+            load_kv_tile(p, tile, k, &p.k_map, s.k_full + st, n0, g, k_batch);
             TIMED(PRODUCER_ROLE, SUM_V, sm90::mbar_wait(s.v_empty + st, free_parity));
             sm90::mbar_arrive_expect_tx(s.v_full + st, KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < D_BLOCKS; ++c)
-                sm90::tma_load_4d(v + c * BN * 64, &p.v_map, s.v_full + st, 64 * c, k_map_row(tile, n0), g, k_batch);
+            load_kv_tile(p, tile, v, &p.v_map, s.v_full + st, n0, g, k_batch);
             if (Q_SLOTS == 2 && !handed && slot_free(s, n)) {
                 if (!same_unit) next = first_piece(p, gridDim.x + drawn);
                 upcoming = tile_or_none(p, next);

@@ -21,20 +21,10 @@ use std::time::Duration;
 /// f16/bf16 cases, at commit 62e8e71).
 const HOPPER_BY_DEFAULT: bool = true;
 
-/// What the backend runs beyond a dense plain or causal softmax: every feature (the Ampere/Ada
-/// family all of them; the Hopper family [`HOPPER_FEATURES`], and defers paged caches to the
-/// Ampere/Ada one).
+/// What the backend runs beyond a dense plain or causal softmax: every feature, on both prefill
+/// families (the Hopper family hands the combinations its registers cannot hold to the
+/// Ampere/Ada one: `hopper::plan`).
 pub(crate) const FEATURES: &[Feature] = &Feature::ALL;
-
-/// What the Hopper family runs of [`FEATURES`].
-const HOPPER_FEATURES: &[Feature] = &[
-    Feature::Window,
-    Feature::Softcap,
-    Feature::Alibi,
-    Feature::PackedQueries,
-    Feature::PackedKeys,
-    Feature::KeysUsed,
-];
 
 /// One specialisation of either family, as a plan chose it.
 #[derive(Clone, Debug, PartialEq)]
@@ -248,16 +238,6 @@ impl Cuda {
         }
         if !wanted && !HOPPER_BY_DEFAULT {
             return Ok(Choice::Ampere(None));
-        }
-        // A paged KV cache runs on the Ampere/Ada family (sm_90 runs it too).
-        if let Err(e) = problem.require_features("cuda's Hopper family", HOPPER_FEATURES) {
-            return match wanted {
-                true => Err(e),
-                false => Ok(Choice::Ampere(Some(format!(
-                    "the Hopper family takes no paged KV cache (TMA cannot gather its pages): the \
-                     Ampere/Ada family (which runs on sm_90) does ({e})"
-                )))),
-            };
         }
         match hopper::plan::plan(problem, &info.limits, info.sm_count, sm90) {
             Ok((variant, launch, split)) => Ok(Choice::Hopper(variant, launch, split)),

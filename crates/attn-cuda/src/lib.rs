@@ -26,9 +26,9 @@
 //! (`attn_core::Extras`) with the inputs, and through the device-resident calls, which take them
 //! as the caller's device memory ([`DeviceArrays`], [`ExtraPointers`]), checked for presence,
 //! length, context and alignment but not for contents, which every kernel that reads them clamps
-//! into the problem's bounds ([`indices`]). Packed sequences, key counts and ALiBi run on both
-//! prefill families, a paged cache on the Ampere/Ada one (TMA cannot gather pages; the plan says
-//! so), and the decode family takes dense and paged caches. A decode step's new keys and values
+//! into the problem's bounds ([`indices`]). Packed sequences, key counts, paged caches and ALiBi
+//! run on both prefill families (the Hopper family loads a paged key tile by TMA a box of rows
+//! per page), and the decode family takes dense and paged caches. A decode step's new keys and values
 //! are appended to a cache in device memory by [`Cuda::append_rows_on_stream`] ([`append`]).
 //!
 //! Nothing CUDA is needed to build this crate, and nothing panics where CUDA is missing: cudarc

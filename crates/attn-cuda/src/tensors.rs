@@ -1,7 +1,7 @@
 //! The device-resident tensors of one prepared problem, as both kernel families read them.
 
 use crate::driver;
-use attn_core::{Buffer, DType, Data, Error, Problem, Result, Strides};
+use attn_core::{Buffer, DType, Data, Error, KvRows, Problem, Result, Strides};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -174,6 +174,31 @@ pub(crate) fn check_alignment(problem: &Problem) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The problem's paged cache, where the kernels cannot take it: a page size that is a multiple
+/// of 16 keeps every 16-key group of a tile on one page and every page's first row aligned to a
+/// tile's 16-row groups (the Hopper family loads a tile a box of such groups at a time, the
+/// Ampere/Ada family looks pages up per key row); page numbers and block-table indices must fit
+/// 32 bits (TMA's coordinates, the kernels' indices).
+pub(crate) fn check_paged_cache(problem: &Problem) -> Result<()> {
+    match problem.batching.kv {
+        KvRows::Paged { page_size, pages, pages_per_seq }
+            if page_size % 16 != 0
+                || pages > i32::MAX as usize
+                || (problem.shape.batch as u128) * (pages_per_seq as u128) > i32::MAX as u128 =>
+        {
+            Err(Error::Unsupported {
+                backend: "cuda".into(),
+                what: format!(
+                    "{problem}: a paged cache of {pages} pages of {page_size} keys, {pages_per_seq} block-table \
+                     entries per sequence; the cuda backend takes page sizes that are multiples of 16, at most \
+                     2^31 - 1 pages and 2^31 - 1 block-table entries"
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// That `problem` is valid and of what a family computes: f16 or bf16 (both families run on

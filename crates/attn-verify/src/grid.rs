@@ -263,6 +263,33 @@ pub fn quick() -> Vec<Case> {
         ),
         false,
     ));
+    // Prefill chunks from a paged cache (more query rows per KV head than the decode family
+    // takes, so the prefill kernels' paging runs): pages of 16, 48 (dividing no key tile), 64
+    // and 256 keys, shuffled; a sequence without queries, one of a single key, key counts ending
+    // mid-page and mid-tile; each GPU kernel head dim; causal and not, a window with ALiBi.
+    let prefill = |d: usize| Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
+    for (d, page, dtype, causal, seed) in [
+        (64, 16, Bf16, true, 186),
+        (128, 48, F16, false, 187),
+        (256, 256, Bf16, false, 188),
+        (128, 64, Bf16, true, 189),
+    ] {
+        let (mut problem, extras) = seqs(
+            prefill(d),
+            dtype,
+            &[70, 0, 33, 130],
+            &[300, 1, 33, 177],
+            KeyStore::Paged { page_size: page, seed },
+        );
+        if causal {
+            problem = problem.causal();
+        }
+        v.push(with_extras("paged", &format!("prefill-d{d}-page{page}"), problem, extras, Normal, seed));
+    }
+    let (problem, extras) =
+        seqs(prefill(128), Bf16, &[90, 40], &[400, 41], KeyStore::Paged { page_size: 64, seed: 190 });
+    let windowed = problem.with_window(Some(150), Some(0));
+    v.push(alibi(with_extras("paged", "prefill-d128-page64-window", windowed, extras, Normal, 190), false));
     // Decode-shaped varlen batches (the CUDA backend's decode family): packed queries of 0 to 3
     // tokens over packed keys (one sequence without keys), causal, with ALiBi; one query a
     // sequence over packed keys.

@@ -3,8 +3,8 @@
 
 use super::variant::Variant;
 use crate::scores::KernelMask;
-use crate::tensors::{check_alignment, check_supported_by};
-use attn_core::{DType, DeviceLimits, Error, KvRows, Launch, Problem, Result};
+use crate::tensors::{check_alignment, check_paged_cache, check_supported_by};
+use attn_core::{DType, DeviceLimits, KvRows, Launch, Problem, Result};
 
 /// Head dimensions the kernel is specialised for.
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
@@ -155,23 +155,6 @@ pub fn padded_tiles(head_dim: usize, window: bool, softcap: bool, extended: bool
     }
 }
 
-/// The problem's paged cache's page size, where the kernel cannot take it: a multiple of 16 keeps
-/// every 16-key group of a tile on one page and every page's first row aligned to a tile's
-/// 16-row groups (the kernel looks pages up per key row, so this is room for a per-group lookup
-/// later as much as a need now).
-fn check_page_size(problem: &Problem) -> Result<()> {
-    match problem.batching.kv {
-        KvRows::Paged { page_size, .. } if page_size % 16 != 0 => Err(Error::Unsupported {
-            backend: "cuda".into(),
-            what: format!(
-                "{problem}: a paged cache of {page_size}-key pages; the cuda backend takes page sizes that \
-                 are multiples of 16"
-            ),
-        }),
-        _ => Ok(()),
-    }
-}
-
 /// What the plan says about `problem`'s sequences (nothing where it has none; ALiBi's note is
 /// `crate::scores::notes`').
 fn sequence_notes(problem: &Problem) -> Vec<String> {
@@ -216,7 +199,7 @@ pub fn choose(
     let kernel_d = kernel_d.unwrap_or(s.head_dim);
     let pad = kernel_d != s.head_dim;
     check_alignment(problem)?;
-    check_page_size(problem)?;
+    check_paged_cache(problem)?;
     let mut notes = vec![];
     let mut last_err = None;
     let mask = KernelMask::of(problem);

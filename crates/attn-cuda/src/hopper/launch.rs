@@ -1,6 +1,6 @@
 //! The Hopper kernel's parameter block: the tensors by pointer and by TMA tensor map.
 
-use super::plan::head_group;
+use super::plan::{head_group, page_box};
 use super::split::Split;
 use super::variant::Variant;
 use crate::runtime::driver;
@@ -67,6 +67,12 @@ pub struct Sm90Params {
     seqused_k: u64,
     q_total: i32,
     kv_total: i32,
+    // A paged cache (null and zeros where there is none): the block table, the page size, the
+    // table's entries per sequence, the rows of one TMA box of a key tile.
+    block_table: u64,
+    page_size: i32,
+    pages_per_seq: i32,
+    page_box: i32,
 }
 
 /// Device addresses of the Hopper kernel's workspace: the persistent scheduler's counters (zero
@@ -147,6 +153,43 @@ fn tensor_map(
     }
 }
 
+/// How the Hopper kernel loads a paged cache's key tiles: boxes of `page_box` rows
+/// ([`page_box`]), each from the page the block table names (`load_kv_tile` in
+/// `kernels/sm90_mainloop.cuh`), through tensor maps of `[head_dim, page_size, heads_kv, pages]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paging {
+    /// Keys per page.
+    pub page_size: usize,
+    /// Pages in the cache.
+    pub pages: usize,
+    /// Block-table entries per sequence.
+    pub pages_per_seq: usize,
+    /// Rows per TMA box.
+    pub page_box: usize,
+}
+
+impl Paging {
+    /// The paging of a cache of `pages` pages of `page_size` keys (a multiple of 16, fewer than
+    /// 2^31 pages: the plan's `check_paged_cache`) for `variant`'s key tiles.
+    pub fn new(page_size: usize, pages: usize, pages_per_seq: usize, variant: &Variant) -> Self {
+        Paging { page_size, pages, pages_per_seq, page_box: page_box(variant.block_n, page_size) }
+    }
+
+    /// The tensor map of a paged K or V at `base` with strides `st` (the batch stride steps
+    /// from page to page).
+    fn map(&self, name: &'static str, problem: &Problem, base: u64, st: Strides) -> Result<CUtensorMap> {
+        let s = problem.shape;
+        tensor_map(
+            problem.dtype,
+            base,
+            [s.head_dim, self.page_size, s.heads_kv, self.pages],
+            st,
+            self.page_box,
+        )
+        .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name} (paged): {e:?}")))
+    }
+}
+
 impl Sm90Params {
     /// The parameter block of `variant` for `problem` over the tensors at `at` (and ALiBi's
     /// slopes at `extras`, which an ALiBi variant must have); `work` holds the addresses of the
@@ -167,16 +210,11 @@ impl Sm90Params {
             QueryRows::Packed { total } => Some(total),
             QueryRows::Dense => None,
         };
-        let kv_total = match problem.batching.kv {
-            KvRows::Packed { total } => Some(total),
-            KvRows::Dense => None,
-            KvRows::Paged { .. } => {
-                return Err(Error::PlanMismatch {
-                    what: format!(
-                        "plan `{}` for {problem}: the Hopper family takes no paged cache",
-                        variant.name()
-                    ),
-                });
+        let (kv_total, paging) = match problem.batching.kv {
+            KvRows::Packed { total } => (Some(total), None),
+            KvRows::Dense => (None, None),
+            KvRows::Paged { page_size, pages, pages_per_seq } => {
+                (None, Some(Paging::new(page_size, pages, pages_per_seq, variant)))
             }
         };
         let map = |name: &'static str,
@@ -204,6 +242,15 @@ impl Sm90Params {
                 ),
             });
         }
+        if variant.paged != paging.is_some() {
+            return Err(Error::PlanMismatch {
+                what: format!(
+                    "plan `{}` for {problem}: a paged variant needs a problem with a paged cache, and a variant \
+                     without it a problem without one",
+                    variant.name()
+                ),
+            });
+        }
         if variant.alibi != problem.params.alibi.is_some() || (variant.alibi && extras.alibi_slopes == 0) {
             return Err(Error::PlanMismatch {
                 what: format!(
@@ -215,8 +262,14 @@ impl Sm90Params {
         }
         Ok(Sm90Params {
             q_map: map("q", q, s.heads_q, (s.seq_q, q_total), t.q, variant.block_m())?,
-            k_map: map("k", k, s.heads_kv, (s.seq_k, kv_total), t.k, variant.block_n)?,
-            v_map: map("v", v, s.heads_kv, (s.seq_k, kv_total), t.v, variant.block_n)?,
+            k_map: match paging {
+                Some(pg) => pg.map("k", problem, k, t.k)?,
+                None => map("k", k, s.heads_kv, (s.seq_k, kv_total), t.k, variant.block_n)?,
+            },
+            v_map: match paging {
+                Some(pg) => pg.map("v", problem, v, t.v)?,
+                None => map("v", v, s.heads_kv, (s.seq_k, kv_total), t.v, variant.block_n)?,
+            },
             // Stored by each consumer warpgroup: 64 rows.
             o_map: map("o", o, s.heads_q, (s.seq_q, q_total), t.o, 64)?,
             q,
@@ -258,6 +311,10 @@ impl Sm90Params {
             seqused_k: extras.seqused_k,
             q_total: q_total.unwrap_or(0) as i32,
             kv_total: kv_total.unwrap_or(0) as i32,
+            block_table: if paging.is_some() { extras.block_table } else { 0 },
+            page_size: paging.map_or(0, |pg| pg.page_size as i32),
+            pages_per_seq: paging.map_or(0, |pg| pg.pages_per_seq as i32),
+            page_box: paging.map_or(0, |pg| pg.page_box as i32),
         })
     }
 
@@ -385,7 +442,8 @@ mod tests {
         // + 12 ints and floats + 4 bytes of padding + 2 pointers = 720 bytes, the window and
         // soft-cap's 2 ints and 2 floats (736), ALiBi's pointer and int (748), the padded
         // variants' head dim (752), padded to the 128-byte alignment: 768, as before they were
-        // added; then the sequence variants' three pointers and two ints (784), padded: 896.
+        // added; then the sequence variants' three pointers and two ints (784), the paged
+        // cache's pointer and three ints (804), padded: 896.
         assert_eq!(std::mem::size_of::<super::Sm90Params>(), 896);
         assert_eq!(std::mem::align_of::<super::Sm90Params>(), 128);
         // The offsets listed beside `struct Params` in kernels/flash_fwd_sm90.cu.
@@ -406,7 +464,9 @@ mod tests {
             offset_of!(super::Sm90Params, head_dim),
             offset_of!(super::Sm90Params, cu_seqlens_q),
             offset_of!(super::Sm90Params, kv_total),
+            offset_of!(super::Sm90Params, block_table),
+            offset_of!(super::Sm90Params, page_box),
         ];
-        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736, 744, 748, 752, 780]);
+        assert_eq!(at, [512, 552, 560, 656, 676, 688, 692, 704, 712, 720, 736, 744, 748, 752, 780, 784, 800]);
     }
 }

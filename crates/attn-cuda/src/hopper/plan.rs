@@ -4,7 +4,7 @@
 use super::split::Split;
 use super::variant::{HEAD_DIMS, MAX_HEAD_DIM, PRODUCER_REGISTERS, Variant, kernel_head_dim};
 use crate::scores::KernelMask;
-use crate::tensors::{check_alignment, check_supported_by};
+use crate::tensors::{check_alignment, check_paged_cache, check_supported_by};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
 
 impl Variant {
@@ -35,6 +35,7 @@ impl Variant {
                     trace: false,
                     pad: false,
                     seqs: false,
+                    paged: false,
                 };
                 v.push(window);
                 v.extend(window.with_q_slots(2).ok());
@@ -50,7 +51,7 @@ impl Variant {
     }
 
     /// The sequence variants ([`Variant::seqs`]), as [`choose`] plans them for packed queries and
-    /// keys: each mask (none, causal, a window) with and without the soft-cap and ALiBi, both
+    /// keys and for a paged cache ([`Variant::paged`]): each mask (none, causal, a window) with and without the soft-cap and ALiBi, both
     /// dtypes, each native head dim on its one tile configuration (see [`key_tiles_for`]).
     fn all_seqs() -> Vec<Variant> {
         use attn_core::sequences::{KeyStore, batch_of};
@@ -63,6 +64,16 @@ impl Variant {
                 let capped = masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]);
                 for m in capped.flat_map(|m| [m, m.with_alibi(attn_core::Alibi::PerHead)]) {
                     // (None where the family hands the problem over: hands_over.)
+                    if let Ok((x, _)) = choose(&m, &DeviceLimits::h100(), 132, None, true) {
+                        v.push(x);
+                    }
+                }
+                // The same from a paged cache.
+                let store = KeyStore::Paged { page_size: 64, seed: 1 };
+                let (p, _) = batch_of(shape, dtype, &[100, 4096], &[4096, 100], store);
+                let masks = [p, p.causal(), p.with_window(Some(256), Some(0))];
+                let capped = masks.into_iter().flat_map(|m| [m, m.with_softcap(30.0)]);
+                for m in capped.flat_map(|m| [m, m.with_alibi(attn_core::Alibi::PerHead)]) {
                     if let Ok((x, _)) = choose(&m, &DeviceLimits::h100(), 132, None, true) {
                         v.push(x);
                     }
@@ -141,6 +152,7 @@ impl Variant {
                         trace: false,
                         pad: false,
                         seqs: false,
+                        paged: false,
                     }];
                     if let Some(long) = long_tiles(head_dim, causal) {
                         here.push(Variant { block_n: long.block_n, ..here[0] });
@@ -259,6 +271,16 @@ impl Variant {
                 problem.shape.seq_q.div_ceil(self.block_m())
             ));
         }
+        if let attn_core::KvRows::Paged { page_size, .. } = problem.batching.kv {
+            let rows = page_box(self.block_n, page_size);
+            notes.push(format!(
+                "paged cache: each {}-key tile loaded in {} TMA box(es) of {rows} rows per 64 columns, each \
+                 from the page the block table names (pages of {page_size} keys; ATTN_PAGED), the rows past a \
+                 sequence's keys masked and cleared as dense rows are",
+                self.block_n,
+                self.block_n / rows
+            ));
+        }
         if self.alibi && self.head_dim <= 128 {
             notes.push(
                 "ALiBi: each piece walks its key tiles from its block's last diagonal back, then on past it \
@@ -274,6 +296,17 @@ impl Variant {
         });
         notes
     }
+}
+
+/// Rows per TMA box of a paged cache's key tile of `block_n` keys: the largest number dividing
+/// both the tile's keys and the page size (both multiples of 16), so that no box crosses a page
+/// and a tile takes as few boxes as it can (one where pages hold whole tiles).
+pub(crate) fn page_box(block_n: usize, page_size: usize) -> usize {
+    let (mut a, mut b) = (block_n, page_size);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// A tile configuration: keys per tile, K/V stages, consumer warpgroups (64 query rows each).
@@ -449,21 +482,16 @@ pub fn choose(
         && softcap
         && ((kernel_d == 64 && mask == KernelMask::Window)
             || (kernel_d == 256 && mask == KernelMask::Causal));
-    if seqs
-        && (kernel_d != s.head_dim
-            || spills
-            || matches!(problem.batching.kv, attn_core::KvRows::Paged { .. }))
-    {
-        // TMA cannot gather a paged cache's pages; padded builds with sequences are not
-        // compiled (one padded build per mask and soft-cap is enough to carry). (A cache's slots
-        // past a sequence's key count, which TMA loads into the last key tile, are zeroed in
-        // V before its P V: clear_v_past_keys.)
+    if seqs && (kernel_d != s.head_dim || spills) {
+        // Padded builds with sequences are not compiled (one padded build per mask and soft-cap
+        // is enough to carry). (A cache's slots past a sequence's key count, which TMA loads into
+        // the last key tile, are zeroed in V before its P V: clear_v_past_keys.)
         return Err(Error::Unsupported {
             backend: "cuda (Hopper family)".into(),
             what: format!(
-                "{problem}: a paged KV cache, sequences of their own lengths on a head dim other than \
-                 {HEAD_DIMS:?}, or with a soft-cap at D=64 with a window or D=256 causal (the consumers \
-                 would spill registers); the Ampere/Ada family runs it"
+                "{problem}: sequences of their own lengths on a head dim other than {HEAD_DIMS:?}, or with \
+                 a soft-cap at D=64 with a window or D=256 causal (the consumers would spill registers); the \
+                 Ampere/Ada family runs it"
             ),
         });
     }
@@ -488,6 +516,7 @@ pub fn choose(
     // TMA: global strides must be multiples of 16 bytes (and the buffers, allocated here, are
     // 256-byte aligned); the same rule the Ampere family's 16-byte loads need.
     check_alignment(problem)?;
+    check_paged_cache(problem)?;
     let default = key_tiles_for(problem);
     let Tiles { block_n, stages, mut consumers } = forced.unwrap_or(default);
     if consumers == 0 {
@@ -522,11 +551,15 @@ pub fn choose(
         trace: false,
         pad: kernel_d != s.head_dim,
         seqs: !problem.batching.is_dense(),
+        paged: matches!(problem.batching.kv, attn_core::KvRows::Paged { .. }),
     };
     // Two slots where they are the default and fit (forced tiles may leave no room); a window's
     // as without a mask: its pieces are short, and the next one's Q loads under this one's.
     let slots = match (mask, variant.softcap) {
         (KernelMask::Window, true) => 1, // see Variant::capped
+        // A paged cache's page loop in the producer moved D=128's ALiBi consumers with two Q
+        // slots into spills (4-24 bytes; one slot: none).
+        _ if variant.paged && alibi => 1,
         _ => q_slots_for(kernel_d, mask == KernelMask::Causal),
     };
     let variant = variant.with_q_slots(slots).unwrap_or(variant);
@@ -842,11 +875,13 @@ mod tests {
         // Sequences (each mask with and without the soft-cap and ALiBi, on each native head dim's
         // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), and
         // the soft-capped D=64 window and D=256 causal (which spill with sequences), for each dtype.
-        assert_eq!(Variant::all().iter().filter(|v| v.seqs).count(), 2 * (11 + 12 + 7));
+        // The same again from a paged cache.
+        assert_eq!(Variant::all().iter().filter(|v| v.seqs && !v.paged).count(), 2 * (11 + 12 + 7));
+        assert_eq!(Variant::all().iter().filter(|v| v.paged).count(), 2 * (11 + 12 + 7));
     }
 
     #[test]
-    fn sequences_plan_compiled_variants_and_paged_caches_hand_over() {
+    fn sequences_and_paged_caches_plan_compiled_variants() {
         use attn_core::sequences::{KeyStore, batch_of};
         let h100 = DeviceLimits::h100();
         let all = Variant::all();
@@ -867,15 +902,28 @@ mod tests {
                     assert!(notes.iter().any(|n| n.contains("ATTN_SEQS")), "{notes:?}");
                 }
             }
-            // A paged cache, and a padded head dim with sequences: the Ampere/Ada family's.
-            let paged = KeyStore::Paged { page_size: 64, seed: 1 };
-            let (paged, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[3, 9], &[100, 200], paged);
+            // A paged cache: the sequence variants, boxes of the largest multiple of 16 dividing
+            // the tile's keys and the page size.
+            for page_size in [16, 48, 64, 256] {
+                let store = KeyStore::Paged { page_size, seed: 1 };
+                let (paged, _) =
+                    batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[300, 900], &[1000, 2000], store);
+                let (v, launch) = choose(&paged, &h100, 132, None, true).unwrap();
+                assert!(v.seqs && v.paged && all.contains(&v), "{} for {paged}", v.name());
+                let rows = page_box(v.block_n, page_size);
+                assert!(
+                    rows.is_multiple_of(16)
+                        && page_size.is_multiple_of(rows)
+                        && v.block_n.is_multiple_of(rows)
+                );
+                let notes = v.notes(&paged, &launch, v.split(&paged, launch.grid[0]));
+                assert!(notes.iter().any(|n| n.contains(&format!("box(es) of {rows} rows"))), "{notes:?}");
+            }
+            // A padded head dim with sequences: the Ampere/Ada family's.
             let (padded, _) =
                 batch_of(Shape::new(1, 16, 1, d - 8), DType::Bf16, &[3, 9], &[100, 200], KeyStore::Packed);
-            for m in [paged, padded] {
-                let e = choose(&m, &h100, 132, None, true).unwrap_err().to_string();
-                assert!(e.contains("Ampere/Ada family runs it"), "{e}");
-            }
+            let e = choose(&padded, &h100, 132, None, true).unwrap_err().to_string();
+            assert!(e.contains("Ampere/Ada family runs it"), "{e}");
         }
     }
 

@@ -106,9 +106,14 @@ pub struct Variant {
     /// blocks, those past a sequence's own are skipped; a sequence's last key tile has V's rows
     /// past its keys cleared in shared memory before its P V (`clear_v_past_keys`: the rows TMA
     /// loads there are the next sequence's, or a cache's unwritten slots); a warpgroup whose rows
-    /// run past its sequence stores O from registers; no split tail. Not with a paged cache, whose pages TMA
-    /// cannot gather (the Ampere/Ada family runs it).
+    /// run past its sequence stores O from registers; no split tail.
     pub seqs: bool,
+    /// A paged cache compiled in (`ATTN_PAGED`, with [`Variant::seqs`]; the block table a
+    /// run-time device array): a key tile loads a TMA box of rows at a time, each from its page
+    /// (`launch::Paging`). A variant of its own, so that the others' code is what it was (the
+    /// page loop in every sequence variant's producer moved ptxas's register choices in some
+    /// consumers into spills).
+    pub paged: bool,
     /// A diagnostic build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): the kernel stamps
     /// each piece's steps in SM cycles into a buffer the host writes out (see
     /// `TRACE_LEN_PER_CTA` in `hopper/launch.rs`). Never planned unless asked for.
@@ -223,10 +228,10 @@ impl Variant {
     }
 
     /// The name of the specialisation: dtype, head dim, tiles, Q slots, block order, mask,
-    /// soft-cap, ALiBi, padding, sequences.
+    /// soft-cap, ALiBi, padding, sequences, a paged cache.
     pub fn name(&self) -> String {
         format!(
-            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}{}{}",
+            "flash_sm90_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -240,6 +245,7 @@ impl Variant {
             if self.alibi { "_alibi" } else { "" },
             if self.pad { "_pad" } else { "" },
             if self.seqs { "_seqs" } else { "" },
+            if self.paged { "_paged" } else { "" },
             if self.trace { "_trace" } else { "" }
         )
     }
@@ -269,6 +275,7 @@ impl Variant {
             ("ATTN_TRACE".into(), flag(self.trace)),
             ("ATTN_PAD".into(), flag(self.pad)),
             ("ATTN_SEQS".into(), flag(self.seqs)),
+            ("ATTN_PAGED".into(), flag(self.paged)),
         ]
     }
 
