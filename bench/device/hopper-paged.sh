@@ -61,6 +61,30 @@ print(json.dumps({"kernel":d["plan"]["kernel"],"median_ms":t["median_s"]*1e3,"gf
   done
 fi
 
+if [[ $parts == *d64* ]]; then
+  # D=64's default tiles hold 112 keys, so a paged tile goes in 16-row boxes whatever the page
+  # size; tiles of 128 or 64 keys (ATTN_CUDA_SM90_TILES, spill-free as paged builds) take boxes
+  # of 64 or 128 rows from pages of 64 or more.
+  echo "== D=64 paged: key tiles (t=$SECONDS)"
+  for mask in "" "--no-causal"; do
+    shape="-b 8 --heads 16 --kv-heads 16 -d 64 --seq-q 2048 --seq-k 16384 --varlen 4096 $mask"
+    for round in 1 2; do
+      for cfg in "dense::--kv-cache" "page64::--page-size 64" "page64:128:3:2:--page-size 64" "page64:64:4:3:--page-size 64" \
+                 "page256:128:3:2:--page-size 256" "page256:64:4:3:--page-size 256" "page16:128:3:2:--page-size 16" "dense:128:3:2:--kv-cache"; do
+        name=${cfg%%:*}; rest=${cfg#*:}; flags=${rest##*:}; tiles=${rest%:*}
+        r=$(env ${tiles:+ATTN_CUDA_SM90_TILES=$tiles} timeout 60 $a run --backend cuda $shape $flags --iters 20 --check-rows 8 --json 2>&1 | python3 -c '
+import json,sys
+t=sys.stdin.read()
+try:
+    d=json.loads(t[t.index("{"):]); m=d["timing"]; a=d["accuracy"]
+    print(json.dumps({"kernel":d["plan"]["kernel"],"median_ms":m["median_s"]*1e3,"gflops":d["gflops"],"rel_l2":a["rel_l2"]}))
+except Exception as e: print(json.dumps({"error":t[-300:]}))')
+        echo "{\"shape\":\"$shape\",\"cache\":\"$name\",\"tiles\":\"${tiles:-default}\",\"round\":$round,\"run\":$r}" | tee -a "$out/paged-d64.jsonl"
+      done
+    done
+  done
+fi
+
 if [[ $parts == *full* ]]; then
   v default-full-paged 150 --family paged
 fi

@@ -265,7 +265,7 @@ pub fn quick() -> Vec<Case> {
     ));
     // Prefill chunks from a paged cache (more query rows per KV head than the decode family
     // takes, so the prefill kernels' paging runs): pages of 16, 48 (dividing no key tile), 64
-    // and 256 keys, shuffled; a sequence without queries, one of a single key, key counts ending
+    // (D=64: the Hopper family's paged tiles) and 256 keys, shuffled; a sequence without queries, one of a single key, key counts ending
     // mid-page and mid-tile; each GPU kernel head dim; causal and not, a window with ALiBi.
     let prefill = |d: usize| Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
     for (d, page, dtype, causal, seed) in [
@@ -273,6 +273,7 @@ pub fn quick() -> Vec<Case> {
         (128, 48, F16, false, 187),
         (256, 256, Bf16, false, 188),
         (128, 64, Bf16, true, 189),
+        (64, 64, F16, false, 191),
     ] {
         let (mut problem, extras) = seqs(
             prefill(d),
