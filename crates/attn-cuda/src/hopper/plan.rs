@@ -51,8 +51,9 @@ impl Variant {
     }
 
     /// The sequence variants ([`Variant::seqs`]), as [`choose`] plans them for packed queries and
-    /// keys and for a paged cache ([`Variant::paged`]): each mask (none, causal, a window) with and without the soft-cap and ALiBi, both
-    /// dtypes, each native head dim on its one tile configuration (see [`key_tiles_for`]).
+    /// keys and for a paged cache ([`Variant::paged`]): each mask (none, causal, a window) with
+    /// and without the soft-cap and ALiBi, both dtypes, each native head dim on its one tile
+    /// configuration (see [`key_tiles_for`]; a paged cache's [`paged_tiles`] too).
     fn all_seqs() -> Vec<Variant> {
         use attn_core::sequences::{KeyStore, batch_of};
         let mut v = vec![];
@@ -895,8 +896,8 @@ mod tests {
         // Sequences (each mask with and without the soft-cap and ALiBi, on each native head dim's
         // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), and
         // the soft-capped D=64 window and D=256 causal (which spill with sequences), for each dtype.
-        // The same again from a paged cache, and D=64's five without a window, a soft-capped
-        // mask or a soft-cap with ALiBi once more on its paged tiles (paged_tiles).
+        // The same again from a paged cache, and once more the five of D=64's that take its
+        // paged tiles (paged_tiles: no window, no soft-capped causal mask, no soft-cap with ALiBi).
         assert_eq!(Variant::all().iter().filter(|v| v.seqs && !v.paged).count(), 2 * (11 + 12 + 7));
         assert_eq!(Variant::all().iter().filter(|v| v.paged).count(), 2 * (11 + 12 + 7 + 5));
     }
