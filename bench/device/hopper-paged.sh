@@ -8,7 +8,9 @@
 # 256 (256, causal), racecheck and synccheck on D=128 pages of 16; (c) chunked prefill from a
 # cache (`attn run --json`): dense slots with per-sequence key counts (--kv-cache) against pages
 # of 16, 64 and 256 keys on Hopper, and pages of 64 on Ampere/Ada, the same key counts
-# (--varlen), 2 interleaved rounds; (d) the full grid's paged family. The other variants' PTX is
+# (--varlen), 2 interleaved rounds; (d) the full grid's paged family; PARTS=d64: D=64's paged
+# chunked prefill on its default 112-key tiles against 64- and 128-key tiles (ATTN_CUDA_SM90_TILES),
+# writing paged-d64.jsonl (h100-hopper-paged-d64.json). The other variants' PTX is
 # what it was (checked here with the cubin example), so no A/B of them. Expects `cargo xtask
 # bundle` output in .device/. Writes verify JSON and paged.jsonl under $OUT
 # (bench/results/h100-hopper-paged.json keeps what they show).
