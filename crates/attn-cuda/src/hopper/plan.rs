@@ -941,6 +941,11 @@ mod tests {
                 let notes = v.notes(&paged, &launch, v.split(&paged, launch.grid[0]));
                 assert!(notes.iter().any(|n| n.contains(&format!("box(es) of {rows} rows"))), "{notes:?}");
             }
+            // Pages that are not a multiple of 16 keys: a typed refusal, as on Ampere/Ada.
+            let store = KeyStore::Paged { page_size: 24, seed: 1 };
+            let (odd, _) = batch_of(Shape::new(1, 16, 1, d), DType::Bf16, &[300, 900], &[1000, 2000], store);
+            let e = choose(&odd, &h100, 132, None, true).unwrap_err().to_string();
+            assert!(e.contains("multiples of 16"), "{e}");
             // A padded head dim with sequences: the Ampere/Ada family's.
             let (padded, _) =
                 batch_of(Shape::new(1, 16, 1, d - 8), DType::Bf16, &[3, 9], &[100, 200], KeyStore::Packed);
