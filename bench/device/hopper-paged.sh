@@ -22,6 +22,16 @@ a=.device/bin/attn
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; cat .device/COMMIT; echo
 parts=${PARTS:-verify,sanitize,time,full}
 
+# `attn run --json`'s output on stdin -> one JSON object: kernel, time, speed, error.
+run_row() {
+  python3 -c '
+import json,sys
+t=sys.stdin.read()
+try:
+    d=json.loads(t[t.index("{"):]); m=d["timing"]; a=d["accuracy"]
+    print(json.dumps({"kernel":d["plan"]["kernel"],"median_ms":m["median_s"]*1e3,"gflops":d["gflops"],"rel_l2":a["rel_l2"],"max_abs":a["max_abs"]}))
+except Exception: print(json.dumps({"error":t[-300:]}))'
+}
 v() { local name=$1 t=$2; shift 2; echo "== $name (t=$SECONDS)"; timeout $t $a verify --backend cuda "$@" --json > "$out/$name.json" 2> "$out/$name.err"; echo "exit $?"; tail -2 "$out/$name.err"; }
 if [[ $parts == *verify* ]]; then
   v default-quick-paged-kvcache-varlen 100 --quick --family paged --family kv-cache --family varlen
@@ -53,10 +63,7 @@ if [[ $parts == *time* ]]; then
       for cfg in "dense:--kv-cache" "page16:--page-size 16" "page64:--page-size 64" "page256:--page-size 256" "ampere-page64:--page-size 64"; do
         name=${cfg%%:*}; flags=${cfg#*:}; fam=""; [[ $name == ampere* ]] && fam=ampere
         [[ $name == ampere* && $round == 2 ]] && continue  # the family before, once
-        r=$(ATTN_CUDA_FAMILY=$fam timeout 60 $a run --backend cuda $shape $flags --iters 20 --check-rows 8 --json 2>/dev/null | python3 -c '
-import json,sys
-d=json.load(sys.stdin); t=d["timing"]; a=d["accuracy"]
-print(json.dumps({"kernel":d["plan"]["kernel"],"median_ms":t["median_s"]*1e3,"gflops":d["gflops"],"rel_l2":a["rel_l2"],"max_abs":a["max_abs"]}))' 2>&1)
+        r=$(ATTN_CUDA_FAMILY=$fam timeout 60 $a run --backend cuda $shape $flags --iters 20 --check-rows 8 --json 2>&1 | run_row)
         echo "{\"shape\":\"$shape\",\"cache\":\"$name\",\"round\":$round,\"run\":$r}" | tee -a "$out/paged.jsonl"
       done
     done
@@ -74,13 +81,7 @@ if [[ $parts == *d64* ]]; then
       for cfg in "dense::--kv-cache" "page64::--page-size 64" "page64:128:3:2:--page-size 64" "page64:64:4:3:--page-size 64" \
                  "page256:128:3:2:--page-size 256" "page256:64:4:3:--page-size 256" "page16:128:3:2:--page-size 16" "dense:128:3:2:--kv-cache"; do
         name=${cfg%%:*}; rest=${cfg#*:}; flags=${rest##*:}; tiles=${rest%:*}
-        r=$(env ${tiles:+ATTN_CUDA_SM90_TILES=$tiles} timeout 60 $a run --backend cuda $shape $flags --iters 20 --check-rows 8 --json 2>&1 | python3 -c '
-import json,sys
-t=sys.stdin.read()
-try:
-    d=json.loads(t[t.index("{"):]); m=d["timing"]; a=d["accuracy"]
-    print(json.dumps({"kernel":d["plan"]["kernel"],"median_ms":m["median_s"]*1e3,"gflops":d["gflops"],"rel_l2":a["rel_l2"]}))
-except Exception as e: print(json.dumps({"error":t[-300:]}))')
+        r=$(env ${tiles:+ATTN_CUDA_SM90_TILES=$tiles} timeout 60 $a run --backend cuda $shape $flags --iters 20 --check-rows 8 --json 2>&1 | run_row)
         echo "{\"shape\":\"$shape\",\"cache\":\"$name\",\"tiles\":\"${tiles:-default}\",\"round\":$round,\"run\":$r}" | tee -a "$out/paged-d64.jsonl"
       done
     done

@@ -157,37 +157,11 @@ fn tensor_map(
 /// ([`page_box`]), each from the page the block table names (`load_kv_tile` in
 /// `kernels/sm90_mainloop.cuh`), through tensor maps of `[head_dim, page_size, heads_kv, pages]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Paging {
-    /// Keys per page.
-    pub page_size: usize,
-    /// Pages in the cache.
-    pub pages: usize,
-    /// Block-table entries per sequence.
-    pub pages_per_seq: usize,
-    /// Rows per TMA box.
-    pub page_box: usize,
-}
-
-impl Paging {
-    /// The paging of a cache of `pages` pages of `page_size` keys (a multiple of 16, fewer than
-    /// 2^31 pages: the plan's `check_paged_cache`) for `variant`'s key tiles.
-    pub fn new(page_size: usize, pages: usize, pages_per_seq: usize, variant: &Variant) -> Self {
-        Paging { page_size, pages, pages_per_seq, page_box: page_box(variant.block_n, page_size) }
-    }
-
-    /// The tensor map of a paged K or V at `base` with strides `st` (the batch stride steps
-    /// from page to page).
-    fn map(&self, name: &'static str, problem: &Problem, base: u64, st: Strides) -> Result<CUtensorMap> {
-        let s = problem.shape;
-        tensor_map(
-            problem.dtype,
-            base,
-            [s.head_dim, self.page_size, s.heads_kv, self.pages],
-            st,
-            self.page_box,
-        )
-        .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name} (paged): {e:?}")))
-    }
+struct Paging {
+    page_size: usize,
+    pages: usize,
+    pages_per_seq: usize,
+    page_box: usize,
 }
 
 impl Sm90Params {
@@ -214,19 +188,22 @@ impl Sm90Params {
             KvRows::Packed { total } => (Some(total), None),
             KvRows::Dense => (None, None),
             KvRows::Paged { page_size, pages, pages_per_seq } => {
-                (None, Some(Paging::new(page_size, pages, pages_per_seq, variant)))
+                let page_box = page_box(variant.block_n, page_size);
+                (None, Some(Paging { page_size, pages, pages_per_seq, page_box }))
             }
         };
-        let map = |name: &'static str,
-                   base: u64,
-                   heads: usize,
-                   rows_of: (usize, Option<usize>),
-                   st: Strides,
-                   rows: usize| {
-            let (seq, batch) = match rows_of.1 {
-                Some(total) => (total, 1),
-                None => (rows_of.0, s.batch),
-            };
+        // Each tensor's (rows, heads, batches) as its map spans them: packed rows are one batch
+        // of all of them, a paged cache's pages are its batches; and K's and V's box rows.
+        let q_extent = match q_total {
+            Some(total) => (total, s.heads_q, 1),
+            None => (s.seq_q, s.heads_q, s.batch),
+        };
+        let (kv_extent, kv_box) = match (paging, kv_total) {
+            (Some(pg), _) => ((pg.page_size, s.heads_kv, pg.pages), pg.page_box),
+            (None, Some(total)) => ((total, s.heads_kv, 1), variant.block_n),
+            (None, None) => ((s.seq_k, s.heads_kv, s.batch), variant.block_n),
+        };
+        let map = |name: &'static str, base: u64, (seq, heads, batch), st: Strides, rows: usize| {
             tensor_map(problem.dtype, base, [s.head_dim, seq, heads, batch], st, rows)
                 .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
         };
@@ -261,17 +238,11 @@ impl Sm90Params {
             });
         }
         Ok(Sm90Params {
-            q_map: map("q", q, s.heads_q, (s.seq_q, q_total), t.q, variant.block_m())?,
-            k_map: match paging {
-                Some(pg) => pg.map("k", problem, k, t.k)?,
-                None => map("k", k, s.heads_kv, (s.seq_k, kv_total), t.k, variant.block_n)?,
-            },
-            v_map: match paging {
-                Some(pg) => pg.map("v", problem, v, t.v)?,
-                None => map("v", v, s.heads_kv, (s.seq_k, kv_total), t.v, variant.block_n)?,
-            },
+            q_map: map("q", q, q_extent, t.q, variant.block_m())?,
+            k_map: map("k", k, kv_extent, t.k, kv_box)?,
+            v_map: map("v", v, kv_extent, t.v, kv_box)?,
             // Stored by each consumer warpgroup: 64 rows.
-            o_map: map("o", o, s.heads_q, (s.seq_q, q_total), t.o, 64)?,
+            o_map: map("o", o, q_extent, t.o, 64)?,
             q,
             k,
             v,
