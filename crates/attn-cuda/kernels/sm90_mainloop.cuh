@@ -246,6 +246,9 @@ struct RowState {
     float total[2];  // once final: the quad's sums
     float inv[2];    // and their inverses (0 where a row saw no key)
     bool final;      // total and inv hold the sums as they are now
+#if ATTN_ALIBI
+    float bias[2];   // the tile's ALiBi term per row, in units of s (add_alibi's linear form; else 0)
+#endif
 };
 
 // The rows' sums added over the quad and inverted, once no tile is left to add to them: ahead of
@@ -331,20 +334,43 @@ __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 #if ATTN_ALIBI
 // ALiBi, in place on a tile's (capped) scores: -slope |row + shift - col| in the units of s
 // (`slope_s`: the slope times log2(e) / sl2, so that the exponent's factor makes it the bias in
-// base-2 units), one FMA per score. This thread's distances are one base plus compile-time
-// offsets (its rows row, row + 8; its keys n0 + 8c + 2 (lane % 4) + {0, 1}): integers below
-// 2^24, exact in f32. Before the mask, which must leave -inf.
+// base-2 units). This thread's distances d = row + shift - col are one base d0 plus compile-time
+// offsets (its rows row, row + 8; its keys n0 + 8c + 2 (lane % 4) + {0, 1}), integers below 2^24,
+// exact in f32. Before the mask, which must leave -inf.
+// Linear form: where the tile's keys lie on one side of the diagonal for all the warp's 16 rows
+// (all at or before it, d >= 0: every tile before the diagonal's; or all after it, d <= 0), |d|
+// is d or -d, and the bias splits into a part per key, +-slope (8c + e), one FFMA with an
+// immediate per score, and a part per row, -+slope (d0 + 8r), kept in st.bias (update_max adds it
+// to the row's max, exponentiate_rows takes it off the exponent's base). The per-key part stays
+// below slope_s * BN, so the scores keep their precision however far the keys are from the
+// diagonal. The tiles the diagonal crosses take the general form, one FFMA (on |d|) per score and
+// one FADD per distance, which two scores share.
 // The distances do not depend on the scores, and ptxas computed them all ahead of the wait for S
 // (to hide their latency under the product), which holds NS more registers: D=64 spilled 274
 // bytes. So the base is made to depend on a score: fminf(|s[0]|, 0) is +0 whatever s[0] is
 // (NaN too), which ptxas does not know, and which leaves each distance exact.
-__device__ __forceinline__ void add_alibi(float (&s)[NS], int row, int n0, int shift, float slope_s) {
-    const float d0 = (float)(row + shift - n0 - 2 * (int)(threadIdx.x % 4)) + fminf(fabsf(s[0]), 0.f);
+__device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row, int warp_row0, int n0, int shift,
+                                          float slope_s) {
+    const int d0 = row + shift - n0 - 2 * (int)(threadIdx.x % 4);
+    const bool before = n0 + BN - 1 <= warp_row0 + shift;  // the warp's first row sees the tile's last key
+    const bool after = n0 >= warp_row0 + 15 + shift;       // its last row's diagonal is before the first key
+    if (before || after) {
+        const float ks = before ? slope_s : -slope_s;  // -slope |d| = ks (8c + e) - ks (d0 + 8r)
+#pragma unroll
+        for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[4 * c + e] = fmaf(ks, (float)(8 * c + (e & 1)), s[4 * c + e]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) st.bias[r] = -ks * (float)(d0 + 8 * r);
+        return;
+    }
+    st.bias[0] = st.bias[1] = 0.f;
+    const float base = (float)d0 + fminf(fabsf(s[0]), 0.f);
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float d = d0 + (float)(8 * (e >> 1) - 8 * c - (e & 1));
+            const float d = base + (float)(8 * (e >> 1) - 8 * c - (e & 1));
             s[4 * c + e] = fmaf(-slope_s, fabsf(d), s[4 * c + e]);
         }
 }
@@ -367,7 +393,11 @@ __device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, f
             float& m = part[e >> 1][chain(c, e)];
             m = fmaxf(m, s[4 * c + e]);
         }
+#if ATTN_ALIBI
+    const float tile_max[2] = {max_of(part[0]) + st.bias[0], max_of(part[1]) + st.bias[1]};
+#else
     const float tile_max[2] = {max_of(part[0]), max_of(part[1])};
+#endif
     float new_max[2];
     bool grow = false;
 #pragma unroll
@@ -401,7 +431,13 @@ __device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2])
 // p = exp2(s * sl2 - max) in place (masked scores, -inf, give exactly 0), added to the sums.
 // (The same, with this thread's part of the tile's row sums returned in `sums`, not added.)
 __device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState& st, float sl2, float (&sums)[2]) {
+#if ATTN_ALIBI
+    // The row's ALiBi term (add_alibi's linear form) in the exponent: p = exp2((s + bias) sl2 - max).
+    const float base[2] = {(st.max[0] == NEG_INF ? 0.f : st.max[0]) - st.bias[0] * sl2,
+                           (st.max[1] == NEG_INF ? 0.f : st.max[1]) - st.bias[1] * sl2};
+#else
     const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
+#endif
     float part[2][CHAINS] = {};  // the tile's sums, in independent chains as the max
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
@@ -534,7 +570,7 @@ __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowS
     cap_scores(sc, c.p.softcap_in);
 #endif
 #if ATTN_ALIBI
-    add_alibi(sc, c.row0, n0, c.shift, c.alibi);
+    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
@@ -562,7 +598,7 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
     cap_scores(sc, c.p.softcap_in);
 #endif
 #if ATTN_ALIBI
-    add_alibi(sc, c.row0, n0, c.shift, c.alibi);
+    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
