@@ -349,12 +349,15 @@ __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 // (to hide their latency under the product), which holds NS more registers: D=64 spilled 274
 // bytes. So the base is made to depend on a score: fminf(|s[0]|, 0) is +0 whatever s[0] is
 // (NaN too), which ptxas does not know, and which leaves each distance exact.
+// The linear form where it keeps the consumers' registers: not with a soft-cap at D=64 (24-40
+// bytes spilled), nor at D=256 (36-48 with sequences); those take the general form on every tile.
+constexpr bool ALIBI_LINEAR = D <= 128 && !ATTN_SOFTCAP;
 __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row, int warp_row0, int n0, int shift,
                                           float slope_s) {
     const int d0 = row + shift - n0 - 2 * (int)(threadIdx.x % 4);
     const bool before = n0 + BN - 1 <= warp_row0 + shift;  // the warp's first row sees the tile's last key
     const bool after = n0 >= warp_row0 + 15 + shift;       // its last row's diagonal is before the first key
-    if (before || after) {
+    if (ALIBI_LINEAR && (before || after)) {
         const float ks = before ? slope_s : -slope_s;  // -slope |d| = ks (8c + e) - ks (d0 + 8r)
 #pragma unroll
         for (int c = 0; c < BN / 8; ++c)
@@ -364,7 +367,7 @@ __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row,
         for (int r = 0; r < 2; ++r) st.bias[r] = -ks * (float)(d0 + 8 * r);
         return;
     }
-    st.bias[0] = st.bias[1] = 0.f;
+    if (ALIBI_LINEAR) st.bias[0] = st.bias[1] = 0.f;
     const float base = (float)d0 + fminf(fabsf(s[0]), 0.f);
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
@@ -394,7 +397,8 @@ __device__ __forceinline__ bool update_max(const float (&s)[NS], RowState& st, f
             m = fmaxf(m, s[4 * c + e]);
         }
 #if ATTN_ALIBI
-    const float tile_max[2] = {max_of(part[0]) + st.bias[0], max_of(part[1]) + st.bias[1]};
+    const float tile_max[2] = {ALIBI_LINEAR ? max_of(part[0]) + st.bias[0] : max_of(part[0]),
+                               ALIBI_LINEAR ? max_of(part[1]) + st.bias[1] : max_of(part[1])};
 #else
     const float tile_max[2] = {max_of(part[0]), max_of(part[1])};
 #endif
@@ -433,8 +437,8 @@ __device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2])
 __device__ __forceinline__ void exponentiate_rows(float (&s)[NS], const RowState& st, float sl2, float (&sums)[2]) {
 #if ATTN_ALIBI
     // The row's ALiBi term (add_alibi's linear form) in the exponent: p = exp2((s + bias) sl2 - max).
-    const float base[2] = {(st.max[0] == NEG_INF ? 0.f : st.max[0]) - st.bias[0] * sl2,
-                           (st.max[1] == NEG_INF ? 0.f : st.max[1]) - st.bias[1] * sl2};
+    float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
+    if (ALIBI_LINEAR) base[0] -= st.bias[0] * sl2, base[1] -= st.bias[1] * sl2;
 #else
     const float base[2] = {st.max[0] == NEG_INF ? 0.f : st.max[0], st.max[1] == NEG_INF ? 0.f : st.max[1]};
 #endif
