@@ -350,8 +350,10 @@ __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 // bytes. So the base is made to depend on a score: fminf(|s[0]|, 0) is +0 whatever s[0] is
 // (NaN too), which ptxas does not know, and which leaves each distance exact.
 // The linear form where it keeps the consumers' registers: not with a soft-cap at D=64 (24-40
-// bytes spilled), nor at D=256 (36-48 with sequences); those take the general form on every tile.
-constexpr bool ALIBI_LINEAR = D <= 128 && !ATTN_SOFTCAP;
+// bytes spilled), nor at D=256 (36-48 with sequences); nor where it was slower: D=64 without a
+// mask (1.017-1.030x the general form's time at S=4096 in two calls, h100-hopper-alibi-linear.json).
+// Those take the general form on every tile.
+constexpr bool ALIBI_LINEAR = D <= 128 && !ATTN_SOFTCAP && (D == 128 || CAUSAL || ATTN_WINDOW);
 __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row, int warp_row0, int n0, int shift,
                                           float slope_s) {
     const int d0 = row + shift - n0 - 2 * (int)(threadIdx.x % 4);
