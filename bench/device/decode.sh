@@ -11,6 +11,9 @@
 # bench/device/decode.sh [verify,bench]`. It also runs from a folder that holds bin/ (attn,
 # decode_bench, test-cuda-resident), this script, decode-rows.txt, decode_report.py,
 # torch_sdpa_decode.py and COMMIT (how it was run before the branch reached main).
+# ROWS: another rows file (e.g. bench/device/decode-pad-rows.txt); NAME: the JSON's name
+# (default h100-decode); BEFORE=1: also one run of decode_bench with the decode family off
+# (ATTN_CUDA_DECODE=off: the prefill families), into $OUT/before.jsonl.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -19,6 +22,8 @@ bin=$here/bin; [[ -d $bin ]] || bin=.device/bin
 peer=$here/torch_sdpa_decode.py; [[ -f $peer ]] || peer=bench/peers/torch_sdpa_decode.py
 commit_file=$here/COMMIT; [[ -f $commit_file ]] || commit_file=.device/COMMIT
 parts=${1:-verify,bench}
+rows=${ROWS:-$here/decode-rows.txt}
+name=${NAME:-h100-decode}
 iters=${ITERS:-50}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
@@ -40,11 +45,15 @@ iters=${ITERS:-50}
   if [[ $parts == *bench* ]]; then
     for round in 1 2; do
       echo "== round $round: attn"
-      timeout 150 "$bin/decode_bench" "$here/decode-rows.txt" "$iters" | tee "$out/attn-r$round.jsonl"
+      timeout 150 "$bin/decode_bench" "$rows" "$iters" | tee "$out/attn-r$round.jsonl"
       echo "== round $round: sdpa"
-      timeout 150 python3 "$peer" "$here/decode-rows.txt" --iters "$iters" | tee "$out/sdpa-r$round.jsonl"
+      timeout 150 python3 "$peer" "$rows" --iters "$iters" | tee "$out/sdpa-r$round.jsonl"
     done
-    python3 "$here/decode_report.py" "$out" "$(cat "$commit_file" 2>/dev/null)" "bash bench/device/decode.sh bench" \
-      > "$out/h100-decode.json" && python3 -c "import json,sys; [print(r['text']) for r in json.load(open(sys.argv[1]))['rows']]" "$out/h100-decode.json"
+    if [[ ${BEFORE:-0} == 1 ]]; then
+      echo "== attn with the decode family off (ATTN_CUDA_DECODE=off)"
+      ATTN_CUDA_DECODE=off timeout 150 "$bin/decode_bench" "$rows" "$iters" | tee "$out/before.jsonl"
+    fi
+    python3 "$here/decode_report.py" "$out" "$(cat "$commit_file" 2>/dev/null)" "ROWS=${ROWS:-} bash bench/device/decode.sh bench" \
+      > "$out/$name.json" && python3 -c "import json,sys; [print(r['text']) for r in json.load(open(sys.argv[1]))['rows']]" "$out/$name.json"
   fi
 } 2>&1 | tee "$out/summary.txt"

@@ -42,8 +42,13 @@
 // - soft-cap and ALiBi: each score becomes cap * tanh(s / cap) (s the scaled score) minus
 //   slope * |i + shift - j|, computed in base-2 units (so the softmax takes it unscaled).
 //
+// Padded head dims (ATTN_PAD, with the extras): the problem's head dim (`head_dim`, a multiple
+// of 8) is below D, the kernel's. Its columns are loaded and stored as they are; the columns past
+// it are zeros in shared memory (Q's written as zeros, the rings' zeroed once, which no copy
+// overwrites), so the products over D add nothing for them, and nothing is stored from them.
+//
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
-// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_SHARED_BYTES (the
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_PAD, ATTN_SHARED_BYTES (the
 // host's dynamic shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
@@ -57,6 +62,7 @@ constexpr int WARPS = ATTN_WARPS;
 constexpr int BN = ATTN_BN;
 constexpr int STAGES = ATTN_STAGES;
 constexpr bool MASKED = ATTN_MASKED;
+constexpr bool PAD = ATTN_PAD;
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
 constexpr float RESCALE_SLACK = 8.f;
@@ -65,6 +71,7 @@ constexpr float LN2 = 0.69314718055994531f;
 static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key chunk must be multiples of 16");
 static_assert(STAGES >= 1, "at least one stage");
 static_assert(!ATTN_EXTRAS || BN <= 32, "a paged chunk must lie in at most two pages of 16 keys or more");
+static_assert(!PAD || ATTN_EXTRAS, "padded head dims come with the extras");
 
 // Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
 // merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
@@ -97,6 +104,7 @@ struct Params {
     int splits;
     int window_left, window_right;  // keys before / after the diagonal a row sees (masked only)
     float scale_log2;               // softmax scale * log2(e)
+    int head_dim;                   // the problem's: D, or below it with ATTN_PAD
 #if ATTN_EXTRAS
     // Read by the extras variants only (the host always passes them, after the fields above).
     const int* block_table;     // [batch, pages_per_seq] page numbers; null: dense K/V rows
@@ -180,6 +188,7 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
     for (int it = 0; it < BN * CPR / 32; ++it) {
         const int i = lane + it * 32;
         const int r = i / CPR, c = i % CPR;
+        if (PAD && c >= p.head_dim / 8) continue;  // zeros already (see the file's notes)
         const int j = n0 + r;
         const bool valid = j < end;
         const int jj = valid ? j : n0;  // a row that exists (nothing is read from it)
@@ -248,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         const int r = i / CPR, c = i % CPR;
         const int row = r0 + r;
         uint4 x = make_uint4(0, 0, 0, 0);
-        if (row < p.rows) {
+        if (row < p.rows && (!PAD || c < p.head_dim / 8)) {
             const int h = g * p.group + row / p.seq_q, qi = row % p.seq_q;
             if (QUERY_REAL(qi)) {
                 x = *reinterpret_cast<const uint4*>(p.q + Q_SEQ + (long long)h * p.q_sh + (long long)qi * p.q_ss + c * 8);
@@ -256,6 +265,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             }
         }
         *reinterpret_cast<uint4*>(sQ + r * DP + c * 8) = x;
+    }
+    if (PAD) {
+        // This warp's ring rows (STAGES K and V chunks of BN rows, one after the other): the
+        // columns past the head dim to zero, once.
+        const int real = p.head_dim / 8, pad = CPR - real;
+        for (int i = lane; i < STAGES * 2 * BN * pad; i += 32)
+            *reinterpret_cast<uint4*>(ring + (i / pad) * DP + (real + i % pad) * 8) = make_uint4(0, 0, 0, 0);
     }
 
     // The keys some row of the block sees: [lo, hi).
@@ -518,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         const int grow_ = r0 + row;
         const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
         if (direct) {
-            if (STORED(qi)) {
+            if (STORED(qi) && (!PAD || col < p.head_dim)) {
                 elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
                 const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
                 *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
@@ -579,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         }
         const int grow_ = r0 + row;
         const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
-        if (!STORED(qi)) continue;
+        if (!STORED(qi) || (PAD && col >= p.head_dim)) continue;
         elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
         *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(pack2(o[0], o[1])), as_u32(pack2(o[2], o[3])));
     }

@@ -299,6 +299,15 @@ pub fn quick() -> Vec<Case> {
     v.push(alibi(with_extras("varlen", "decode-b5-q0to3", problem.causal(), extras, Normal, 184), true));
     let (problem, extras) = seqs(gqa4, F16, &[1; 4], &[70, 1, 2000, 33], KeyStore::Packed);
     v.push(with_extras("varlen", "decode-b4-q1", problem, extras, OneHotPeaked, 185));
+    // Decode at D = 96 (padded on the decode kernel) from a paged cache, with ALiBi.
+    let (problem, extras) = seqs(
+        gqa_shape(1, 8, 2, 1, 1, 96),
+        Bf16,
+        &[1; 3],
+        &[700, 33, 2000],
+        KeyStore::Paged { page_size: 16, seed: 194 },
+    );
+    v.push(alibi(with_extras("paged", "decode-b3-d96-page16", problem, extras, Normal, 194), false));
     // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
     let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
     v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
@@ -336,6 +345,23 @@ pub fn quick() -> Vec<Case> {
             padded(p(gqa_shape(2, 8, 2, 1, 1000, 64), Bf16)),
             OneHotPeaked,
             206,
+        ),
+        // Head dims the decode kernel runs padded (on the next of 64, 128, 256): 80 and 96 as
+        // models have them, 72 (a multiple of 8, not of 16) causal in BSHD, 200 with a window.
+        case("decode", "sq1-hq8hkv2-sk3000-d80", p(gqa_shape(1, 8, 2, 1, 3000, 80), Bf16), Normal, 207),
+        case(
+            "decode",
+            "sq4-hq8hkv2-sk777-d72-bshd",
+            p(gqa_shape(2, 8, 2, 4, 777, 72), F16).causal().with_layout(Layout::Bshd),
+            Normal,
+            208,
+        ),
+        case(
+            "decode",
+            "sq2-hq8hkv2-sk2000-d200-l300r0",
+            p(gqa_shape(1, 8, 2, 2, 2000, 200), Bf16).with_window(Some(300), Some(0)),
+            Normal,
+            209,
         ),
         // Past the keys one dispatch may walk on a software adapter (`attn-wgpu`'s key split),
         // under a causal mask and GQA.
@@ -436,6 +462,7 @@ pub fn full() -> Vec<Case> {
                     "b4-sq1-hq32hkv8-sk8192-d256-bshd",
                     p(gqa_shape(4, 32, 8, 1, 8192, 256), dtype).with_layout(Layout::Bshd),
                 ),
+                ("sq1-hq32hkv8-sk32768-d96", p(gqa_shape(1, 32, 8, 1, 32_768, 96), dtype)),
             ];
             for (tag, problem) in rows {
                 seed += 1;

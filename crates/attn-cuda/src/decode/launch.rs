@@ -38,7 +38,9 @@ pub struct DecodeParams {
     window_left: i32,
     window_right: i32,
     scale_log2: f32,
-    // Read by the extras variants only (`ATTN_EXTRAS`); the plain ones declare the 208 bytes
+    /// The problem's head dim: the variant's, or below it (`Variant::pad`).
+    head_dim: i32,
+    // Read by the extras variants only (`ATTN_EXTRAS`); the plain ones declare the 212 bytes
     // above, and the launch copies just those.
     block_table: u64,
     seqused_k: u64,
@@ -112,6 +114,7 @@ impl DecodeParams {
             window_left,
             window_right,
             scale_log2: problem.scale() * std::f32::consts::LOG2_E,
+            head_dim: s.head_dim as i32,
             block_table: extras.block_table,
             seqused_k: extras.seqused_k,
             alibi_slopes: extras.alibi_slopes,
@@ -187,20 +190,21 @@ impl Bound {
 mod tests {
     #[test]
     fn layout_matches_the_kernel() {
-        // 8 pointers + 12 strides (8 bytes each) + 11 ints + 1 float = 208 bytes, no padding: all
-        // the plain variants declare. Then the extras: 3 pointers + 6 four-byte fields, then 2
-        // pointers + 2 four-byte fields (packed sequences) = 280.
-        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 280);
+        // 8 pointers + 12 strides (8 bytes each) + 11 ints + 1 float + 1 int = 212 bytes: all the
+        // plain variants declare. Then 4 bytes of padding and the extras: 3 pointers + 6
+        // four-byte fields, then 2 pointers + 2 four-byte fields (packed sequences) = 288.
+        assert_eq!(std::mem::size_of::<super::DecodeParams>(), 288);
         assert_eq!(std::mem::align_of::<super::DecodeParams>(), 8);
         use std::mem::offset_of;
         assert_eq!(offset_of!(super::DecodeParams, q_strides), 64);
         assert_eq!(offset_of!(super::DecodeParams, batch), 160);
         assert_eq!(offset_of!(super::DecodeParams, scale_log2), 204);
-        assert_eq!(offset_of!(super::DecodeParams, block_table), 208);
-        assert_eq!(offset_of!(super::DecodeParams, page_size), 232);
-        assert_eq!(offset_of!(super::DecodeParams, softcap_inv), 248);
-        assert_eq!(offset_of!(super::DecodeParams, pages), 252);
-        assert_eq!(offset_of!(super::DecodeParams, cu_seqlens_k), 264);
-        assert_eq!(offset_of!(super::DecodeParams, kv_total), 276);
+        assert_eq!(offset_of!(super::DecodeParams, head_dim), 208);
+        assert_eq!(offset_of!(super::DecodeParams, block_table), 216);
+        assert_eq!(offset_of!(super::DecodeParams, page_size), 240);
+        assert_eq!(offset_of!(super::DecodeParams, softcap_inv), 256);
+        assert_eq!(offset_of!(super::DecodeParams, pages), 260);
+        assert_eq!(offset_of!(super::DecodeParams, cu_seqlens_k), 272);
+        assert_eq!(offset_of!(super::DecodeParams, kv_total), 284);
     }
 }

@@ -28,6 +28,11 @@
 //! that many (a split past a short sequence's end leaves an empty partial). Chunks start on
 //! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
 //! two pages, whose numbers `load_chunk` reads once per chunk.
+//!
+//! Head dims other than 64, 128 and 256 (multiples of 8 up to 256) run on the next of these in
+//! its extras variant with [`Variant::pad`] (`ATTN_PAD`): only the problem's columns are copied
+//! and stored, the rest are zeros in shared memory (decode is bound by the K/V bytes it reads, and
+//! those are the problem's own).
 
 pub(crate) mod launch;
 pub(crate) mod plan;

@@ -2,11 +2,21 @@
 //! it fits the device. Pure host logic, tested without a GPU against stated L4 and H100 limits.
 
 use super::variant::{Variant, WARPS};
-use crate::tensors::{check_alignment, check_supported};
+use crate::tensors::{check_alignment, check_supported_by};
 use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Problem, Result};
 
-/// Head dimensions the kernel is specialised for (the others take the prefill families).
+/// Head dimensions the kernel is specialised for; the other multiples of 8 up to 256 run on the
+/// next of these, padded ([`kernel_head_dim`], [`Variant::pad`]).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The kernel head dim that runs head dim `d`: the smallest of [`HEAD_DIMS`] at least `d`, for a
+/// multiple of 8 up to 256; `None` for the others.
+pub fn kernel_head_dim(d: usize) -> Option<usize> {
+    match d > 0 && d.is_multiple_of(8) {
+        true => HEAD_DIMS.into_iter().find(|&k| k >= d),
+        false => None,
+    }
+}
 
 /// The features beyond a dense, plain or causal softmax that the family runs.
 pub const FEATURES: [Feature; 7] = Feature::ALL;
@@ -125,7 +135,9 @@ impl Split {
 /// Why the family does not take `problem`, or `Ok` where it does.
 pub fn applies(problem: &Problem) -> Result<()> {
     let s = problem.shape;
-    check_supported(problem, "cuda decode", &HEAD_DIMS)?;
+    check_supported_by(problem, "cuda decode", kernel_head_dim(s.head_dim).is_some(), || {
+        format!("multiples of 8 from 8 to 256 ({HEAD_DIMS:?} natively, the others padded)")
+    })?;
     check_alignment(problem)?;
     problem.require_features("cuda decode", &FEATURES)?;
     if let KvRows::Paged { page_size, .. } = problem.batching.kv
@@ -214,7 +226,15 @@ impl Variant {
         let mut v = vec![];
         for dtype in [DType::F16, DType::Bf16] {
             for head_dim in HEAD_DIMS {
-                for (masked, extras) in [(false, false), (true, false), (false, true), (true, true)] {
+                // Padded head dims come with the extras (Variant::pad).
+                for (masked, extras, pad) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (true, true, false),
+                    (false, true, true),
+                    (true, true, true),
+                ] {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
                         for &(block_n, stages) in candidates(head_dim, m_tiles) {
                             let l2_prefetch = L2_PREFETCH;
@@ -227,6 +247,7 @@ impl Variant {
                                 masked,
                                 l2_prefetch,
                                 extras,
+                                pad,
                             });
                         }
                     }
@@ -265,14 +286,16 @@ pub fn choose(
     let s = problem.shape;
     let group = s.heads_q / s.heads_kv;
     let rows = group * s.seq_q;
-    let m_tiles = (rows.div_ceil(16) as u32).min(max_m_tiles(s.head_dim));
+    let kernel_d = kernel_head_dim(s.head_dim).unwrap_or(s.head_dim);
+    let pad = kernel_d != s.head_dim;
+    let m_tiles = (rows.div_ceil(16) as u32).min(max_m_tiles(kernel_d));
     let block_m = 16 * m_tiles as usize;
     let row_blocks = rows.div_ceil(block_m) as u32;
     let (lo, hi) = key_range(problem);
     let forced = forced_tiles.map(|t| [(t.block_n, t.stages)]);
     let tried: &[(usize, u32)] = match &forced {
         Some(one) => one,
-        None => candidates(s.head_dim, m_tiles),
+        None => candidates(kernel_d, m_tiles),
     };
     let pairs = s.batch as u64 * s.heads_kv as u64 * row_blocks as u64;
     let mut last_err = None;
@@ -281,13 +304,14 @@ pub fn choose(
         let chunks = (hi - lo).div_ceil(bn) as u64;
         let variant = Variant {
             dtype: problem.dtype,
-            head_dim: s.head_dim,
+            head_dim: kernel_d,
             m_tiles,
             block_n: bn,
             stages,
             masked: window(problem).is_some(),
             l2_prefetch: forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
-            extras: needs_extras(problem),
+            extras: needs_extras(problem) || pad,
+            pad,
         };
         if variant.extras && bn > 32 {
             last_err = Some(Error::InvalidParameter {
@@ -336,6 +360,13 @@ pub fn choose(
                   (deterministic)"
                 .into(),
         });
+        if pad {
+            notes.push(format!(
+                "head dim {} on the D={kernel_d} kernel: the columns past {} are zeros in shared memory, neither \
+                 loaded nor stored",
+                s.head_dim, s.head_dim
+            ));
+        }
         if let Some((left, right)) = window(problem) {
             notes.push(format!(
                 "mask: each row sees keys [i + {} - {left}, i + {} + {right}] (bottom-right)",
@@ -368,7 +399,9 @@ mod tests {
         assert!(applies(&decode(1, 32, 32, 16, 4096, 128)).is_ok());
         let err = applies(&decode(1, 32, 4, 9, 4096, 128)).unwrap_err().to_string();
         assert!(err.contains("72 query rows"), "{err}");
-        assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 96)), Err(Error::UnsupportedHeadDim { .. })));
+        assert!(applies(&decode(1, 8, 8, 1, 64, 96)).is_ok());
+        assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 100)), Err(Error::UnsupportedHeadDim { .. })));
+        assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 264)), Err(Error::UnsupportedHeadDim { .. })));
         let f32 = Problem { dtype: DType::F32, ..decode(1, 8, 8, 1, 64, 128) };
         assert!(matches!(applies(&f32), Err(Error::UnsupportedDType { .. })));
         assert!(applies(&decode(1, 8, 8, 1, 64, 128).with_softcap(5.0)).is_ok());
@@ -460,6 +493,29 @@ mod tests {
         let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
         assert_eq!(split.splits, 1);
         assert_eq!((split.counters(), split.partial_floats(&v)), (0, 0));
+    }
+
+    #[test]
+    fn other_head_dims_run_padded_on_the_next_kernel() {
+        let h100 = DeviceLimits::h100();
+        for (d, kernel) in
+            [(8, 64), (40, 64), (72, 128), (80, 128), (96, 128), (120, 128), (136, 256), (248, 256)]
+        {
+            let (v, _, _, notes) = choose(&decode(2, 32, 8, 1, 4096, d), &h100, 132, None, None).unwrap();
+            assert_eq!((v.head_dim, v.pad, v.extras), (kernel, true, true), "D={d}: {}", v.name());
+            assert!(v.name().ends_with("_ext_pad"), "{}", v.name());
+            assert!(
+                notes.iter().any(|n| n.contains(&format!("head dim {d} on the D={kernel} kernel"))),
+                "{notes:?}"
+            );
+            assert!(Variant::all().contains(&v), "{} is not among the variants CI compiles", v.name());
+        }
+        let (v, ..) = choose(&decode(2, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
+        assert!(!v.pad && !v.extras, "{}", v.name());
+        // Masked, with two row blocks.
+        let (v, _, split, _) =
+            choose(&decode(1, 32, 4, 4, 4096, 96).causal(), &h100, 132, None, None).unwrap();
+        assert!(v.pad && v.masked && split.row_blocks == 1 && v.m_tiles == 2, "{} {split:?}", v.name());
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct Variant {
     /// or not at run time, by the parameter block); without them the kernel's code is the plain
     /// one's.
     pub extras: bool,
+    /// The problem's head dim is below `head_dim` (the next of [`super::plan::HEAD_DIMS`], a
+    /// multiple of 8): its columns past it are zeros in shared memory, never loaded or stored
+    /// (`ATTN_PAD`; with the extras, whose parameter block the kernel then reads).
+    pub pad: bool,
 }
 
 impl Variant {
@@ -68,7 +72,7 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         format!(
-            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}",
+            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -76,7 +80,8 @@ impl Variant {
             self.stages,
             if self.l2_prefetch { "_l2" } else { "" },
             if self.masked { "_masked" } else { "" },
-            if self.extras { "_ext" } else { "" }
+            if self.extras { "_ext" } else { "" },
+            if self.pad { "_pad" } else { "" }
         )
     }
 
@@ -92,6 +97,7 @@ impl Variant {
             ("ATTN_MASKED".into(), u8::from(self.masked).to_string()),
             ("ATTN_L2_PREFETCH".into(), u8::from(self.l2_prefetch).to_string()),
             ("ATTN_EXTRAS".into(), u8::from(self.extras).to_string()),
+            ("ATTN_PAD".into(), u8::from(self.pad).to_string()),
             ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
         ]
     }
