@@ -201,15 +201,9 @@ pub(crate) fn check_paged_cache(problem: &Problem) -> Result<()> {
     }
 }
 
-/// That `problem` is valid and of what a family computes: f16 or bf16 (both families run on
-/// tensor cores) and one of `head_dims`; `backend` names the family in the error.
-pub(crate) fn check_supported(problem: &Problem, backend: &str, head_dims: &[usize]) -> Result<()> {
-    let d = problem.shape.head_dim;
-    check_supported_by(problem, backend, head_dims.contains(&d), || format!("{head_dims:?}"))
-}
-
-/// [`check_supported`] with the head dim's verdict given (`head_dim_ok`) and the supported head
-/// dims described by `supported` (called only for the error).
+/// That `problem` is valid and of what a family computes: f16 or bf16 (every family runs on
+/// tensor cores) and a head dim it runs (`head_dim_ok`, the supported ones described by
+/// `supported`, called only for the error); `backend` names the family in the error.
 pub(crate) fn check_supported_by(
     problem: &Problem,
     backend: &str,
