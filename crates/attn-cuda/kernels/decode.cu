@@ -45,9 +45,7 @@
 // Padded head dims (ATTN_PAD, with the extras): the problem's head dim (`head_dim`, a multiple
 // of 8) is below D, the kernel's. Its columns are loaded and stored as they are; the columns past
 // it are zeros in shared memory (Q's written as zeros, the rings' zeroed once, which no copy
-// overwrites): the products stop at the 16 columns that hold its last (the rest would add
-// nothing; at D=80 on the 128 kernel, running them took 0.78 of D=128's time for 0.63 of its
-// bytes), and nothing is stored from the columns past it.
+// overwrites), so the products over D add nothing for them, and nothing is stored from them.
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
 // ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_PAD, ATTN_SHARED_BYTES (the
@@ -367,7 +365,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         zero_scores(s);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            if (PAD && kk * 16 >= p.head_dim) continue;  // zeros past the head dim
             unsigned a[MT][4];
 #pragma unroll
             for (int t = 0; t < MT; ++t) ldsm_x4(q_addr + (t * 16 * DP + kk * 16) * 2, a[t]);
@@ -461,7 +458,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
             }
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
-                if (PAD && d2 * 16 >= p.head_dim) continue;  // O's columns past it stay 0
                 unsigned bv[4];
                 ldsm_x4_trans(sv + v_off + (kk * 16 * DP + d2 * 16) * 2, bv);
 #pragma unroll

@@ -152,6 +152,17 @@ pub fn applies(problem: &Problem) -> Result<()> {
         });
     }
     let rows = s.heads_q / s.heads_kv * s.seq_q;
+    if s.heads_q == s.heads_kv && kernel_head_dim(s.head_dim) != Some(s.head_dim) {
+        return Err(Error::Unsupported {
+            backend: "cuda decode".into(),
+            what: format!(
+                "D={} without GQA: a padded head dim's rows on the decode kernel are one of its 16 a head, and \
+                 the prefill families read such heads as fast or faster (H100, D=80 at 8 x 8k keys: 1.16x \
+                 faster)",
+                s.head_dim
+            ),
+        });
+    }
     if rows > MAX_ROWS || s.seq_q == 0 || s.seq_k == 0 {
         return Err(Error::Unsupported {
             backend: "cuda decode".into(),
@@ -399,7 +410,7 @@ mod tests {
         assert!(applies(&decode(1, 32, 32, 16, 4096, 128)).is_ok());
         let err = applies(&decode(1, 32, 4, 9, 4096, 128)).unwrap_err().to_string();
         assert!(err.contains("72 query rows"), "{err}");
-        assert!(applies(&decode(1, 8, 8, 1, 64, 96)).is_ok());
+        assert!(applies(&decode(1, 8, 2, 1, 64, 96)).is_ok());
         assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 100)), Err(Error::UnsupportedHeadDim { .. })));
         assert!(matches!(applies(&decode(1, 8, 8, 1, 64, 264)), Err(Error::UnsupportedHeadDim { .. })));
         let f32 = Problem { dtype: DType::F32, ..decode(1, 8, 8, 1, 64, 128) };
@@ -512,6 +523,10 @@ mod tests {
         }
         let (v, ..) = choose(&decode(2, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
         assert!(!v.pad && !v.extras, "{}", v.name());
+        // Without GQA the prefill families read padded heads as fast or faster.
+        let mha = applies(&decode(8, 32, 32, 1, 8192, 80)).unwrap_err().to_string();
+        assert!(mha.contains("without GQA"), "{mha}");
+        assert!(applies(&decode(8, 32, 32, 1, 8192, 128)).is_ok());
         // Masked, with two row blocks.
         let (v, _, split, _) =
             choose(&decode(1, 32, 4, 4, 4096, 96).causal(), &h100, 132, None, None).unwrap();
