@@ -201,6 +201,19 @@ pub(crate) fn check_paged_cache(problem: &Problem) -> Result<()> {
     }
 }
 
+/// The head dim of the kernel that runs head dim `d` in a family with kernels for `native` head
+/// dims and padded builds for `padded` ones: `d` where it is native, else (a multiple of 8, the
+/// rows' 16 bytes) the smallest of `padded` above it; `None` for any other head dim.
+pub(crate) fn kernel_head_dim_of(d: usize, native: &[usize], padded: &[usize]) -> Option<usize> {
+    if d == 0 || !d.is_multiple_of(8) {
+        return None;
+    }
+    match native.contains(&d) {
+        true => Some(d),
+        false => padded.iter().copied().find(|&k| k >= d),
+    }
+}
+
 /// That `problem` is valid and of what a family computes: f16 or bf16 (every family runs on
 /// tensor cores) and a head dim it runs (`head_dim_ok`, the supported ones described by
 /// `supported`, called only for the error); `backend` names the family in the error.

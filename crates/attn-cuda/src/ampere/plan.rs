@@ -24,13 +24,7 @@ pub const PADDED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// [`PADDED_HEAD_DIMS`] above it, whose padded variant loads zeros past `d`; `None` for any other
 /// head dim.
 pub fn kernel_head_dim(d: usize) -> Option<usize> {
-    if d == 0 || !d.is_multiple_of(8) {
-        return None;
-    }
-    match HEAD_DIMS.contains(&d) {
-        true => Some(d),
-        false => PADDED_HEAD_DIMS.into_iter().find(|&k| k >= d),
-    }
+    crate::tensors::kernel_head_dim_of(d, &HEAD_DIMS, &PADDED_HEAD_DIMS)
 }
 
 impl Variant {

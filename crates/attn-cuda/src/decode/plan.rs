@@ -12,10 +12,7 @@ pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// The kernel head dim that runs head dim `d`: the smallest of [`HEAD_DIMS`] at least `d`, for a
 /// multiple of 8 up to 256; `None` for the others.
 pub fn kernel_head_dim(d: usize) -> Option<usize> {
-    match d > 0 && d.is_multiple_of(8) {
-        true => HEAD_DIMS.into_iter().find(|&k| k >= d),
-        false => None,
-    }
+    crate::tensors::kernel_head_dim_of(d, &HEAD_DIMS, &HEAD_DIMS)
 }
 
 /// The features beyond a dense, plain or causal softmax that the family runs.

@@ -29,10 +29,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// padded ([`Variant::pad`]); `None` for any other head dim. A multiple of 8 keeps every row of
 /// a packed 16-bit tensor on the 16 bytes TMA needs.
 pub fn kernel_head_dim(d: usize) -> Option<usize> {
-    match d > 0 && d.is_multiple_of(8) {
-        true => HEAD_DIMS.into_iter().find(|&k| k >= d),
-        false => None,
-    }
+    crate::tensors::kernel_head_dim_of(d, &HEAD_DIMS, &HEAD_DIMS)
 }
 
 /// Shared memory a CTA may have on the devices this family runs on (the H100's and H200's opt-in
