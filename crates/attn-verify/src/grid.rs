@@ -299,15 +299,15 @@ pub fn quick() -> Vec<Case> {
     v.push(alibi(with_extras("varlen", "decode-b5-q0to3", problem.causal(), extras, Normal, 184), true));
     let (problem, extras) = seqs(gqa4, F16, &[1; 4], &[70, 1, 2000, 33], KeyStore::Packed);
     v.push(with_extras("varlen", "decode-b4-q1", problem, extras, OneHotPeaked, 185));
-    // Decode at D = 96 (padded on the decode kernel) from a paged cache, with ALiBi.
+    // Decode at D = 112 (padded on the decode kernel's 128 build) from a paged cache, with ALiBi.
     let (problem, extras) = seqs(
-        gqa_shape(1, 8, 2, 1, 1, 96),
+        gqa_shape(1, 8, 2, 1, 1, 112),
         Bf16,
         &[1; 3],
         &[700, 33, 2000],
         KeyStore::Paged { page_size: 16, seed: 194 },
     );
-    v.push(alibi(with_extras("paged", "decode-b3-d96-page16", problem, extras, Normal, 194), false));
+    v.push(alibi(with_extras("paged", "decode-b3-d112-page16", problem, extras, Normal, 194), false));
     // A dense cache each sequence fills partly (FlashAttention's `cache_seqlens`).
     let (problem, extras) = seqs(gqa, Bf16, &[2; 3], &[10, 100, 1], KeyStore::DenseUsed);
     v.push(with_extras("kv-cache", "b3-seqused", problem.causal(), extras, OneHotPeaked, 190));
@@ -346,8 +346,8 @@ pub fn quick() -> Vec<Case> {
             OneHotPeaked,
             206,
         ),
-        // Head dims the decode kernel runs padded (on the next of 64, 128, 256): 80 and 96 as
-        // models have them, 72 (a multiple of 8, not of 16) causal in BSHD, 200 with a window.
+        // Head dims other than 64, 128 and 256 on the decode kernel: 80 (its own build, as Phi-2
+        // has it), 72 (padded on the 80 build) causal in BSHD, 200 (on the 256 build) with a window.
         case("decode", "sq1-hq8hkv2-sk3000-d80", p(gqa_shape(1, 8, 2, 1, 3000, 80), Bf16), Normal, 207),
         case(
             "decode",
