@@ -29,10 +29,11 @@
 //! multiples of their 16 or 32 keys and pages hold a multiple of 16, so a chunk lies in at most
 //! two pages, whose numbers `load_chunk` reads once per chunk.
 //!
-//! Head dims other than 64, 128 and 256 (multiples of 8 up to 256) run on the next of these in
-//! its extras variant with [`Variant::pad`] (`ATTN_PAD`): only the problem's columns are copied
-//! and stored, the rest are zeros in shared memory, which the products still cover (at D = 80 on
-//! the 128 build, 0.78 of D = 128's time for 0.63 of its bytes: `docs/performance.md`).
+//! Head dims other than [`plan::HEAD_DIMS`] (multiples of 8 up to 256) run on the next of these
+//! in its extras variant with [`Variant::pad`] (`ATTN_PAD`): only the problem's columns are
+//! copied and stored, the rest are zeros in shared memory, which the products still cover (D = 80
+//! padded on the 128 build took 0.78 of D = 128's time for 0.63 of its bytes; on its own build,
+//! 0.68: `docs/performance.md`).
 
 pub(crate) mod launch;
 pub(crate) mod plan;

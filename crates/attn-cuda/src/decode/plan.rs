@@ -7,8 +7,8 @@ use attn_core::{DType, DeviceLimits, Error, Feature, KvRows, Launch, Mask, Probl
 
 /// Head dimensions the kernel is specialised for: the common ones (80 and 96 as Phi-2 and
 /// Phi-3-mini have them); the other multiples of 8 up to 256 run on the next of these, padded
-/// ([`kernel_head_dim`], [`Variant::pad`]: at D = 80 on the 128 build, 0.78 of D = 128's time
-/// for 0.63 of its bytes, h100-decode-pad.json).
+/// ([`kernel_head_dim`], [`Variant::pad`]). D = 80 on its own build reads K/V 1.14x faster than
+/// padded on the 128 build (h100-decode-native.json against h100-decode-pad.json).
 pub const HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
 
 /// The kernel head dim that runs head dim `d`: the smallest of [`HEAD_DIMS`] at least `d`, for a
