@@ -388,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-                    float x = p.softcap_log2 > 0.f ? p.softcap_log2 * tanhf(s[t][nt][e] * p.softcap_inv)
+                    float x = p.softcap_log2 > 0.f ? p.softcap_log2 * tanh_fast(s[t][nt][e] * p.softcap_inv)
                                                    : s[t][nt][e] * sl2;
                     x -= slope[t][e >> 1] * fabsf((float)(diagonal[t][e >> 1] - col));
                     s[t][nt][e] = x;

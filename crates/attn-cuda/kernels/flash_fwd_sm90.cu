@@ -213,7 +213,7 @@ struct Params {
     float* partials;
     long long* trace;  // ATTN_TRACE: [CTA][TRACE_PIECES + 1][TRACE_ROLES][TRACE_EVENTS] stamps
     int win_left, win_right;  // ATTN_WINDOW: row i sees keys i + shift - win_left ..= i + shift + win_right
-    float softcap_in;         // ATTN_SOFTCAP: 2 log2(e) |scale| / cap, tanh's argument times 2 log2(e)
+    float softcap_in;         // ATTN_SOFTCAP: |scale| / cap, tanh's argument per unscaled score
     float softcap_out;        // ATTN_SOFTCAP: cap * log2(e), the capped score in base-2 softmax units
     const float* alibi_slopes;  // ATTN_ALIBI: [heads_q], or [batch, heads_q]
     int alibi_batch_stride;     // ATTN_ALIBI: 0 (a slope per head) or heads_q (per batch and head)

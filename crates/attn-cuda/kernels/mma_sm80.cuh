@@ -63,6 +63,14 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
+// tanh(x) in one MUFU.TANH instruction (tanh.approx.f32: the soft-cap's; its error in
+// crates/attn-cuda/src/scores.rs, ScoreParams::softcap_in).
+__device__ __forceinline__ float tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ unsigned as_u32(elem2_t x) { return *reinterpret_cast<unsigned*>(&x); }
 
 // Max / sum over the 4 threads of a quad, which together hold one row of an accumulator tile.

@@ -304,35 +304,29 @@ __device__ __forceinline__ void mask_window(float (&s)[NS], int row, int n0, int
 }
 #endif
 
+// A raw score soft-capped under ATTN_SOFTCAP (tanh(|scale| s / cap), see cap_scores), else as it is.
+__device__ __forceinline__ float capped(float s, float softcap_in) {
 #if ATTN_SOFTCAP
-// The soft-cap, in place on a tile's raw scores: s <- tanh(|scale| s / cap), which the
-// exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped score. tanh(x) is
-// 1 - 2 / (1 + 2^(2 x log2(e))), within a few f32 ulps of 1 in absolute error (tanh.approx.f32's
-// 2^-11 relative error would move a capped score of 30 by 0.015, and the LSE past the verify
-// tolerance). The exp2 is one MUFU.EX2. The reciprocal runs on the FMA pipe (reciprocal())
-// without a mask with two consumer warpgroups, where the multi-function unit is what the
-// softmax's own exp2 already keeps as busy as the tensor cores (D=128): 3-5% faster than MUFU.RCP
-// on the H100 at S=4096 and 16384 (0528746, docs/experiments.md); elsewhere MUFU.RCP: causal,
-// the FMA pipe's was 1-3% slower; windows were not measured; three consumers (D=64) have no
-// registers to spare. The exponent is capped at 64 for reciprocal() (tanh is 1 to f32 long
-// before), so that 1 + 2^x stays a normal number; 2^-inf gives -1. Before the mask, which must
-// leave -inf.
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(s) : "f"(s * softcap_in));
+#endif
+    return s;
+}
+
+#if ATTN_SOFTCAP
+// The soft-cap, in place on a tile's raw scores: s <- tanh(|scale| s / cap) (Params::softcap_in
+// = |scale| / cap), which the exponent's factor (Ctx::sl2 = cap * log2(e)) turns into the capped
+// score; one MUFU.TANH a score (its error: ScoreParams::softcap_in in src/scores.rs). Before the
+// mask, which must leave -inf. With ALiBi, add_alibi caps each score as it adds the bias instead
+// (capped()): the whole tile capped first, ptxas spilled 12-172 bytes in 13 of the ALiBi variants.
 __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-        float r;
-        if (CONSUMERS == 2 && !CAUSAL && !ATTN_WINDOW) {
-            r = reciprocal(1.f + exp2_fast(fminf(s[i] * softcap_in, 64.f)));
-        } else {
-            asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + exp2_fast(s[i] * softcap_in)));
-        }
-        s[i] = fmaf(-2.f, r, 1.f);
-    }
+    for (int i = 0; i < NS; ++i) s[i] = capped(s[i], softcap_in);
 }
 #endif
 
 #if ATTN_ALIBI
-// ALiBi, in place on a tile's (capped) scores: -slope |row + shift - col| in the units of s
+// ALiBi, in place on a tile's scores (each capped first under ATTN_SOFTCAP, by capped(), in the
+// general form, the only one with a soft-cap): -slope |row + shift - col| in the units of s
 // (`slope_s`: the slope times log2(e) / sl2, so that the exponent's factor makes it the bias in
 // base-2 units). This thread's distances d = row + shift - col are one base d0 plus compile-time
 // offsets (its rows row, row + 8; its keys n0 + 8c + 2 (lane % 4) + {0, 1}), integers below 2^24,
@@ -355,7 +349,7 @@ __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 // Those take the general form on every tile.
 constexpr bool ALIBI_LINEAR = D <= 128 && !ATTN_SOFTCAP && (D == 128 || CAUSAL || ATTN_WINDOW);
 __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row, int warp_row0, int n0, int shift,
-                                          float slope_s) {
+                                          float slope_s, float softcap_in) {
     const int d0 = row + shift - n0 - 2 * (int)(threadIdx.x % 4);
     const bool before = n0 + BN - 1 <= warp_row0 + shift;  // the warp's first row sees the tile's last key
     const bool after = n0 >= warp_row0 + 15 + shift;       // its last row's diagonal is before the first key
@@ -376,7 +370,7 @@ __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float d = base + (float)(8 * (e >> 1) - 8 * c - (e & 1));
-            s[4 * c + e] = fmaf(-slope_s, fabsf(d), s[4 * c + e]);
+            s[4 * c + e] = fmaf(-slope_s, fabsf(d), capped(s[4 * c + e], softcap_in));
         }
 }
 #endif
@@ -572,11 +566,11 @@ __device__ __forceinline__ void mask_window_tile(const Ctx& c, float (&sc)[NS], 
 // must be rescaled.
 __device__ __forceinline__ bool softmax_step(const Ctx& c, float (&sc)[NS], RowState& st, int j, float (&alpha)[2]) {
     const int n0 = j * BN;
-#if ATTN_SOFTCAP
+#if ATTN_SOFTCAP && !ATTN_ALIBI
     cap_scores(sc, c.p.softcap_in);
 #endif
 #if ATTN_ALIBI
-    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi);
+    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi, c.p.softcap_in);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);
@@ -600,11 +594,11 @@ __device__ __forceinline__ bool softmax_speculative(const Ctx& c, float (&o)[NO]
                                                     float (&sc)[NS], RowState& st, int j, unsigned k_smem,
                                                     float (&alpha)[2]) {
     const int n0 = j * BN;
-#if ATTN_SOFTCAP
+#if ATTN_SOFTCAP && !ATTN_ALIBI
     cap_scores(sc, c.p.softcap_in);
 #endif
 #if ATTN_ALIBI
-    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi);
+    add_alibi(sc, st, c.row0, c.warp_row0, n0, c.shift, c.alibi, c.p.softcap_in);
 #endif
 #if ATTN_WINDOW
     mask_window_tile(c, sc, n0);

@@ -419,7 +419,8 @@ pub fn full() -> Vec<Case> {
         // Sequences around the prefill kernels' query blocks (64 to 192 rows): empty, one token,
         // one short of a block, a block, one past, several; keys packed and longer than the
         // queries, or a dense cache each sequence fills partly (seqused_k); each native head dim;
-        // one with ALiBi, one windowed, one soft-capped.
+        // one with ALiBi, one windowed, one soft-capped; D=64 windowed and soft-capped, with and
+        // without ALiBi.
         if dtype != DType::F32 {
             let q_lens = [0, 1, 127, 128, 129, 191, 193, 450];
             let k_lens = [5, 1, 300, 128, 140, 0, 400, 450];
@@ -429,18 +430,31 @@ pub fn full() -> Vec<Case> {
                 ("b8-d256-seqused-causal", 256, KeyStore::DenseUsed, Mask::Causal),
                 ("b8-d128-window", 128, KeyStore::Packed, Mask::Window { left: Some(70), right: Some(5) }),
                 ("b8-d64-causal-cap20", 64, KeyStore::Packed, Mask::Causal),
+                (
+                    "b8-d64-window-cap20",
+                    64,
+                    KeyStore::Packed,
+                    Mask::Window { left: Some(100), right: Some(0) },
+                ),
+                (
+                    "b8-d64-window-cap20-alibi",
+                    64,
+                    KeyStore::Packed,
+                    Mask::Window { left: Some(100), right: Some(0) },
+                ),
             ];
             for (tag, d, keys, mask) in cases {
                 seed += 1;
                 let shape = Shape { heads_kv: 2, ..Shape::new(1, 4, 1, d) };
                 let (mut problem, extras) = seqs(shape, dtype, &q_lens, &k_lens, keys);
-                if tag.ends_with("cap20") {
+                if tag.contains("cap20") {
                     problem = problem.with_softcap(20.0);
                 }
                 let family = if keys == KeyStore::DenseUsed { "kv-cache" } else { "varlen" };
                 let case =
                     with_extras(family, tag, problem.with_mask(mask), extras, Distribution::Normal, seed);
-                v.push(if d == 128 && mask == Mask::Causal { alibi(case, true) } else { case });
+                let biased = (d == 128 && mask == Mask::Causal) || tag.ends_with("alibi");
+                v.push(if biased { alibi(case, true) } else { case });
             }
         }
         let keys: Vec<usize> = (0..6).map(|_| 1 + rng.below(9000)).collect();

@@ -128,7 +128,7 @@ impl Variant {
     /// soft-cap), or none where the plan takes no such variant ([`hands_over`]).
     fn biased(&self) -> Option<Variant> {
         let v = Variant { alibi: true, ..*self };
-        match capped_biased_tiles(v.head_dim).filter(|_| v.softcap) {
+        match capped_biased_tiles(v.head_dim).filter(|_| v.softcap && !v.window) {
             _ if hands_over(v.head_dim, v.window, v.causal, v.softcap, true) => None,
             Some(t) => Some(Variant { block_n: t.block_n, ..v }),
             None => Some(v),
@@ -393,9 +393,11 @@ pub fn capped_causal_tiles(head_dim: usize) -> Option<Tiles> {
     }
 }
 
-/// Tiles for the soft-cap with ALiBi, under any mask, where [`tiles`]' spill registers: D = 64's
-/// 112-key tiles spilled 36-40 bytes (its three consumers have 152 registers each), none on
-/// 96 keys, the soft-capped causal tiles ([`capped_causal_tiles`]).
+/// Tiles for the soft-cap with ALiBi, with no mask or a causal one, where [`tiles`]' spill
+/// registers: D = 64's 112-key tiles spilled 36-40 bytes (its three consumers have 152 registers
+/// each), none on 96 keys, the soft-capped causal tiles ([`capped_causal_tiles`]). Windows take
+/// [`tiles`]: since the soft-cap is one MUFU.TANH, D = 64's window with both compiles without a
+/// spill on 112 keys, and with sequences spilled 16-36 bytes on 96.
 pub fn capped_biased_tiles(head_dim: usize) -> Option<Tiles> {
     capped_causal_tiles(head_dim)
 }
@@ -444,9 +446,6 @@ pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let capped = problem.params.softcap.is_some();
     let capped_biased = capped && problem.params.alibi.is_some();
     let causal = match KernelMask::of(problem) {
-        KernelMask::Window if capped_biased => {
-            return capped_biased_tiles(kernel_d).unwrap_or(tiles(kernel_d));
-        }
         KernelMask::Window => return tiles(kernel_d),
         mask => mask == KernelMask::Causal,
     };
@@ -496,13 +495,10 @@ pub fn choose(
     let mask = KernelMask::of(problem);
     let (softcap, alibi) = (problem.params.softcap.is_some(), problem.params.alibi.is_some());
     let seqs = !problem.batching.is_dense();
-    // With sequences, D=64's window with a soft-cap (without ALiBi, on 112-key tiles) spills 48
-    // bytes, and D=256's causal soft-cap (without ALiBi) 52 since its consumers clear V's rows
-    // past a sequence's keys (clear_v_past_keys).
-    let spills = !alibi
-        && softcap
-        && ((kernel_d == 64 && mask == KernelMask::Window)
-            || (kernel_d == 256 && mask == KernelMask::Causal));
+    // With sequences, D=256's causal soft-cap (without ALiBi) spills 52 bytes since its consumers
+    // clear V's rows past a sequence's keys (clear_v_past_keys). (D=64's window with a soft-cap
+    // spilled 48 on 112-key tiles until the soft-cap became one MUFU.TANH; none since.)
+    let spills = !alibi && softcap && kernel_d == 256 && mask == KernelMask::Causal;
     if seqs && (kernel_d != s.head_dim || spills) {
         // Padded builds with sequences are not compiled (one padded build per mask and soft-cap
         // is enough to carry). (A cache's slots past a sequence's key count, which TMA loads into
@@ -511,8 +507,8 @@ pub fn choose(
             backend: "cuda (Hopper family)".into(),
             what: format!(
                 "{problem}: sequences of their own lengths on a head dim other than {HEAD_DIMS:?}, or with \
-                 a soft-cap at D=64 with a window or D=256 causal (the consumers would spill registers); the \
-                 Ampere/Ada family runs it"
+                 a soft-cap at D=256 causal (the consumers would spill registers); the Ampere/Ada family \
+                 runs it"
             ),
         });
     }
@@ -895,11 +891,11 @@ mod tests {
         assert_eq!(Variant::all().iter().filter(|v| v.pad).count(), 34);
         // Sequences (each mask with and without the soft-cap and ALiBi, on each native head dim's
         // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), and
-        // the soft-capped D=64 window and D=256 causal (which spill with sequences), for each dtype.
+        // its soft-capped causal mask (which spills with sequences), for each dtype.
         // The same again from a paged cache, and once more the five of D=64's that take its
         // paged tiles (paged_tiles: no window, no soft-capped causal mask, no soft-cap with ALiBi).
-        assert_eq!(Variant::all().iter().filter(|v| v.seqs && !v.paged).count(), 2 * (11 + 12 + 7));
-        assert_eq!(Variant::all().iter().filter(|v| v.paged).count(), 2 * (11 + 12 + 7 + 5));
+        assert_eq!(Variant::all().iter().filter(|v| v.seqs && !v.paged).count(), 2 * (12 + 12 + 7));
+        assert_eq!(Variant::all().iter().filter(|v| v.paged).count(), 2 * (12 + 12 + 7 + 5));
     }
 
     #[test]
@@ -989,7 +985,7 @@ mod tests {
                     let plain = Problem { params: attn_core::Params { alibi: None, ..m.params }, ..m };
                     let (p, _) = choose(&plain, &h100, 132, None, true).unwrap();
                     assert_eq!(Variant { alibi: false, block_n: p.block_n, ..v }, p);
-                    let short = capped_biased_tiles(d).filter(|_| capped && biased);
+                    let short = capped_biased_tiles(d).filter(|_| capped && biased && !windowed);
                     assert_eq!(v.block_n, short.map_or(p.block_n, |t| t.block_n), "{}", v.name());
                     let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
                     assert_eq!(notes.iter().any(|n| n.contains("ALiBi")), v.alibi, "{notes:?}");
