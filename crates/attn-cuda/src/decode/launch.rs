@@ -48,6 +48,7 @@ pub struct DecodeParams {
     page_size: i32,
     pages_per_seq: i32,
     alibi_batch_stride: i32,
+    /// The soft-cap's factors ([`crate::scores::ScoreParams`]'s `softcap_out`, `softcap_in`).
     softcap_log2: f32,
     softcap_inv: f32,
     /// Pages in a paged cache: the kernel clamps page numbers below it (a device-resident
@@ -88,7 +89,7 @@ impl DecodeParams {
             }
             _ => (0, 0, 0),
         };
-        let cap = problem.params.softcap.unwrap_or(0.0);
+        let scores = crate::scores::ScoreParams::of(problem);
         DecodeParams {
             q: at.q,
             k: at.k,
@@ -124,8 +125,8 @@ impl DecodeParams {
                 Some(Alibi::PerBatchHead) => s.heads_q as i32,
                 _ => 0,
             },
-            softcap_log2: cap * std::f32::consts::LOG2_E,
-            softcap_inv: if cap > 0.0 { problem.scale().abs() / cap } else { 0.0 },
+            softcap_log2: scores.softcap_out,
+            softcap_inv: scores.softcap_in,
             pages,
             cu_seqlens_q: extras.cu_seqlens_q,
             cu_seqlens_k: extras.cu_seqlens_k,
