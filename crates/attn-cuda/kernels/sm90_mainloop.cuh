@@ -348,6 +348,7 @@ __device__ __forceinline__ void cap_scores(float (&s)[NS], float softcap_in) {
 // mask (1.017-1.030x the general form's time at S=4096 in two calls, h100-hopper-alibi-linear.json).
 // Those take the general form on every tile.
 constexpr bool ALIBI_LINEAR = D <= 128 && !ATTN_SOFTCAP && (D == 128 || CAUSAL || ATTN_WINDOW);
+static_assert(!(ALIBI_LINEAR && ATTN_SOFTCAP), "the linear form does not cap its scores (capped()); softmax_step skips cap_scores with ALiBi");
 __device__ __forceinline__ void add_alibi(float (&s)[NS], RowState& st, int row, int warp_row0, int n0, int shift,
                                           float slope_s, float softcap_in) {
     const int d0 = row + shift - n0 - 2 * (int)(threadIdx.x % 4);
