@@ -108,31 +108,24 @@ impl Variant {
         v
     }
 
-    /// The soft-capped form of this variant as the plan makes it ([`capped_causal_tiles`]), or
-    /// none where the plan takes no such variant (D=128's short causal tiles; D=256 windows;
-    /// windows in two Q slots, whose key-tile loop ptxas then built on the vector datapath: 42
-    /// R2UR, against at most 8).
+    /// The soft-capped form of this variant, or none where the plan takes no such variant:
+    /// D=128's short causal tiles (with the cap's tanh ptxas spills 12 bytes there, so a
+    /// soft-capped causal D=128 takes [`tiles`]); D=256 windows; windows in two Q slots, whose
+    /// key-tile loop ptxas then built on the vector datapath: 42 R2UR, against at most 8.
     fn capped(&self) -> Option<Variant> {
         let v = Variant { softcap: true, ..*self };
         match (v.causal, v.window, v.head_dim, v.consumers) {
             (true, _, 128, 3) | (_, true, 256, _) => None,
             (_, true, _, _) if v.q_slots == 2 => None,
-            (true, _, d, _) => {
-                Some(capped_causal_tiles(d).map_or(v, |t| Variant { block_n: t.block_n, ..v }))
-            }
             _ => Some(v),
         }
     }
 
-    /// The ALiBi form of this variant as the plan makes it ([`capped_biased_tiles`] with a
-    /// soft-cap), or none where the plan takes no such variant ([`hands_over`]).
+    /// The ALiBi form of this variant, or none where the plan takes no such variant
+    /// ([`hands_over`]).
     fn biased(&self) -> Option<Variant> {
         let v = Variant { alibi: true, ..*self };
-        match capped_biased_tiles(v.head_dim).filter(|_| v.softcap && !v.window) {
-            _ if hands_over(v.head_dim, v.window, v.causal, v.softcap, true) => None,
-            Some(t) => Some(Variant { block_n: t.block_n, ..v }),
-            None => Some(v),
-        }
+        (!hands_over(v.head_dim, v.window, v.causal, v.softcap, true)).then_some(v)
     }
 
     /// The variants without a window or a soft-cap.
@@ -382,24 +375,15 @@ pub fn paged_tiles(head_dim: usize, page_size: usize) -> Option<Tiles> {
     }
 }
 
-/// Tiles for the soft-cap under a causal mask where [`tiles`]' spill registers with the cap's
-/// tanh: D = 64's three consumers (128 registers each at entry) spilled 44 bytes on 112-key
-/// tiles, none on 96. (D = 128's [`short_causal_tiles`] spilled 92 bytes: a soft-capped causal
-/// D = 128 takes [`tiles`].)
-pub fn capped_causal_tiles(head_dim: usize) -> Option<Tiles> {
+/// Tiles for a soft-cap with sequences (packed or paged) under a causal mask or with ALiBi:
+/// D = 64's 96 keys, 1.7% faster than its [`tiles`]' 112 with packed sequences and 3.7% faster
+/// than its [`paged_tiles`] from pages of 64 keys, where a dense problem ran 2.6-2.8% faster on
+/// 112 than on 96 (H200, h200-softcap-d64-tiles.json).
+pub fn capped_sequence_tiles(head_dim: usize) -> Option<Tiles> {
     match head_dim {
         64 => Some(Tiles { block_n: 96, ..tiles(head_dim) }),
         _ => None,
     }
-}
-
-/// Tiles for the soft-cap with ALiBi, with no mask or a causal one, where [`tiles`]' spill
-/// registers: D = 64's 112-key tiles spilled 36-40 bytes (its three consumers have 152 registers
-/// each), none on 96 keys, the soft-capped causal tiles ([`capped_causal_tiles`]). Windows take
-/// [`tiles`]: since the soft-cap is one MUFU.TANH, D = 64's window with both compiles without a
-/// spill on 112 keys, and with sequences spilled 16-36 bytes on 96.
-pub fn capped_biased_tiles(head_dim: usize) -> Option<Tiles> {
-    capped_causal_tiles(head_dim)
 }
 
 /// Whether the Hopper family hands a problem of these features to the Ampere/Ada family, whose
@@ -434,31 +418,30 @@ const LONG_TILE_COST_PER_MILLE: usize = 985;
 /// [`tiles`].
 ///
 /// A window takes [`tiles`]: its key tiles per query block are few (their ends masked), and
-/// neither the causal tiles' nor the long tiles' measurements apply. A soft-cap under a causal
-/// mask takes [`capped_causal_tiles`] where a head dim has them, and never the short causal ones.
+/// neither the causal tiles' nor the long tiles' measurements apply. A soft-cap never takes the
+/// short causal tiles (where ptxas spills with it); with sequences, under a causal mask or with
+/// ALiBi, it takes [`capped_sequence_tiles`] where a head dim has them.
 ///
-/// A padded head dim ([`Variant::pad`]) takes its kernel's [`tiles`] (or [`capped_causal_tiles`])
-/// whatever the keys: one padded build per mask and kernel head dim, not one per tile choice; so
-/// do sequences of their own lengths ([`Variant::seqs`]), whose lengths the plan does not see.
+/// A padded head dim ([`Variant::pad`]) takes its kernel's [`tiles`] whatever the keys: one
+/// padded build per mask and kernel head dim, not one per tile choice; so do sequences of their
+/// own lengths ([`Variant::seqs`]), whose lengths the plan does not see.
 pub fn key_tiles_for(problem: &Problem) -> Tiles {
     let (d, seq_k) = (problem.shape.head_dim, problem.shape.seq_k);
     let kernel_d = kernel_head_dim(d).unwrap_or(d);
     let capped = problem.params.softcap.is_some();
-    let capped_biased = capped && problem.params.alibi.is_some();
     let causal = match KernelMask::of(problem) {
         KernelMask::Window => return tiles(kernel_d),
         mask => mask == KernelMask::Causal,
     };
-    if let Some(t) = capped_biased_tiles(kernel_d).filter(|_| capped_biased) {
-        return t;
-    }
-    if let Some(t) = capped_causal_tiles(kernel_d).filter(|_| causal && capped) {
+    let sequences = !problem.batching.is_dense();
+    let biased = problem.params.alibi.is_some();
+    if let Some(t) = capped_sequence_tiles(kernel_d).filter(|_| sequences && capped && (causal || biased)) {
         return t;
     }
     if let attn_core::KvRows::Paged { page_size, .. } = problem.batching.kv {
         return paged_tiles(kernel_d, page_size).unwrap_or(tiles(kernel_d));
     }
-    if kernel_d != d || !problem.batching.is_dense() {
+    if kernel_d != d || sequences {
         return tiles(kernel_d);
     }
     if let Some(t) = short_causal_tiles(d, causal).filter(|_| seq_k <= SHORT_CAUSAL_MAX_KEYS && !capped) {
@@ -893,7 +876,8 @@ mod tests {
         // one tile configuration): 12 per head dim but D=256's 4 handed over (hands_over), and
         // its soft-capped causal mask (which spills with sequences), for each dtype.
         // The same again from a paged cache, and once more the five of D=64's that take its
-        // paged tiles (paged_tiles: no window, no soft-capped causal mask, no soft-cap with ALiBi).
+        // paged tiles (paged_tiles: no window, no soft-cap under a causal mask or with ALiBi,
+        // capped_sequence_tiles).
         assert_eq!(Variant::all().iter().filter(|v| v.seqs && !v.paged).count(), 2 * (12 + 12 + 7));
         assert_eq!(Variant::all().iter().filter(|v| v.paged).count(), 2 * (12 + 12 + 7 + 5));
     }
@@ -948,6 +932,20 @@ mod tests {
             let e = choose(&padded, &h100, 132, None, true).unwrap_err().to_string();
             assert!(e.contains("Ampere/Ada family runs it"), "{e}");
         }
+        // D=64 soft-capped under a causal mask: 96-key tiles with sequences, packed or paged
+        // (capped_sequence_tiles), 112 dense; without a mask or ALiBi, a paged cache's tiles.
+        let shape = Shape::new(1, 16, 1, 64);
+        for (store, causal, block_n) in [
+            (KeyStore::Packed, true, 96),
+            (KeyStore::Paged { page_size: 64, seed: 1 }, true, 96),
+            (KeyStore::Paged { page_size: 64, seed: 1 }, false, 64),
+        ] {
+            let (p, _) = batch_of(shape, DType::Bf16, &[300, 900], &[1000, 2000], store);
+            let m = if causal { p.causal() } else { p }.with_softcap(30.0);
+            assert_eq!(choose(&m, &h100, 132, None, true).unwrap().0.block_n, block_n, "{m}");
+        }
+        let dense = Problem::new(Shape::new(1, 16, 4096, 64), DType::Bf16).causal().with_softcap(30.0);
+        assert_eq!(choose(&dense, &h100, 132, None, true).unwrap().0.block_n, 112);
     }
 
     #[test]
@@ -980,23 +978,18 @@ mod tests {
                     let (v, launch) = choose(&m, &h100, 132, None, true).unwrap();
                     assert!(all.contains(&v), "{} for {m} is not compiled in CI", v.name());
                     assert_eq!(v.softcap, m.params.softcap.is_some());
-                    // ALiBi changes no other choice of the plan's but the soft-capped tiles.
+                    // ALiBi changes no other choice of the plan's.
                     assert_eq!(v.alibi, biased);
                     let plain = Problem { params: attn_core::Params { alibi: None, ..m.params }, ..m };
                     let (p, _) = choose(&plain, &h100, 132, None, true).unwrap();
-                    assert_eq!(Variant { alibi: false, block_n: p.block_n, ..v }, p);
-                    let short = capped_biased_tiles(d).filter(|_| capped && biased && !windowed);
-                    assert_eq!(v.block_n, short.map_or(p.block_n, |t| t.block_n), "{}", v.name());
+                    assert_eq!(Variant { alibi: false, ..v }, p);
                     let notes = v.notes(&m, &launch, v.split(&m, launch.grid[0]));
                     assert_eq!(notes.iter().any(|n| n.contains("ALiBi")), v.alibi, "{notes:?}");
                     if v.window {
                         // The Q slots of no mask, the head dim's tiles, no split tail.
                         assert_eq!(
                             (v.q_slots, v.block_n),
-                            (
-                                if v.softcap { 1 } else { q_slots_for(d, false) },
-                                short.map_or(tiles(d).block_n, |t| t.block_n)
-                            ),
+                            (if v.softcap { 1 } else { q_slots_for(d, false) }, tiles(d).block_n),
                             "{}",
                             v.name()
                         );
@@ -1055,12 +1048,10 @@ mod tests {
                     .iter()
                     .any(|n| n.contains(&format!("head dim {d} runs the D = {next} kernel padded")));
                 assert_eq!(said, v.pad, "{notes:?}");
-                // The padded build is the kernel's own configuration, ATTN_PAD added.
                 // The padded build is the kernel's one configuration (no short or long key
                 // tiles), ATTN_PAD added.
                 if v.pad {
-                    let capped = p.params.softcap.is_some() && v.causal;
-                    let t = capped_causal_tiles(next).filter(|_| capped).unwrap_or(tiles(next));
+                    let t = tiles(next);
                     assert_eq!((v.block_n, v.stages, v.consumers), (t.block_n, t.stages, t.consumers));
                     assert!(v.defines().contains(&("ATTN_PAD".into(), "1".into())));
                 }
