@@ -59,7 +59,7 @@ pub use knobs::Knob;
 pub use kv_cache::{CacheTensor, NewRows, append_kv, append_rows, check_append_layout};
 pub use plan::{DeviceLimits, Execution, Launch, Payload, Plan, Tiles};
 pub use problem::{Feature, Layout, Mask, Params, Problem, Shape, Strides, TensorStrides};
-pub use sequences::{Alibi, Batching, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};
+pub use sequences::{Alibi, Batching, ExtraArray, Extras, KvRows, OwnedExtras, QueryRows, SeqMap};
 pub use tensor::{Buffer, Data, DataMut, Inputs, Outputs};
 
 pub use half;

@@ -266,7 +266,54 @@ pub fn batch_of(
     (problem, extras)
 }
 
+/// One of the arrays a problem reads beside q, k and v ([`Extras`]' fields), as
+/// [`Problem::extras_read`] describes it for the checks of the device-resident calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtraArray {
+    /// The field's name: `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`, `block_table` or
+    /// `alibi_slopes`.
+    pub name: &'static str,
+    /// What in a problem needs it ("packed (varlen) queries", ...).
+    pub why: &'static str,
+    /// Where this problem needs it: the entries it reads, and how that count is made
+    /// (`"[batch + 1]"`, ...); `None` where it has no use for the array.
+    pub read: Option<(usize, &'static str)>,
+}
+
 impl Problem {
+    /// The five arrays of [`Extras`], in its order, each with the entries this problem reads
+    /// from it: `[batch + 1]` offsets for packed queries and keys, `[batch]` key counts,
+    /// `[batch, pages_per_seq]` page numbers, `[heads_q]` or `[batch, heads_q]` slopes.
+    pub fn extras_read(&self) -> [ExtraArray; 5] {
+        let s = self.shape;
+        let b = self.batching;
+        let array = |name, why, read| ExtraArray { name, why, read };
+        let paged = match b.kv {
+            KvRows::Paged { pages_per_seq, .. } => Some((s.batch * pages_per_seq, "[batch, pages_per_seq]")),
+            _ => None,
+        };
+        let slopes = match self.params.alibi {
+            Some(Alibi::PerHead) => Some((s.heads_q, "[heads_q]")),
+            Some(Alibi::PerBatchHead) => Some((s.batch * s.heads_q, "[batch, heads_q]")),
+            None => None,
+        };
+        [
+            array(
+                "cu_seqlens_q",
+                "packed (varlen) queries",
+                matches!(b.q, QueryRows::Packed { .. }).then_some((s.batch + 1, "[batch + 1]")),
+            ),
+            array(
+                "cu_seqlens_k",
+                "packed (varlen) keys",
+                matches!(b.kv, KvRows::Packed { .. }).then_some((s.batch + 1, "[batch + 1]")),
+            ),
+            array("seqused_k", "per-sequence key counts", b.keys_used.then_some((s.batch, "[batch]"))),
+            array("block_table", "paged KV cache", paged),
+            array("alibi_slopes", "ALiBi", slopes),
+        ]
+    }
+
     /// Checks that `extras` holds exactly the arrays this problem's layout and parameters ask
     /// for, of the right lengths, with indices in range: offsets that start at 0 and never
     /// decrease, sequences no longer than `seq_q`/`seq_k`, key counts within each sequence's

@@ -15,7 +15,7 @@
 //! unchanged, so the results are the host-copy path's bit for bit.
 
 use crate::tensors::ExtraPointers;
-use attn_core::{Alibi, Error, KvRows, Problem, QueryRows, Result};
+use attn_core::{Error, Problem, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceSlice};
 
 /// What [`crate::Cuda::run_on_stream`] takes beside q, k, v and o, each where the plan's
@@ -51,7 +51,7 @@ impl<'a> DeviceArrays<'a> {
     }
 
     /// The index arrays as [`Given`]s (their lengths, addresses and contexts), in the order of
-    /// [`needed`], with the guards that order the stream after their last writes elsewhere
+    /// [`Problem::extras_read`], with the guards that order the stream after their last writes elsewhere
     /// (held by the caller until the launch is enqueued).
     pub(crate) fn given<'s>(
         &'s self,
@@ -92,41 +92,7 @@ pub(crate) struct Given {
     pub other_context: Option<usize>,
 }
 
-/// Each index array's name, and the entries the problem reads from it with how that count is
-/// made (`None` where the problem has no use for the array): `cu_seqlens_q`, `cu_seqlens_k`,
-/// `seqused_k`, `block_table`, `alibi_slopes`, in [`ExtraPointers`]' order.
-pub(crate) fn needed(problem: &Problem) -> [(&'static str, Option<(usize, &'static str)>); 5] {
-    let s = problem.shape;
-    let b = problem.batching;
-    [
-        ("cu_seqlens_q", matches!(b.q, QueryRows::Packed { .. }).then_some((s.batch + 1, "[batch + 1]"))),
-        ("cu_seqlens_k", matches!(b.kv, KvRows::Packed { .. }).then_some((s.batch + 1, "[batch + 1]"))),
-        ("seqused_k", b.keys_used.then_some((s.batch, "[batch]"))),
-        (
-            "block_table",
-            match b.kv {
-                KvRows::Paged { pages_per_seq, .. } => {
-                    Some((s.batch * pages_per_seq, "[batch, pages_per_seq]"))
-                }
-                _ => None,
-            },
-        ),
-        (
-            "alibi_slopes",
-            match problem.params.alibi {
-                Some(Alibi::PerHead) => Some((s.heads_q, "[heads_q]")),
-                Some(Alibi::PerBatchHead) => Some((s.batch * s.heads_q, "[batch, heads_q]")),
-                None => None,
-            },
-        ),
-    ]
-}
-
-/// What in a problem needs each array, for the errors.
-const WHY: [&str; 5] =
-    ["packed (varlen) queries", "packed (varlen) keys", "per-sequence key counts", "paged KV cache", "ALiBi"];
-
-/// Checks `given` (in [`needed`]'s order) against `problem` (`stream_ordinal`, the device of the
+/// Checks `given` (in [`Problem::extras_read`]'s order) against `problem` (`stream_ordinal`, the device of the
 /// stream's context, is for the errors): each array present exactly when the problem needs it, long enough
 /// where its length is known, on the stream's context, 4-byte aligned. Returns the addresses
 /// for the kernel's parameter block (0 for each absent one).
@@ -136,7 +102,8 @@ pub(crate) fn check(
     stream_ordinal: usize,
 ) -> Result<ExtraPointers> {
     let mut at = [0u64; 5];
-    for (i, ((name, need), given)) in needed(problem).into_iter().zip(given).enumerate() {
+    for (i, (array, given)) in problem.extras_read().into_iter().zip(given).enumerate() {
+        let (name, need, why) = (array.name, array.read, array.why);
         let kind = if name == "alibi_slopes" { "f32" } else { "i32" };
         let given = match (need, given) {
             (None, None) => continue,
@@ -146,7 +113,7 @@ pub(crate) fn check(
                     what: format!(
                         "the problem uses {}, so `{name}` ({dims} = {n} {kind} in device memory) is \
                          required but was not given",
-                        WHY[i]
+                        why
                     ),
                 });
             }
@@ -155,7 +122,7 @@ pub(crate) fn check(
                     tensor: name,
                     what: format!(
                         "`{name}` was given, but the problem uses no {}: give it only with one",
-                        WHY[i]
+                        why
                     ),
                 });
             }
@@ -205,7 +172,12 @@ pub(crate) fn given_raw(at: ExtraPointers) -> [Option<Given>; 5] {
 mod tests {
     use super::*;
     use attn_core::sequences::{KeyStore, batch_of};
-    use attn_core::{DType, Shape};
+    use attn_core::{Alibi, DType, Shape};
+
+    /// Each array's name and the entries the problem reads from it, in `check`'s order.
+    fn needed(problem: &Problem) -> [(&'static str, Option<(usize, &'static str)>); 5] {
+        problem.extras_read().map(|a| (a.name, a.read))
+    }
 
     fn shape() -> Shape {
         Shape { batch: 1, heads_q: 4, heads_kv: 2, seq_q: 1, seq_k: 1, head_dim: 64 }

@@ -288,8 +288,13 @@ pub fn quick() -> Vec<Case> {
         v.push(with_extras("paged", &format!("prefill-d{d}-page{page}"), problem, extras, Normal, seed));
     }
     // D=64's paged tiles with a soft-cap (large logits) and ALiBi under a causal mask.
-    let (problem, extras) =
-        seqs(prefill(64), Bf16, &[70, 0, 33, 130], &[300, 1, 33, 177], KeyStore::Paged { page_size: 64, seed: 195 });
+    let (problem, extras) = seqs(
+        prefill(64),
+        Bf16,
+        &[70, 0, 33, 130],
+        &[300, 1, 33, 177],
+        KeyStore::Paged { page_size: 64, seed: 195 },
+    );
     let capped = problem.causal().with_softcap(5.0);
     v.push(alibi(with_extras("paged", "prefill-d64-page64-cap5", capped, extras, LargeMagnitude, 195), true));
     let (problem, extras) =

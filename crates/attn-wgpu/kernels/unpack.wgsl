@@ -6,6 +6,9 @@
 // a 16-bit element that shares its word with memory outside the view is written by atomic
 // and/or of its half. Where a kernel's loops were cut short (the status word, see
 // `loop_limit_probe`), the output is NaN, never a wrong finite answer.
+// With sequences of their own lengths, only each sequence's rows are written: packed queries at
+// their packed rows (first row from the sequence table, `seqs.wgsl`), their LSE at
+// [heads_q, total]; rows past a sequence's length (padding) are not written.
 // One invocation per (row, word of the caller's row).
 {{CONVERT}}
 
@@ -33,6 +36,11 @@ struct Unpack {
     // The LSE's first element in its bound range, and whether to write it.
     lse_base: u32,
     lse_on: u32,
+    // Sequences of their own lengths: 1; else 0. Packed queries: 1, and their rows in all.
+    seqs: u32,
+    q_packed: u32,
+    q_total: u32,
+    batch: u32,
     pad0: u32,
     pad1: u32,
     pad2: u32,
@@ -44,6 +52,8 @@ struct Unpack {
 @group(0) @binding(3) var<storage, read> status: array<u32>;
 @group(0) @binding(4) var<storage, read_write> o: array<{{O_WORD}}>;
 @group(0) @binding(5) var<storage, read_write> lse: array<u32>;
+// The sequence table, with sequences.
+@group(0) @binding(6) var<storage, read> table: array<u32>;
 
 // Element `c` of packed row `row`, as bits of the caller's type.
 fn value(row: u32, c: u32) -> u32 {
@@ -73,9 +83,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row = i / P.row_words;
     let w = i % P.row_words;
     let bh = row / P.seq;
-    let first = P.base + (bh / P.heads) * P.stride_b + (bh % P.heads) * P.stride_h + (row % P.seq) * P.stride_s;
+    let h = bh % P.heads;
+    var b = bh / P.heads;
+    var out_row = row % P.seq;
+    var lse_at = row;
+    if (P.seqs != 0u) {
+        let seq = b;
+        if (out_row >= table[2u * seq]) {
+            return;
+        }
+        if (P.q_packed != 0u) {
+            b = 0u;
+            out_row += table[2u * P.batch + 2u * seq];
+            lse_at = h * P.q_total + out_row;
+        }
+    }
+    let first = P.base + b * P.stride_b + h * P.stride_h + out_row * P.stride_s;
 {{STORE}}
     if (P.lse_on != 0u && w == 0u) {
-        lse[P.lse_base + row] = select(lse_packed[row], 0x7fc00000u, status[0] != 0u);
+        lse[P.lse_base + lse_at] = select(lse_packed[row], 0x7fc00000u, status[0] != 0u);
     }
 }

@@ -11,10 +11,10 @@
 //! and per-sequence key counts, grouped-query attention and head dims up to 256 (padded with
 //! zeros to a multiple of 32). Windows, soft-caps, ALiBi and sequences of their own lengths run on
 //! the FMA kernel only (f16 then without cooperative matrices); a block walks only the key tiles
-//! its rows' windows reach. Packed and paged sequences are gathered on the host into the kernel's
-//! layout, each padded to the longest, and the kernel reads each sequence's lengths; the
-//! device-resident path refuses them (their index arrays are not among its inputs) with a typed
-//! error, and takes ALiBi's slopes as a buffer of the caller's. Inputs of any strides are packed
+//! its rows' windows reach. Packed and paged sequences are gathered into the kernel's layout,
+//! each padded to the longest, and the kernel reads each sequence's lengths: on the host for the
+//! host path, on the GPU from the caller's index arrays for the device-resident path, which takes
+//! those and ALiBi's slopes as buffers of the caller's. Inputs of any strides are packed
 //! on the host into contiguous BHSD buffers when prepared; the output is written back into the
 //! caller's view.
 //!
@@ -87,7 +87,7 @@ pub use backend::Wgpu;
 pub use on_device::OnDevice;
 pub use options::{KNOBS, Options};
 pub use plan::AdapterCaps;
-pub use resident::{DeviceInputs, DeviceOutputs, DeviceTensor};
+pub use resident::{DeviceInputs, DeviceOutputs, DeviceSequences, DeviceTensor};
 
 #[cfg(test)]
 mod wgsl_dump;

@@ -2,7 +2,7 @@
 //! --resident` and benchmarks: [`OnDevice`].
 
 use crate::backend::{Wgpu, read_buffer};
-use crate::resident::{DeviceInputs, DeviceOutputs, DeviceTensor};
+use crate::resident::{DeviceInputs, DeviceOutputs, DeviceSequences, DeviceTensor};
 use attn_core::{
     Attention, Availability, Buffer, DType, Data, Inputs, Numerics, Outputs, Plan, Prepared, Problem, Result,
 };
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
 /// The device-resident path behind the [`Attention`] trait (`wgpu-resident`): `prepare` copies
-/// the inputs (and ALiBi's slopes) into buffers of their own on the backend's device, as a
-/// caller's would be, and poisons the output; `run` calls [`Wgpu::submit`] on them and waits
+/// the inputs (ALiBi's slopes and the index arrays of packed or paged sequences too) into buffers
+/// of their own on the backend's device, as a caller's would be, and poisons the output; `run` calls [`Wgpu::submit`] on them and waits
 /// (timed by the host clock); `read` copies o and the LSE back. Its results must equal the
 /// `wgpu` backend's bit for bit.
 #[derive(Default)]
@@ -26,13 +26,16 @@ impl OnDevice {
     }
 }
 
-/// A prepared call's buffers: q, k, v, o, the LSE (where asked for) and the slopes (with ALiBi).
+/// A prepared call's buffers: q, k, v, o, the LSE (where asked for), the slopes (with ALiBi)
+/// and the index arrays (`cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`, `block_table`, where the
+/// problem reads them).
 struct OnDevicePrepared<'a> {
     harness: &'a OnDevice,
     plan: Plan,
     qkvo: [wgpu::Buffer; 4],
     lse: Option<wgpu::Buffer>,
     slopes: Option<wgpu::Buffer>,
+    indices: [Option<wgpu::Buffer>; 4],
 }
 
 impl Attention for OnDevice {
@@ -48,15 +51,8 @@ impl Attention for OnDevice {
         self.wgpu.numerics(dtype)
     }
 
-    /// The backend's plan; packed or paged sequences are refused here already (the
-    /// device-resident call would refuse them: their index arrays are not among its inputs).
+    /// The backend's plan.
     fn plan(&self, problem: &Problem) -> Result<Plan> {
-        if !problem.batching.is_dense() {
-            return Err(attn_core::Error::Unsupported {
-                backend: self.name().into(),
-                what: format!("{problem}: packed or paged sequences on the device-resident path"),
-            });
-        }
         self.wgpu.plan(problem)
     }
 
@@ -85,7 +81,10 @@ impl Attention for OnDevice {
         ];
         let lse = problem.params.return_lse.then(|| upload("lse", &vec![0xff; 4 * problem.lse_len()]));
         let slopes = inputs.extras.alibi_slopes.map(|x| upload("alibi slopes", bytemuck::cast_slice(x)));
-        Ok(Box::new(OnDevicePrepared { harness: self, plan: plan.clone(), qkvo, lse, slopes }))
+        let e = inputs.extras;
+        let indices = [e.cu_seqlens_q, e.cu_seqlens_k, e.seqused_k, e.block_table]
+            .map(|x| x.map(|x| upload("indices", bytemuck::cast_slice(x))));
+        Ok(Box::new(OnDevicePrepared { harness: self, plan: plan.clone(), qkvo, lse, slopes, indices }))
     }
 }
 
@@ -99,8 +98,14 @@ impl Prepared for OnDevicePrepared<'_> {
         let wgpu = &self.harness.wgpu;
         let t = DeviceTensor::new;
         let [q, k, v, o] = &self.qkvo;
-        let inputs =
-            DeviceInputs { alibi_slopes: self.slopes.as_ref().map(t), ..DeviceInputs::new(t(q), t(k), t(v)) };
+        let [cu_seqlens_q, cu_seqlens_k, seqused_k, block_table] =
+            self.indices.each_ref().map(|x| x.as_ref().map(t));
+        let sequences = DeviceSequences { cu_seqlens_q, cu_seqlens_k, seqused_k, block_table };
+        let inputs = DeviceInputs {
+            alibi_slopes: self.slopes.as_ref().map(t),
+            sequences,
+            ..DeviceInputs::new(t(q), t(k), t(v))
+        };
         let outputs = DeviceOutputs { o: t(o), lse: self.lse.as_ref().map(t) };
         let start = Instant::now();
         wgpu.submit(&self.plan, inputs, outputs)?;

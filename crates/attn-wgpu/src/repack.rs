@@ -24,6 +24,8 @@ pub(crate) enum Repack {
     Pack { src: DType, ty: KernelType },
     /// From a packed output of `ty` into the caller's `dst` elements.
     Unpack { ty: KernelType, dst: DType },
+    /// The sequence table from the caller's index arrays (`kernels/seqs.wgsl`).
+    Seqs,
 }
 
 impl Repack {
@@ -37,6 +39,7 @@ impl Repack {
         };
         let f16 = |ty: KernelType| if ty == KernelType::F16 { "true" } else { "false" };
         match self {
+            Repack::Seqs => include_str!("../kernels/seqs.wgsl").to_string(),
             Repack::Pack { src, ty } => crate::wgsl::fill(
                 include_str!("../kernels/pack.wgsl"),
                 &[("CONVERT", convert), ("SRC", code(src)), ("DST_F16", f16(ty))],
@@ -109,6 +112,14 @@ pub(crate) struct PackParams {
     tile: u32,
     words: u32,
     groups_x: u32,
+    seqs: u32,
+    rows: u32,
+    which: u32,
+    batch: u32,
+    page_size: u32,
+    pages: u32,
+    pages_per_seq: u32,
+    table_at: u32,
 }
 
 /// The unpack pass's uniform block; matches `struct Unpack` in `kernels/unpack.wgsl`.
@@ -128,7 +139,74 @@ pub(crate) struct UnpackParams {
     groups_x: u32,
     lse_base: u32,
     lse_on: u32,
+    seqs: u32,
+    q_packed: u32,
+    q_total: u32,
+    batch: u32,
     pad: [u32; 3],
+}
+
+/// The sequence pass's uniform block; matches `struct Seqs` in `kernels/seqs.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct SeqsParams {
+    batch: u32,
+    seq_q: u32,
+    seq_k: u32,
+    q_packed: u32,
+    q_total: u32,
+    k_packed: u32,
+    k_total: u32,
+    k_used: u32,
+    cu_q_at: u32,
+    cu_k_at: u32,
+    used_at: u32,
+    pad: u32,
+}
+
+/// Where each index array a problem reads starts in the call's copy of them (`indices`, in
+/// entries; [`attn_core::Problem::extras_read`]'s order, the slopes left out), and the entries
+/// in all: the arrays the problem reads, one after another.
+pub(crate) fn index_layout(problem: &Problem) -> ([u32; 4], u64) {
+    let mut at = [0u32; 4];
+    let mut next = 0u64;
+    for (i, array) in problem.extras_read().into_iter().take(4).enumerate() {
+        at[i] = next as u32;
+        next += array.read.map_or(0, |(n, _)| n as u64);
+    }
+    (at, next)
+}
+
+/// The sequence pass of `problem` (one with sequences of their own lengths), and its grid.
+pub(crate) fn seqs_pass(problem: &Problem) -> Result<Pass<SeqsParams>> {
+    let s = problem.shape;
+    let b = problem.batching;
+    let (at, _) = index_layout(problem);
+    let (q_packed, q_total) = match b.q {
+        attn_core::QueryRows::Packed { total } => (1, u32_of(total as u64)?),
+        _ => (0, 0),
+    };
+    let (k_packed, k_total) = match b.kv {
+        attn_core::KvRows::Packed { total } => (1, u32_of(total as u64)?),
+        _ => (0, 0),
+    };
+    Ok(Pass {
+        params: SeqsParams {
+            batch: u32_of(s.batch as u64)?,
+            seq_q: s.seq_q as u32,
+            seq_k: s.seq_k as u32,
+            q_packed,
+            q_total,
+            k_packed,
+            k_total,
+            k_used: u32::from(b.keys_used),
+            cu_q_at: at[0],
+            cu_k_at: at[1],
+            used_at: at[2],
+            pad: 0,
+        },
+        grid: [u32_of((s.batch as u64).div_ceil(WORKGROUP as u64))?, 1, 1],
+    })
 }
 
 /// A pass's uniform block and its grid.
@@ -169,6 +247,19 @@ pub(crate) fn pack_pass(
     let words = elements / (4 / variant.ty.size());
     let grid = grid(words, per_dim)?;
     let [stride_b, stride_h, stride_s] = strides32(st)?;
+    // Where the rows of a sequence are: packed, in pages, or at (b, row).
+    let rows_of = match (input, problem.batching.q, problem.batching.kv) {
+        (Input::Q, attn_core::QueryRows::Packed { .. }, _) => 1,
+        (Input::K | Input::V, _, attn_core::KvRows::Packed { .. }) => 1,
+        (Input::K | Input::V, _, attn_core::KvRows::Paged { .. }) => 2,
+        _ => 0,
+    };
+    let (page_size, pages, pages_per_seq) = match problem.batching.kv {
+        attn_core::KvRows::Paged { page_size, pages, pages_per_seq } => {
+            (page_size, pages.max(1), pages_per_seq)
+        }
+        _ => (1, 1, 0),
+    };
     Ok(Pass {
         params: PackParams {
             base,
@@ -183,6 +274,14 @@ pub(crate) fn pack_pass(
             tile,
             words: u32_of(words)?,
             groups_x: grid[0],
+            seqs: u32::from(!problem.batching.is_dense()),
+            rows: rows_of,
+            which: u32::from(input != Input::Q),
+            batch: s.batch as u32,
+            page_size: u32_of(page_size as u64)?,
+            pages: u32_of(pages as u64)?,
+            pages_per_seq: u32_of(pages_per_seq as u64)?,
+            table_at: index_layout(problem).0[3],
         },
         grid,
     })
@@ -218,6 +317,13 @@ pub(crate) fn unpack_pass(
             groups_x: grid[0],
             lse_base,
             lse_on: u32::from(problem.params.return_lse),
+            seqs: u32::from(!problem.batching.is_dense()),
+            q_packed: u32::from(matches!(problem.batching.q, attn_core::QueryRows::Packed { .. })),
+            q_total: match problem.batching.q {
+                attn_core::QueryRows::Packed { total } => u32_of(total as u64)?,
+                _ => 0,
+            },
+            batch: s.batch as u32,
             pad: [0; 3],
         },
         grid,
@@ -339,6 +445,7 @@ mod tests {
                 all.push(Repack::Unpack { ty, dst: d });
             }
         }
+        all.push(Repack::Seqs);
         for r in all {
             let src = r.source();
             let module = naga::front::wgsl::parse_str(&src)
@@ -356,6 +463,7 @@ mod tests {
         for (r, name, size) in [
             (Repack::Pack { src: DType::F32, ty: KernelType::F32 }, "Pack", size_of::<PackParams>()),
             (Repack::Unpack { ty: KernelType::F32, dst: DType::F32 }, "Unpack", size_of::<UnpackParams>()),
+            (Repack::Seqs, "Seqs", size_of::<SeqsParams>()),
         ] {
             let module = naga::front::wgsl::parse_str(&r.source()).expect("parses");
             let (_, ty) = module.types.iter().find(|(_, t)| t.name.as_deref() == Some(name)).expect(name);

@@ -23,7 +23,9 @@
 //! caller's buffers into scratch buffers, and an unpack pass writes the packed output into the
 //! caller's o (rounding to f16 or bf16 where needed, as the host path does) and copies the LSE.
 //! One call records a clear of the status word, with ALiBi a copy of the caller's slopes into a
-//! scratch buffer, then, in one compute pass: three pack dispatches, the
+//! scratch buffer, with packed or paged sequences copies of their index arrays into another,
+//! then, in one compute pass: with sequences the sequence pass (each sequence's lengths and first
+//! packed rows, [`DeviceSequences`]), three pack dispatches, the
 //! attention dispatch (or, on software adapters with a loop limit, one per part of the keys,
 //! each followed by a merge dispatch: the planner's key split), and the unpack dispatch.
 //! The results are the host path's bit for bit.
@@ -45,7 +47,8 @@
 //! - q, k, v, o (and the LSE) hold the plan's problem: elements of its dtype (f32 as `f32`, f16
 //!   and bf16 as their 16-bit patterns, little-endian), starting at the given byte offset, laid
 //!   out by its strides; ALiBi's slopes (where the problem has ALiBi) are f32 as
-//!   [`DeviceInputs::alibi_slopes`] says. The tensors' buffers need `STORAGE` usage; q, k and v may be one buffer (a fused
+//!   [`DeviceInputs::alibi_slopes`] says, the index arrays of packed or paged sequences i32 as
+//!   [`DeviceSequences`] says. The tensors' buffers need `STORAGE` usage; q, k and v may be one buffer (a fused
 //!   QKV projection) and may alias each other freely, o and the LSE must not overlap each other
 //!   or the inputs.
 //! - Nothing else writes o or the LSE between the recording and the end of the submission.
@@ -57,11 +60,16 @@
 //! ([`Error::Shape`]), a tensor whose span exceeds one storage binding of the device
 //! ([`Error::OverDeviceLimit`]), ALiBi's slopes missing where the problem has ALiBi or given where
 //! it has none, at an offset that is not a whole f32, in a buffer without `COPY_SRC` usage or too
-//! short for `[heads_q]` or `[batch, heads_q]` ([`Error::Shape`] of `alibi_slopes`), packed or
-//! paged sequences ([`Error::Unsupported`]: [`DeviceInputs`] do not carry their index arrays
-//! yet; the host path runs them). Sliding windows and soft-caps need no data beyond q, k and v
-//! and run here. The slopes' values are not checked (that would need a copy back): non-finite
-//! ones give non-finite scores, as they would on the host path unchecked. Nothing outside the
+//! short for `[heads_q]` or `[batch, heads_q]` ([`Error::Shape`] of `alibi_slopes`), the same
+//! for each index array of packed or paged sequences, which must be given exactly where the
+//! problem reads it ([`Error::Shape`] of `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`,
+//! `block_table`). Sliding windows and soft-caps need no data beyond q, k and v. The slopes'
+//! values are not checked (that would need a copy back): non-finite ones give non-finite
+//! scores, as they would on the host path unchecked. Nor are the index arrays' entries: the
+//! sequence pass clamps offsets into `[0, total]`, lengths into `[0, seq_q]` / `[0, seq_k]`
+//! (never past the packed rows) and key counts into `[0, the keys a sequence holds]`, the pack
+//! pass page numbers into the cache: corrupt arrays give wrong rows, never a read or a write
+//! outside the tensors' views, and valid ones pass the clamps unchanged (the host path's bits). Nothing outside the
 //! views is written: where a 16-bit element shares its 4-byte word with memory outside the
 //! view, only its half of the word is changed.
 //!
@@ -129,17 +137,49 @@ pub struct DeviceInputs<'a> {
     /// (`Params::alibi`). The buffer needs `COPY_SRC` usage (the call copies the slopes into a
     /// scratch buffer the kernel binds); the offset is a multiple of 4.
     pub alibi_slopes: Option<DeviceTensor<'a>>,
+    /// The index arrays of packed or paged sequences (none for a dense problem).
+    pub sequences: DeviceSequences<'a>,
 }
 
 impl<'a> DeviceInputs<'a> {
-    /// q, k and v, without ALiBi's slopes.
+    /// q, k and v, without ALiBi's slopes or index arrays.
     pub fn new(q: DeviceTensor<'a>, k: DeviceTensor<'a>, v: DeviceTensor<'a>) -> Self {
-        DeviceInputs { q, k, v, alibi_slopes: None }
+        DeviceInputs { q, k, v, alibi_slopes: None, sequences: DeviceSequences::default() }
     }
 
     /// The same inputs with ALiBi's slopes in `slopes` (see [`DeviceInputs::alibi_slopes`]).
     pub fn with_alibi_slopes(self, slopes: DeviceTensor<'a>) -> Self {
         DeviceInputs { alibi_slopes: Some(slopes), ..self }
+    }
+
+    /// The same inputs with the index arrays of packed or paged sequences.
+    pub fn with_sequences(self, sequences: DeviceSequences<'a>) -> Self {
+        DeviceInputs { sequences, ..self }
+    }
+}
+
+/// The index arrays of packed (varlen) sequences and of a paged KV cache in the caller's
+/// buffers, what [`attn_core::Extras`] holds on the host: `i32`, contiguous, each given exactly
+/// when the plan's problem reads it ([`Problem::extras_read`]), at an offset that is a multiple
+/// of 4 in a buffer with `COPY_SRC` usage (the call copies them into a scratch buffer, as it
+/// does ALiBi's slopes). Their contents are not checked (that would need a copy back): the
+/// passes clamp every index into the problem's bounds (see the [module notes](self)).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceSequences<'a> {
+    /// `[batch + 1]` query offsets from 0: for packed (varlen) queries.
+    pub cu_seqlens_q: Option<DeviceTensor<'a>>,
+    /// `[batch + 1]` key offsets from 0: for packed (varlen) keys.
+    pub cu_seqlens_k: Option<DeviceTensor<'a>>,
+    /// `[batch]` keys each sequence uses: for per-sequence key counts (a cache's `seqused_k`).
+    pub seqused_k: Option<DeviceTensor<'a>>,
+    /// `[batch, pages_per_seq]` page numbers, row-major: for a paged KV cache.
+    pub block_table: Option<DeviceTensor<'a>>,
+}
+
+impl<'a> DeviceSequences<'a> {
+    /// In [`Problem::extras_read`]'s order.
+    fn arrays(&self) -> [Option<DeviceTensor<'a>>; 4] {
+        [self.cu_seqlens_q, self.cu_seqlens_k, self.seqused_k, self.block_table]
     }
 }
 
@@ -175,8 +215,8 @@ struct Scratch {
 }
 
 /// q, k, v, o, lse, status, o part, lse part, o running, a word that stands for an LSE where
-/// none is asked for, and ALiBi's slopes.
-const SLOTS: usize = 11;
+/// none is asked for, ALiBi's slopes, the sequence table and the copied index arrays.
+const SLOTS: usize = 13;
 const NAMES: [&str; SLOTS] = [
     "attn q",
     "attn k",
@@ -189,10 +229,17 @@ const NAMES: [&str; SLOTS] = [
     "attn o running",
     "attn no lse",
     "attn alibi slopes",
+    "attn sequence table",
+    "attn indices",
 ];
 const STATUS: usize = 5;
 const NO_LSE: usize = 9;
 const SLOPES: usize = 10;
+/// Each sequence's query and key counts (the kernel's `seq_lens`) and first packed rows
+/// (`kernels/seqs.wgsl`); bound, unused, by the layout passes of a dense problem too.
+const SEQ_TABLE: usize = 11;
+/// The caller's index arrays, one after another ([`repack::index_layout`]).
+const INDICES: usize = 12;
 
 impl Scratch {
     /// Makes slot `i` hold at least `bytes`, replacing a smaller buffer with one of the next
@@ -203,7 +250,7 @@ impl Scratch {
         }
         let size = bytes.next_power_of_two().min(limit / 4 * 4).max(bytes);
         let mut usage = wgpu::BufferUsages::STORAGE;
-        if i == STATUS || i == SLOPES {
+        if i == STATUS || i == SLOPES || i == INDICES {
             usage |= wgpu::BufferUsages::COPY_DST;
         }
         self.buffers[i] = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -231,10 +278,12 @@ struct PlanEntry {
     places: Vec<([u32; 5], Uniforms)>,
 }
 
-/// The layout passes' uniform blocks for one placement, and their grids.
+/// The layout passes' uniform blocks for one placement, and their grids (the sequence pass's,
+/// with sequences of their own lengths).
 struct Uniforms {
     pack: [(wgpu::Buffer, [u32; 3]); 3],
     unpack: (wgpu::Buffer, [u32; 3]),
+    seqs: Option<(wgpu::Buffer, [u32; 3])>,
 }
 
 impl Wgpu {
@@ -266,21 +315,16 @@ impl Wgpu {
             });
         }
         let problem = &plan.problem;
-        // Packed or paged sequences need their index arrays, which `DeviceInputs` do not carry.
-        if !problem.batching.is_dense() {
-            return Err(Error::Unsupported {
-                backend: "wgpu".into(),
-                what: format!(
-                    "{problem}: packed or paged sequences (their indices) on the device-resident \
-                     path: DeviceInputs do not carry them yet; the Attention trait's host path runs them"
-                ),
-            });
-        }
         let windows = windows(&gpu, problem, &inputs, &outputs)?;
         let slopes = slopes(problem, &inputs)?;
+        let indices = index_arrays(problem, &inputs.sequences)?;
         let variant = chosen.variant;
         let pack = gpu.repack_pipeline(Repack::Pack { src: problem.dtype, ty: variant.ty })?;
         let unpack = gpu.repack_pipeline(Repack::Unpack { ty: variant.ty, dst: problem.dtype })?;
+        let seqs = match problem.batching.is_dense() {
+            true => None,
+            false => Some(gpu.repack_pipeline(Repack::Seqs)?),
+        };
         let sizes = Sizes::of(problem, &variant, chosen.split);
 
         let mut state = self.resident.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -289,6 +333,9 @@ impl Wgpu {
         let grown = gpu.scoped("allocating scratch buffers", || {
             let mut wanted = vec![(0, sizes.q), (1, sizes.k), (2, sizes.v), (3, sizes.o), (4, sizes.lse)];
             wanted.extend([(STATUS, 4), (NO_LSE, 4)]);
+            // Four u32 a sequence; the indices' entries (a word where there are none).
+            wanted.push((SEQ_TABLE, 16 * problem.shape.batch as u64));
+            wanted.push((INDICES, 4 * repack::index_layout(problem).1.max(1)));
             if let Some((_, bytes)) = slopes {
                 wanted.push((SLOPES, bytes));
             }
@@ -342,10 +389,12 @@ impl Wgpu {
             Bound {
                 pack: &pack,
                 unpack: &unpack,
+                seqs: seqs.as_deref(),
                 inputs: &inputs,
                 outputs: &outputs,
                 windows: &windows,
                 slopes,
+                indices: &indices,
             },
         );
         entry.places.push((place, uniforms));
@@ -441,25 +490,75 @@ fn slopes(problem: &Problem, inputs: &DeviceInputs<'_>) -> Result<Option<(u64, u
         attn_core::Alibi::PerHead => (s.heads_q, "heads_q"),
         attn_core::Alibi::PerBatchHead => (s.batch * s.heads_q, "batch * heads_q"),
     };
+    let bytes = copyable("alibi_slopes", &t, count, what, "f32")?;
+    Ok(Some((t.offset, bytes)))
+}
+
+/// The bytes of `count` 4-byte elements (`kind`) at `t`, or why the call cannot copy them: an
+/// offset that is not a whole element, a buffer without `COPY_SRC` or too short.
+fn copyable(name: &'static str, t: &DeviceTensor<'_>, count: usize, what: &str, kind: &str) -> Result<u64> {
+    let bad = |what: String| Error::Shape { tensor: name, what };
     let bytes = 4 * count as u64;
     if !t.offset.is_multiple_of(4) {
-        return Err(bad(format!("offset {} is not a multiple of the element size (4 bytes, f32)", t.offset)));
+        return Err(bad(format!(
+            "offset {} is not a multiple of the element size (4 bytes, {kind})",
+            t.offset
+        )));
     }
     if !t.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
         return Err(bad(format!(
-            "the buffer's usage {:?} lacks COPY_SRC (the call copies the slopes into its scratch)",
+            "the buffer's usage {:?} lacks COPY_SRC (the call copies the {kind} values into its scratch)",
             t.buffer.usage()
         )));
     }
     let end = t.offset.saturating_add(bytes);
     if end > t.buffer.size() {
         return Err(bad(format!(
-            "{count} slopes ({what}) from byte {} reach byte {end}, past the buffer's {} bytes",
+            "{count} values ({what}) from byte {} reach byte {end}, past the buffer's {} bytes",
             t.offset,
             t.buffer.size()
         )));
     }
-    Ok(Some((t.offset, bytes)))
+    Ok(bytes)
+}
+
+/// One index array's copy into the call's scratch: the caller's buffer, the offset and bytes
+/// there, and the byte offset in the scratch copy.
+struct IndexCopy<'b> {
+    from: DeviceTensor<'b>,
+    bytes: u64,
+    to: u64,
+}
+
+/// The copies of the index arrays the problem reads, or the first reason one cannot be made:
+/// missing where the problem reads it, given where it does not, or not copyable ([`copyable`]).
+fn index_arrays<'b>(problem: &Problem, given: &DeviceSequences<'b>) -> Result<Vec<IndexCopy<'b>>> {
+    let (at, _) = repack::index_layout(problem);
+    let mut copies = vec![];
+    for ((array, t), at) in problem.extras_read().into_iter().zip(given.arrays()).zip(at) {
+        let name = array.name;
+        let bad = |what: String| Error::Shape { tensor: name, what };
+        match (array.read, t) {
+            (None, None) => {}
+            (Some((n, dims)), None) => {
+                return Err(bad(format!(
+                    "the problem uses {}, so `{name}` ({dims} = {n} i32 in a buffer) is required but was not given",
+                    array.why
+                )));
+            }
+            (None, Some(_)) => {
+                return Err(bad(format!(
+                    "`{name}` was given, but the problem uses no {}: give it only with one",
+                    array.why
+                )));
+            }
+            (Some((n, dims)), Some(t)) => {
+                let bytes = copyable(name, &t, n, dims, "i32")?;
+                copies.push(IndexCopy { from: t, bytes, to: 4 * at as u64 });
+            }
+        }
+    }
+    Ok(copies)
 }
 
 /// Where each of the caller's tensors is bound.
@@ -501,9 +600,8 @@ fn dispatches(gpu: &Gpu, problem: &Problem, chosen: &Chosen, scratch: &Scratch) 
         partial: chosen.split.map(|_| [s(6), s(7), s(8)]),
         // The call copies the caller's slopes here before the compute pass.
         alibi_slopes: problem.params.alibi.map(|_| s(SLOPES)),
-        // `record` refuses sequences of their own lengths (their indices are not among the
-        // device inputs yet).
-        seq_lens: None,
+        // The sequence pass writes each sequence's lengths here, first in the compute pass.
+        seq_lens: (!problem.batching.is_dense()).then(|| s(SEQ_TABLE)),
     };
     Dispatches::new(gpu, problem, &chosen.variant, chosen.grid, chosen.split, &buffers)
 }
@@ -518,6 +616,7 @@ fn uniforms(gpu: &Gpu, problem: &Problem, variant: &Variant, place: [u32; 5]) ->
         .map(|(input, base)| repack::pack_pass(problem, variant, input, base, per_dim))
         .collect::<Result<Vec<_>>>()?;
     let unpack = repack::unpack_pass(problem, variant, place[3], place[4], per_dim)?;
+    let seqs = (!problem.batching.is_dense()).then(|| repack::seqs_pass(problem)).transpose()?;
     let uniform = |label, bytes: &[u8]| {
         gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
@@ -530,6 +629,7 @@ fn uniforms(gpu: &Gpu, problem: &Problem, variant: &Variant, place: [u32; 5]) ->
         Uniforms {
             pack: [pack(0), pack(1), pack(2)],
             unpack: (uniform("attn unpack", bytemuck::bytes_of(&unpack.params)), unpack.grid),
+            seqs: seqs.map(|p| (uniform("attn seqs", bytemuck::bytes_of(&p.params)), p.grid)),
         }
     })
 }
@@ -539,11 +639,15 @@ fn uniforms(gpu: &Gpu, problem: &Problem, variant: &Variant, place: [u32; 5]) ->
 struct Bound<'c> {
     pack: &'c wgpu::ComputePipeline,
     unpack: &'c wgpu::ComputePipeline,
+    /// The sequence pass, with sequences of their own lengths.
+    seqs: Option<&'c wgpu::ComputePipeline>,
     inputs: &'c DeviceInputs<'c>,
     outputs: &'c DeviceOutputs<'c>,
     windows: &'c Windows,
     /// ALiBi's slopes: offset and bytes in `inputs.alibi_slopes`.
     slopes: Option<(u64, u64)>,
+    /// The index arrays' copies into the scratch.
+    indices: &'c [IndexCopy<'c>],
 }
 
 /// Creates the bind groups over the caller's buffers, then records the call.
@@ -575,7 +679,8 @@ fn record_call(
             .enumerate()
             .map(|(i, t)| {
                 let u = uniforms.pack[i].0.as_entire_binding();
-                group(&gpu.pack_layout, "attn pack", vec![u, range(t, windows.qkvo[i]), whole(i)])
+                let bindings = vec![u, range(t, windows.qkvo[i]), whole(i), whole(SEQ_TABLE), whole(INDICES)];
+                group(&gpu.pack_layout, "attn pack", bindings)
             })
             .collect();
         let lse = match (&outputs.lse, windows.lse) {
@@ -592,17 +697,30 @@ fn record_call(
                 whole(STATUS),
                 range(&outputs.o, windows.qkvo[3]),
                 lse,
+                whole(SEQ_TABLE),
             ],
         );
-        (packs, unpack)
+        let seqs = uniforms.seqs.as_ref().map(|(u, _)| {
+            let bindings = vec![u.as_entire_binding(), whole(INDICES), whole(SEQ_TABLE)];
+            group(&gpu.seqs_layout, "attn seqs", bindings)
+        });
+        (packs, unpack, seqs)
     })?;
-    let (packs, unpack) = groups;
+    let (packs, unpack, seqs) = groups;
     encoder.clear_buffer(scratch.get(STATUS), 0, None);
     if let (Some(t), Some((offset, bytes))) = (inputs.alibi_slopes, bound.slopes) {
         encoder.copy_buffer_to_buffer(t.buffer, offset, scratch.get(SLOPES), 0, bytes);
     }
+    for c in bound.indices {
+        encoder.copy_buffer_to_buffer(c.from.buffer, c.from.offset, scratch.get(INDICES), c.to, c.bytes);
+    }
     let mut pass = encoder
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("attn"), timestamp_writes: None });
+    if let (Some(pipeline), Some(group), Some((_, [x, y, z]))) = (bound.seqs, &seqs, &uniforms.seqs) {
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, group, &[]);
+        pass.dispatch_workgroups(*x, *y, *z);
+    }
     pass.set_pipeline(bound.pack);
     for (group, (_, [x, y, z])) in packs.iter().zip(&uniforms.pack) {
         pass.set_bind_group(0, group, &[]);

@@ -45,6 +45,9 @@ pub struct Gpu {
     pack_pipeline_layout: wgpu::PipelineLayout,
     pub(crate) unpack_layout: wgpu::BindGroupLayout,
     unpack_pipeline_layout: wgpu::PipelineLayout,
+    /// The bindings of `kernels/seqs.wgsl` (the sequence table of a device-resident call).
+    pub(crate) seqs_layout: wgpu::BindGroupLayout,
+    seqs_pipeline_layout: wgpu::PipelineLayout,
     repacks: Mutex<HashMap<Repack, Arc<wgpu::ComputePipeline>>>,
     /// What naga adds to every shader: see [`Checks`].
     checks: Checks,
@@ -183,11 +186,15 @@ impl Gpu {
         // `kernels/merge.wgsl`: the part's o and lse; the running o, lse, o.
         let (merge_layout, merge_pipeline_layout) =
             layouts(&device, "attn merge", &[true, true, false, false, false]);
-        // `kernels/pack.wgsl`: the caller's tensor; the packed one.
-        let (pack_layout, pack_pipeline_layout) = layouts(&device, "attn pack", &[true, false]);
-        // `kernels/unpack.wgsl`: the packed o and lse, the status word; the caller's o and lse.
+        // `kernels/pack.wgsl`: the caller's tensor; the packed one; the sequence table and the
+        // index arrays.
+        let (pack_layout, pack_pipeline_layout) = layouts(&device, "attn pack", &[true, false, true, true]);
+        // `kernels/unpack.wgsl`: the packed o and lse, the status word; the caller's o and lse;
+        // the sequence table.
         let (unpack_layout, unpack_pipeline_layout) =
-            layouts(&device, "attn unpack", &[true, true, true, false, false]);
+            layouts(&device, "attn unpack", &[true, true, true, false, false, true]);
+        // `kernels/seqs.wgsl`: the index arrays; the sequence table.
+        let (seqs_layout, seqs_pipeline_layout) = layouts(&device, "attn seqs", &[true, false]);
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Gpu {
             caps,
@@ -206,6 +213,8 @@ impl Gpu {
             pack_pipeline_layout,
             unpack_layout,
             unpack_pipeline_layout,
+            seqs_layout,
+            seqs_pipeline_layout,
             repacks: Mutex::new(HashMap::new()),
             checks: settings.checks,
             uncaptured,
@@ -296,6 +305,7 @@ impl Gpu {
         let (label, source, layout) = match which {
             Repack::Pack { .. } => ("attn pack", which.source(), &self.pack_pipeline_layout),
             Repack::Unpack { .. } => ("attn unpack", which.source(), &self.unpack_pipeline_layout),
+            Repack::Seqs => ("attn seqs", which.source(), &self.seqs_pipeline_layout),
         };
         let pipeline = self.scoped(&format!("compiling {label}"), || {
             let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {

@@ -1,9 +1,10 @@
 //! The device-resident path (`attn_wgpu::resident`) against the host path of the same backend:
 //! the same bits for f32, f16 and bf16, strided and offset views (BSHD, padded rows, q, k and v in
 //! one fused buffer, 16-bit tensors starting in the middle of a word), GQA, causal masks, the LSE
-//! on and off, a problem long enough for the key split on software adapters, and recording into
-//! the caller's encoder between the caller's own commands. Outputs are poisoned first, and
-//! everything outside the output views must stay poisoned. Then the typed errors.
+//! on and off, a problem long enough for the key split on software adapters, packed and paged
+//! sequences from index arrays in the caller's buffers, and recording into the caller's encoder
+//! between the caller's own commands. Outputs are poisoned first, and everything outside the
+//! output views must stay poisoned, with corrupt index arrays too. Then the typed errors.
 //!
 //! The backend runs on a device the test opens itself ([`Wgpu::from_device`]). Without an
 //! adapter each test prints `SKIPPED <test>: <reason>` and passes, unless `ATTN_REQUIRE_WGPU=1`,
@@ -14,7 +15,7 @@ use attn_core::{
     Attention, Buffer, DType, Error, Inputs, Layout, Outputs, Plan, Problem, Shape, Strides, TensorStrides,
 };
 use attn_wgpu::options::REQUIRE_WGPU;
-use attn_wgpu::{DeviceInputs, DeviceOutputs, DeviceTensor, Options, Wgpu};
+use attn_wgpu::{DeviceInputs, DeviceOutputs, DeviceSequences, DeviceTensor, Options, Wgpu};
 use std::sync::OnceLock;
 use wgpu::util::DeviceExt;
 
@@ -128,10 +129,17 @@ struct Case {
     lse: Vec<f32>,
     /// ALiBi's slopes, where the problem has ALiBi.
     slopes: Option<Vec<f32>>,
+    /// The index arrays of packed or paged sequences (none for a dense problem).
+    indices: attn_core::OwnedExtras,
 }
 
 impl Case {
     fn new(b: &Wgpu, problem: Problem, seed: u64) -> Case {
+        Case::with_indices(b, problem, attn_core::OwnedExtras::default(), seed)
+    }
+
+    /// A problem of packed or paged sequences, with its index arrays.
+    fn with_indices(b: &Wgpu, problem: Problem, indices: attn_core::OwnedExtras, seed: u64) -> Case {
         let mut rng = SplitMix64::new(seed);
         let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
         let q = normal_buffer(&mut rng, problem.dtype, q_len, 1.0);
@@ -148,13 +156,13 @@ impl Case {
         });
         let mut o = Buffer::zeros(problem.dtype, o_len);
         let mut lse = vec![0.0f32; problem.lse_len()];
-        let extras = attn_core::Extras { alibi_slopes: slopes.as_deref(), ..Default::default() };
+        let extras = attn_core::Extras { alibi_slopes: slopes.as_deref(), ..indices.borrow() };
         let inputs = Inputs::new(q.as_data(), k.as_data(), v.as_data()).with_extras(extras);
         let lse_out = problem.params.return_lse.then_some(lse.as_mut_slice());
         let mut outputs = Outputs { o: o.as_data_mut(), lse: lse_out };
         outputs.poison();
         let plan = b.forward(&problem, inputs, outputs).unwrap_or_else(|e| panic!("{problem}: {e}"));
-        Case { problem, plan, q, k, v, o, lse, slopes }
+        Case { problem, plan, q, k, v, o, lse, slopes, indices }
     }
 
     /// Buffers for the device path: q, k, v with their data at `at`, o and the LSE poisoned.
@@ -184,12 +192,12 @@ impl Case {
         let lead = at.lead as usize;
         let want = bytes(&self.o);
         let size = self.problem.dtype.size();
-        let (s, st) = (self.problem.shape, self.problem.strides.o);
+        let s = self.problem.shape;
         let mut in_view = vec![false; self.o.len()];
-        for (b, h, i) in
-            (0..s.batch).flat_map(|b| (0..s.heads_q).flat_map(move |h| (0..s.seq_q).map(move |i| (b, h, i))))
-        {
-            let at = st.offset(b, h, i);
+        let extras = attn_core::Extras { alibi_slopes: self.slopes.as_deref(), ..self.indices.borrow() };
+        let map = self.problem.seq_map(extras).expect("valid indices");
+        for (b, h, i) in map.rows() {
+            let at = map.o_offset(b, h, i);
             in_view[at..at + s.head_dim].iter_mut().for_each(|x| *x = true);
         }
         for (i, (w, g)) in want.chunks(size).zip(got[lead..].chunks(size)).enumerate() {
@@ -227,13 +235,29 @@ impl Case {
         Some(upload(b, "slopes", &all, USAGE))
     }
 
+    /// The index arrays, each in a buffer of its own at `at`'s lead rounded down to whole
+    /// i32s, with garbage around them.
+    fn index_buffers(&self, b: &Wgpu, at: Placement) -> [Option<wgpu::Buffer>; 4] {
+        let e = &self.indices;
+        [&e.cu_seqlens_q, &e.cu_seqlens_k, &e.seqused_k, &e.block_table].map(|x| {
+            let mut all = vec![0x5a; at.lse().lead as usize];
+            all.extend(x.as_ref()?.iter().flat_map(|i| i.to_le_bytes()));
+            all.extend(vec![0x5a; at.tail as usize / 4 * 4]);
+            Some(upload(b, "indices", &all, USAGE))
+        })
+    }
+
     /// Runs the device path at `at` through [`Wgpu::submit`] and checks it.
     fn run_and_check(&self, b: &Wgpu, at: Placement) {
         let [q, k, v, o, lse] = self.buffers(b, at);
         let slopes = self.slopes_buffer(b, at);
+        let indices = self.index_buffers(b, at);
         let t = |buffer| DeviceTensor::at(buffer, at.lead);
         let mut inputs = DeviceInputs::new(t(&q), t(&k), t(&v));
         inputs.alibi_slopes = slopes.as_ref().map(|s| DeviceTensor::at(s, at.lse().lead));
+        let [cu_seqlens_q, cu_seqlens_k, seqused_k, block_table] =
+            indices.each_ref().map(|x| x.as_ref().map(|x| DeviceTensor::at(x, at.lse().lead)));
+        inputs.sequences = DeviceSequences { cu_seqlens_q, cu_seqlens_k, seqused_k, block_table };
         let outputs = DeviceOutputs {
             o: t(&o),
             lse: self.problem.params.return_lse.then(|| DeviceTensor::at(&lse, at.lse().lead)),
@@ -417,8 +441,7 @@ fn alibi_with_slopes_in_the_callers_buffer() {
 }
 
 /// The slopes are checked before anything is recorded: missing, given without ALiBi, short, at
-/// an odd offset, in a buffer without `COPY_SRC`. Packed or paged sequences need their indices,
-/// which the device inputs do not carry yet: a typed error too.
+/// an odd offset, in a buffer without `COPY_SRC`; so is a paged cache's missing block table.
 #[test]
 fn alibi_and_paged_typed_errors() {
     let Some(b) = backend("alibi_and_paged_typed_errors") else { return };
@@ -447,19 +470,119 @@ fn alibi_and_paged_typed_errors() {
     let no_copy = upload(b, "no copy", &[0; 16], wgpu::BufferUsages::STORAGE);
     let what = slopes_error(&case.plan, inputs.with_alibi_slopes(t(&no_copy)));
     assert!(what.contains("COPY_SRC"), "{what}");
-    // Paged keys (their block table).
+    // Paged keys without their block table.
     let paged = Problem::new(shape(1, 2, 2, 8, 8, 32), DType::F32).with_batching(attn_core::Batching {
         kv: attn_core::KvRows::Paged { page_size: 8, pages: 1, pages_per_seq: 1 },
         ..Default::default()
     });
     match b.submit(&b.plan(&paged).unwrap(), inputs, outputs) {
-        Err(Error::Unsupported { what, .. }) => assert!(what.contains("paged"), "{what}"),
+        Err(Error::Shape { tensor: "block_table", what }) => assert!(what.contains("required"), "{what}"),
         other => panic!("{other:?}"),
     }
     assert!(download(b, &o).iter().all(|&x| x == POISON), "o was written");
     // After all that, the right call runs.
     b.submit(&case.plan, inputs.with_alibi_slopes(t(&slopes)), outputs).unwrap();
     case.check(b, &o, &lse, AT_ZERO);
+}
+
+/// Packed (varlen) queries and keys (an empty sequence, one-token ones, queries longer than
+/// keys), a paged cache with shuffled pages, a dense cache with key counts: with their index
+/// arrays in the caller's buffers at offsets, the host path's bits; with the score features and
+/// the LSE too.
+#[test]
+fn sequences_from_the_callers_index_arrays() {
+    let Some(b) = backend("sequences_from_the_callers_index_arrays") else { return };
+    use attn_core::sequences::{KeyStore, batch_of};
+    let (q_lens, k_lens) = ([5, 0, 1, 40, 17], [9, 3, 1, 33, 70]);
+    let gqa = shape(1, 4, 2, 1, 1, 64);
+    let paged = KeyStore::Paged { page_size: 16, seed: 3 };
+    for (i, (keys, dtype, at)) in [
+        (KeyStore::Packed, DType::F32, AT_ZERO),
+        (KeyStore::Packed, DType::Bf16, Placement { lead: 6, tail: 2 }),
+        (paged, DType::F16, Placement { lead: 260, tail: 4 }),
+        (KeyStore::DenseUsed, DType::Bf16, Placement { lead: 8, tail: 0 }),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (p, indices) = batch_of(gqa, dtype, &q_lens, &k_lens, keys);
+        let mut problems = vec![p.causal().with_lse(true), p.with_window(Some(6), Some(2)).with_softcap(8.0)];
+        if i == 2 {
+            problems.push(p.causal().with_alibi(attn_core::Alibi::PerBatchHead).with_lse(true));
+        }
+        // Decode: one query a sequence (dense queries) over the same keys.
+        let (decode, decode_indices) = batch_of(gqa, dtype, &[1; 5], &k_lens, keys);
+        for (j, p) in problems.into_iter().enumerate() {
+            let case = Case::with_indices(b, p, indices.clone(), 100 + 10 * i as u64 + j as u64);
+            assert!(case.plan.kernel.ends_with("_vl"), "{}", case.plan.kernel);
+            case.run_and_check(b, at);
+        }
+        Case::with_indices(b, decode.causal().with_lse(true), decode_indices, 150 + i as u64)
+            .run_and_check(b, at);
+    }
+}
+
+/// Index arrays whose contents are wrong (offsets past the rows, decreasing or negative; key
+/// counts past the keys; page numbers past the cache or negative): the call runs, and writes
+/// nothing outside o's and the LSE's views (the passes clamp every index into the problem's
+/// bounds; a wrong row, never a bad access). The arrays given or missing are checked first.
+#[test]
+fn corrupt_index_arrays_stay_in_bounds() {
+    let Some(b) = backend("corrupt_index_arrays_stay_in_bounds") else { return };
+    use attn_core::sequences::{KeyStore, batch_of};
+    let gqa = shape(1, 4, 2, 1, 1, 32);
+    let paged = KeyStore::Paged { page_size: 16, seed: 5 };
+    for (i, keys) in [KeyStore::Packed, paged].into_iter().enumerate() {
+        let (p, indices) = batch_of(gqa, DType::F16, &[3, 9, 1], &[20, 7, 40], keys);
+        let case = Case::with_indices(b, p.causal().with_lse(true), indices, 200 + i as u64);
+        let at = Placement { lead: 12, tail: 8 };
+        let [q, k, v, o, lse] = case.buffers(b, at);
+        let int = |x: &[i32]| upload(b, "bad indices", bytemuck::cast_slice(x), USAGE);
+        let cu_q = int(&[0, 1 << 30, -7, 5]);
+        let cu_k = int(&[3, 1, i32::MAX, -1]);
+        let used = int(&[1000, -3, 40]);
+        let table = int(&[i32::MIN, 99, 7, -1, 1 << 20, 2, 0, 0, 0]);
+        let e = &case.indices;
+        fn t(x: &wgpu::Buffer) -> Option<DeviceTensor<'_>> {
+            Some(DeviceTensor::new(x))
+        }
+        let sequences = DeviceSequences {
+            cu_seqlens_q: e.cu_seqlens_q.as_ref().and(t(&cu_q)),
+            cu_seqlens_k: e.cu_seqlens_k.as_ref().and(t(&cu_k)),
+            seqused_k: e.seqused_k.as_ref().and(t(&used)),
+            block_table: e.block_table.as_ref().and(t(&table)),
+        };
+        let d = |x| DeviceTensor::at(x, at.lead);
+        let inputs = DeviceInputs::new(d(&q), d(&k), d(&v)).with_sequences(sequences);
+        let outputs = DeviceOutputs { o: d(&o), lse: Some(DeviceTensor::at(&lse, at.lse().lead)) };
+        b.submit(&case.plan, inputs, outputs).unwrap_or_else(|e| panic!("{}: {e}", case.problem));
+        let lead = at.lead as usize;
+        let o_bytes = case.o.len() * 2;
+        let got = download(b, &o);
+        assert!(got[..lead].iter().chain(&got[lead + o_bytes..]).all(|&x| x == POISON), "o's margins");
+        let got = download(b, &lse);
+        let lead = at.lse().lead as usize;
+        let lse_bytes = 4 * case.lse.len();
+        assert!(got[..lead].iter().chain(&got[lead + lse_bytes..]).all(|&x| x == POISON), "lse's margins");
+        // Missing, given where the problem reads none, short, at an odd offset.
+        let shape_error = |sequences| match b.submit(&case.plan, inputs.with_sequences(sequences), outputs) {
+            Err(Error::Shape { tensor, what }) => format!("{tensor}: {what}"),
+            other => panic!("{other:?}"),
+        };
+        let what = shape_error(DeviceSequences { cu_seqlens_q: None, ..sequences });
+        assert!(what.starts_with("cu_seqlens_q") && what.contains("required"), "{what}");
+        let what =
+            shape_error(DeviceSequences { cu_seqlens_k: t(&cu_k), block_table: t(&table), ..sequences });
+        assert!(what.contains("was given, but the problem uses no"), "{what}");
+        let short = int(&[0, 1]);
+        let what = shape_error(DeviceSequences { cu_seqlens_q: t(&short), ..sequences });
+        assert!(what.contains("past the buffer"), "{what}");
+        let odd = Some(DeviceTensor::at(&cu_q, 2));
+        let what = shape_error(DeviceSequences { cu_seqlens_q: odd, ..sequences });
+        assert!(what.contains("multiple of"), "{what}");
+        // After all that, the right arrays give the host path's bits.
+        case.run_and_check(b, at);
+    }
 }
 
 /// Two calls recorded into the caller's encoder between the caller's own copies, one submit:
