@@ -4,6 +4,9 @@
 //! attention kernels read, and the unpack pass (`kernels/unpack.wgsl`) copies the packed output
 //! and LSE into the caller's o and LSE. They do on the device what `pack.rs` does on the host for
 //! the host path, bit for bit (their conversions are integer arithmetic: `kernels/convert.wgsl`).
+//! With packed or paged sequences a sequence pass (`kernels/seqs.wgsl`) runs first: from the
+//! caller's index arrays it writes each sequence's lengths and first packed rows, clamped into
+//! the problem's bounds, which the pack and unpack passes and the kernel read.
 //!
 //! A caller's tensor is bound as a range of its buffer ([`Window`]) that starts at a multiple of
 //! the device's `min_storage_buffer_offset_alignment` at or before the tensor's first byte, and

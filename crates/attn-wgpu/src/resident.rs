@@ -48,9 +48,9 @@
 //!   and bf16 as their 16-bit patterns, little-endian), starting at the given byte offset, laid
 //!   out by its strides; ALiBi's slopes (where the problem has ALiBi) are f32 as
 //!   [`DeviceInputs::alibi_slopes`] says, the index arrays of packed or paged sequences i32 as
-//!   [`DeviceSequences`] says. The tensors' buffers need `STORAGE` usage; q, k and v may be one buffer (a fused
-//!   QKV projection) and may alias each other freely, o and the LSE must not overlap each other
-//!   or the inputs.
+//!   [`DeviceSequences`] says. The tensors' buffers need `STORAGE` usage; q, k and v may be one
+//!   buffer (a fused QKV projection) and may alias each other freely, o and the LSE must not
+//!   overlap each other or the inputs.
 //! - Nothing else writes o or the LSE between the recording and the end of the submission.
 //!
 //! Everything that can be checked is checked before anything is recorded, each failure a typed
@@ -69,9 +69,9 @@
 //! sequence pass clamps offsets into `[0, total]`, lengths into `[0, seq_q]` / `[0, seq_k]`
 //! (never past the packed rows) and key counts into `[0, the keys a sequence holds]`, the pack
 //! pass page numbers into the cache: corrupt arrays give wrong rows, never a read or a write
-//! outside the tensors' views, and valid ones pass the clamps unchanged (the host path's bits). Nothing outside the
-//! views is written: where a 16-bit element shares its 4-byte word with memory outside the
-//! view, only its half of the word is changed.
+//! outside the tensors' views, and valid ones pass the clamps unchanged (the host path's bits).
+//! Nothing outside the views is written: where a 16-bit element shares its 4-byte word with
+//! memory outside the view, only its half of the word is changed.
 //!
 //! ## ALiBi
 //! The kernels read the slopes from a storage binding, as the host path's (which uploads them
