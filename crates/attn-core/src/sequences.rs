@@ -321,11 +321,12 @@ impl Problem {
     pub fn check_extras(&self, e: &Extras<'_>) -> Result<()> {
         let s = self.shape;
         let b = self.batching;
-        present("cu_seqlens_q", e.cu_seqlens_q, matches!(b.q, QueryRows::Packed { .. }), "packed queries")?;
-        present("cu_seqlens_k", e.cu_seqlens_k, matches!(b.kv, KvRows::Packed { .. }), "packed keys")?;
-        present("seqused_k", e.seqused_k, b.keys_used, "per-sequence key counts")?;
-        present("block_table", e.block_table, matches!(b.kv, KvRows::Paged { .. }), "a paged KV cache")?;
-        present("alibi_slopes", e.alibi_slopes, self.params.alibi.is_some(), "ALiBi")?;
+        let given = [e.cu_seqlens_q, e.cu_seqlens_k, e.seqused_k, e.block_table].map(|x| x.is_some());
+        for (array, given) in
+            self.extras_read().into_iter().zip(given.into_iter().chain([e.alibi_slopes.is_some()]))
+        {
+            present(array.name, given, array.read.is_some(), array.why)?;
+        }
         if let (QueryRows::Packed { total }, Some(cu)) = (b.q, e.cu_seqlens_q) {
             check_offsets("cu_seqlens_q", cu, s.batch, s.seq_q, "seq_q", total)?;
         }
@@ -385,12 +386,12 @@ impl Problem {
     }
 }
 
-fn present<T>(name: &str, given: Option<T>, needed: bool, why: &str) -> Result<()> {
-    match (given.is_some(), needed) {
+fn present(name: &str, given: bool, needed: bool, why: &str) -> Result<()> {
+    match (given, needed) {
         (false, true) => {
-            Err(bad(format!("the problem has {why}, so `{name}` is required but was not given")))
+            Err(bad(format!("the problem uses {why}, so `{name}` is required but was not given")))
         }
-        (true, false) => Err(bad(format!("`{name}` was given but the problem has no {why}"))),
+        (true, false) => Err(bad(format!("`{name}` was given but the problem uses no {why}"))),
         _ => Ok(()),
     }
 }

@@ -287,7 +287,8 @@ pub fn quick() -> Vec<Case> {
         }
         v.push(with_extras("paged", &format!("prefill-d{d}-page{page}"), problem, extras, Normal, seed));
     }
-    // D=64's paged tiles with a soft-cap (large logits) and ALiBi under a causal mask.
+    // D=64 from pages of 64 keys with a soft-cap (large logits) and ALiBi under a causal mask (on
+    // the Hopper family, the soft-capped sequences' tiles, not its paged ones).
     let (problem, extras) = seqs(
         prefill(64),
         Bf16,
