@@ -216,6 +216,15 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
+// tanh(x) in one MUFU.TANH (tanh.approx.f32: the soft-cap's; its error in
+// crates/attn-cuda/src/scores.rs, ScoreParams::softcap_in). The Ampere/Ada and decode kernels'
+// is mma_sm80.cuh's, the same instruction.
+__device__ __forceinline__ float tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // 1 / x for a positive normal x on the FMA pipe, not MUFU's (which the other warpgroups'
 // exponentials keep busy while a warpgroup stores its O): an estimate from the bits and three
 // Newton steps, each of which squares the relative error (under 6% first; about 1 ulp after).
@@ -311,7 +320,7 @@ __device__ __forceinline__ void mask_window_left(float (&s)[NS], int row, int n0
 // A raw score soft-capped under ATTN_SOFTCAP (tanh(|scale| s / cap), see cap_scores), else as it is.
 __device__ __forceinline__ float capped(float s, float softcap_in) {
 #if ATTN_SOFTCAP
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(s) : "f"(s * softcap_in));
+    s = tanh_fast(s * softcap_in);
 #endif
     return s;
 }
