@@ -4,7 +4,8 @@
 # decode-deep-rows.txt in one decode_bench process (CUDA-event medians of 50 calls, each behind
 # an untimed twin), the settings interleaved over 3 rounds, with PyTorch SDPA cuDNN and the
 # read roofline (torch.sum) once per round. Expects decode_bench and attn in bin/ next to this
-# script (or .device/bin/). Writes $OUT/deep.jsonl, $OUT/sdpa-r*.jsonl and prints medians.
+# script (or .device/bin/); the setting `base` times $BASE, another build's decode_bench.
+# Writes $OUT/deep.jsonl, $OUT/sdpa-r*.jsonl and prints medians.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -16,17 +17,18 @@ grep -v '^#' "$rows" | awk '$6 == 128' > /tmp/rows128.txt
 grep -v '^#' "$rows" | awk '$6 == 64' > /tmp/rows64.txt
 d128=(${D128:-default 32:3:l2 16:6:l2 16:4:l2})
 d64=(${D64:-default 32:4:l2 32:6:l2 64:3:l2})
+# A setting `base` runs $BASE (another build's decode_bench, e.g. the commit before a kernel
+# change) with its default tiles.
+run() {  # $1 setting, $2 rows, $3 timeout, $4 round
+  local t=$1 b=$bin/decode_bench label=$1
+  [[ $t == default ]] && t=
+  [[ $t == base ]] && t= && b=${BASE:?BASE: the other build\'s decode_bench}
+  ATTN_CUDA_DECODE_TILES=$t timeout "$3" "$b" "$2" 50 2>&1 |
+    sed "s/^{/{\"tiles\":\"$label\",\"round\":$4,/" | tee -a "$out/deep.jsonl" | grep -v '^{' | head -3
+}
 for round in 1 2 3; do
-  for t in "${d128[@]}"; do
-    [[ $t == default ]] && t=
-    ATTN_CUDA_DECODE_TILES=$t timeout 90 "$bin/decode_bench" /tmp/rows128.txt 50 2>&1 |
-      sed "s/^{/{\"tiles\":\"${t:-default}\",\"round\":$round,/" | tee -a "$out/deep.jsonl" | grep -v '^{' | head -3
-  done
-  for t in "${d64[@]}"; do
-    [[ $t == default ]] && t=
-    ATTN_CUDA_DECODE_TILES=$t timeout 60 "$bin/decode_bench" /tmp/rows64.txt 50 2>&1 |
-      sed "s/^{/{\"tiles\":\"${t:-default}\",\"round\":$round,/" | tee -a "$out/deep.jsonl" | grep -v '^{' | head -3
-  done
+  for t in "${d128[@]}"; do run "$t" /tmp/rows128.txt 90 $round; done
+  for t in "${d64[@]}"; do run "$t" /tmp/rows64.txt 60 $round; done
   timeout 90 python3 "$peer" "$rows" --iters 50 --backends cudnn --roofline-gib 4 > "$out/sdpa-r$round.jsonl"
 done
 python3 - "$out" <<'PY'

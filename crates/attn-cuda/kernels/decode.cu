@@ -12,8 +12,12 @@
 //   S = Q K^T      mma.sync m16n8k16, Q from shared memory (ldmatrix), K (ldmatrix)
 //   online softmax in base 2, p = exp2(s * scale * log2(e) - max)
 //   O += P V       P from the S accumulators as A fragments, V by ldmatrix.trans
-// Shared-memory rows are padded to D + 8 elements, so that the 8 rows an ldmatrix phase reads
-// fall in distinct banks (no swizzle needed, any D that is a multiple of 16).
+// Q's shared-memory rows are padded to D + 8 elements, so that the 8 rows an ldmatrix phase reads
+// fall in distinct banks. The rings' rows are not: where a row is a whole number of 128-byte
+// lines (D = 64, 128, 256) each 16-byte piece c of row r sits at piece c ^ (r % 8) of its row (the
+// 128-byte swizzle), which spreads those 8 rows over the banks as the padding does, and keeps each
+// copied line whole in shared memory: copies into padded rows streamed K/V 9% slower (4.24 against
+// 4.64 TB/s on an H200, bench/device/stream_probe.cu). D = 80 and 96 keep padded rings.
 //
 // Then the warps' results are merged through shared memory (in warp order), and:
 // - with one split, o and the LSE are written;
@@ -55,7 +59,7 @@
 #include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
 
 constexpr int D = ATTN_D;
-constexpr int DP = D + 8;  // padded shared-memory row, elements
+constexpr int DP = D + 8;  // Q's shared-memory row, elements: padded (see the file's notes)
 constexpr int MT = ATTN_MTILES;
 constexpr int BM = 16 * MT;
 constexpr int WARPS = ATTN_WARPS;
@@ -65,6 +69,19 @@ constexpr bool MASKED = ATTN_MASKED;
 constexpr bool PAD = ATTN_PAD;
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
+// The K/V rings' rows (see the file's notes): unpadded, with 16-byte piece c of row r at piece
+// c ^ (r % 8), where a row is a whole number of 128-byte lines (D = 64, 128, 256); padded as Q's
+// where it is not (D = 80, 96).
+constexpr bool SWIZZLED = CPR % 8 == 0;
+constexpr int RP = SWIZZLED ? D : DP;  // a ring row, elements
+// Where piece c of ring row r lies, in bytes from the ring chunk's start.
+__device__ __forceinline__ unsigned ring_at(int r, int c) { return r * RP * 2 + (SWIZZLED ? c ^ (r & 7) : c) * 16; }
+// x, which ptxas cannot see through (so that what derives from it is not hoisted out of a loop);
+// unpadded rings only: the padded ones' columns are constants added to the addresses.
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+    if (SWIZZLED) asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
 constexpr float RESCALE_SLACK = 8.f;
 constexpr float LN2 = 0.69314718055994531f;
 
@@ -76,7 +93,7 @@ static_assert(!PAD || ATTN_EXTRAS, "padded head dims come with the extras");
 // Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
 // merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
 constexpr int Q_ELEMS = BM * DP;
-constexpr int CHUNK_ELEMS = BN * DP;
+constexpr int CHUNK_ELEMS = BN * RP;
 constexpr int RING_ELEMS = STAGES * 2 * CHUNK_ELEMS;
 constexpr int KV_BYTES = (Q_ELEMS + WARPS * RING_ELEMS) * 2;
 constexpr int MERGE_BYTES = WARPS * BM * (D + 2) * 4;
@@ -193,7 +210,7 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
         const bool valid = j < end;
         const int jj = valid ? j : n0;  // a row that exists (nothing is read from it)
         const bool second = jj >= boundary;
-        const unsigned off = (r * DP + c * 8) * 2;
+        const unsigned off = ring_at(r, c);
         const long long k_row = (second ? k_base1 : k_base0) + (long long)g * p.k_sh + (long long)jj * p.k_ss;
         const long long v_row = (second ? v_base1 : v_base0) + (long long)g * p.v_sh + (long long)jj * p.v_ss;
         cp_async16(smem_u32(sk) + off, p.k + k_row + c * 8, valid);
@@ -207,14 +224,17 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
         const int j = n0 + r;
         const bool valid = j < end;
         const int jj = valid ? j : 0;
-        const unsigned off = (r * DP + c * 8) * 2;
+        const unsigned off = ring_at(r, c);
         cp_async16(smem_u32(sk) + off, p.k + kv_row(p.k_sb, p.k_sh, p.k_ss, b, g, jj) + c * 8, valid);
         cp_async16(smem_u32(sv) + off, p.v + kv_row(p.v_sb, p.v_sh, p.v_ss, b, g, jj) + c * 8, valid);
     }
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_constant__ Params p) {
+// One CTA per SM is all the plan counts on (its split counts fill one a SM), so ptxas may take up
+// to 255 registers a thread; without the bound it held some variants to 80 or 128 registers and
+// spilled 8-16 bytes.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -271,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         // columns past the head dim to zero, once.
         const int real = p.head_dim / 8, pad = CPR - real;
         for (int i = lane; i < STAGES * 2 * BN * pad; i += 32)
-            *reinterpret_cast<uint4*>(ring + (i / pad) * DP + (real + i % pad) * 8) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(reinterpret_cast<char*>(ring) + ring_at(i / pad, real + i % pad)) = make_uint4(0, 0, 0, 0);
     }
 
     // The keys some row of the block sees: [lo, hi).
@@ -329,9 +349,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
     for (int t = 0; t < MT; ++t) row_max[t][0] = row_max[t][1] = NEG_INF, row_sum[t][0] = row_sum[t][1] = 0.f;
 
     // ldmatrix addresses: Q's A fragments, K's (non-transposed) and V's (transposed) B fragments.
+    // A lane's ring row is a multiple of 8 plus lane % 8, and its piece 2 kk plus 0 or 1 (its
+    // `half`), so that on swizzled rows the piece lies at (2 kk + half) ^ (lane % 8), which is
+    // 2 kk ^ (half ^ lane % 8): the lane's own part, `k_lane_col` and `v_lane_col` in bytes,
+    // with 32 kk xored in at each step (ring_col).
     const unsigned q_addr = smem_u32(sQ) + ((lane & 15) * DP + (lane >> 4) * 8) * 2;
-    const unsigned k_off = (((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8) * 2;
-    const unsigned v_off = (((lane & 7) + (((lane >> 3) & 1) << 3)) * DP + (lane >> 4) * 8) * 2;
+    const unsigned k_off = ((lane & 7) + ((lane >> 4) << 3)) * RP * 2;
+    const unsigned v_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * RP * 2;
+    const unsigned k_lane_col = (SWIZZLED ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1) * 16;
+    const unsigned v_lane_col = (SWIZZLED ? (lane >> 4) ^ (lane & 7) : lane >> 4) * 16;
+    auto ring_col = [](int step, unsigned col) { return SWIZZLED ? (32u * step) ^ col : 32u * step + col; };
 
     // Prologue: the first STAGES - 1 chunks (one commit group each, empty or not).
 #pragma unroll
@@ -360,6 +387,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
         const int n0 = lo + (c_begin + warp + it * WARPS) * BN;
         const unsigned sk = smem_u32(ring + (it % STAGES) * 2 * CHUNK_ELEMS);
         const unsigned sv = sk + CHUNK_ELEMS * 2;
+        // The lane's swizzled columns, each taken anew where it is used (opaque(): held through
+        // the loop, the addresses ptxas derived from them took 16 registers and spilled 8-16 bytes).
+        const unsigned k_col = opaque(k_lane_col);
 
         float s[MT][BN / 8][4];
         zero_scores(s);
@@ -371,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
 #pragma unroll
             for (int n2 = 0; n2 < BN / 16; ++n2) {
                 unsigned bk[4];
-                ldsm_x4(sk + k_off + (n2 * 16 * DP + kk * 16) * 2, bk);
+                ldsm_x4(sk + k_off + n2 * 16 * RP * 2 + ring_col(kk, k_col), bk);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(s[t][2 * n2], a[t], bk[0], bk[1]);
@@ -446,6 +476,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
                     row_sum[t][e >> 1] += s[t][nt][e];
                 }
         }
+        const unsigned v_col = opaque(v_lane_col);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             unsigned a[MT][4];
@@ -459,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_decode(const __grid_c
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
                 unsigned bv[4];
-                ldsm_x4_trans(sv + v_off + (kk * 16 * DP + d2 * 16) * 2, bv);
+                ldsm_x4_trans(sv + v_off + kk * 16 * RP * 2 + ring_col(d2, v_col), bv);
 #pragma unroll
                 for (int t = 0; t < MT; ++t) {
                     mma(acc[t][2 * d2], a[t], bv[0], bv[1]);

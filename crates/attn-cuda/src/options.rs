@@ -50,7 +50,7 @@ pub const DECODE_SPLITS: Knob = Knob {
 pub const DECODE_TILES: Knob = Knob {
     name: "ATTN_CUDA_DECODE_TILES",
     allowed: "`<keys>:<stages>[:l2]`, e.g. `32:2` or `16:4:l2` (keys per chunk a multiple of 16; `l2`: the 256-byte L2 prefetch hint on K/V copies)",
-    default: "the head dim's first configuration that fits the device (`decode::plan::candidates`: 32 keys in 3 stages at D=64, in 2 at D=128 with one row tile, else 16 keys), with the hint",
+    default: "the head dim's first configuration that fits the device (`decode::plan::candidates`: 32 keys in 3 stages at D=64, in 2 at D=128 with one row tile, else 16 keys), without the hint (`decode::plan::L2_PREFETCH`)",
     purpose: "Plans the decode kernel with this chunk, ring depth and copy hint, to time others; a shape that does not compile or fit is a plan error.",
 };
 

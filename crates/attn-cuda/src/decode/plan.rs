@@ -60,9 +60,10 @@ pub fn max_m_tiles(head_dim: usize) -> u32 {
 /// takes the first that fits its shared memory (the last ones fit an L4's 99 KB).
 ///
 /// Measured on the H100 (bench/device/decode-explore.sh, at 16d50f8): at D = 128, chunks of 32
-/// keys in two stages (140 KB, one CTA per SM) read K/V 1-3% faster than 16 keys in three (two
-/// CTAs per SM), and 16 keys in four or two stages were no faster; the L2 prefetch hint
-/// ([`L2_PREFETCH`]) added 1-2% to either. Two row tiles at D = 128 keep 16-key chunks: with
+/// keys in two stages (140 KB then, one CTA per SM; 132 KB since the rings' rows are swizzled
+/// instead of padded) read K/V 1-3% faster than 16 keys in three (two CTAs per SM), and 16 keys
+/// in four or two stages were no faster; the L2 prefetch hint ([`L2_PREFETCH`]) added 1-2% to
+/// either then, on padded rows, and costs 5-7% on swizzled ones (H200). Two row tiles at D = 128 keep 16-key chunks: with
 /// 32, the masked kernel spills (its S and O accumulators and P take every register). At D = 80
 /// and 96 the fallbacks for smaller devices (an L4 fits neither's first) are those ptxas compiles
 /// without a spill on sm_80 to sm_90a: 16-key chunks in two stages spilled 8-16 bytes, in three at
@@ -90,9 +91,12 @@ pub struct Tiles {
     pub l2_prefetch: bool,
 }
 
-/// Whether K/V copies carry the L2 256-byte prefetch hint by default: measured 1-2% faster at
-/// D = 128 on the H100 (see [`candidates`]).
-pub const L2_PREFETCH: bool = true;
+/// Whether K/V copies carry the L2 256-byte prefetch hint by default: no. It was measured 1-2%
+/// faster at D = 128 on the H100 (see [`candidates`]) while the rings' rows were padded; with
+/// swizzled rows the copies without it stream 5-7% faster (H200, 0.93-0.95x cuDNN with the hint,
+/// 0.98-1.01x without, `bench/results/h200-decode-swizzle.json`), as a bare copy of K/V into
+/// shared memory does (`bench/device/stream_probe.cu`: 4.27 against 4.66 TB/s).
+pub const L2_PREFETCH: bool = false;
 
 /// How the launch cuts a problem: the query rows of a group into row blocks, the keys into
 /// splits, one CTA per (split, row block, KV head, sequence).
@@ -546,8 +550,8 @@ mod tests {
         let l4 = DeviceLimits::l4();
         let p = decode(1, 32, 8, 1, 4096, 128);
         let (v, _, _, _) = choose(&p, &h100, 132, None, None).unwrap();
-        // Q 16 x 136 + 4 warps x 2 stages x (K + V) 32 x 136, 2 bytes each.
-        assert_eq!(v.shared_bytes(), (16 + 4 * 2 * 2 * 32) * 136 * 2);
+        // Q 16 x 136 (padded rows) + 4 warps x 2 stages x (K + V) 32 x 128 (swizzled), 2 bytes each.
+        assert_eq!(v.shared_bytes(), (16 * 136 + 4 * 2 * 2 * 32 * 128) * 2);
         assert_eq!(ctas_per_sm(&v, &h100), 1);
         let (v, launch, _, notes) = choose(&p, &l4, 58, None, None).unwrap();
         assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");

@@ -52,13 +52,16 @@ impl Variant {
         32 * WARPS
     }
 
-    /// Dynamic shared memory: the larger of Q plus every warp's ring of K and V chunks (rows
-    /// padded to `head_dim + 8` elements) and the warps' merge area (f32 accumulators, maxima and
+    /// Dynamic shared memory: the larger of Q (rows padded to `head_dim + 8` elements) plus every
+    /// warp's ring of K and V chunks (rows of `head_dim` elements, swizzled, where that is a
+    /// multiple of 64; else padded as Q's) and the warps' merge area (f32 accumulators, maxima and
     /// sums), and at least the split merge's weights for [`super::MAX_SPLITS`] splits.
     /// Mirrors `KV_BYTES` and `MERGE_BYTES` in `kernels/decode.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        let row = self.head_dim + 8;
-        let kv = (self.block_m() + WARPS as usize * self.stages as usize * 2 * self.block_n) * row * 2;
+        let q_row = self.head_dim + 8;
+        let ring_row = if self.head_dim % 64 == 0 { self.head_dim } else { q_row };
+        let ring = WARPS as usize * self.stages as usize * 2 * self.block_n * ring_row;
+        let kv = (self.block_m() * q_row + ring) * 2;
         let merge = WARPS as usize * self.block_m() * (self.head_dim + 2) * 4;
         let weights = self.block_m() * super::plan::MAX_SPLITS as usize * 4;
         kv.max(merge).max(weights) as u32
