@@ -59,7 +59,7 @@ impl Variant {
     /// Mirrors `KV_BYTES` and `MERGE_BYTES` in `kernels/decode.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let q_row = self.head_dim + 8;
-        let ring_row = if self.head_dim % 64 == 0 { self.head_dim } else { q_row };
+        let ring_row = if self.head_dim.is_multiple_of(64) { self.head_dim } else { q_row };
         let ring = WARPS as usize * self.stages as usize * 2 * self.block_n * ring_row;
         let kv = (self.block_m() * q_row + ring) * 2;
         let merge = WARPS as usize * self.block_m() * (self.head_dim + 2) * 4;
