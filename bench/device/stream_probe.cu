@@ -1,12 +1,12 @@
 // How fast can a kernel stream K and V the way a decode kernel reads them? A read-bandwidth probe
-// for issue 33's decode gap (cuDNN's decode kernel reads K/V faster than torch.sum; attn's
-// decode family slower). Two tensors (K and V), each `regions` contiguous regions of `rows` rows
+// for issue 33's decode gap (cuDNN's decode kernel read K/V faster than torch.sum, attn's decode
+// family slower, until its rings' rows were unpadded and the L2 hint dropped: what this found). Two tensors (K and V), each `regions` contiguous regions of `rows` rows
 // of 256 bytes (a BHSD (batch, KV head) at D = 128 bf16), one CTA per region, as the decode grid
 // with one split. Each form reads every byte once into shared memory (or registers) and does
 // nothing else with it, so the time is the access pattern's alone:
 //   warps    four warps, warp w taking chunks w, w + 4, ... of 32 rows (K then V, 16 bytes a
 //            lane per cp.async), each its own ring of STAGES chunks: attn's decode kernel's copies
-//   tile     the CTA's 128 threads copy 128-row tiles of K, then of V (one commit group each), a
+//   tiles    the CTA's 128 threads copy 128-row tiles of K, then of V (one commit group each), a
 //            ring of STAGES tiles, a block barrier per tile: cuDNN's and FlashAttention-2's shape
 //   ldg      plain 16-byte loads into registers, UNROLL in flight a thread, xor-folded
 // each with and without cp.async's L2 256-byte prefetch hint (part 0); and (part 1) the warps'
