@@ -321,10 +321,15 @@ impl Problem {
     pub fn check_extras(&self, e: &Extras<'_>) -> Result<()> {
         let s = self.shape;
         let b = self.batching;
-        let given = [e.cu_seqlens_q, e.cu_seqlens_k, e.seqused_k, e.block_table].map(|x| x.is_some());
-        for (array, given) in
-            self.extras_read().into_iter().zip(given.into_iter().chain([e.alibi_slopes.is_some()]))
-        {
+        // In extras_read's order (Extras').
+        let given = [
+            e.cu_seqlens_q.is_some(),
+            e.cu_seqlens_k.is_some(),
+            e.seqused_k.is_some(),
+            e.block_table.is_some(),
+            e.alibi_slopes.is_some(),
+        ];
+        for (array, given) in self.extras_read().into_iter().zip(given) {
             present(array.name, given, array.read.is_some(), array.why)?;
         }
         if let (QueryRows::Packed { total }, Some(cu)) = (b.q, e.cu_seqlens_q) {

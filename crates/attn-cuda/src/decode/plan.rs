@@ -64,10 +64,10 @@ pub fn max_m_tiles(head_dim: usize) -> u32 {
 /// instead of padded) read K/V 1-3% faster than 16 keys in three (two CTAs per SM), and 16 keys
 /// in four or two stages were no faster; the L2 prefetch hint ([`L2_PREFETCH`]) added 1-2% to
 /// either then, on padded rows, and costs 5-7% on swizzled ones (H200). Two row tiles at
-/// D = 128 keep 16-key chunks: with 32, the masked kernel spills (its S and O accumulators and P take every register). At D = 80
-/// and 96 the fallbacks for smaller devices (an L4 fits neither's first) are those ptxas compiles
-/// without a spill on sm_80 to sm_90a: 16-key chunks in two stages spilled 8-16 bytes, in three at
-/// D = 96 8, 32-key chunks in one stage at D = 80 8.
+/// D = 128 keep 16-key chunks: with 32, the masked kernel spills (its S and O accumulators and P
+/// take every register). At D = 80 and 96 the fallbacks for smaller devices (an L4 fits neither's
+/// first) are those ptxas compiles without a spill on sm_80 to sm_90a: 16-key chunks in two
+/// stages spilled 8-16 bytes, in three at D = 96 8, 32-key chunks in one stage at D = 80 8.
 pub fn candidates(head_dim: usize, m_tiles: u32) -> &'static [(usize, u32)] {
     match head_dim {
         d if d <= 64 => &[(32, 3), (32, 2)],
