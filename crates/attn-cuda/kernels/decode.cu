@@ -74,9 +74,8 @@ constexpr int CPR = D / 8;  // 16-byte chunks per row
 // where it is not (D = 80, 96).
 constexpr bool SWIZZLED = CPR % 8 == 0;
 constexpr int RP = SWIZZLED ? D : DP;  // a ring row, elements
-// Where piece c of ring row r lies, in bytes from the ring chunk's start (mma_sm80.cuh's swizzle,
-// which is c ^ (r % 8) for such rows).
-__device__ __forceinline__ unsigned ring_at(int r, int c) { return r * RP * 2 + (SWIZZLED ? swizzle<CPR>(r, c) : c) * 16; }
+// Where piece c of ring row r lies, in bytes from the ring chunk's start.
+__device__ __forceinline__ unsigned ring_at(int r, int c) { return r * RP * 2 + (SWIZZLED ? c ^ (r & 7) : c) * 16; }
 // x, which ptxas cannot see through (so that what derives from it is not hoisted out of a loop);
 // unpadded rings only: the padded ones' columns are constants added to the addresses.
 __device__ __forceinline__ unsigned opaque(unsigned x) {

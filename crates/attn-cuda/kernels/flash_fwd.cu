@@ -122,10 +122,17 @@ __device__ __forceinline__ const elem_t* kv_row(const elem_t* base, long long ro
 }
 #endif
 
-// Byte address in shared memory of logical chunk `c` of row `row` of a [rows][D] tile, swizzled
-// (mma_sm80.cuh's swizzle).
+// Physical 16-byte chunk of logical chunk `c` in row `row`: XOR within groups of 8 chunks (128
+// bytes), or of the 4-chunk tail group (D = 32, 96) with every other row.
+__device__ __forceinline__ int swizzle(int row, int c) {
+    const int base = c & ~7;
+    if (base + 8 <= CPR) return base | ((c & 7) ^ (row & 7));
+    return base | ((c - base) ^ ((row >> 1) & (CPR - base - 1)));
+}
+
+// Byte address in shared memory of logical chunk `c` of row `row` of a [rows][D] tile.
 __device__ __forceinline__ unsigned tile_addr(const elem_t* tile, int row, int c) {
-    return smem_u32(tile) + (row * D + swizzle<CPR>(row, c) * 8) * 2;
+    return smem_u32(tile) + (row * D + swizzle(row, c) * 8) * 2;
 }
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {

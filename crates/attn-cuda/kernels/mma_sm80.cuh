@@ -48,17 +48,6 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
                  : "r"(addr));
 }
 
-// Physical 16-byte chunk of logical chunk `c` in row `row` of a shared-memory tile of CPR chunks
-// a row, so that the 8 rows an ldmatrix phase reads fall in distinct banks: XOR with the row
-// within groups of 8 chunks (128 bytes), or within the 4-chunk tail group (D = 32, 96) with
-// every other row. (flash_fwd.cu's tiles; decode.cu's rings where CPR is a multiple of 8.)
-template <int CPR>
-__device__ __forceinline__ int swizzle(int row, int c) {
-    const int base = c & ~7;
-    if (base + 8 <= CPR) return base | ((c & 7) ^ (row & 7));
-    return base | ((c - base) ^ ((row >> 1) & (CPR - base - 1)));
-}
-
 // c += a * b for one m16n8k16 tile.
 __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
