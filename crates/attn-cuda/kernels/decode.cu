@@ -74,7 +74,9 @@ constexpr int CPR = D / 8;  // 16-byte chunks per row
 // where it is not (D = 80, 96).
 constexpr bool SWIZZLED = CPR % 8 == 0;
 constexpr int RP = SWIZZLED ? D : DP;  // a ring row, elements
-// Where piece c of ring row r lies, in bytes from the ring chunk's start.
+// Where piece c of ring row r lies, in bytes from the ring chunk's start. (flash_fwd.cu's
+// swizzle() on whole 128-byte groups, written as the XOR alone: its general form, tails included,
+// compiled to other code here, 2026-11-28.)
 __device__ __forceinline__ unsigned ring_at(int r, int c) { return r * RP * 2 + (SWIZZLED ? c ^ (r & 7) : c) * 16; }
 // x, which ptxas cannot see through (so that what derives from it is not hoisted out of a loop);
 // unpadded rings only: the padded ones' columns are constants added to the addresses.
