@@ -26,6 +26,10 @@
 //   all splits by log-sum-exp in split order (deterministic, whichever CTA is last): the math of
 //   attn-core's `softmax::merge`.
 //
+// The persistent form (ATTN_PERSIST, `persistent` below): fewer CTAs than (sequence, KV head,
+// row block) items, each taking items in turn with its warps' copy rings running on from one
+// item into the next.
+//
 // Masks (ATTN_MASKED): a per-row window [i + shift - left, i + shift + right] with shift =
 // seq_k - seq_q (bottom-right); causal is left = unbounded, right = 0. The CTA walks only the
 // keys some of its rows see.
@@ -52,8 +56,9 @@
 // overwrites), so the products over D add nothing for them, and nothing is stored from them.
 //
 // Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (multiple of 16), ATTN_MTILES,
-// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_PAD, ATTN_SHARED_BYTES (the
-// host's dynamic shared memory, checked against what this file computes). The host's plan
+// ATTN_WARPS, ATTN_BN (multiple of 16), ATTN_STAGES, ATTN_MASKED, ATTN_L2_PREFETCH, ATTN_EXTRAS, ATTN_PAD,
+// ATTN_PERSIST (the persistent form, see `persistent`), ATTN_SHARED_BYTES (the host's dynamic
+// shared memory, checked against what this file computes). The host's plan
 // (crates/attn-cuda/src/decode/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
@@ -67,6 +72,7 @@ constexpr int BN = ATTN_BN;
 constexpr int STAGES = ATTN_STAGES;
 constexpr bool MASKED = ATTN_MASKED;
 constexpr bool PAD = ATTN_PAD;
+constexpr int Q_BUFFERS = ATTN_PERSIST ? 2 : 1;  // the persistent form copies the next item's Q in
 constexpr int THREADS = 32 * WARPS;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
 // The K/V rings' rows (see the file's notes): unpadded, with 16-byte piece c of row r at piece
@@ -92,12 +98,12 @@ static_assert(STAGES >= 1, "at least one stage");
 static_assert(!ATTN_EXTRAS || BN <= 32, "a paged chunk must lie in at most two pages of 16 keys or more");
 static_assert(!PAD || ATTN_EXTRAS, "padded head dims come with the extras");
 
-// Shared memory: Q (BM rows), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
+// Shared memory: Q (BM rows; two buffers in the persistent form), then each warp's ring of STAGES (K, V) chunk pairs; the warps'
 // merge reuses it from the start. Mirrored by `Variant::shared_bytes`.
 constexpr int Q_ELEMS = BM * DP;
 constexpr int CHUNK_ELEMS = BN * RP;
 constexpr int RING_ELEMS = STAGES * 2 * CHUNK_ELEMS;
-constexpr int KV_BYTES = (Q_ELEMS + WARPS * RING_ELEMS) * 2;
+constexpr int KV_BYTES = (Q_BUFFERS * Q_ELEMS + WARPS * RING_ELEMS) * 2;
 constexpr int MERGE_BYTES = WARPS * BM * (D + 2) * 4;
 // The host's size (ATTN_SHARED_BYTES, `Variant::shared_bytes`) holds both.
 static_assert(ATTN_SHARED_BYTES >= KV_BYTES && ATTN_SHARED_BYTES >= MERGE_BYTES, "host and kernel disagree on shared memory");
@@ -233,11 +239,397 @@ __device__ __forceinline__ void load_chunk(const Params& p, elem_t* sk, elem_t* 
 #endif
 }
 
+// This thread's rows of the CTA's block (two per m-tile: lane / 4 and lane / 4 + 8): the keys
+// each sees, and with the extras ALiBi's slope (base-2 units) and diagonal key i + shift.
+struct Rows {
+    int lo[MT][2], hi[MT][2];
+#if ATTN_EXTRAS
+    float slope[MT][2];
+    int diagonal[MT][2];
+#endif
+};
+
+// A warp's online softmax over the block's rows: unnormalised o, running max (log2 units), sum.
+struct Softmax {
+    float acc[MT][D / 8][4];
+    float max[MT][2], sum[MT][2];
+};
+
+// A lane's ldmatrix offsets into a ring chunk: K's (non-transposed) and V's (transposed) B
+// fragments' rows, and their 16-byte columns. A lane's ring row is a multiple of 8 plus
+// lane % 8, and its piece 2 kk plus 0 or 1 (its `half`), so that on swizzled rows the piece lies
+// at (2 kk + half) ^ (lane % 8), which is 2 kk ^ (half ^ lane % 8): the lane's own part, `k_col`
+// and `v_col` in bytes, with 32 kk xored in at each step (ring_col).
+struct Lanes {
+    unsigned k_off, v_off, k_col, v_col;
+};
+__device__ __forceinline__ Lanes lanes_of(int lane) {
+    return {((lane & 7) + ((lane >> 4) << 3)) * RP * 2u, ((lane & 7) + (((lane >> 3) & 1) << 3)) * RP * 2u,
+            (SWIZZLED ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1) * 16u,
+            (SWIZZLED ? (lane >> 4) ^ (lane & 7) : lane >> 4) * 16u};
+}
+__device__ __forceinline__ unsigned ring_col(int step, unsigned col) { return SWIZZLED ? (32u * step) ^ col : 32u * step + col; }
+
+// Q's rows r0 .. r0 + BM of KV head g's group, zeros past its last, into `dst`; negated for a
+// negative scale (scores are scaled inside the exponent by |scale|, see flash_fwd.cu). `q_seq`:
+// the element offset of sequence b's first query row.
+__device__ __forceinline__ void load_q(const Params& p, elem_t* dst, int r0, int g, long long q_seq, int q_len) {
+    const unsigned flip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+    for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = r0 + r;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (row < p.rows && (!PAD || c < p.head_dim / 8)) {
+            const int h = g * p.group + row / p.seq_q, qi = row % p.seq_q;
+            if (qi < q_len) {
+                x = *reinterpret_cast<const uint4*>(p.q + q_seq + (long long)h * p.q_sh + (long long)qi * p.q_ss + c * 8);
+                x.x ^= flip, x.y ^= flip, x.z ^= flip, x.w ^= flip;
+            }
+        }
+        *reinterpret_cast<uint4*>(dst + r * DP + c * 8) = x;
+    }
+}
+
+// One chunk of BN keys from n0 (K at `sk`, V right after it in the warp's ring) folded into the
+// warp's online softmax: S = Q K^T (Q's A fragments at q_addr), soft-cap and ALiBi (extras), the
+// mask, the running max and its rescale, P = exp2(S - max), O += P V.
+__device__ __forceinline__ void fold_chunk(const Params& p, unsigned q_addr, unsigned sk, const Lanes& ln, int n0,
+                                           int hi, const Rows& rows, Softmax& sm, int lane, float sl2, float mul) {
+    const unsigned sv = sk + CHUNK_ELEMS * 2;
+    // The lane's swizzled columns, each taken anew where it is used (opaque(): held through the
+    // loop, the addresses ptxas derived from them took 16 registers and spilled 8-16 bytes).
+    const unsigned k_col = opaque(ln.k_col);
+
+    float s[MT][BN / 8][4];
+    zero_scores(s);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) ldsm_x4(q_addr + (t * 16 * DP + kk * 16) * 2, a[t]);
+#pragma unroll
+        for (int n2 = 0; n2 < BN / 16; ++n2) {
+            unsigned bk[4];
+            ldsm_x4(sk + ln.k_off + n2 * 16 * RP * 2 + ring_col(kk, k_col), bk);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                mma(s[t][2 * n2], a[t], bk[0], bk[1]);
+                mma(s[t][2 * n2 + 1], a[t], bk[2], bk[3]);
+            }
+        }
+    }
+#if ATTN_EXTRAS
+    // Scores to base-2 units: soft-capped, then ALiBi's bias.
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                float x = p.softcap_log2 > 0.f ? p.softcap_log2 * tanh_fast(s[t][nt][e] * p.softcap_inv)
+                                               : s[t][nt][e] * sl2;
+                x -= rows.slope[t][e >> 1] * fabsf((float)(rows.diagonal[t][e >> 1] - col));
+                s[t][nt][e] = x;
+            }
+#endif
+    if (MASKED || n0 + BN > hi) {
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+                    if (col >= hi || col < rows.lo[t][e >> 1] || col > rows.hi[t][e >> 1]) s[t][nt][e] = NEG_INF;
+                }
+    }
+    float new_max[MT][2];
+    bool grow = false;
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float m = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) m = fmaxf(m, fmaxf(s[t][nt][2 * r], s[t][nt][2 * r + 1]));
+            m = quad_max(m);
+            new_max[t][r] = fmaxf(sm.max[t][r], m == NEG_INF ? NEG_INF : m * mul);
+            grow |= new_max[t][r] > sm.max[t][r] + RESCALE_SLACK;
+        }
+    if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float alpha = exp2_fast(sm.max[t][r] - (new_max[t][r] == NEG_INF ? 0.f : new_max[t][r]));
+                sm.max[t][r] = new_max[t][r];
+                sm.sum[t][r] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    sm.acc[t][dt][2 * r] *= alpha;
+                    sm.acc[t][dt][2 * r + 1] *= alpha;
+                }
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        const float base[2] = {sm.max[t][0] == NEG_INF ? 0.f : sm.max[t][0], sm.max[t][1] == NEG_INF ? 0.f : sm.max[t][1]};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], mul, -base[e >> 1]));
+                sm.sum[t][e >> 1] += s[t][nt][e];
+            }
+    }
+    const unsigned v_col = opaque(ln.v_col);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+            a[t][0] = as_u32(pack2(s[t][2 * kk][0], s[t][2 * kk][1]));
+            a[t][1] = as_u32(pack2(s[t][2 * kk][2], s[t][2 * kk][3]));
+            a[t][2] = as_u32(pack2(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]));
+            a[t][3] = as_u32(pack2(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]));
+        }
+#pragma unroll
+        for (int d2 = 0; d2 < D / 16; ++d2) {
+            unsigned bv[4];
+            ldsm_x4_trans(sv + ln.v_off + kk * 16 * RP * 2 + ring_col(d2, v_col), bv);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                mma(sm.acc[t][2 * d2], a[t], bv[0], bv[1]);
+                mma(sm.acc[t][2 * d2 + 1], a[t], bv[2], bv[3]);
+            }
+        }
+    }
+}
+
+// The start of a softmax: nothing seen.
+__device__ __forceinline__ void clear(Softmax& sm) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) sm.acc[t][i][0] = sm.acc[t][i][1] = sm.acc[t][i][2] = sm.acc[t][i][3] = 0.f;
+        sm.max[t][0] = sm.max[t][1] = NEG_INF, sm.sum[t][0] = sm.sum[t][1] = 0.f;
+    }
+}
+
+// A warp's merge area: f32, [BM][D] unnormalised accumulators, then BM maxima and BM sums.
+constexpr int AREA_FLOATS = BM * (D + 2);
+
+// The warp's results into its merge area.
+__device__ __forceinline__ void put_results(const Softmax& sm, float* area, int lane) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = t * 16 + lane / 4 + r * 8;
+            const float sum = quad_sum(sm.sum[t][r]);
+            if (lane % 4 == 0) {
+                area[BM * D + row] = sm.max[t][r];
+                area[BM * D + BM + row] = sum;
+            }
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                const int col = dt * 8 + 2 * (lane % 4);
+                *reinterpret_cast<float2*>(area + row * D + col) = make_float2(sm.acc[t][dt][2 * r], sm.acc[t][dt][2 * r + 1]);
+            }
+        }
+}
+
+// Per-sequence rows (extras): a sequence's packed queries are stored from its first row (the LSE
+// then [heads_q, q_total]); rows of a group past its queries are not stored.
+#if ATTN_EXTRAS
+#define STORED(qi) ((qi) < stored.len)
+#define O_SEQ (p.cu_seqlens_q != nullptr ? (long long)stored.start * p.o_ss : (long long)b * p.o_sb)
+#define LSE_INDEX(h, qi)                                                               \
+    (p.cu_seqlens_q != nullptr ? (long long)(h) * p.q_total + stored.start + (qi)      \
+                               : ((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
+#else
+#define STORED(qi) true
+#define O_SEQ (long long)b * p.o_sb
+#define LSE_INDEX(h, qi) (((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
+#endif
+
+// The warps' results merged in warp order (`area(w)`: warp w's merge area): o = sum_w 2^(m_w - M)
+// acc_w / L, L = sum_w 2^(m_w - M) l_w, lse = (M + log2 L) ln 2 (natural log of the scaled
+// scores). A row that sees no key: o = 0, lse = -inf. With one split o and the LSE are stored;
+// with several the split's normalised o (f32) and LSE go to the workspace's `slot`.
+template <class Area>
+__device__ __forceinline__ void store_merged(const Params& p, Area area, int r0, int g, int b, long long slot) {
+#if ATTN_EXTRAS
+    // The query rows again, read after the key loop rather than held through it.
+    const SeqRows stored = seq_rows(p.cu_seqlens_q, b, p.q_total, p.seq_q);
+#endif
+    const int valid_rows = min(BM, p.rows - r0);
+    const bool direct = p.splits == 1;
+    for (int i = threadIdx.x; i < valid_rows * (D / 4); i += THREADS) {
+        const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, area(w)[BM * D + row]);
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+        if (mx != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float f = exp2f(area(w)[BM * D + row] - mx);
+                l += f * area(w)[BM * D + BM + row];
+                const float4 a = *reinterpret_cast<const float4*>(area(w) + row * D + col);
+                o[0] += f * a.x, o[1] += f * a.y, o[2] += f * a.z, o[3] += f * a.w;
+            }
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse = l > 0.f ? (mx + log2f(l)) * LN2 : NEG_INF;
+        const int grow_ = r0 + row;
+        const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
+        if (direct) {
+            if (STORED(qi) && (!PAD || col < p.head_dim)) {
+                elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
+                const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
+                *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
+                if (p.lse != nullptr && col == 0) p.lse[LSE_INDEX(h, qi)] = lse;
+            }
+        } else {
+            *reinterpret_cast<float4*>(p.partial_o + (slot * BM + row) * D + col) =
+                make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+            if (col == 0) p.partial_lse[slot * BM + row] = lse;
+        }
+    }
+}
+
+// The rows of a block from r0 (dense plain rows: no packed queries, no ALiBi): padding rows past
+// the group's see nothing.
+__device__ __forceinline__ void plain_rows(const Params& p, Rows& rows, int r0, int lane) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const bool real = r0 + t * 16 + lane / 4 + r * 8 < p.rows;
+            rows.lo[t][r] = real ? 0 : 1;
+            rows.hi[t][r] = real ? p.seq_k - 1 : 0;
+        }
+}
+
+#if ATTN_PERSIST
+// The persistent form (ATTN_PERSIST; plain, unmasked, one split, BN = 32 and one m-tile): a CTA
+// per SM slot, each taking the (sequence, KV head, row block) items blockIdx.x, + gridDim.x, ...
+// with no gap between them in a warp's copies: its ring runs on from one item's chunks into the
+// next's (an issue cursor STAGES - 1 chunks ahead of the one folded), the next item's Q is copied
+// in during this one, and the warps' merge areas are the ring chunk each warp just folded (the
+// only one no copy is landing in). Launched as one CTA per item, a CTA spends about 1.3-1.5 µs
+// filling its ring and draining it, 2-5% of a 1-2 MB item's time on an H200; the plan takes the
+// form by default at D <= 64 only (at D = 128 it measured 1% slower: decode::plan::persistent).
+// One split: o and the LSE are stored directly.
+static_assert(!(ATTN_PERSIST) || (!ATTN_EXTRAS && !MASKED), "the persistent form is plain and unmasked");
+static_assert(!(ATTN_PERSIST) || AREA_FLOATS * 4 <= CHUNK_ELEMS * 2 * 2, "a merge area fits in a ring chunk");
+__device__ __forceinline__ void persistent(const Params& p, unsigned char* smem) {
+    elem_t* sQ = reinterpret_cast<elem_t*>(smem);  // two buffers: this item's Q and the next's
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    elem_t* ring = sQ + Q_BUFFERS * Q_ELEMS + warp * RING_ELEMS;
+    const int items = p.batch * p.heads_kv * p.row_blocks;
+    const float sl2 = fmaxf(fabsf(p.scale_log2), 1e-30f);
+    // Every item's keys are [0, seq_k): the same chunks, the same share for a warp.
+    const int hi = p.seq_k, chunks = (hi + BN - 1) / BN;
+    const auto mine_of = [&](int w) { return chunks > w ? (chunks - w + WARPS - 1) / WARPS : 0; };
+    const int mine = mine_of(warp);
+    // Item i's (sequence, KV head, first row of the group).
+    struct Item {
+        int b, g, r0;
+    };
+    const auto item_at = [&](int i) {
+        return Item{i / (p.heads_kv * p.row_blocks), i / p.row_blocks % p.heads_kv, i % p.row_blocks * BM};
+    };
+
+    // The issue cursor: the next chunk to copy, as (item, index among the warp's chunks of it),
+    // the item's sequence and KV head found once per item, after its last chunk's copies rather
+    // than ahead of each chunk's. Each call commits one group, empty once the items are done.
+    int next_item = blockIdx.x, next_it = 0;
+    Item next_at = item_at(next_item);
+    const auto issue = [&](int stage) {
+        if (mine > 0 && next_item < items) {
+            elem_t* sk = ring + stage * 2 * CHUNK_ELEMS;
+            load_chunk(p, sk, sk + CHUNK_ELEMS, next_at.b, next_at.g, (warp + next_it * WARPS) * BN, hi, lane);
+            if (++next_it == mine) next_it = 0, next_item += gridDim.x, next_at = item_at(next_item);
+        }
+        cp_commit();
+    };
+
+    const Item first = item_at(blockIdx.x);
+    if (blockIdx.x < items) load_q(p, sQ, first.r0, first.g, (long long)first.b * p.q_sb, p.seq_q);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+    __syncthreads();  // Q is in shared memory
+
+    const Lanes ln = lanes_of(lane);
+    int folded = 0;  // chunks this warp has folded, over all its items: chunk f sits in stage f % STAGES
+    for (int k = 0, item = blockIdx.x; item < items; ++k, item += gridDim.x) {
+        const Item at = item_at(item);
+        elem_t* q_now = sQ + (k & 1) * Q_ELEMS;
+        // The next item's Q into the other buffer (zeros past the group's rows), in the group
+        // of this item's first refill; negated after it lands for a negative scale.
+        const int after = item + gridDim.x;
+        if (after < items) {
+            const Item nx = item_at(after);
+            elem_t* q_next = sQ + ((k + 1) & 1) * Q_ELEMS;
+            for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
+                const int r = i / CPR, c = i % CPR, row = nx.r0 + r;
+                const bool real = row < p.rows;
+                const int h = nx.g * p.group + (real ? row : 0) / p.seq_q, qi = (real ? row : 0) % p.seq_q;
+                cp_async16(smem_u32(q_next + r * DP + c * 8),
+                           p.q + (long long)nx.b * p.q_sb + (long long)h * p.q_sh + (long long)qi * p.q_ss + c * 8, real);
+            }
+        }
+        Rows rows;
+        plain_rows(p, rows, at.r0, lane);
+        Softmax sm;
+        clear(sm);
+        const unsigned q_addr = smem_u32(q_now) + ((lane & 15) * DP + (lane >> 4) * 8) * 2;
+        for (int it = 0; it < mine; ++it, ++folded) {
+            __syncwarp();  // every lane is past chunk folded - 1: its stage takes chunk folded + STAGES - 1
+            issue((folded + STAGES - 1) % STAGES);
+            cp_wait<STAGES - 1>();  // chunk `folded` has landed (for this lane) ...
+            __syncwarp();           // ... and for every lane of the warp
+            fold_chunk(p, q_addr, smem_u32(ring + (folded % STAGES) * 2 * CHUNK_ELEMS), ln, (warp + it * WARPS) * BN, hi,
+                       rows, sm, lane, sl2, sl2);
+        }
+        // The next Q's copies are older than the newest STAGES - 1 groups where the warp folded
+        // STAGES chunks or more of this item; else wait for all (and commit them, with none).
+        if (mine < STAGES) {
+            cp_commit();
+            cp_wait<0>();
+        }
+        __syncwarp();  // every lane's reads of the chunk it folded last are done: it becomes the merge area
+        // Each warp's merge area: the stage of the last chunk it folded (stage 0 if none).
+        const auto area = [&](int w) {
+            const int f = (k + 1) * mine_of(w);
+            return reinterpret_cast<float*>(sQ + Q_BUFFERS * Q_ELEMS + w * RING_ELEMS + (f > 0 ? (f - 1) % STAGES : 0) * 2 * CHUNK_ELEMS);
+        };
+        put_results(sm, area(warp), lane);
+        __syncthreads();
+        store_merged(p, area, at.r0, at.g, at.b, 0);
+        if (p.scale_log2 < 0.f && after < items)
+            for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
+                uint4* x = reinterpret_cast<uint4*>(sQ + ((k + 1) & 1) * Q_ELEMS + (i / CPR) * DP + (i % CPR) * 8);
+                x->x ^= 0x80008000u, x->y ^= 0x80008000u, x->z ^= 0x80008000u, x->w ^= 0x80008000u;
+            }
+        __syncthreads();  // the merge areas are read and the next Q is whole: the rings run on
+    }
+    cp_wait<0>();
+}
+#endif
+
 // One CTA per SM is all the plan counts on (its split counts fill one a SM), so ptxas may take up
 // to 255 registers a thread; without the bound it held some variants to 80 or 128 registers and
 // spilled 8-16 bytes.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
+#if ATTN_PERSIST
+    persistent(p, smem);
+    return;
+#endif
     elem_t* sQ = reinterpret_cast<elem_t*>(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     elem_t* ring = sQ + Q_ELEMS + warp * RING_ELEMS;
@@ -272,22 +664,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __gri
     // (soft-cap, ALiBi) to those units first.
     const float mul = ATTN_EXTRAS ? 1.f : sl2;
 
-    // Q: rows r0 .. r0 + BM of the group, zeros past its last; negated for a negative scale
-    // (scores are scaled inside the exponent by |scale|, see flash_fwd.cu).
-    const unsigned flip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
-    for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
-        const int r = i / CPR, c = i % CPR;
-        const int row = r0 + r;
-        uint4 x = make_uint4(0, 0, 0, 0);
-        if (row < p.rows && (!PAD || c < p.head_dim / 8)) {
-            const int h = g * p.group + row / p.seq_q, qi = row % p.seq_q;
-            if (QUERY_REAL(qi)) {
-                x = *reinterpret_cast<const uint4*>(p.q + Q_SEQ + (long long)h * p.q_sh + (long long)qi * p.q_ss + c * 8);
-                x.x ^= flip, x.y ^= flip, x.z ^= flip, x.w ^= flip;
-            }
-        }
-        *reinterpret_cast<uint4*>(sQ + r * DP + c * 8) = x;
-    }
+    load_q(p, sQ, r0, g, Q_SEQ, ATTN_EXTRAS ? SEQ_Q : p.seq_q);
     if (PAD) {
         // This warp's ring rows (STAGES K and V chunks of BN rows, one after the other): the
         // columns past the head dim to zero, once.
@@ -312,55 +689,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __gri
     const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
     const int mine = c_end - c_begin > warp ? (c_end - c_begin - warp + WARPS - 1) / WARPS : 0;
 
-    // This thread's rows (two per m-tile: lane / 4 and lane / 4 + 8) and the keys each sees.
-    int row_lo[MT][2], row_hi[MT][2];
+    Rows rows;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = r0 + t * 16 + lane / 4 + r * 8;
             const int qi = row % p.seq_q;
-            row_lo[t][r] = MASKED ? qi + shift - p.window_left : 0;
-            row_hi[t][r] = MASKED ? qi + shift + p.window_right : SEQ_K - 1;
-            if (row >= p.rows || !QUERY_REAL(qi)) row_lo[t][r] = 1, row_hi[t][r] = 0;  // padding: sees nothing
-        }
+            rows.lo[t][r] = MASKED ? qi + shift - p.window_left : 0;
+            rows.hi[t][r] = MASKED ? qi + shift + p.window_right : SEQ_K - 1;
+            if (row >= p.rows || !QUERY_REAL(qi)) rows.lo[t][r] = 1, rows.hi[t][r] = 0;  // padding: sees nothing
 #if ATTN_EXTRAS
-    // ALiBi: each of this thread's rows' slope (base-2 units) and diagonal key i + shift.
-    float slope[MT][2];
-    int diagonal[MT][2];
-#pragma unroll
-    for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = r0 + t * 16 + lane / 4 + r * 8;
             const int h = g * p.group + row / p.seq_q;
-            slope[t][r] = p.alibi_slopes != nullptr && row < p.rows
-                              ? p.alibi_slopes[(long long)b * p.alibi_batch_stride + h] * 1.4426950408889634f
-                              : 0.f;
-            diagonal[t][r] = row % p.seq_q + shift;
-        }
+            rows.slope[t][r] = p.alibi_slopes != nullptr && row < p.rows
+                                   ? p.alibi_slopes[(long long)b * p.alibi_batch_stride + h] * 1.4426950408889634f
+                                   : 0.f;
+            rows.diagonal[t][r] = qi + shift;
 #endif
-
-    float acc[MT][D / 8][4];
-#pragma unroll
-    for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) acc[t][i][0] = acc[t][i][1] = acc[t][i][2] = acc[t][i][3] = 0.f;
-    float row_max[MT][2], row_sum[MT][2];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) row_max[t][0] = row_max[t][1] = NEG_INF, row_sum[t][0] = row_sum[t][1] = 0.f;
-
-    // ldmatrix addresses: Q's A fragments, K's (non-transposed) and V's (transposed) B fragments.
-    // A lane's ring row is a multiple of 8 plus lane % 8, and its piece 2 kk plus 0 or 1 (its
-    // `half`), so that on swizzled rows the piece lies at (2 kk + half) ^ (lane % 8), which is
-    // 2 kk ^ (half ^ lane % 8): the lane's own part, `k_lane_col` and `v_lane_col` in bytes,
-    // with 32 kk xored in at each step (ring_col).
+        }
+    Softmax sm;
+    clear(sm);
     const unsigned q_addr = smem_u32(sQ) + ((lane & 15) * DP + (lane >> 4) * 8) * 2;
-    const unsigned k_off = ((lane & 7) + ((lane >> 4) << 3)) * RP * 2;
-    const unsigned v_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * RP * 2;
-    const unsigned k_lane_col = (SWIZZLED ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1) * 16;
-    const unsigned v_lane_col = (SWIZZLED ? (lane >> 4) ^ (lane & 7) : lane >> 4) * 16;
-    auto ring_col = [](int step, unsigned col) { return SWIZZLED ? (32u * step) ^ col : 32u * step + col; };
+    const Lanes ln = lanes_of(lane);
 
     // Prologue: the first STAGES - 1 chunks (one commit group each, empty or not).
 #pragma unroll
@@ -386,200 +736,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __gri
         cp_commit();
         cp_wait<STAGES - 1>();  // chunk it has landed (for this lane) ...
         __syncwarp();           // ... and for every lane of the warp
-        const int n0 = lo + (c_begin + warp + it * WARPS) * BN;
-        const unsigned sk = smem_u32(ring + (it % STAGES) * 2 * CHUNK_ELEMS);
-        const unsigned sv = sk + CHUNK_ELEMS * 2;
-        // The lane's swizzled columns, each taken anew where it is used (opaque(): held through
-        // the loop, the addresses ptxas derived from them took 16 registers and spilled 8-16 bytes).
-        const unsigned k_col = opaque(k_lane_col);
-
-        float s[MT][BN / 8][4];
-        zero_scores(s);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned a[MT][4];
-#pragma unroll
-            for (int t = 0; t < MT; ++t) ldsm_x4(q_addr + (t * 16 * DP + kk * 16) * 2, a[t]);
-#pragma unroll
-            for (int n2 = 0; n2 < BN / 16; ++n2) {
-                unsigned bk[4];
-                ldsm_x4(sk + k_off + n2 * 16 * RP * 2 + ring_col(kk, k_col), bk);
-#pragma unroll
-                for (int t = 0; t < MT; ++t) {
-                    mma(s[t][2 * n2], a[t], bk[0], bk[1]);
-                    mma(s[t][2 * n2 + 1], a[t], bk[2], bk[3]);
-                }
-            }
-        }
-#if ATTN_EXTRAS
-        // Scores to base-2 units: soft-capped, then ALiBi's bias.
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-                    float x = p.softcap_log2 > 0.f ? p.softcap_log2 * tanh_fast(s[t][nt][e] * p.softcap_inv)
-                                                   : s[t][nt][e] * sl2;
-                    x -= slope[t][e >> 1] * fabsf((float)(diagonal[t][e >> 1] - col));
-                    s[t][nt][e] = x;
-                }
-#endif
-        if (MASKED || n0 + BN > hi) {
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int col = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-                        if (col >= hi || col < row_lo[t][e >> 1] || col > row_hi[t][e >> 1]) s[t][nt][e] = NEG_INF;
-                    }
-        }
-        float new_max[MT][2];
-        bool grow = false;
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float m = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt) m = fmaxf(m, fmaxf(s[t][nt][2 * r], s[t][nt][2 * r + 1]));
-                m = quad_max(m);
-                new_max[t][r] = fmaxf(row_max[t][r], m == NEG_INF ? NEG_INF : m * mul);
-                grow |= new_max[t][r] > row_max[t][r] + RESCALE_SLACK;
-            }
-        if (__any_sync(0xffffffff, grow)) {
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float alpha =
-                        exp2_fast(row_max[t][r] - (new_max[t][r] == NEG_INF ? 0.f : new_max[t][r]));
-                    row_max[t][r] = new_max[t][r];
-                    row_sum[t][r] *= alpha;
-#pragma unroll
-                    for (int dt = 0; dt < D / 8; ++dt) {
-                        acc[t][dt][2 * r] *= alpha;
-                        acc[t][dt][2 * r + 1] *= alpha;
-                    }
-                }
-        }
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-            const float base[2] = {row_max[t][0] == NEG_INF ? 0.f : row_max[t][0],
-                                   row_max[t][1] == NEG_INF ? 0.f : row_max[t][1]};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[t][nt][e] = exp2_fast(fmaf(s[t][nt][e], mul, -base[e >> 1]));
-                    row_sum[t][e >> 1] += s[t][nt][e];
-                }
-        }
-        const unsigned v_col = opaque(v_lane_col);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned a[MT][4];
-#pragma unroll
-            for (int t = 0; t < MT; ++t) {
-                a[t][0] = as_u32(pack2(s[t][2 * kk][0], s[t][2 * kk][1]));
-                a[t][1] = as_u32(pack2(s[t][2 * kk][2], s[t][2 * kk][3]));
-                a[t][2] = as_u32(pack2(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]));
-                a[t][3] = as_u32(pack2(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]));
-            }
-#pragma unroll
-            for (int d2 = 0; d2 < D / 16; ++d2) {
-                unsigned bv[4];
-                ldsm_x4_trans(sv + v_off + kk * 16 * RP * 2 + ring_col(d2, v_col), bv);
-#pragma unroll
-                for (int t = 0; t < MT; ++t) {
-                    mma(acc[t][2 * d2], a[t], bv[0], bv[1]);
-                    mma(acc[t][2 * d2 + 1], a[t], bv[2], bv[3]);
-                }
-            }
-        }
+        fold_chunk(p, q_addr, smem_u32(ring + (it % STAGES) * 2 * CHUNK_ELEMS), ln, lo + (c_begin + warp + it * WARPS) * BN,
+                   hi, rows, sm, lane, sl2, mul);
     }
     cp_wait<0>();
     __syncthreads();  // every warp is done with its ring: shared memory becomes the merge area
 
-    // Each warp's unnormalised accumulators, running max (log2 units) and sum, per row.
-    float* m_acc = reinterpret_cast<float*>(smem);  // [WARPS][BM][D]
-    float* m_max = m_acc + WARPS * BM * D;          // [WARPS][BM]
-    float* m_sum = m_max + WARPS * BM;              // [WARPS][BM]
-#pragma unroll
-    for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = t * 16 + lane / 4 + r * 8;
-            const float sum = quad_sum(row_sum[t][r]);
-            if (lane % 4 == 0) {
-                m_max[warp * BM + row] = row_max[t][r];
-                m_sum[warp * BM + row] = sum;
-            }
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                const int col = dt * 8 + 2 * (lane % 4);
-                *reinterpret_cast<float2*>(m_acc + (warp * BM + row) * D + col) =
-                    make_float2(acc[t][dt][2 * r], acc[t][dt][2 * r + 1]);
-            }
-        }
+    // Each warp's merge area, one after the other from the start of shared memory.
+    const auto area = [&](int w) { return reinterpret_cast<float*>(smem) + w * AREA_FLOATS; };
+    put_results(sm, area(warp), lane);
     __syncthreads();
-
-#if ATTN_EXTRAS
-    // The query rows again, read after the key loop rather than held through it: only this
-    // sequence's are stored, packed from its first row (the LSE then [heads_q, q_total]).
-    const SeqRows stored = seq_rows(p.cu_seqlens_q, b, p.q_total, p.seq_q);
-#define STORED(qi) ((qi) < stored.len)
-#define O_SEQ (p.cu_seqlens_q != nullptr ? (long long)stored.start * p.o_ss : (long long)b * p.o_sb)
-#define LSE_INDEX(h, qi)                                                               \
-    (p.cu_seqlens_q != nullptr ? (long long)(h) * p.q_total + stored.start + (qi)      \
-                               : ((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
-#else
-#define STORED(qi) true
-#define O_SEQ (long long)b * p.o_sb
-#define LSE_INDEX(h, qi) (((long long)b * p.heads_q + (h)) * p.seq_q + (qi))
-#endif
-    // The warps merged in warp order: o = sum_w 2^(m_w - M) acc_w / L, L = sum_w 2^(m_w - M) l_w,
-    // lse = (M + log2 L) ln 2 (natural log of the scaled scores). A row that sees no key: o = 0,
-    // lse = -inf.
-    const int valid_rows = min(BM, p.rows - r0);
-    const bool direct = p.splits == 1;
     const long long slot = (long long)pair * p.splits + split;
-    for (int i = threadIdx.x; i < valid_rows * (D / 4); i += THREADS) {
-        const int row = i / (D / 4), col = (i % (D / 4)) * 4;
-        float mx = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, m_max[w * BM + row]);
-        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-        if (mx != NEG_INF) {
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                const float f = exp2f(m_max[w * BM + row] - mx);
-                l += f * m_sum[w * BM + row];
-                const float4 a = *reinterpret_cast<const float4*>(m_acc + (w * BM + row) * D + col);
-                o[0] += f * a.x, o[1] += f * a.y, o[2] += f * a.z, o[3] += f * a.w;
-            }
-        }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse = l > 0.f ? (mx + log2f(l)) * LN2 : NEG_INF;
-        const int grow_ = r0 + row;
-        const int h = g * p.group + grow_ / p.seq_q, qi = grow_ % p.seq_q;
-        if (direct) {
-            if (STORED(qi) && (!PAD || col < p.head_dim)) {
-                elem_t* out = p.o + O_SEQ + (long long)h * p.o_sh + (long long)qi * p.o_ss + col;
-                const elem2_t lo2 = pack2(o[0] * inv, o[1] * inv), hi2 = pack2(o[2] * inv, o[3] * inv);
-                *reinterpret_cast<uint2*>(out) = make_uint2(as_u32(lo2), as_u32(hi2));
-                if (p.lse != nullptr && col == 0) p.lse[LSE_INDEX(h, qi)] = lse;
-            }
-        } else {
-            *reinterpret_cast<float4*>(p.partial_o + (slot * BM + row) * D + col) =
-                make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-            if (col == 0) p.partial_lse[slot * BM + row] = lse;
-        }
-    }
-    if (direct) return;
+    store_merged(p, area, r0, g, b, slot);
+    if (p.splits == 1) return;
 
     // The ticket: the last CTA of this (batch, KV head, row block) merges every split.
     __shared__ bool last;
@@ -589,6 +758,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __gri
     __syncthreads();
     if (!last) return;
     __threadfence();
+    const int valid_rows = min(BM, p.rows - r0);
+#if ATTN_EXTRAS
+    const SeqRows stored = seq_rows(p.cu_seqlens_q, b, p.q_total, p.seq_q);
+#endif
 
     // Per row, each split's weight exp(lse_s - lse) into shared memory (the merge area is free
     // again: this CTA's own partials are in the workspace), and the row's LSE.

@@ -54,6 +54,14 @@ pub const DECODE_TILES: Knob = Knob {
     purpose: "Plans the decode kernel with this chunk, ring depth and copy hint, to time others; a shape that does not compile or fit is a plan error.",
 };
 
+/// `ATTN_CUDA_DECODE_PERSIST`.
+pub const DECODE_PERSIST: Knob = Knob {
+    name: "ATTN_CUDA_DECODE_PERSIST",
+    allowed: "`on` | `off` | `<ctas>` (1, 2, ...: on, on at most that many CTAs)",
+    default: "the persistent form at head dims up to 64 (`decode::plan::PERSISTENT_MAX_HEAD_DIM`, as measured) where a plain, unmasked, one-split problem has more (sequence, KV head) items than the device holds CTAs at once (`decode::plan::persistent`)",
+    purpose: "`off` launches one CTA per item, to time the persistent form against it; `on` or a CTA count takes it wherever the variant has it (a small count makes each CTA take many items: the path verification takes on small problems).",
+};
+
 /// `ATTN_CUDA_RANK`.
 pub const RANK: Knob = Knob {
     name: "ATTN_CUDA_RANK",
@@ -148,6 +156,7 @@ pub const KNOBS: &[Knob] = &[
     DECODE,
     DECODE_SPLITS,
     DECODE_TILES,
+    DECODE_PERSIST,
     RANK,
     SM90_TILES,
     SM90_GRID,
@@ -177,6 +186,8 @@ pub struct Options {
     pub decode_splits: Option<u32>,
     /// [`DECODE_TILES`]: forced tiles of the decode family.
     pub decode_tiles: Option<crate::decode::plan::Tiles>,
+    /// [`DECODE_PERSIST`]: the decode family's persistent form forced off or on.
+    pub decode_persist: Option<crate::decode::plan::Persist>,
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
@@ -215,6 +226,14 @@ impl Options {
                     parts.first()?.parse().ok().filter(|n| n % 16 == 0 && *n > 0 && *n <= 64)?;
                 let stages: u32 = parts.get(1)?.parse().ok().filter(|s| (1..=8).contains(s))?;
                 Some(crate::decode::plan::Tiles { block_n, stages, l2_prefetch })
+            })?,
+            decode_persist: DECODE_PERSIST.parse(|t| {
+                use crate::decode::plan::Persist;
+                match t {
+                    "off" => Some(Persist::Off),
+                    "on" => Some(Persist::On(u32::MAX)),
+                    n => n.parse().ok().filter(|&n: &u32| n > 0).map(Persist::On),
+                }
             })?,
             decode_splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
             rank: RANK.parse(|r| r.parse().ok())?,

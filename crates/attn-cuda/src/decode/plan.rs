@@ -110,6 +110,9 @@ pub struct Split {
     pub pairs: u32,
     /// Chunks of `block_n` keys the rows of a group see.
     pub chunks: u64,
+    /// CTAs launched: `pairs · splits`, or fewer with the persistent form, each taking pairs in
+    /// turn ([`persistent`]).
+    pub ctas: u32,
 }
 
 impl Split {
@@ -140,6 +143,68 @@ impl Split {
         }
     }
 }
+
+/// What the knobs force on the decode plan (`Options`: `ATTN_CUDA_DECODE_SPLITS`,
+/// `ATTN_CUDA_DECODE_TILES`, `ATTN_CUDA_DECODE_PERSIST`); the default forces nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Forced {
+    /// The split count (clamped to 1 .. [`MAX_SPLITS`]).
+    pub splits: Option<u32>,
+    /// The chunk, stages and hint.
+    pub tiles: Option<Tiles>,
+    /// The persistent form: off, or on wherever the variant has it, with at most this many CTAs
+    /// (`u32::MAX`: as many as the device holds at once).
+    pub persist: Option<Persist>,
+}
+
+/// [`Forced::persist`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// One CTA per (split, sequence, KV head, row block) item.
+    Off,
+    /// The persistent form wherever a variant has it, on at most this many CTAs.
+    On(u32),
+}
+
+/// Whether `variant` has the persistent form ([`Variant::persist`]): plain and unmasked (every
+/// item's keys alike), one row tile and 32-key chunks (a warp's merge area, `block_m · (D + 2)`
+/// f32s, fits in the ring chunk it folded last).
+pub fn has_persistent_form(variant: &Variant) -> bool {
+    !variant.masked && !variant.extras && variant.m_tiles == 1 && variant.block_n == 32
+}
+
+/// The CTAs of the persistent form for `items` (sequence, KV head, row block) items of one
+/// split, where it is taken: by default where the items outnumber what the device holds at once
+/// (`slots`) and the head dim is at most [`PERSISTENT_MAX_HEAD_DIM`]. Launched one CTA per item,
+/// a CTA spends a fixed time (about 1.3-1.5 µs on an H200) filling its warps' copy rings at its
+/// start and draining them at its end, 2-5% of a 1-2 MB item; the persistent CTAs' rings run on
+/// from one item into the next. `None`: one CTA per item.
+pub fn persistent(
+    variant: &Variant,
+    items: u64,
+    splits: u32,
+    slots: u64,
+    forced: Option<Persist>,
+) -> Option<u32> {
+    // The kernel counts items in an int.
+    if !has_persistent_form(variant) || splits != 1 || items > i32::MAX as u64 {
+        return None;
+    }
+    match forced {
+        Some(Persist::Off) => None,
+        Some(Persist::On(cap)) => Some(items.min(slots).min(cap.max(1) as u64) as u32),
+        None => (items > slots && variant.head_dim <= PERSISTENT_MAX_HEAD_DIM).then_some(slots as u32),
+    }
+}
+
+/// The largest head dim that takes the persistent form by default. Measured on an H200
+/// (`bench/results/h200-decode-persistent.json`, interleaved with one CTA per item and cuDNN):
+/// D = 64 (three-stage rings, two CTAs an SM), batch 128 × 8 KV heads at 4k keys, 0.973 → 0.995x
+/// and 0.979 → 0.988x cuDNN in two calls; D = 128 (two-stage rings) 0.6-1.7% slower on 6 of the 7
+/// multi-wave rows (8 MB items too, whose CTAs change items once: a cost per chunk, not per item),
+/// so it keeps one CTA per item; D = 80 and 96 not timed. `ATTN_CUDA_DECODE_PERSIST=on` takes the
+/// form at any head dim that has it.
+pub const PERSISTENT_MAX_HEAD_DIM: usize = 64;
 
 /// Why the family does not take `problem`, or `Ok` where it does.
 pub fn applies(problem: &Problem) -> Result<()> {
@@ -258,7 +323,7 @@ impl Variant {
                     for m_tiles in 1..=max_m_tiles(head_dim) {
                         for &(block_n, stages) in candidates(head_dim, m_tiles) {
                             let l2_prefetch = L2_PREFETCH;
-                            v.push(Variant {
+                            let one = Variant {
                                 dtype,
                                 head_dim,
                                 m_tiles,
@@ -268,7 +333,12 @@ impl Variant {
                                 l2_prefetch,
                                 extras,
                                 pad,
-                            });
+                                persist: false,
+                            };
+                            v.push(one);
+                            if has_persistent_form(&one) {
+                                v.push(Variant { persist: true, ..one });
+                            }
                         }
                     }
                 }
@@ -277,11 +347,15 @@ impl Variant {
         v
     }
 
-    /// The launch: a CTA per (split, row block · KV head, sequence).
+    /// The launch: a CTA per (split, row block · KV head, sequence), or the persistent form's
+    /// `split.ctas` in a row.
     pub fn launch(&self, problem: &Problem, split: &Split) -> Launch {
         let s = problem.shape;
         Launch {
-            grid: [split.splits, (s.heads_kv as u32).saturating_mul(split.row_blocks), s.batch as u32],
+            grid: match self.persist {
+                true => [split.ctas, 1, 1],
+                false => [split.splits, (s.heads_kv as u32).saturating_mul(split.row_blocks), s.batch as u32],
+            },
             block: [self.threads(), 1, 1],
             dynamic_shared_bytes: self.shared_bytes(),
             static_shared_bytes: Variant::STATIC_SHARED,
@@ -299,9 +373,9 @@ pub fn choose(
     problem: &Problem,
     limits: &DeviceLimits,
     sms: u32,
-    forced_splits: Option<u32>,
-    forced_tiles: Option<Tiles>,
+    forced: &Forced,
 ) -> Result<(Variant, Launch, Split, Vec<String>)> {
+    let (forced_splits, forced_tiles, forced_persist) = (forced.splits, forced.tiles, forced.persist);
     applies(problem)?;
     let s = problem.shape;
     let group = s.heads_q / s.heads_kv;
@@ -332,6 +406,7 @@ pub fn choose(
             l2_prefetch: forced_tiles.map_or(L2_PREFETCH, |t| t.l2_prefetch),
             extras: needs_extras(problem) || pad,
             pad,
+            persist: false,
         };
         if variant.extras && bn > 32 {
             last_err = Some(Error::InvalidParameter {
@@ -349,14 +424,25 @@ pub fn choose(
             Some(n) => n.clamp(1, MAX_SPLITS),
             None => splits_for(pairs, chunks, sms.max(1) as u64),
         };
-        let split = Split { splits, row_blocks, pairs: pairs.min(u32::MAX as u64) as u32, chunks };
+        let persist_slots =
+            sms.max(1) as u64 * ctas_per_sm(&Variant { persist: true, ..variant }, limits) as u64;
+        let ctas = persistent(&variant, pairs, splits, persist_slots, forced_persist);
+        let variant = Variant { persist: ctas.is_some(), ..variant };
+        let (per_sm, slots) = if variant.persist {
+            (persist_slots / sms.max(1) as u64, persist_slots)
+        } else {
+            (per_sm as u64, slots)
+        };
+        let pairs_u32 = pairs.min(u32::MAX as u64) as u32;
+        let ctas = ctas.unwrap_or(pairs_u32.saturating_mul(splits));
+        let split = Split { splits, row_blocks, pairs: pairs_u32, chunks, ctas };
         let launch = variant.launch(problem, &split);
         if let Err(e) = launch.validate(&variant.name(), limits) {
             notes.push(format!("{} does not fit: {e}", variant.name()));
             last_err = Some(e);
             continue;
         }
-        let ctas = pairs * splits as u64;
+        let items = pairs * splits as u64;
         notes.push(format!(
             "decode (split-KV): the {rows} query rows of each GQA group ({group} heads x {} queries) in {row_blocks} \
              block(s) of {block_m}, so each K/V byte is read {row_blocks} time(s); chosen because {rows} <= {MAX_ROWS} rows",
@@ -368,12 +454,21 @@ pub fn choose(
             if forced_tiles.is_some() { " (forced by ATTN_CUDA_DECODE_TILES)" } else { "" }
         ));
         notes.push(format!(
-            "{splits} split(s){} of {} keys ({chunks} chunks): {pairs} (sequence, KV head, row block) x {splits} = {ctas} CTAs, \
+            "{splits} split(s){} of {} keys ({chunks} chunks): {pairs} (sequence, KV head, row block) x {splits} = {items} {}, \
              {per_sm} per SM on {sms} SMs = {:.2} waves",
             if forced_splits.is_some() { " (forced by ATTN_CUDA_DECODE_SPLITS)" } else { "" },
             hi - lo,
-            ctas as f64 / slots as f64
+            if variant.persist { "items" } else { "CTAs" },
+            items as f64 / slots as f64
         ));
+        if variant.persist {
+            notes.push(format!(
+                "persistent{}: {} CTAs take the items in turn, each warp's copy ring running on from one item's keys \
+                 into the next's (a CTA an item filled and drained its rings each time)",
+                if forced_persist.is_some() { " (forced by ATTN_CUDA_DECODE_PERSIST)" } else { "" },
+                split.ctas
+            ));
+        }
         notes.push(match splits {
             1 => "one split: o and the LSE are written directly".into(),
             _ => "the last CTA of each (sequence, KV head, row block) merges the splits by LSE, in split order \
@@ -440,7 +535,7 @@ mod tests {
     fn caches_of_pages_of_16_keys_and_packed_sequences_run() {
         let h100 = DeviceLimits::h100();
         for page in [16, 64, 256] {
-            let (v, _, split, _) = choose(&cache(page, &[1, 1]), &h100, 132, None, None).unwrap();
+            let (v, _, split, _) = choose(&cache(page, &[1, 1]), &h100, 132, &Forced::default()).unwrap();
             assert!(v.extras && v.name().ends_with("_ext"), "{}", v.name());
             // Splits sized by the longest sequence.
             assert_eq!(split.chunks, 3000u64.div_ceil(v.block_n as u64));
@@ -449,25 +544,29 @@ mod tests {
         assert!(err.contains("24-key pages") && err.contains("multiple of 16"), "{err}");
         // Packed queries (one and two a sequence) from a paged cache, and packed keys: the
         // extras variant, the group's rows sized by the longest sequence.
-        let (v, _, split, _) = choose(&cache(16, &[1, 2]), &h100, 132, None, None).unwrap();
+        let (v, _, split, _) = choose(&cache(16, &[1, 2]), &h100, 132, &Forced::default()).unwrap();
         assert!(v.extras && (split.pairs, split.row_blocks) == (16, 1), "{} {split:?}", v.name());
         let packed =
             batch_of(Shape::new(1, 32, 1, 128), DType::Bf16, &[4, 1, 0], &[300, 9, 5], KeyStore::Packed).0;
-        let (v, _, split, _) = choose(&packed.causal(), &h100, 132, None, None).unwrap();
+        let (v, _, split, _) = choose(&packed.causal(), &h100, 132, &Forced::default()).unwrap();
         assert!(v.extras && v.masked && split.row_blocks == 1, "{} {split:?}", v.name());
         // Past 64 rows a group goes to the prefill families.
         let mqa = Shape { heads_kv: 1, ..Shape::new(1, 32, 1, 128) };
         let long = batch_of(mqa, DType::Bf16, &[3, 1], &[300, 9], KeyStore::Packed).0;
         assert!(applies(&long).unwrap_err().to_string().contains("96 query rows"));
         // Plain problems keep the plain variants.
-        let (v, ..) = choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, None, None).unwrap();
+        let (v, ..) =
+            choose(&decode(1, 32, 8, 1, 4096, 128).causal(), &h100, 132, &Forced::default()).unwrap();
         assert!(!v.extras);
         let (v, ..) =
-            choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, None, None).unwrap();
+            choose(&decode(1, 32, 8, 1, 4096, 128).with_softcap(30.0), &h100, 132, &Forced::default())
+                .unwrap();
         assert!(v.extras);
         // Chunks of 64 keys could span three pages: a typed error, not a kernel that cannot compile.
         let wide = Tiles { block_n: 64, stages: 1, l2_prefetch: false };
-        let err = choose(&cache(64, &[1, 1]), &h100, 132, None, Some(wide)).unwrap_err().to_string();
+        let err = choose(&cache(64, &[1, 1]), &h100, 132, &Forced { tiles: Some(wide), ..Forced::default() })
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("16 or 32"), "{err}");
     }
 
@@ -490,7 +589,7 @@ mod tests {
     fn row_blocks_and_tiles_follow_the_group() {
         let h100 = DeviceLimits::h100();
         let (v, launch, split, notes) =
-            choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, None, None).unwrap();
+            choose(&decode(1, 32, 8, 1, 32768, 128), &h100, 132, &Forced::default()).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks, v.block_n, v.stages), (1, 1, 32, 2));
         assert_eq!(launch.grid, [split.splits, 8, 1]);
         // One CTA per SM: 8 x 16 = 128 CTAs, 0.97 of a wave.
@@ -498,21 +597,70 @@ mod tests {
         assert!(notes.iter().any(|n| n.contains("waves")), "{notes:?}");
         // Splits fill one CTA per SM, not every CTA an SM could hold: D = 64 (two per SM) takes
         // 16 splits of 8 pairs, not 32; 16 queries' 128 pairs on 132 SMs are not split.
-        let (_, _, split, _) = choose(&decode(1, 32, 8, 1, 32768, 64), &h100, 132, None, None).unwrap();
+        let (_, _, split, _) =
+            choose(&decode(1, 32, 8, 1, 32768, 64), &h100, 132, &Forced::default()).unwrap();
         assert_eq!(split.splits, 16, "{split:?}");
-        let (_, _, split, _) = choose(&decode(8, 32, 8, 16, 4096, 128), &h100, 132, None, None).unwrap();
+        let (_, _, split, _) =
+            choose(&decode(8, 32, 8, 16, 4096, 128), &h100, 132, &Forced::default()).unwrap();
         assert_eq!((split.pairs, split.splits), (128, 1), "{split:?}");
         // 8 heads x 8 queries = 64 rows at D = 128: two blocks of 32.
-        let (v, launch, split, _) = choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, None, None).unwrap();
+        let (v, launch, split, _) =
+            choose(&decode(2, 32, 4, 8, 4096, 128), &h100, 132, &Forced::default()).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (2, 2));
         assert_eq!(launch.grid[1..], [8, 2]);
         // D = 256 holds 16 rows.
-        let (v, _, split, _) = choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, None, None).unwrap();
+        let (v, _, split, _) =
+            choose(&decode(1, 8, 1, 4, 4096, 256), &h100, 132, &Forced::default()).unwrap();
         assert_eq!((v.m_tiles, split.row_blocks), (1, 2));
         // Large batches: one split, no workspace.
-        let (v, _, split, _) = choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, None, None).unwrap();
+        let (v, _, split, _) =
+            choose(&decode(128, 32, 8, 1, 4096, 128), &h100, 132, &Forced::default()).unwrap();
         assert_eq!(split.splits, 1);
         assert_eq!((split.counters(), split.partial_floats(&v)), (0, 0));
+    }
+
+    #[test]
+    fn more_items_than_the_device_holds_take_the_persistent_form() {
+        let h100 = DeviceLimits::h100();
+        let plan = |p: &Problem, forced: &Forced| choose(p, &h100, 132, forced).unwrap();
+        // 128 x 8 items at D = 64: 264 CTAs in a row (its second Q buffer still leaves two CTAs
+        // per SM).
+        let (v, launch, split, notes) = plan(&decode(128, 32, 8, 1, 4096, 64), &Forced::default());
+        assert!(v.persist && v.name().ends_with("_persist"), "{}", v.name());
+        assert_eq!((split.pairs, split.splits, split.ctas, launch.grid), (1024, 1, 264, [264, 1, 1]));
+        assert!(notes.iter().any(|n| n.starts_with("persistent: 264 CTAs")), "{notes:?}");
+        // D = 128 has the form (one CTA per SM: 132) but takes it only when asked.
+        let on = Forced { persist: Some(Persist::On(u32::MAX)), ..Forced::default() };
+        let (v, launch, split, _) = plan(&decode(128, 32, 8, 1, 4096, 128), &on);
+        assert!(v.persist && split.ctas == 132 && launch.grid == [132, 1, 1], "{} {split:?}", v.name());
+        // Within one wave, D = 128 by default, masked, with the extras, two row tiles or 16-key
+        // chunks: a CTA an item.
+        for p in [
+            decode(8, 32, 8, 1, 32768, 64),
+            decode(128, 32, 8, 1, 4096, 128),
+            decode(128, 32, 8, 1, 4096, 128).causal(),
+            decode(128, 32, 8, 1, 4096, 128).with_softcap(30.0),
+            decode(128, 32, 4, 8, 4096, 128),
+            decode(128, 8, 1, 1, 4096, 256),
+        ] {
+            let (v, launch, split, _) = plan(&p, &Forced::default());
+            assert!(!v.persist, "{}", v.name());
+            assert_eq!(launch.grid[0] * launch.grid[1] * launch.grid[2], split.ctas);
+        }
+        // Forced: off, or on at most 5 CTAs on a small problem (each then takes several items).
+        let off = Forced { persist: Some(Persist::Off), ..Forced::default() };
+        assert!(!plan(&decode(128, 32, 8, 1, 4096, 64), &off).0.persist);
+        let five = Forced { splits: Some(1), persist: Some(Persist::On(5)), ..Forced::default() };
+        let (v, launch, split, notes) = plan(&decode(3, 32, 8, 1, 1000, 128), &five);
+        assert!(v.persist && split.splits == 1 && launch.grid == [5, 1, 1], "{split:?}");
+        assert!(notes.iter().any(|n| n.contains("forced by ATTN_CUDA_DECODE_PERSIST")), "{notes:?}");
+        // Every variant with the form is compiled with and without it.
+        let all = Variant::all();
+        assert!(all.iter().filter(|v| v.persist).all(|v| all.contains(&Variant { persist: false, ..*v })));
+        assert!(
+            all.iter().any(|v| v.persist && v.head_dim == 64)
+                && all.iter().any(|v| v.persist && v.head_dim == 128)
+        );
     }
 
     #[test]
@@ -521,7 +669,8 @@ mod tests {
         for (d, kernel) in
             [(8, 64), (40, 64), (72, 80), (88, 96), (104, 128), (120, 128), (136, 256), (248, 256)]
         {
-            let (v, _, _, notes) = choose(&decode(2, 32, 8, 1, 4096, d), &h100, 132, None, None).unwrap();
+            let (v, _, _, notes) =
+                choose(&decode(2, 32, 8, 1, 4096, d), &h100, 132, &Forced::default()).unwrap();
             assert_eq!((v.head_dim, v.pad, v.extras), (kernel, true, true), "D={d}: {}", v.name());
             assert!(v.name().ends_with("_ext_pad"), "{}", v.name());
             assert!(
@@ -531,7 +680,7 @@ mod tests {
             assert!(Variant::all().contains(&v), "{} is not among the variants CI compiles", v.name());
         }
         for d in HEAD_DIMS {
-            let (v, ..) = choose(&decode(2, 32, 8, 1, 4096, d), &h100, 132, None, None).unwrap();
+            let (v, ..) = choose(&decode(2, 32, 8, 1, 4096, d), &h100, 132, &Forced::default()).unwrap();
             assert!(v.head_dim == d && !v.pad && !v.extras, "{}", v.name());
         }
         // Without GQA the prefill families read padded heads as fast or faster.
@@ -540,7 +689,7 @@ mod tests {
         assert!(applies(&decode(8, 32, 32, 1, 8192, 80)).is_ok());
         // Masked, with two row blocks.
         let (v, _, split, _) =
-            choose(&decode(1, 32, 4, 4, 4096, 112).causal(), &h100, 132, None, None).unwrap();
+            choose(&decode(1, 32, 4, 4, 4096, 112).causal(), &h100, 132, &Forced::default()).unwrap();
         assert!(v.pad && v.masked && split.row_blocks == 1 && v.m_tiles == 2, "{} {split:?}", v.name());
     }
 
@@ -549,11 +698,11 @@ mod tests {
         let h100 = DeviceLimits::h100();
         let l4 = DeviceLimits::l4();
         let p = decode(1, 32, 8, 1, 4096, 128);
-        let (v, _, _, _) = choose(&p, &h100, 132, None, None).unwrap();
+        let (v, _, _, _) = choose(&p, &h100, 132, &Forced::default()).unwrap();
         // Q 16 x 136 (padded rows) + 4 warps x 2 stages x (K + V) 32 x 128 (swizzled), 2 bytes each.
         assert_eq!(v.shared_bytes(), (16 * 136 + 4 * 2 * 2 * 32 * 128) * 2);
         assert_eq!(ctas_per_sm(&v, &h100), 1);
-        let (v, launch, _, notes) = choose(&p, &l4, 58, None, None).unwrap();
+        let (v, launch, _, notes) = choose(&p, &l4, 58, &Forced::default()).unwrap();
         assert!(launch.shared_bytes() <= l4.shared_per_block_optin, "{notes:?}");
         assert_eq!((v.block_n, v.stages), (16, 2));
         assert!(notes[0].contains("does not fit"), "{notes:?}");
@@ -570,22 +719,39 @@ mod tests {
     #[test]
     fn forced_splits_and_windows() {
         let h100 = DeviceLimits::h100();
-        let (_, launch, split, notes) =
-            choose(&decode(1, 8, 8, 1, 4096, 64), &h100, 132, Some(1000), None).unwrap();
+        let (_, launch, split, notes) = choose(
+            &decode(1, 8, 8, 1, 4096, 64),
+            &h100,
+            132,
+            &Forced { splits: Some(1000), ..Forced::default() },
+        )
+        .unwrap();
         assert_eq!((split.splits, launch.grid[0]), (MAX_SPLITS, MAX_SPLITS));
         assert!(notes.iter().any(|n| n.contains("forced")), "{notes:?}");
         let tiles = Tiles { block_n: 32, stages: 2, l2_prefetch: true };
-        let (v, _, _, notes) = choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(tiles)).unwrap();
+        let (v, _, _, notes) = choose(
+            &decode(1, 8, 8, 1, 4096, 128),
+            &h100,
+            132,
+            &Forced { tiles: Some(tiles), ..Forced::default() },
+        )
+        .unwrap();
         assert_eq!((v.block_n, v.stages, v.l2_prefetch), (32, 2, true));
         assert!(notes.iter().any(|n| n.contains("ATTN_CUDA_DECODE_TILES")), "{notes:?}");
         let deep = Tiles { block_n: 64, stages: 8, l2_prefetch: false };
-        let err =
-            choose(&decode(1, 8, 8, 1, 4096, 128), &h100, 132, None, Some(deep)).unwrap_err().to_string();
+        let err = choose(
+            &decode(1, 8, 8, 1, 4096, 128),
+            &h100,
+            132,
+            &Forced { tiles: Some(deep), ..Forced::default() },
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("shared memory"), "{err}");
         // A window of 1000 keys behind the diagonal: the group's rows see 1000 + seq_q keys.
         let p = decode(1, 8, 2, 4, 100_000, 128).with_window(Some(1000), Some(0));
         assert_eq!(key_range(&p), (100_000 - 4 - 1000, 100_000));
-        let (v, _, split, _) = choose(&p, &h100, 132, None, None).unwrap();
+        let (v, _, split, _) = choose(&p, &h100, 132, &Forced::default()).unwrap();
         assert!(v.masked);
         assert_eq!(split.chunks, 1004u64.div_ceil(32));
         assert_eq!(key_range(&decode(1, 8, 2, 4, 100, 128).causal()), (0, 100));
@@ -596,8 +762,13 @@ mod tests {
     #[test]
     fn grids_past_the_device_are_plan_errors() {
         let h100 = DeviceLimits::h100();
-        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, None, None).unwrap_err().to_string();
+        let off = Forced { persist: Some(Persist::Off), ..Forced::default() };
+        let err = choose(&decode(70_000, 8, 8, 1, 64, 128), &h100, 132, &off).unwrap_err().to_string();
         assert!(err.contains("grid z"), "{err}");
+        // The persistent form's grid is the device's CTAs, whatever the batch.
+        let (v, launch, ..) =
+            choose(&decode(70_000, 8, 8, 1, 64, 64), &h100, 132, &Forced::default()).unwrap();
+        assert!(v.persist && launch.grid == [264, 1, 1], "{}", v.name());
     }
 
     #[test]

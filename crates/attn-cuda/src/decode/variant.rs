@@ -39,6 +39,11 @@ pub struct Variant {
     /// multiple of 8): its columns past it are zeros in shared memory, never loaded or stored
     /// (`ATTN_PAD`; with the extras, whose parameter block the kernel then reads).
     pub pad: bool,
+    /// The persistent form (`ATTN_PERSIST`; plain, unmasked, one split, one row tile, 32-key
+    /// chunks): fewer CTAs than (sequence, KV head, row block) items, each taking items in turn
+    /// with its warps' copy rings running on from one item into the next, and a second Q buffer
+    /// for the next item's rows ([`super::plan::persistent`]).
+    pub persist: bool,
 }
 
 impl Variant {
@@ -52,7 +57,8 @@ impl Variant {
         32 * WARPS
     }
 
-    /// Dynamic shared memory: the larger of Q (rows padded to `head_dim + 8` elements) plus every
+    /// Dynamic shared memory: the larger of Q (rows padded to `head_dim + 8` elements; two buffers
+    /// in the persistent form) plus every
     /// warp's ring of K and V chunks (rows of `head_dim` elements, swizzled, where that is a
     /// multiple of 64; else padded as Q's) and the warps' merge area (f32 accumulators, maxima and
     /// sums), and at least the split merge's weights for [`super::MAX_SPLITS`] splits.
@@ -61,7 +67,8 @@ impl Variant {
         let q_row = self.head_dim + 8;
         let ring_row = if self.head_dim.is_multiple_of(64) { self.head_dim } else { q_row };
         let ring = WARPS as usize * self.stages as usize * 2 * self.block_n * ring_row;
-        let kv = (self.block_m() * q_row + ring) * 2;
+        let q_buffers = if self.persist { 2 } else { 1 };
+        let kv = (q_buffers * self.block_m() * q_row + ring) * 2;
         let merge = WARPS as usize * self.block_m() * (self.head_dim + 2) * 4;
         let weights = self.block_m() * super::plan::MAX_SPLITS as usize * 4;
         kv.max(merge).max(weights) as u32
@@ -75,7 +82,7 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         format!(
-            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}{}",
+            "decode_{}_d{}_bm{}_bn{}_s{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -84,7 +91,8 @@ impl Variant {
             if self.l2_prefetch { "_l2" } else { "" },
             if self.masked { "_masked" } else { "" },
             if self.extras { "_ext" } else { "" },
-            if self.pad { "_pad" } else { "" }
+            if self.pad { "_pad" } else { "" },
+            if self.persist { "_persist" } else { "" }
         )
     }
 
@@ -101,6 +109,7 @@ impl Variant {
             ("ATTN_L2_PREFETCH".into(), u8::from(self.l2_prefetch).to_string()),
             ("ATTN_EXTRAS".into(), u8::from(self.extras).to_string()),
             ("ATTN_PAD".into(), u8::from(self.pad).to_string()),
+            ("ATTN_PERSIST".into(), u8::from(self.persist).to_string()),
             ("ATTN_SHARED_BYTES".into(), self.shared_bytes().to_string()),
         ]
     }
