@@ -4,7 +4,8 @@
 # decode-deep-rows.txt in one decode_bench process (CUDA-event medians of 50 calls, each behind
 # an untimed twin), the settings interleaved over 3 rounds, with PyTorch SDPA cuDNN and the
 # read roofline (torch.sum) once per round. Expects decode_bench and attn in bin/ next to this
-# script (or .device/bin/); the setting `base` times $BASE, another build's decode_bench.
+# script (or .device/bin/); the setting `base` times $BASE, another build's decode_bench. A
+# setting `<tiles>+<persist>` also sets ATTN_CUDA_DECODE_PERSIST (e.g. `32:3+on`, `default+off`).
 # Writes $OUT/deep.jsonl, $OUT/sdpa-r*.jsonl and prints medians.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,10 +21,11 @@ d64=(${D64:-default 32:4:l2 32:6:l2 64:3:l2})
 # A setting `base` runs $BASE (another build's decode_bench, e.g. the commit before a kernel
 # change) with its default tiles.
 run() {  # $1 setting, $2 rows, $3 timeout, $4 round
-  local t=$1 b=$bin/decode_bench label=$1
+  local t=${1%%+*} b=$bin/decode_bench label=$1 persist=
+  [[ $1 == *+* ]] && persist=${1#*+}
   [[ $t == default ]] && t=
   [[ $t == base ]] && t= && b=${BASE:?BASE: the other build\'s decode_bench}
-  ATTN_CUDA_DECODE_TILES=$t timeout "$3" "$b" "$2" 50 2>&1 |
+  ATTN_CUDA_DECODE_PERSIST=$persist ATTN_CUDA_DECODE_TILES=$t timeout "$3" "$b" "$2" 50 2>&1 |
     sed "s/^{/{\"tiles\":\"$label\",\"round\":$4,/" | tee -a "$out/deep.jsonl" | grep -v '^{' | head -3
 }
 for round in 1 2 3; do
