@@ -424,9 +424,11 @@ pub fn choose(
             Some(n) => n.clamp(1, MAX_SPLITS),
             None => splits_for(pairs, chunks, sms.max(1) as u64),
         };
-        let persist_slots =
-            sms.max(1) as u64 * ctas_per_sm(&Variant { persist: true, ..variant }, limits) as u64;
-        let ctas = persistent(&variant, pairs, splits, persist_slots, forced_persist);
+        // The persistent form where its second Q buffer fits too (else one CTA per item).
+        let with_form = Variant { persist: true, ..variant };
+        let form_fits = with_form.shared_bytes() + Variant::STATIC_SHARED <= limits.shared_per_block_optin;
+        let persist_slots = sms.max(1) as u64 * ctas_per_sm(&with_form, limits) as u64;
+        let ctas = persistent(&variant, pairs, splits, persist_slots, forced_persist).filter(|_| form_fits);
         let variant = Variant { persist: ctas.is_some(), ..variant };
         let (per_sm, slots) = if variant.persist {
             (persist_slots / sms.max(1) as u64, persist_slots)
@@ -654,6 +656,16 @@ mod tests {
         let (v, launch, split, notes) = plan(&decode(3, 32, 8, 1, 1000, 128), &five);
         assert!(v.persist && split.splits == 1 && launch.grid == [5, 1, 1], "{split:?}");
         assert!(notes.iter().any(|n| n.contains("forced by ATTN_CUDA_DECODE_PERSIST")), "{notes:?}");
+        // On an L4-class device (99 KB of shared memory a block) D = 64's three-stage rings fit,
+        // with the form's second Q buffer they do not: one CTA per item.
+        let l4 = DeviceLimits::l4();
+        let (v, launch, ..) = choose(&decode(128, 32, 8, 1, 4096, 64), &l4, 58, &Forced::default()).unwrap();
+        assert!(
+            !v.persist && v.stages == 3 && launch.shared_bytes() <= l4.shared_per_block_optin,
+            "{}",
+            v.name()
+        );
+        assert!(Variant { persist: true, ..v }.shared_bytes() > l4.shared_per_block_optin);
         // Every variant with the form is compiled with and without it.
         let all = Variant::all();
         assert!(all.iter().filter(|v| v.persist).all(|v| all.contains(&Variant { persist: false, ..*v })));
