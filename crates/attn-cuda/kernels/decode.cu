@@ -270,9 +270,10 @@ __device__ __forceinline__ Lanes lanes_of(int lane) {
 }
 __device__ __forceinline__ unsigned ring_col(int step, unsigned col) { return SWIZZLED ? (32u * step) ^ col : 32u * step + col; }
 
-// Q's rows r0 .. r0 + BM of KV head g's group, zeros past its last, into `dst`; negated for a
-// negative scale (scores are scaled inside the exponent by |scale|, see flash_fwd.cu). `q_seq`:
-// the element offset of sequence b's first query row.
+// Q's rows r0 .. r0 + BM of KV head g's group into `dst`: zeros past the group's last row and for
+// queries at or past `q_len` (a packed sequence's own count), negated for a negative scale (scores
+// are scaled inside the exponent by |scale|, see flash_fwd.cu). `q_seq`: the element offset of the
+// sequence's first query row.
 __device__ __forceinline__ void load_q(const Params& p, elem_t* dst, int r0, int g, long long q_seq, int q_len) {
     const unsigned flip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
     for (int i = threadIdx.x; i < BM * CPR; i += THREADS) {
@@ -664,7 +665,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_decode(const __gri
     // (soft-cap, ALiBi) to those units first.
     const float mul = ATTN_EXTRAS ? 1.f : sl2;
 
-    load_q(p, sQ, r0, g, Q_SEQ, ATTN_EXTRAS ? SEQ_Q : p.seq_q);
+    load_q(p, sQ, r0, g, Q_SEQ, SEQ_Q);
     if (PAD) {
         // This warp's ring rows (STAGES K and V chunks of BN rows, one after the other): the
         // columns past the head dim to zero, once.
