@@ -194,12 +194,7 @@ impl Cuda {
         let decode_allowed = self.options.decode != Some(false) && !sm90.any();
         let mut why_not = None;
         if asked == Some(Family::Decode) || (asked.is_none() && decode_allowed) {
-            let forced = decode::plan::Forced {
-                splits: self.options.decode_splits,
-                tiles: self.options.decode_tiles,
-                persist: self.options.decode_persist,
-            };
-            match decode::plan::choose(problem, &info.limits, info.sm_count, &forced) {
+            match decode::plan::choose(problem, &info.limits, info.sm_count, &self.options.decode_forced) {
                 Ok((variant, launch, split, notes)) => {
                     return Ok((Choice::Decode(variant, launch, split, notes), None));
                 }

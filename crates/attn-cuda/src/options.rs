@@ -182,12 +182,9 @@ pub struct Options {
     pub rank: Option<usize>,
     /// [`DECODE`]: `Some(false)` leaves short query lengths to the prefill families.
     pub decode: Option<bool>,
-    /// [`DECODE_SPLITS`]: a forced split count of the decode family.
-    pub decode_splits: Option<u32>,
-    /// [`DECODE_TILES`]: forced tiles of the decode family.
-    pub decode_tiles: Option<crate::decode::plan::Tiles>,
-    /// [`DECODE_PERSIST`]: the decode family's persistent form forced off or on.
-    pub decode_persist: Option<crate::decode::plan::Persist>,
+    /// [`DECODE_SPLITS`], [`DECODE_TILES`], [`DECODE_PERSIST`]: what they force on the decode
+    /// family's plan.
+    pub decode_forced: crate::decode::plan::Forced,
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
@@ -215,27 +212,29 @@ impl Options {
                 ("decode", Family::Decode),
             ])?,
             decode: DECODE.on_off()?,
-            decode_tiles: DECODE_TILES.parse(|t| {
-                let parts: Vec<&str> = t.split(':').collect();
-                let l2_prefetch = match parts.get(2) {
-                    None => false,
-                    Some(&"l2") => true,
-                    Some(_) => return None,
-                };
-                let block_n: usize =
-                    parts.first()?.parse().ok().filter(|n| n % 16 == 0 && *n > 0 && *n <= 64)?;
-                let stages: u32 = parts.get(1)?.parse().ok().filter(|s| (1..=8).contains(s))?;
-                Some(crate::decode::plan::Tiles { block_n, stages, l2_prefetch })
-            })?,
-            decode_persist: DECODE_PERSIST.parse(|t| {
-                use crate::decode::plan::Persist;
-                match t {
-                    "off" => Some(Persist::Off),
-                    "on" => Some(Persist::On(u32::MAX)),
-                    n => n.parse().ok().filter(|&n: &u32| n > 0).map(Persist::On),
-                }
-            })?,
-            decode_splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
+            decode_forced: crate::decode::plan::Forced {
+                tiles: DECODE_TILES.parse(|t| {
+                    let parts: Vec<&str> = t.split(':').collect();
+                    let l2_prefetch = match parts.get(2) {
+                        None => false,
+                        Some(&"l2") => true,
+                        Some(_) => return None,
+                    };
+                    let block_n: usize =
+                        parts.first()?.parse().ok().filter(|n| n % 16 == 0 && *n > 0 && *n <= 64)?;
+                    let stages: u32 = parts.get(1)?.parse().ok().filter(|s| (1..=8).contains(s))?;
+                    Some(crate::decode::plan::Tiles { block_n, stages, l2_prefetch })
+                })?,
+                persist: DECODE_PERSIST.parse(|t| {
+                    use crate::decode::plan::Persist;
+                    match t {
+                        "off" => Some(Persist::Off),
+                        "on" => Some(Persist::On(u32::MAX)),
+                        n => n.parse().ok().filter(|&n: &u32| n > 0).map(Persist::On),
+                    }
+                })?,
+                splits: DECODE_SPLITS.parse(|n| n.parse().ok().filter(|&n: &u32| n > 0))?,
+            },
             rank: RANK.parse(|r| r.parse().ok())?,
             hopper: hopper::Settings {
                 tiles: SM90_TILES.parse(tiles)?,

@@ -418,8 +418,6 @@ pub fn choose(
             });
             continue;
         }
-        let per_sm = ctas_per_sm(&variant, limits);
-        let slots = sms.max(1) as u64 * per_sm as u64;
         let splits = match forced_splits {
             Some(n) => n.clamp(1, MAX_SPLITS),
             None => splits_for(pairs, chunks, sms.max(1) as u64),
@@ -430,11 +428,8 @@ pub fn choose(
         let persist_slots = sms.max(1) as u64 * ctas_per_sm(&with_form, limits) as u64;
         let ctas = persistent(&variant, pairs, splits, persist_slots, forced_persist).filter(|_| form_fits);
         let variant = Variant { persist: ctas.is_some(), ..variant };
-        let (per_sm, slots) = if variant.persist {
-            (persist_slots / sms.max(1) as u64, persist_slots)
-        } else {
-            (per_sm as u64, slots)
-        };
+        let per_sm = ctas_per_sm(&variant, limits);
+        let slots = sms.max(1) as u64 * per_sm as u64;
         let pairs_u32 = pairs.min(u32::MAX as u64) as u32;
         let ctas = ctas.unwrap_or(pairs_u32.saturating_mul(splits));
         let split = Split { splits, row_blocks, pairs: pairs_u32, chunks, ctas };

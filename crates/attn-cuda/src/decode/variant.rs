@@ -58,10 +58,10 @@ impl Variant {
     }
 
     /// Dynamic shared memory: the larger of Q (rows padded to `head_dim + 8` elements; two buffers
-    /// in the persistent form) plus every
-    /// warp's ring of K and V chunks (rows of `head_dim` elements, swizzled, where that is a
-    /// multiple of 64; else padded as Q's) and the warps' merge area (f32 accumulators, maxima and
-    /// sums), and at least the split merge's weights for [`super::MAX_SPLITS`] splits.
+    /// in the persistent form) plus every warp's ring of K and V chunks (rows of `head_dim`
+    /// elements, swizzled, where that is a multiple of 64; else padded as Q's) and the warps'
+    /// merge area (f32 accumulators, maxima and sums), and at least the split merge's weights for
+    /// [`super::MAX_SPLITS`] splits.
     /// Mirrors `KV_BYTES` and `MERGE_BYTES` in `kernels/decode.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let q_row = self.head_dim + 8;
