@@ -104,6 +104,7 @@ fn hopper_cubin(args: &[String]) {
         q_slots: 1,
         bottom: !args.iter().any(|a| a == "top"),
         trace: args.iter().any(|a| a == "trace"),
+        l2: hopper::L2Promotion::B256,
         pad: args.iter().any(|a| a == "pad"),
         seqs: args.iter().any(|a| a == "seqs" || a == "paged"),
         paged: args.iter().any(|a| a == "paged"),

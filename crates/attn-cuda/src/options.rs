@@ -102,6 +102,14 @@ pub const SM90_QSLOTS: Knob = Knob {
     purpose: "How many Q tiles the Hopper kernel keeps in shared memory (with two, the next piece's Q loads under this one's key tiles): a small measured gain to re-check on another GPU.",
 };
 
+/// `ATTN_CUDA_SM90_L2`.
+pub const SM90_L2: Knob = Knob {
+    name: "ATTN_CUDA_SM90_L2",
+    allowed: "`auto` | `none` | `64` | `128` | `256`",
+    default: "`auto`: `128` where a row of Q, K, V or O can start off a 32-byte boundary (a head dim of 8 mod 16), else `256`",
+    purpose: "The L2 promotion of the Hopper kernel's tensor maps (bytes L2 fetches from memory per miss), to re-time the choice on another GPU.",
+};
+
 /// `ATTN_CUDA_SM90_BLOCKS`.
 pub const SM90_BLOCKS: Knob = Knob {
     name: "ATTN_CUDA_SM90_BLOCKS",
@@ -162,6 +170,7 @@ pub const KNOBS: &[Knob] = &[
     SM90_GRID,
     SM90_SPLIT,
     SM90_QSLOTS,
+    SM90_L2,
     SM90_BLOCKS,
     SM90_TRACE,
     TIMING_LEAD,
@@ -243,6 +252,15 @@ impl Options {
                 q_slots: SM90_QSLOTS.choice(&[("1", 1), ("2", 2)])?,
                 bottom: SM90_BLOCKS.choice(&[("bottom", true), ("top", false)])?,
                 trace: SM90_TRACE.value().map(Into::into),
+                l2: SM90_L2
+                    .choice(&[
+                        ("auto", None),
+                        ("none", Some(hopper::L2Promotion::None)),
+                        ("64", Some(hopper::L2Promotion::B64)),
+                        ("128", Some(hopper::L2Promotion::B128)),
+                        ("256", Some(hopper::L2Promotion::B256)),
+                    ])?
+                    .flatten(),
             },
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })

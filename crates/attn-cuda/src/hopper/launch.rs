@@ -2,7 +2,7 @@
 
 use super::plan::{head_group, page_box};
 use super::split::Split;
-use super::variant::Variant;
+use super::variant::{L2Promotion, Variant};
 use crate::runtime::driver;
 use crate::scores::ScoreParams;
 use crate::tensors::{DevicePointers, ExtraPointers, strides};
@@ -102,14 +102,15 @@ pub const TRACE_LEN_PER_CTA: usize = (TRACE_PIECES + 1) * TRACE_ROLES * TRACE_EV
 unsafe impl DeviceRepr for Sm90Params {}
 
 /// A 4-D tensor map of a [batch][heads][seq][head_dim] tensor with these element strides, whose
-/// boxes are 64 columns (128 bytes) by `rows` rows, 128-byte swizzled; rows past `seq` read as
-/// zeros.
+/// boxes are 64 columns (128 bytes) by `rows` rows, 128-byte swizzled, with L2 promotion `l2`;
+/// rows past `seq` read as zeros.
 fn tensor_map(
     dtype: DType,
     base: u64,
     dims: [usize; 4],
     st: Strides,
     rows: usize,
+    l2: L2Promotion,
 ) -> std::result::Result<CUtensorMap, sys::CUresult> {
     let data_type = match dtype {
         DType::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -140,7 +141,12 @@ fn tensor_map(
             element_strides.as_ptr(),
             CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
             CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            match l2 {
+                L2Promotion::None => CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                L2Promotion::B64 => CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+                L2Promotion::B128 => CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                L2Promotion::B256 => CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            },
             CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
@@ -204,7 +210,7 @@ impl Sm90Params {
             (None, None) => ((s.seq_k, s.heads_kv, s.batch), variant.block_n),
         };
         let map = |name: &'static str, base: u64, (seq, heads, batch), st: Strides, rows: usize| {
-            tensor_map(problem.dtype, base, [s.head_dim, seq, heads, batch], st, rows)
+            tensor_map(problem.dtype, base, [s.head_dim, seq, heads, batch], st, rows, variant.l2)
                 .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
         };
         let (q, k, v, o) = (at.q, at.k, at.v, at.o);

@@ -24,4 +24,4 @@ pub(crate) mod variant;
 mod wgmma;
 
 pub use plan::{Settings, Tiles, tiles};
-pub use variant::Variant;
+pub use variant::{L2Promotion, Variant};

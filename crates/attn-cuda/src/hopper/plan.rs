@@ -2,7 +2,7 @@
 //! logic, tested without a GPU against the H100's stated limits.
 
 use super::split::Split;
-use super::variant::{HEAD_DIMS, MAX_HEAD_DIM, PRODUCER_REGISTERS, Variant, kernel_head_dim};
+use super::variant::{HEAD_DIMS, L2Promotion, MAX_HEAD_DIM, PRODUCER_REGISTERS, Variant, kernel_head_dim};
 use crate::scores::KernelMask;
 use crate::tensors::{check_alignment, check_paged_cache, check_supported_by};
 use attn_core::{DType, DeviceLimits, Error, Launch, Problem, Result};
@@ -33,6 +33,7 @@ impl Variant {
                     q_slots: 1,
                     bottom: false,
                     trace: false,
+                    l2: L2Promotion::B256,
                     pad: false,
                     seqs: false,
                     paged: false,
@@ -148,6 +149,7 @@ impl Variant {
                         q_slots: 1,
                         bottom: false,
                         trace: false,
+                        l2: L2Promotion::B256,
                         pad: false,
                         seqs: false,
                         paged: false,
@@ -220,6 +222,16 @@ impl Variant {
                 _ => "",
             },
             self.stages
+        ));
+        notes.push(format!(
+            "tensor maps' L2 promotion: {}{}",
+            self.l2.name(),
+            match (self.l2, L2Promotion::for_problem(problem)) {
+                (ours, default) if ours != default => " (ATTN_CUDA_SM90_L2)",
+                (L2Promotion::B128, _) =>
+                    " bytes (rows start off 32-byte boundaries, where 128 is faster than 256)",
+                _ => " bytes",
+            }
         ));
         notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());
         notes.push("the consumer warpgroups take turns issuing products (ping-pong)".into());
@@ -549,6 +561,7 @@ pub fn choose(
         q_slots: 1,
         bottom: false,
         trace: false,
+        l2: L2Promotion::B256,
         pad: kernel_d != s.head_dim,
         seqs: !problem.batching.is_dense(),
         paged: matches!(problem.batching.kv, attn_core::KvRows::Paged { .. }),
@@ -588,6 +601,9 @@ pub struct Settings {
     pub bottom: Option<bool>,
     /// `ATTN_CUDA_SM90_TRACE`: where a traced build ([`Variant::trace`]) writes its timelines.
     pub trace: Option<std::path::PathBuf>,
+    /// `ATTN_CUDA_SM90_L2`: the tensor maps' L2 promotion instead of the problem's
+    /// ([`L2Promotion::for_problem`]).
+    pub l2: Option<L2Promotion>,
 }
 
 impl Settings {
@@ -622,6 +638,7 @@ pub fn plan(
         variant = variant.with_bottom(bottom)?;
     }
     variant.trace = settings.trace.is_some();
+    variant.l2 = settings.l2.unwrap_or_else(|| L2Promotion::for_problem(problem));
     let split = match settings.splits() {
         true => variant.split(problem, launch.grid[0]),
         false => Split::none(variant.tiles(problem).min(i32::MAX as u64) as u32),
@@ -652,6 +669,28 @@ mod tests {
 
     fn problem(d: usize) -> Problem {
         Problem::new(Shape::new(4, 16, 4096, d), DType::Bf16)
+    }
+
+    #[test]
+    fn rows_off_32_byte_boundaries_take_128_byte_l2_promotion() {
+        let promotion = |d: usize, layout: attn_core::Layout| {
+            let p = Problem::new(Shape::new(4, 2048 / d, 4096, d), DType::Bf16).with_layout(layout);
+            let settings = Settings::default();
+            plan(&p, &DeviceLimits::h100(), 132, &settings).unwrap().0.l2
+        };
+        for layout in [attn_core::Layout::Bhsd, attn_core::Layout::Bshd] {
+            // 176, 208, 240 and 464 bytes a row: every other row starts 16 bytes past a boundary.
+            for d in [88, 104, 120, 232] {
+                assert_eq!(promotion(d, layout), L2Promotion::B128, "D={d} {layout:?}");
+            }
+            for d in [64, 80, 96, 128, 256] {
+                assert_eq!(promotion(d, layout), L2Promotion::B256, "D={d} {layout:?}");
+            }
+        }
+        // Forced, whatever the rows.
+        let p = problem(88);
+        let forced = Settings { l2: Some(L2Promotion::None), ..Settings::default() };
+        assert_eq!(plan(&p, &DeviceLimits::h100(), 132, &forced).unwrap().0.l2, L2Promotion::None);
     }
 
     #[test]

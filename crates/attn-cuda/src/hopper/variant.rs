@@ -115,6 +115,53 @@ pub struct Variant {
     /// each piece's steps in SM cycles into a buffer the host writes out (see
     /// `TRACE_LEN_PER_CTA` in `hopper/launch.rs`). Never planned unless asked for.
     pub trace: bool,
+    /// How far L2 widens the tensor maps' misses ([`L2Promotion`]): not compiled in (the maps are
+    /// encoded at each launch), chosen per problem by [`L2Promotion::for_problem`].
+    pub l2: L2Promotion,
+}
+
+/// The L2 promotion of the Hopper kernel's tensor maps: how many bytes L2 fetches from memory
+/// for a TMA load's miss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum L2Promotion {
+    /// The load's own sectors.
+    None,
+    /// 64-byte blocks.
+    B64,
+    /// 128-byte blocks: where rows start off 32-byte boundaries (a head dim of 8 mod 16, packed
+    /// or strided so), 2.2-6.1% faster than 256 on the H200's padded head dims 88, 104, 120 and
+    /// 232, causal and not (`bench/results/h200-l2-promotion.json`).
+    B128,
+    /// 256-byte blocks: where every row starts on a 32-byte boundary, 0-1.2% faster than 128 at
+    /// D=128 and 256 in the same call.
+    #[default]
+    B256,
+}
+
+impl L2Promotion {
+    /// 256-byte blocks, or 128 where a row of Q, K, V or O can start off a 32-byte boundary (a
+    /// stride of any of them, in bytes, not a multiple of 32).
+    pub fn for_problem(problem: &Problem) -> L2Promotion {
+        let t = problem.strides;
+        let bytes = problem.dtype.size();
+        let aligned = [t.q, t.k, t.v, t.o]
+            .iter()
+            .all(|st| [st.batch, st.head, st.seq].iter().all(|&x| (x * bytes).is_multiple_of(32)));
+        match aligned {
+            true => L2Promotion::B256,
+            false => L2Promotion::B128,
+        }
+    }
+
+    /// Its name in the plan and in `ATTN_CUDA_SM90_L2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            L2Promotion::None => "none",
+            L2Promotion::B64 => "64",
+            L2Promotion::B128 => "128",
+            L2Promotion::B256 => "256",
+        }
+    }
 }
 
 impl Variant {
