@@ -9,7 +9,7 @@
 #   time   alone: `attn bench`, bf16, S=4096, batch 16384/S, heads 2048/D rounded down, causal and
 #          not, the native 64, 128, 256 first, then the other multiples of 8 (as many as the time
 #          leaves); then 32 and 96 on the Ampere/Ada family (natively compiled there) to compare.
-# Writes $OUT/h100-head-dims.json (what bench/results/ keeps: each dim's TFLOP/s and the ratio to
+# Writes $OUT/$NAME.json (default h100-head-dims.json: what bench/results/ keeps: each dim's TFLOP/s and the ratio to
 # the next native dim's TFLOP/s scaled by D / D_next, target >= 0.9; the checks' verdicts), the raw
 # rows and logs. (The device tool brings back only a few files: the verdicts are in log.txt.)
 # Expects the release `attn` at $ATTN (default: attn next to this script) and COMMIT next to it.
@@ -106,7 +106,7 @@ meta["verification"] = {
     "log": [l for l in checks if l.strip()]}
 meta = {k: meta[k] for k in ["what", "device", "commit", "date", "command", "commands", "native", "routing",
                              "timing", "verification", "rows"]}
-json.dump(meta, open(os.path.join(out, "h100-head-dims.json"), "w"), indent=1)
+json.dump(meta, open(os.path.join(out, os.environ.get("NAME", "h100-head-dims") + ".json"), "w"), indent=1)
 for r in drows:
     ratio = "ratio %.3f" % r["ratio_to_next_scaled"] if "ratio_to_next_scaled" in r else ""
     amp = " | ampere %.1f TF" % r["ampere_family"]["tflops"] if "ampere_family" in r else ""
