@@ -225,12 +225,15 @@ impl Variant {
         ));
         notes.push(format!(
             "tensor maps' L2 promotion: {}{}",
-            self.l2.name(),
+            match self.l2 {
+                L2Promotion::None => "none".to_string(),
+                l2 => format!("{} bytes", l2.name()),
+            },
             match (self.l2, L2Promotion::for_problem(problem)) {
                 (ours, default) if ours != default => " (ATTN_CUDA_SM90_L2)",
                 (L2Promotion::B128, _) =>
-                    " bytes (rows start off 32-byte boundaries, where 128 is faster than 256)",
-                _ => " bytes",
+                    " (rows start off 32-byte boundaries, where 128 is faster than 256)",
+                _ => "",
             }
         ));
         notes.push("each tile's softmax runs under the previous tile's P·V (overlap)".into());

@@ -122,19 +122,18 @@ pub struct Variant {
 
 /// The L2 promotion of the Hopper kernel's tensor maps: how many bytes L2 fetches from memory
 /// for a TMA load's miss.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum L2Promotion {
     /// The load's own sectors.
     None,
     /// 64-byte blocks.
     B64,
     /// 128-byte blocks: where rows start off 32-byte boundaries (a head dim of 8 mod 16, packed
-    /// or strided so), 2.2-6.1% faster than 256 on the H200's padded head dims 88, 104, 120 and
-    /// 232, causal and not (`bench/results/h200-l2-promotion.json`).
+    /// or strided so), 1.0-6.1% faster than 256 on the H200's padded head dims of 8 mod 16 from
+    /// 72 to 248, causal and not (`bench/results/h200-l2-promotion.json`).
     B128,
     /// 256-byte blocks: where every row starts on a 32-byte boundary, 0-1.2% faster than 128 at
     /// D=128 and 256 in the same call.
-    #[default]
     B256,
 }
 
