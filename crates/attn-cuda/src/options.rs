@@ -253,13 +253,10 @@ impl Options {
                 bottom: SM90_BLOCKS.choice(&[("bottom", true), ("top", false)])?,
                 trace: SM90_TRACE.value().map(Into::into),
                 l2: SM90_L2
-                    .choice(&[
-                        ("auto", None),
-                        ("none", Some(hopper::L2Promotion::None)),
-                        ("64", Some(hopper::L2Promotion::B64)),
-                        ("128", Some(hopper::L2Promotion::B128)),
-                        ("256", Some(hopper::L2Promotion::B256)),
-                    ])?
+                    .parse(|v| match v {
+                        "auto" => Some(None),
+                        _ => hopper::L2Promotion::ALL.into_iter().find(|l| l.name() == v).map(Some),
+                    })?
                     .flatten(),
             },
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),

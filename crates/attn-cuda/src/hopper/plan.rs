@@ -690,6 +690,11 @@ mod tests {
                 assert_eq!(promotion(d, layout), L2Promotion::B256, "D={d} {layout:?}");
             }
         }
+        // Each has its own name, which the knob lists.
+        for l2 in L2Promotion::ALL {
+            assert_eq!(L2Promotion::ALL.iter().filter(|x| x.name() == l2.name()).count(), 1);
+            assert!(crate::options::SM90_L2.allowed.contains(&format!("`{}`", l2.name())), "{l2:?}");
+        }
         // Forced, whatever the rows.
         let p = problem(88);
         let forced = Settings { l2: Some(L2Promotion::None), ..Settings::default() };

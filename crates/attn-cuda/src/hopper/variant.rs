@@ -138,6 +138,10 @@ pub enum L2Promotion {
 }
 
 impl L2Promotion {
+    /// Every promotion, as `ATTN_CUDA_SM90_L2` names them ([`L2Promotion::name`]).
+    pub const ALL: [L2Promotion; 4] =
+        [L2Promotion::None, L2Promotion::B64, L2Promotion::B128, L2Promotion::B256];
+
     /// 256-byte blocks, or 128 where a row of Q, K, V or O can start off a 32-byte boundary (a
     /// stride of any of them, in bytes, not a multiple of 32).
     pub fn for_problem(problem: &Problem) -> L2Promotion {
