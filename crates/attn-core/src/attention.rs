@@ -1,6 +1,8 @@
 //! The backend trait.
 
-use crate::{Buffer, DType, Inputs, Outputs, Plan, Problem, Result};
+use crate::{
+    BackwardOptions, Buffer, DType, Error, GradInputs, Gradients, Inputs, Outputs, Plan, Problem, Result,
+};
 use std::time::{Duration, Instant};
 
 /// What kind of hardware a backend computes on; [`Attention::availability`] reports it, so that
@@ -94,6 +96,41 @@ pub trait Attention: Send + Sync {
         prepared.run()?;
         prepared.read(outputs)?;
         Ok(plan)
+    }
+
+    /// Decides how to run the backward pass of `problem` ([`crate::backward`]), or says why it
+    /// cannot, with the same promise as [`plan`](Attention::plan): no device work. The default
+    /// is the typed refusal of a backend without a backward pass.
+    fn plan_backward(&self, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
+        let _ = options;
+        problem.validate_backward()?;
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            what: format!(
+                "{problem}: this backend has no backward pass; cpu-flash and cpu-reference have one"
+            ),
+        })
+    }
+
+    /// Writes the gradients of q, k and v into `grads`, from the forward's inputs, output and
+    /// log-sum-exp and the gradient of the loss with respect to the output
+    /// ([`crate::backward`]). Returns the plan used. Implementations check the buffers first
+    /// ([`Problem::check_backward`]). The default refuses, as [`plan_backward`]'s does.
+    ///
+    /// [`plan_backward`]: Attention::plan_backward
+    fn backward(
+        &self,
+        problem: &Problem,
+        options: BackwardOptions,
+        inputs: GradInputs<'_>,
+        grads: Gradients<'_>,
+    ) -> Result<Plan> {
+        problem.check_backward(&inputs, &grads)?;
+        self.plan_backward(problem, options)?;
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            what: format!("{problem}: this backend plans a backward pass but does not run one"),
+        })
     }
 }
 

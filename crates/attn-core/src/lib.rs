@@ -35,11 +35,15 @@
 //! the diagonal bottom-right, on each sequence's own lengths when the batch holds sequences of
 //! different lengths ([`sequences`]: packed rows, a paged cache, per-sequence key counts).
 //!
+//! The backward pass ([`Attention::backward`], [`backward`]) differentiates exactly this function:
+//! gradients of q, k and v for every feature but a paged cache.
+//!
 //! ## Numerical promises
 //! Backends accumulate in f32 or wider and round the output once to the input dtype. How close
 //! each backend must come to the f64 reference is stated, per dtype, in `attn-verify`.
 
 pub mod attention;
+pub mod backward;
 pub mod dtype;
 pub mod error;
 pub mod host;
@@ -53,6 +57,7 @@ pub mod softmax;
 pub mod tensor;
 
 pub use attention::{Attention, Availability, DeviceKind, HostPrepared, Numerics, Prepared};
+pub use backward::{BackwardOptions, GradInputs, Gradients};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use knobs::Knob;

@@ -465,7 +465,7 @@ impl Problem {
     /// Per tensor (q, k, v, o): the (batch or page, heads, rows) its strides address. Dense
     /// tensors are `[batch, heads, seq]`; packed ones one "batch" of `total` rows; a paged cache
     /// `pages` of `page_size` rows.
-    fn extents(&self) -> [(usize, usize, usize); 4] {
+    pub(crate) fn extents(&self) -> [(usize, usize, usize); 4] {
         let s = self.shape;
         let q = match self.batching.q {
             QueryRows::Dense => (s.batch, s.heads_q, s.seq_q),

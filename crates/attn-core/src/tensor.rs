@@ -325,7 +325,13 @@ impl Problem {
     }
 }
 
-fn check_tensor(expected: DType, tensor: &'static str, need: usize, found: DType, len: usize) -> Result<()> {
+pub(crate) fn check_tensor(
+    expected: DType,
+    tensor: &'static str,
+    need: usize,
+    found: DType,
+    len: usize,
+) -> Result<()> {
     if found != expected {
         return Err(Error::DTypeMismatch { tensor, expected, found });
     }

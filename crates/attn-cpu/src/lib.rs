@@ -20,4 +20,4 @@ mod reference;
 
 pub use flash::{CpuElement, Flash, Isa};
 pub use options::{KNOBS, Options};
-pub use reference::{RefRow, Reference};
+pub use reference::{RefGrads, RefRow, Reference};
