@@ -5,11 +5,11 @@ use attn_core::rng::SplitMix64;
 use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
 use attn_core::{Alibi, DType, Layout, Mask, Problem, Shape, Strides, TensorStrides};
 
-fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
+pub(crate) fn case(family: &'static str, tag: &str, problem: Problem, dist: Distribution, seed: u64) -> Case {
     with_extras(family, tag, problem, OwnedExtras::default(), dist, seed)
 }
 
-fn with_extras(
+pub(crate) fn with_extras(
     family: &'static str,
     tag: &str,
     problem: Problem,
@@ -36,7 +36,7 @@ fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
 }
 
 /// Adds ALiBi slopes to a case's problem and extras.
-fn alibi(mut c: Case, per_batch: bool) -> Case {
+pub(crate) fn alibi(mut c: Case, per_batch: bool) -> Case {
     let s = c.problem.shape;
     c.problem = c.problem.with_alibi(if per_batch { Alibi::PerBatchHead } else { Alibi::PerHead });
     c.extras.alibi_slopes = Some(alibi_slopes(s.batch, s.heads_q, per_batch));
@@ -44,21 +44,21 @@ fn alibi(mut c: Case, per_batch: bool) -> Case {
     c
 }
 
-fn p(shape: Shape, dtype: DType) -> Problem {
+pub(crate) fn p(shape: Shape, dtype: DType) -> Problem {
     Problem::new(shape, dtype).with_lse(true)
 }
 
 /// A GQA shape: `hq` query heads over `hkv` K/V heads, `sq` queries, `sk` keys.
-fn gqa_shape(batch: usize, hq: usize, hkv: usize, sq: usize, sk: usize, d: usize) -> Shape {
+pub(crate) fn gqa_shape(batch: usize, hq: usize, hkv: usize, sq: usize, sk: usize, d: usize) -> Shape {
     Shape { heads_kv: hkv, seq_q: sq, seq_k: sk, ..Shape::new(batch, hq, 1, d) }
 }
 
-fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
+pub(crate) fn sk(sq: usize, sk: usize, heads: usize, d: usize) -> Shape {
     Shape { seq_q: sq, seq_k: sk, ..Shape::new(1, heads, 1, d) }
 }
 
 /// [`batch_of`] with the LSE asked for, as every case does.
-fn seqs(
+pub(crate) fn seqs(
     shape: Shape,
     dtype: DType,
     q_lens: &[usize],
@@ -71,7 +71,7 @@ fn seqs(
 
 /// Views into buffers whose rows and heads are padded: outputs have gaps that must stay
 /// untouched.
-fn padded(problem: Problem) -> Problem {
+pub(crate) fn padded(problem: Problem) -> Problem {
     let s = problem.shape;
     let row = s.head_dim + 8;
     let pad = |heads: usize, seq: usize| Strides {

@@ -12,6 +12,8 @@
 //! - [`tolerance`]: one table per (numerics, dtype), each number justified.
 //! - [`report`]: backend × family table and a verdict.
 //! - [`planted`]: backends with one deliberate bug each, which the quick grid must catch.
+//! - [`grad`]: the same for the backward pass: gradient grids, [`grad::GradTolerance`], and
+//!   [`planted_grad::GradFlaw`]s each caught by its named case.
 //!
 //! ## Adding a backend
 //! Implement [`attn_core::Attention`] (and [`attn_core::Attention::numerics`] if it does not
@@ -19,8 +21,10 @@
 //! `attn verify` then run every case on it wherever it is available.
 
 pub mod case;
+pub mod grad;
 pub mod grid;
 pub mod planted;
+pub mod planted_grad;
 pub mod report;
 pub mod run;
 pub mod tolerance;

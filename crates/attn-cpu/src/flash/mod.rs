@@ -13,6 +13,7 @@
 //! at run time, so one binary runs well on any x86-64. [`Flash::with_isa`] (`ATTN_CPU_ISA`)
 //! forces a variant (for tests and comparisons).
 
+mod backward;
 mod decode;
 mod exp;
 mod gemm;
@@ -20,8 +21,8 @@ mod pack;
 mod tile;
 
 use attn_core::{
-    Attention, Availability, DeviceKind, Element, Error, Execution, HostPrepared, Inputs, Outputs, Payload,
-    Plan, Prepared, Problem, Result, SeqMap, Tiles,
+    Attention, Availability, BackwardOptions, DeviceKind, Element, Error, Execution, GradInputs, Gradients,
+    HostPrepared, Inputs, Outputs, Payload, Plan, Prepared, Problem, Result, SeqMap, Tiles,
 };
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -574,6 +575,53 @@ impl Attention for Flash {
     fn forward(&self, problem: &Problem, inputs: Inputs<'_>, outputs: Outputs<'_>) -> Result<Plan> {
         let plan = self.plan(problem)?;
         self.run_into(&plan, &inputs, outputs)?;
+        Ok(plan)
+    }
+
+    fn plan_backward(&self, problem: &Problem, _options: BackwardOptions) -> Result<Plan> {
+        problem.validate_backward()?;
+        let (isa, s) = (self.isa(), problem.shape);
+        let (bm, bn) = (backward::BM, backward::BN);
+        let key_tasks: usize = s.batch * s.heads_kv * s.seq_k.div_ceil(bn);
+        let query_tasks: usize = s.batch * s.heads_q * s.seq_q.div_ceil(bm);
+        Ok(Plan {
+            backend: self.name().into(),
+            kernel: format!("cpu-flash backward {} d{} bm{bm} bn{bn}", problem.dtype, s.head_dim),
+            problem: *problem,
+            tiles: Tiles { block_m: bm, block_n: bn, stages: 1 },
+            execution: Execution::Cpu {
+                threads: self.threads(),
+                tasks: key_tasks + query_tasks,
+                isa: isa.name().into(),
+            },
+            notes: vec![
+                format!(
+                    "two passes: dK/dV over {key_tasks} (sequence, kv head, key block) tasks, then dQ over \
+                     {query_tasks} (sequence, query head, query block) tasks; P recomputed from the LSE"
+                ),
+                "deterministic: each gradient row is summed by one task in a fixed order, whatever the \
+                 options or thread count"
+                    .into(),
+            ],
+            payload: Default::default(),
+        })
+    }
+
+    fn backward(
+        &self,
+        problem: &Problem,
+        options: BackwardOptions,
+        inputs: GradInputs<'_>,
+        grads: Gradients<'_>,
+    ) -> Result<Plan> {
+        problem.check_backward(&inputs, &grads)?;
+        let plan = self.plan_backward(problem, options)?;
+        let isa = self.isa();
+        self.install(|| match problem.dtype {
+            attn_core::DType::F32 => backward::run::<f32>(problem, isa, &inputs, grads),
+            attn_core::DType::F16 => backward::run::<f16>(problem, isa, &inputs, grads),
+            attn_core::DType::Bf16 => backward::run::<bf16>(problem, isa, &inputs, grads),
+        });
         Ok(plan)
     }
 }
