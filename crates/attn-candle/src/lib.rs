@@ -29,8 +29,10 @@
 //!   ([`flash_attn_alibi`], [`flash_attn_alibi_windowed_softcap`]), packed variable-length
 //!   batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
 //!   ([`flash_attn_with_kvcache`], appending new keys and values into the cache in place) run
-//!   on CPU and CUDA tensors; and there is no backward pass yet (the ops are
-//!   forward-only: a graph that needs their gradient is an error from candle).
+//!   on CPU and CUDA tensors.
+//! - **Training**: every op but the cache's has a backward pass on CPU tensors (attn's cpu-flash
+//!   backward, from the LSE the forward kept), so a graph of `Var`s trains through it. On CUDA
+//!   tensors the backward is an error that says so: attn's CUDA kernels have no backward yet.
 //! - Index tensors (offsets, key counts, block tables: u32 or i32; ALiBi slopes: f32) go where
 //!   q is: on CUDA the kernels read them in place on candle's stream, with no copy and no
 //!   synchronization. An index tensor on another device than q is copied there first (a small
@@ -47,6 +49,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 
+mod backward;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod kvcache;
@@ -63,7 +66,7 @@ pub fn flash_attn(
     causal: bool,
 ) -> candle_core::Result<Tensor> {
     let op = AttnOp::new(softmax_scale, causal, false);
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3(k, v, op)
 }
 
 /// [`flash_attn`] with a sliding window (candle-flash-attn's `flash_attn_windowed`): row `i`
@@ -80,7 +83,7 @@ pub fn flash_attn_windowed(
 ) -> candle_core::Result<Tensor> {
     let mut op = AttnOp::new(softmax_scale, false, false);
     op.window = Some((window_size_left, window_size_right));
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3(k, v, op)
 }
 
 /// [`flash_attn`] and the log-sum-exp of each row's scaled scores (natural log, f32,
@@ -93,9 +96,11 @@ pub fn flash_attn_with_lse(
     causal: bool,
 ) -> candle_core::Result<(Tensor, Tensor)> {
     let op = AttnOp::new(softmax_scale, causal, true);
-    let o = q.apply_op3_no_bwd(k, v, &op)?;
+    let slot = op.lse.clone();
+    let o = q.apply_op3(k, v, op)?;
     // The LSE the kernel wrote, handed over as a tensor of its own (a custom op has one output).
-    let lse = o.apply_op1_no_bwd(&TakeLse(op.lse.clone()))?;
+    // It carries no gradient: the backward pass differentiates `o`.
+    let lse = o.apply_op1_no_bwd(&TakeLse(slot))?;
     Ok((o, lse))
 }
 
@@ -112,7 +117,7 @@ pub fn flash_attn_alibi(
 ) -> candle_core::Result<Tensor> {
     let mut op = AttnOp::new(softmax_scale, causal, false);
     op.alibi = Some(slopes(alibi_slopes, q)?);
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3(k, v, op)
 }
 
 /// Everything at once (candle-flash-attn's `flash_attn_alibi_windowed_softcap` shape): optional
@@ -132,7 +137,7 @@ pub fn flash_attn_alibi_windowed_softcap(
     op.window = Some((window_size_left, window_size_right));
     op.softcap = softcap;
     op.alibi = alibi_slopes.map(|t| slopes(t, q)).transpose()?;
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3(k, v, op)
 }
 
 /// Variable-length batches (candle-flash-attn's `flash_attn_varlen`): `q` is `[total_q,
@@ -160,7 +165,7 @@ pub fn flash_attn_varlen(
         max_q: max_seqlen_q,
         max_k: max_seqlen_k,
     });
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3(k, v, op)
 }
 
 /// ALiBi slopes as a flat, contiguous f32 tensor on q's device (`[heads]` or `[batch, heads]`).
@@ -242,6 +247,8 @@ struct AttnOp {
     /// Whether to compute the LSE, and where the call leaves it for [`TakeLse`].
     with_lse: bool,
     lse: Arc<Mutex<Option<Lse>>>,
+    /// The LSE of the CPU forward, kept for the backward pass (which recomputes P from it).
+    saved_lse: Mutex<Option<Vec<f32>>>,
 }
 
 /// An LSE the op computed, on the device the call ran on.
@@ -263,6 +270,7 @@ impl AttnOp {
             cache: None,
             with_lse,
             lse: Arc::new(Mutex::new(None)),
+            saved_lse: Mutex::new(None),
         }
     }
 
@@ -434,7 +442,8 @@ impl candle_core::CustomOp3 for AttnOp {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         use attn_core::{Attention, Data, DataMut, Inputs, Outputs};
-        let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
+        // The LSE is written on every call: the backward pass needs it, and it costs one f32 a row.
+        let problem = self.problem(s1.dtype(), [l1, l2, l3])?.with_lse(true);
         let extras = self.host_extras()?;
         problem.check_extras(&extras.borrow()).map_err(candle_core::Error::wrap)?;
         if s2.dtype() != s1.dtype() || s3.dtype() != s1.dtype() {
@@ -447,11 +456,10 @@ impl candle_core::CustomOp3 for AttnOp {
         }
         let offsets = [l1.start_offset(), l2.start_offset(), l3.start_offset()];
         let o_len = problem.required_lens()[3].1;
-        let mut lse = vec![0f32; if self.with_lse { problem.lse_len() } else { 0 }];
+        let mut lse = vec![0f32; problem.lse_len()];
         let run = |inputs: Inputs<'_>, o: DataMut<'_>, lse: &mut [f32]| -> candle_core::Result<()> {
-            let lse = self.with_lse.then_some(lse);
             cpu_flash()
-                .forward(&problem, inputs.with_extras(extras.borrow()), Outputs { o, lse })
+                .forward(&problem, inputs.with_extras(extras.borrow()), Outputs { o, lse: Some(lse) })
                 .map(|_| ())
                 .map_err(candle_core::Error::wrap)
         };
@@ -489,10 +497,23 @@ impl candle_core::CustomOp3 for AttnOp {
             _ => unreachable!("the dtype was checked by AttnOp::problem"),
         };
         let (o_shape, lse_shape) = AttnOp::shapes(&problem);
+        *self.saved_lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse.clone());
         if self.with_lse {
             *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cpu(lse, lse_shape));
         }
         Ok((o, o_shape))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        d_o: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dq, dk, dv] = backward::cpu(self, [q, k, v, o, d_o])?;
+        Ok((Some(dq), Some(dk), Some(dv)))
     }
 
     #[cfg(feature = "cuda")]

@@ -62,7 +62,8 @@ fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool
         let mask = Tensor::from_vec(mask, (sq, sk), &Device::Cpu).unwrap().to_dtype(s.dtype()).unwrap();
         s = s.broadcast_add(&mask).unwrap();
     }
-    let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+    // The composed softmax (max, exp, sum), which candle differentiates; `softmax_last_dim` has no backward.
+    let p = candle_nn::ops::softmax(&s, D::Minus1).unwrap();
     p.matmul(&v).unwrap().transpose(1, 2).unwrap()
 }
 
@@ -334,4 +335,27 @@ fn kvcache_appends_then_attends_like_each_sequence_alone() {
             assert!(max_diff(&values(&got), &values(&alone)) < 1e-6, "paged {paged}, sequence {b}");
         }
     }
+}
+
+/// Gradients through the op equal candle's own attention's (autograd over matmul and softmax),
+/// for strided GQA inputs under a causal mask with seq_q != seq_k, and a `Var` graph trains.
+#[test]
+fn gradients_agree_with_candles_own_attention() {
+    use candle_core::Var;
+    let q = Var::from_tensor(&randn((2, 5, 4, 16), DType::F32)).unwrap();
+    let k = Var::from_tensor(&randn((2, 9, 2, 16), DType::F32)).unwrap();
+    let v = Var::from_tensor(&randn((2, 9, 2, 16), DType::F32)).unwrap();
+    let target = randn((2, 5, 4, 16), DType::F32);
+    let loss = |o: Tensor| o.sub(&target).unwrap().sqr().unwrap().sum_all().unwrap();
+    let ours = loss(attn_candle::flash_attn(&q, &k, &v, 0.3, true).unwrap()).backward().unwrap();
+    let theirs = loss(candle_attention(&q, &k, &v, 0.3, true)).backward().unwrap();
+    for (name, var) in [("q", &q), ("k", &k), ("v", &v)] {
+        let (a, b) = (values(ours.get(var).expect("ours")), values(theirs.get(var).expect("theirs")));
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(max_diff(&a, &b) < 1e-5 * scale.max(1.0), "d{name}: {} (largest {scale})", max_diff(&a, &b));
+    }
+    // A strided view (k's heads transposed in) takes its gradient in its own shape.
+    let kt = k.transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
+    let g = loss(attn_candle::flash_attn(&q, &kt, &v, 0.3, false).unwrap()).backward().unwrap();
+    assert_eq!(g.get(&k).unwrap().dims(), k.dims());
 }
