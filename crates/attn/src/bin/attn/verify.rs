@@ -30,6 +30,14 @@ pub struct VerifyArgs {
     /// `Wgpu::submit`). At least one must be available.
     #[arg(long)]
     resident: bool,
+    /// The backward pass instead of the forward: the gradient grid (`attn_verify::grad`), each
+    /// backend's dQ, dK, dV against the exact f64 gradients; backends without a backward pass
+    /// skip every case, saying so.
+    #[arg(long)]
+    grad: bool,
+    /// With `--grad`: ask for the deterministic backward (`BackwardOptions::deterministic`).
+    #[arg(long, requires = "grad")]
+    deterministic: bool,
 }
 
 pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -72,7 +80,12 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("backend `{wanted}` cannot be verified here: {why}").into());
         }
     }
-    let mut cases = if args.quick { grid::quick() } else { grid::full() };
+    let mut cases = match (args.grad, args.quick) {
+        (false, true) => grid::quick(),
+        (false, false) => grid::full(),
+        (true, true) => attn_verify::grad::quick(),
+        (true, false) => attn_verify::grad::full(),
+    };
     if !args.family.is_empty() {
         cases.retain(|c| args.family.iter().any(|f| f == c.family));
         if cases.is_empty() {
@@ -88,7 +101,7 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
     let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
     let mut done = 0;
     let total = cases.len() * refs.len();
-    let results = run_suite(&refs, &cases, |r| {
+    let progress = |r: &attn_verify::CaseResult| {
         done += 1;
         if !args.json {
             let mark = match r.outcome {
@@ -102,8 +115,19 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             let _ = std::io::stderr().flush();
         }
-    });
-    let planted = if args.planted {
+    };
+    let results = if args.grad {
+        let options = attn::BackwardOptions { deterministic: args.deterministic };
+        attn_verify::grad::run_grad_suite(&refs, &cases, options, progress)
+    } else {
+        run_suite(&refs, &cases, progress)
+    };
+    let planted = if args.planted && args.grad {
+        use attn_verify::planted_grad::{GradFlaw, PlantedGrad};
+        let planted: Vec<PlantedGrad> = GradFlaw::ALL.into_iter().map(PlantedGrad::new).collect();
+        let refs: Vec<&dyn Attention> = planted.iter().map(|p| p as &dyn Attention).collect();
+        attn_verify::grad::run_grad_suite(&refs, &attn_verify::grad::quick(), Default::default(), |_| {})
+    } else if args.planted {
         let planted: Vec<Planted> = Flaw::ALL.into_iter().map(Planted::new).collect();
         let refs: Vec<&dyn Attention> = planted.iter().map(|p| p as &dyn Attention).collect();
         run_suite(&refs, &grid::quick(), |_| {})
@@ -124,8 +148,13 @@ pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
         print!("{}", report::table(&results));
         if args.planted {
             println!("\nplanted bugs (each must be caught):");
-            for flaw in Flaw::ALL {
-                let name = Planted::new(flaw).name().to_string();
+            let mut names: Vec<&str> = vec![];
+            for r in &planted {
+                if !names.contains(&r.backend.as_str()) {
+                    names.push(&r.backend);
+                }
+            }
+            for name in names {
                 let caught: Vec<&str> = planted
                     .iter()
                     .filter(|r| r.backend == name && r.outcome.is_fail())
