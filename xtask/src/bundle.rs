@@ -22,6 +22,7 @@ pub fn bundle() -> Result<(), String> {
         ("attn-cuda", "cubin"),
         ("attn-cuda", "resident_overhead"),
         ("attn-cuda", "decode_bench"),
+        ("attn-cuda", "backward_bench"),
         ("attn-cuda", "row_align"),
     ];
     for (package, example) in examples {

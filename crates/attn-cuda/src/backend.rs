@@ -9,8 +9,8 @@ use crate::options::{Family, Options};
 use crate::runtime::{Gpu, Lead, driver};
 use crate::tensors::{DeviceTensors, from_bits};
 use attn_core::{
-    Attention, Availability, DeviceKind, Error, Execution, Feature, Inputs, Launch, Numerics, Outputs,
-    Payload, Plan, Prepared, Problem, Result, Tiles,
+    Attention, Availability, BackwardOptions, DeviceKind, Error, Execution, Feature, GradInputs, Gradients,
+    Inputs, Launch, Numerics, Outputs, Payload, Plan, Prepared, Problem, Result, Tiles,
 };
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, OnceLock};
@@ -145,6 +145,24 @@ impl Cuda {
     /// in `crate::options::KNOBS`), or the error that names a variable whose value cannot be read.
     pub fn from_env() -> Result<Self> {
         Ok(Self::with_options(Options::from_env()?))
+    }
+
+    /// The backward pass run `runs` times on the same uploaded buffers (for benchmarks), with each
+    /// run's device time (its three launches between CUDA events); the gradients of the last
+    /// run are written into `grads`.
+    pub fn backward_timed(
+        &self,
+        problem: &Problem,
+        options: BackwardOptions,
+        inputs: GradInputs<'_>,
+        grads: Gradients<'_>,
+        runs: usize,
+    ) -> Result<(Plan, Vec<Duration>)> {
+        problem.check_backward(&inputs, &grads)?;
+        let gpu = self.gpu()?;
+        let plan = crate::backward::run::plan(&gpu, problem, options)?;
+        let times = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs)?;
+        Ok((plan, times))
     }
 
     pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
@@ -405,6 +423,23 @@ impl Attention for Cuda {
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         self.plan_with(&*self.gpu()?, problem, true)
+    }
+
+    /// The backward family ([`crate::backward`]): compiled and checked against the device's
+    /// limits, as `plan` is.
+    fn plan_backward(&self, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
+        problem.validate_backward()?;
+        crate::backward::run::plan(&*self.gpu()?, problem, options)
+    }
+
+    fn backward(
+        &self,
+        problem: &Problem,
+        options: BackwardOptions,
+        inputs: GradInputs<'_>,
+        grads: Gradients<'_>,
+    ) -> Result<Plan> {
+        Ok(self.backward_timed(problem, options, inputs, grads, 1)?.0)
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {

@@ -54,6 +54,7 @@
 pub mod ampere;
 pub mod append;
 mod backend;
+pub mod backward;
 mod compile;
 pub mod decode;
 pub mod device;

@@ -110,7 +110,7 @@ pub struct DevicePointers {
 }
 
 /// The raw bits of a 16-bit tensor (the kernel reinterprets them as f16 or bf16).
-fn bits(data: Data<'_>, tensor: &'static str) -> Result<Vec<u16>> {
+pub(crate) fn bits(data: Data<'_>, tensor: &'static str) -> Result<Vec<u16>> {
     match data {
         Data::F16(s) => Ok(s.iter().map(|x| x.to_bits()).collect()),
         Data::Bf16(s) => Ok(s.iter().map(|x| x.to_bits()).collect()),

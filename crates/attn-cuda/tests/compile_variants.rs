@@ -6,7 +6,7 @@
 //! test is skipped by name when they are missing.
 
 use attn_cuda::options::{CUOBJDUMP, REQUIRE_NVRTC};
-use attn_cuda::{Arch, CompileRequest, Compiled, ampere, compile, decode, hopper, nvrtc_available};
+use attn_cuda::{Arch, CompileRequest, Compiled, ampere, backward, compile, decode, hopper, nvrtc_available};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -133,6 +133,26 @@ fn every_variant_compiles_without_spills_for_every_arch() {
 }
 
 /// The decode family, for every architecture it runs on: no spill, registers within 255.
+#[test]
+fn every_backward_kernel_compiles_without_spills_for_every_arch() {
+    if !nvrtc_or_skip("every_backward_kernel_compiles_without_spills_for_every_arch") {
+        return;
+    }
+    let jobs: Vec<Job> = backward::Variant::all()
+        .into_iter()
+        .flat_map(|v| [Arch::Sm80, Arch::Sm89, Arch::Sm90a].map(move |a| (v, a)))
+        .flat_map(|(v, arch)| {
+            ["attn_bwd_pre", "attn_bwd", "attn_bwd_dq"].map(move |entry| Job {
+                name: format!("{} {arch} {entry}", v.name()),
+                request: v.request(arch),
+                entry,
+                budget: v.register_budget(),
+            })
+        })
+        .collect();
+    assert_all_pass(&compile_all(jobs), check_resources);
+}
+
 #[test]
 fn every_decode_variant_compiles_without_spills_for_every_arch() {
     if !nvrtc_or_skip("every_decode_variant_compiles_without_spills_for_every_arch") {

@@ -36,6 +36,9 @@ use attn_cpu::{RefGrads, Reference};
 ///   every FlashAttention backward does, which moves each `dS` by up to `u · |dO| · |O|`, of the
 ///   order of the largest terms, and the gradient is rounded once more: `atol = rtol = rel_l2 =
 ///   2 u`.
+/// - Tensor cores (`LowPrecisionP`): P and dS are also rounded to the dtype before their products
+///   (dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K), up to `u` relative error per term on top:
+///   `atol = rel_l2 = 4 u`, `rtol = 2 u`.
 /// - [`GradTolerance::widened`]: the forward's score-error allowance, for large logits.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct GradTolerance {
@@ -54,6 +57,7 @@ impl GradTolerance {
         let (atol, rtol, rel_l2) = match (numerics, dtype) {
             (Numerics::Exact, _) => (1e-30, 1.01 * u, 1.01 * u),
             (_, DType::F32) => (2e-6, 2e-5, 4e-6),
+            (Numerics::LowPrecisionP, _) => (4.0 * u, 2.0 * u, 4.0 * u),
             (_, _) => (2.0 * u, 2.0 * u, 2.0 * u),
         };
         GradTolerance { atol, rtol, rel_l2 }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: issue 34's backward. (a) verify: `attn verify --grad` on cuda (quick and
+# full gradient grids, default and deterministic modes) and compute-sanitizer (memcheck,
+# racecheck, synccheck) on the quick grid's gqa family; (b) bench: attn's backward
+# (crates/attn-cuda/examples/backward_bench.rs, both modes, and the 10-run determinism check)
+# and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
+# shapes, in two alternating rounds.
+# Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
+# `bash bench/device/backward.sh [verify,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
+set -uo pipefail
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+bin=.device/bin
+parts=${1:-verify,bench}
+max_seq=${MAX_SEQ:-16384}
+iters=${ITERS:-20}
+{
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
+  echo "commit: $(cat .device/COMMIT 2>/dev/null)"
+  if [[ $parts == *verify* ]]; then
+    echo "== attn verify --grad --quick --backend cuda"
+    timeout 120 "$bin/attn" verify --grad --quick --backend cuda 2>&1 | tail -4
+    echo "== attn verify --grad --quick --backend cuda --deterministic"
+    timeout 120 "$bin/attn" verify --grad --quick --backend cuda --deterministic 2>&1 | tail -4
+    echo "== attn verify --grad --backend cuda (full grid)"
+    timeout 240 "$bin/attn" verify --grad --backend cuda --json > "$out/verify-grad-full.json" 2> "$out/verify-grad-full.err"
+    python3 -c "import json,sys; d=json.load(open('$out/verify-grad-full.json')); print(d['verdict']); [print('FAIL', r['case'], r['outcome'].get('reason')) for r in d['results'] if r['outcome']['status']=='fail']"
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck synccheck; do
+      echo "== compute-sanitizer $tool (gradient quick grid, gqa family, both modes)"
+      for det in "" --deterministic; do
+        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --quick --backend cuda --family gqa $det 2>&1 | grep -E "ERROR SUMMARY|verdict" | tail -2
+      done
+    done
+  fi
+  if [[ $parts == *bench* ]]; then
+    for round in 1 2; do
+      echo "== round $round: attn"
+      timeout 280 "$bin/backward_bench" "$iters" "$max_seq" | tee -a "$out/attn.jsonl"
+      echo "== round $round: torch"
+      timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" | tee -a "$out/torch.jsonl"
+    done
+  fi
+} 2>&1 | tee "$out/log.txt"

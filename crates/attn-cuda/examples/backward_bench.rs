@@ -1,0 +1,129 @@
+//! Backward timings on this GPU, on the issue's grid: bf16 BHSD, batch = 16384 / S, heads =
+//! 2048 / D, D in {64, 128}, S from 1k to 16k, causal and not. Per row: our forward gives O and
+//! the LSE, then `Cuda::backward_timed` runs the three backward launches `iters` times (default
+//! 20) on the same buffers; the median of the CUDA-event times, and TFLOP/s by FlashAttention's
+//! convention (2.5 times the forward's FLOPs, halved for causal), in both modes. Then the
+//! deterministic mode is run 10 times on one shape and its gradients compared bit for bit. One
+//! JSON object per line on stdout.
+//!
+//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq]`
+//! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
+
+use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::{
+    Attention, BackwardOptions, Buffer, DType, GradInputs, Gradients, Inputs, Outputs, Problem, Shape,
+};
+use attn_cuda::Cuda;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One problem's buffers: q, k, v, dO, and the forward's O and LSE.
+struct Data {
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    d_o: Buffer,
+    o: Buffer,
+    lse: Vec<f32>,
+}
+
+/// Random inputs and dO for `p`, and our forward's O and LSE of them.
+fn setup(cuda: &Cuda, p: &Problem, seed: u64) -> attn_core::Result<Data> {
+    let mut rng = SplitMix64::new(seed);
+    let [q, k, v, o] = p.required_lens().map(|(_, n)| n);
+    let mut draw = |n: usize| normal_buffer(&mut rng, DType::Bf16, n, 1.0);
+    let (q, k, v, d_o) = (draw(q), draw(k), draw(v), draw(o));
+    let mut out = Buffer::zeros(DType::Bf16, o);
+    let mut lse = vec![0f32; p.lse_len()];
+    cuda.forward(
+        &p.with_lse(true),
+        Inputs::new(q.as_data(), k.as_data(), v.as_data()),
+        Outputs { o: out.as_data_mut(), lse: Some(&mut lse) },
+    )?;
+    Ok(Data { q, k, v, d_o, o: out, lse })
+}
+
+/// The gradients of the last of `runs` backward runs, and each run's time (ms).
+fn backward(
+    cuda: &Cuda,
+    p: &Problem,
+    data: &Data,
+    options: BackwardOptions,
+    runs: usize,
+) -> attn_core::Result<([Buffer; 3], Vec<f64>)> {
+    let [q, k, v, _] = p.required_lens().map(|(_, n)| n);
+    let mut grads =
+        [Buffer::zeros(DType::Bf16, q), Buffer::zeros(DType::Bf16, k), Buffer::zeros(DType::Bf16, v)];
+    let [dq, dk, dv] = &mut grads;
+    let inputs = GradInputs {
+        inputs: Inputs::new(data.q.as_data(), data.k.as_data(), data.v.as_data()),
+        o: data.o.as_data(),
+        lse: &data.lse,
+        d_o: data.d_o.as_data(),
+    };
+    let gradients = Gradients { dq: dq.as_data_mut(), dk: dk.as_data_mut(), dv: dv.as_data_mut() };
+    let (_, times) = cuda.backward_timed(p, options, inputs, gradients, runs)?;
+    Ok((grads, times.into_iter().map(|t| t.as_secs_f64() * 1e3).collect()))
+}
+
+fn main() -> attn_core::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let max_seq: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16384);
+    if let Err(reason) = attn_cuda::probe() {
+        eprintln!("backward_bench: CUDA is unavailable, because {reason}");
+        std::process::exit(1);
+    }
+    let cuda = Cuda::from_env()?;
+    for d in [64usize, 128] {
+        for seq in [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| s <= max_seq) {
+            for causal in [false, true] {
+                let shape = Shape::new(16384 / seq, 2048 / d, seq, d);
+                let mut p = Problem::new(shape, DType::Bf16);
+                if causal {
+                    p = p.causal();
+                }
+                let data = setup(&cuda, &p, seq as u64 + d as u64)?;
+                for deterministic in [false, true] {
+                    let options = BackwardOptions { deterministic };
+                    let (_, times) = backward(&cuda, &p, &data, options, iters + 2)?;
+                    let ms = median(times[2..].to_vec());
+                    let plan = cuda.plan_backward(&p, options)?;
+                    println!(
+                        "{{\"impl\": \"{}\", \"batch\": {}, \"heads\": {}, \"seq\": {seq}, \"head_dim\": {d}, \
+                         \"causal\": {causal}, \"ms\": {ms:.4}, \"tflops\": {:.1}, \"kernel\": \"{}\", \"iters\": {iters}}}",
+                        if deterministic { "attn-deterministic" } else { "attn" },
+                        shape.batch,
+                        shape.heads_q,
+                        p.backward_flops() / ms / 1e9,
+                        plan.kernel
+                    );
+                }
+            }
+        }
+    }
+    // Bit-identical over 10 runs of the deterministic mode (GQA, causal, a sequence not a multiple
+    // of the blocks), and the default mode's spread on the same inputs for comparison.
+    let shape = Shape { heads_kv: 2, ..Shape::new(2, 8, 1000, 128) };
+    let p = Problem::new(shape, DType::Bf16).causal();
+    let data = setup(&cuda, &p, 7)?;
+    for deterministic in [true, false] {
+        let options = BackwardOptions { deterministic };
+        let first = backward(&cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
+        let mut same = 0;
+        for _ in 0..9 {
+            let next = backward(&cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
+            let bits = |x: &[Vec<f32>; 3]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+            same += usize::from(bits(&next) == bits(&first));
+        }
+        println!(
+            "{{\"determinism\": \"{}\", \"problem\": \"{p}\", \"runs\": 10, \"identical_to_first\": {}}}",
+            if deterministic { "deterministic" } else { "default" },
+            same + 1
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,399 @@
+// FlashAttention-2-class backward for sm_80+ (Ampere/Ada; runs on Hopper too), in three kernels:
+//
+//   attn_bwd_pre   one warp per query row: D = rowsum(dO ∘ O) in f32, the row's dQ accumulator
+//                  zeroed (and, for the deterministic mode, the query blocks' counters)
+//   attn_bwd       one CTA per (block of BN keys, kv head, sequence): K and V stay in shared
+//                  memory, dK and dV in registers (each of the 4 warps owns 16 keys), and the CTA
+//                  walks every query head of its GQA group and every block of BM query rows that
+//                  sees its keys:
+//                    S^T  = K Q^T,  dP^T = V dO^T          mma.sync m16n8k16, f32 accumulate
+//                    P^T  = exp2(s log2(e) - lse log2(e)), dS^T = P^T (dP^T - D) (1 - tanh^2)
+//                    dV  += P^T dO, dK += dS^T Q            P^T, dS^T from the accumulators
+//                    dQ  += dS K                            dS^T through shared memory, added to
+//                                                           the f32 accumulator with atomics
+//   attn_bwd_dq    one warp per query row: dQ = scale * accumulator, rounded to the dtype
+//
+// With p.deterministic the dQ additions of the key blocks meeting one query block are ordered by
+// a counter per (sequence, query head, query block): key block n adds after every lower one has,
+// so the sums are the same bits on every run and grid. Blocks start in grid order (key blocks
+// fastest), so a CTA only ever waits for CTAs started before it.
+//
+// Every feature of the forward but a paged cache is a run-time parameter here (mask bounds,
+// soft-cap, ALiBi slopes, packed sequences, key counts), and the head dim is too (a multiple of 8
+// up to D, the chunks past it load as zeros). Specialised at compile time (NVRTC -D): ATTN_BF16
+// (else f16), ATTN_D (64 or 128). The host's variant (crates/attn-cuda/src/backward/variant.rs)
+// mirrors the shared-memory size computed here.
+
+#include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
+
+constexpr int D = ATTN_D;
+constexpr int WARPS = 4;
+constexpr int THREADS = 32 * WARPS;
+constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
+constexpr int BM = 64;          // query rows per step: 16 per warp in the dQ product
+static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
+constexpr float LOG2E = 1.4426950408889634f;
+#define POS_INF __int_as_float(0x7f800000)
+
+#if ATTN_BF16
+__device__ __forceinline__ float to_f(elem_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ elem_t from_f(float x) { return __float2bfloat16_rn(x); }
+#else
+__device__ __forceinline__ float to_f(elem_t x) { return __half2float(x); }
+__device__ __forceinline__ elem_t from_f(float x) { return __float2half_rn(x); }
+#endif
+
+// Must match `KernelParams` in crates/attn-cuda/src/backward/launch.rs field for field.
+struct Params {
+    const elem_t* q;
+    const elem_t* k;
+    const elem_t* v;
+    const elem_t* o;
+    const elem_t* d_o;  // o's strides
+    const float* lse;   // the forward's, natural log, laid out as attn_core's LSE
+    float* delta;       // D per row, the LSE's layout
+    float* dq_accum;    // [LSE rows][D] f32
+    int* counters;      // deterministic mode: [batch, heads_q, query blocks]
+    elem_t* dq;         // q's strides
+    elem_t* dk;         // k's strides
+    elem_t* dv;         // v's strides
+    long long q_sb, q_sh, q_ss;
+    long long k_sb, k_sh, k_ss;
+    long long v_sb, v_sh, v_ss;
+    long long o_sb, o_sh, o_ss;
+    const int* cu_seqlens_q;  // [batch + 1] packed query offsets, or null
+    const int* cu_seqlens_k;  // [batch + 1] packed key offsets, or null
+    const int* seqused_k;     // [batch] keys each sequence uses, or null
+    const float* alibi_slopes;  // [heads_q] or [batch, heads_q], or null
+    int batch, heads_q, heads_kv, seq_q, seq_k;
+    int q_total, kv_total;  // packed rows (0 where dense)
+    int alibi_batch_stride;
+    int win_left, win_right;  // row i sees keys i + shift - win_left ..= i + shift + win_right
+    float scale;
+    float softcap;  // 0: none
+    int head_dim;   // a multiple of 8, at most D
+    int deterministic;
+    int m_blocks;   // query blocks of the longest sequence: ceil(seq_q / BM)
+};
+
+// One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the
+// problem's bounds (a device caller's arrays are not checked on the host).
+struct Seq {
+    int q_start, q_len, k_start, k_len;
+};
+
+__device__ __forceinline__ Seq seq_of(const Params& p, int b) {
+    Seq s;
+    const int* cu_q = p.cu_seqlens_q;
+    const int* cu_k = p.cu_seqlens_k;
+    s.q_start = cu_q != nullptr ? min(max(cu_q[b], 0), p.q_total) : 0;
+    s.q_len = cu_q != nullptr ? min(min(max(cu_q[b + 1], s.q_start), p.q_total) - s.q_start, p.seq_q) : p.seq_q;
+    s.k_start = cu_k != nullptr ? min(max(cu_k[b], 0), p.kv_total) : 0;
+    const int held = cu_k != nullptr ? min(min(max(cu_k[b + 1], s.k_start), p.kv_total) - s.k_start, p.seq_k) : p.seq_k;
+    s.k_len = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), held) : held;
+    return s;
+}
+
+// Index of row i of (b, h) in the LSE's layout (and delta's, and dq_accum's rows).
+__device__ __forceinline__ long long row_index(const Params& p, const Seq& s, int b, int h, int i) {
+    return p.cu_seqlens_q != nullptr ? (long long)h * p.q_total + s.q_start + i
+                                     : ((long long)b * p.heads_q + h) * p.seq_q + i;
+}
+
+// First element of (b, head) in a tensor with these strides (packed rows ignore the batch stride).
+__device__ __forceinline__ long long q_base(const Params& p, const Seq& s, int b, int h, long long sb, long long sh,
+                                            long long ss) {
+    return (p.cu_seqlens_q != nullptr ? s.q_start * ss : b * sb) + h * sh;
+}
+__device__ __forceinline__ long long k_base(const Params& p, const Seq& s, int b, int g, long long sb, long long sh,
+                                            long long ss) {
+    return (p.cu_seqlens_k != nullptr ? s.k_start * ss : b * sb) + g * sh;
+}
+
+// Byte address of 16-byte chunk c of row `row` in a [rows][LEN] tile whose rows are
+// XOR-swizzled in groups of 8 chunks (LEN a multiple of 64): ldmatrix reads are conflict-free.
+template <int LEN>
+__device__ __forceinline__ unsigned addr(const elem_t* tile, int row, int c) {
+    return smem_u32(tile) + (row * LEN + ((c & ~7) | ((c & 7) ^ (row & 7))) * 8) * 2;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    // src-size 0 zero-fills: rows past the sequence and chunks past the head dim read as zeros.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// Rows r0 .. r0 + ROWS of a [rows][D] matrix (row stride `stride`) into a swizzled tile; rows at or
+// past `limit` and chunks at or past `chunks` become zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_rows(elem_t* tile, const elem_t* g, long long stride, int r0, int limit,
+                                          int chunks) {
+    constexpr int CPR = D / 8;
+#pragma unroll
+    for (int it = 0; it < ROWS * CPR / THREADS; ++it) {
+        const int i = threadIdx.x + it * THREADS;
+        const int r = i / CPR, c = i % CPR;
+        const bool valid = r0 + r < limit && c < chunks;
+        cp_async16(addr<D>(tile, r, c), valid ? g + (long long)(r0 + r) * stride + c * 8 : g, valid);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pre-pass: grid (ceil(seq_q / 4), heads_q, batch), a warp per row.
+extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_constant__ Params p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int i = blockIdx.x * WARPS + warp;
+    const Seq s = seq_of(p, b);
+    if (p.deterministic && lane == 0 && i < p.seq_q && i % BM == 0) {
+        p.counters[((long long)b * p.heads_q + h) * p.m_blocks + i / BM] = 0;
+    }
+    if (i >= s.q_len) return;
+    const elem_t* o = p.o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
+    const elem_t* d_o = p.d_o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
+    float sum = 0.f;
+    for (int c = lane; c < p.head_dim; c += 32) sum += to_f(o[c]) * to_f(d_o[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
+    const long long row = row_index(p, s, b, h, i);
+    if (lane == 0) p.delta[row] = sum;
+    for (int c = lane; c < D; c += 32) p.dq_accum[row * D + c] = 0.f;
+}
+
+// dQ from its accumulator: the same grid as the pre-pass.
+extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_constant__ Params p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int i = blockIdx.x * WARPS + warp;
+    const Seq s = seq_of(p, b);
+    if (i >= s.q_len) return;
+    const long long row = row_index(p, s, b, h, i);
+    elem_t* dq = p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss;
+    for (int c = lane; c < p.head_dim; c += 32) dq[c] = from_f(p.dq_accum[row * D + c] * p.scale);
+}
+
+// Whether key block n (keys [n0, n_end)) and query rows [m0, m0 + BM) of one sequence meet.
+__device__ __forceinline__ bool meets(const Params& p, const Seq& s, int n, int m0) {
+    const int n0 = n * BN, n_end = min(n0 + BN, s.k_len);
+    const long long shift = s.k_len - s.q_len;
+    const long long lo = max(0LL, (long long)n0 - shift - p.win_right);
+    const long long hi = min((long long)s.q_len, (long long)n_end - 1 - shift + p.win_left + 1);
+    return n0 < s.k_len && lo < hi && lo < m0 + BM && hi > m0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main pass: grid (ceil(seq_k / BN), heads_kv, batch).
+extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_constant__ Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    elem_t* sK = reinterpret_cast<elem_t*>(smem);
+    elem_t* sV = sK + BN * D;
+    elem_t* sQ = sV + BN * D;
+    elem_t* sdO = sQ + BM * D;
+    elem_t* sS = sdO + BM * D;  // dS^T, [BN][BM]
+    float* sLse = reinterpret_cast<float*>(sS + BN * BM);
+    float* sDelta = sLse + BM;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n_block = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+    const Seq s = seq_of(p, b);
+    const int n0 = n_block * BN;
+    if (n0 >= s.k_len) return;  // the whole CTA: no barrier is left waiting
+    const int chunks = p.head_dim / 8;
+    const int shift = s.k_len - s.q_len;
+    const elem_t* k = p.k + k_base(p, s, b, g, p.k_sb, p.k_sh, p.k_ss);
+    const elem_t* v = p.v + k_base(p, s, b, g, p.v_sb, p.v_sh, p.v_ss);
+    load_rows<BN>(sK, k, p.k_ss, n0, s.k_len, chunks);
+    load_rows<BN>(sV, v, p.v_ss, n0, s.k_len, chunks);
+    cp_commit();
+
+    // The query rows that see some key of this block: [i_lo, i_hi).
+    const int n_end = min(n0 + BN, s.k_len);
+    const int i_lo = (int)max(0LL, (long long)n0 - shift - p.win_right);
+    const int i_hi = (int)min((long long)s.q_len, (long long)n_end - 1 - shift + p.win_left + 1);
+    const int m_lo = i_lo / BM, m_hi = i_hi > i_lo ? (i_hi + BM - 1) / BM : m_lo;
+
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+
+    const int group = p.heads_q / p.heads_kv;
+    const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
+    for (int hh = 0; hh < group; ++hh) {
+        const int h = g * group + hh;
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+        const long long qb = q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss);
+        const long long ob = q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss);
+        for (int m = m_lo; m < m_hi; ++m) {
+            const int m0 = m * BM;
+            __syncthreads();  // every warp is done with the last step's Q, dO, dS^T
+            load_rows<BM>(sQ, p.q + qb, p.q_ss, m0, s.q_len, chunks);
+            load_rows<BM>(sdO, p.d_o + ob, p.o_ss, m0, s.q_len, chunks);
+            cp_commit();
+            if (threadIdx.x < BM) {
+                const int i = m0 + threadIdx.x;
+                const bool row = i < s.q_len;
+                const long long at = row_index(p, s, b, h, row ? i : 0);
+                sLse[threadIdx.x] = row ? p.lse[at] * LOG2E : POS_INF;
+                sDelta[threadIdx.x] = row ? p.delta[at] : 0.f;
+            }
+            cp_wait<0>();
+            __syncthreads();
+
+            // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys against the BM rows.
+            float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+            // Rolled at D = 128: unrolled, ptxas hoists the loads of every step and spills beside
+            // dK and dV's 128 registers.
+#pragma unroll(D == 128 ? 1 : D / 16)
+            for (int kk = 0; kk < D / 16; ++kk) {
+                unsigned ak[4], av[4];
+                ldsm_x4(addr<D>(sK, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), ak);
+                ldsm_x4(addr<D>(sV, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), av);
+#pragma unroll
+                for (int n2 = 0; n2 < BM / 16; ++n2) {
+                    const int r = n2 * 16 + (lane & 7) + ((lane >> 4) << 3), c = 2 * kk + ((lane >> 3) & 1);
+                    unsigned bq[4], bo[4];
+                    ldsm_x4(addr<D>(sQ, r, c), bq);
+                    ldsm_x4(addr<D>(sdO, r, c), bo);
+                    mma(st[2 * n2], ak, bq[0], bq[1]);
+                    mma(st[2 * n2 + 1], ak, bq[2], bq[3]);
+                    mma(dpt[2 * n2], av, bo[0], bo[1]);
+                    mma(dpt[2 * n2 + 1], av, bo[2], bo[3]);
+                }
+            }
+            // P^T and dS^T, rounded to 16 bits as A fragments at once (so that the f32 tiles die
+            // here): the accumulators of row tiles 2kk and 2kk + 1 are fragment kk, element
+            // pairs (e, e + 1) one register each.
+            unsigned ap[BM / 16][4], ad[BM / 16][4];
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float prob[2], ds[2];
+#pragma unroll
+                    for (int x = 0; x < 2; ++x) {
+                        const int e = 2 * r + x;
+                        const int key = key0 + r * 8;
+                        const int qi = nt * 8 + 2 * (lane % 4) + x;
+                        const int row = m0 + qi, diag = row + shift;
+                        const bool seen = key < s.k_len && row < s.q_len && key <= diag + p.win_right &&
+                                          key >= diag - p.win_left;
+                        float score = st[nt][e] * p.scale, slope_of_cap = 1.f;
+                        if (p.softcap > 0.f) {
+                            const float t = tanhf(score / p.softcap);
+                            score = p.softcap * t;
+                            slope_of_cap = 1.f - t * t;
+                        }
+                        score -= slope * fabsf((float)(diag - key));
+                        prob[x] = seen ? exp2_fast(fmaf(score, LOG2E, -sLse[qi])) : 0.f;
+                        ds[x] = prob[x] * (dpt[nt][e] - sDelta[qi]) * slope_of_cap;
+                    }
+                    ap[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(prob[0], prob[1]));
+                    ad[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(ds[0], ds[1]));
+                }
+            // dV += P^T dO, dK += dS^T Q; dO and Q by ldmatrix.trans.
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+                for (int d2 = 0; d2 < D / 16; ++d2) {
+                    const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), c = 2 * d2 + (lane >> 4);
+                    unsigned bo[4], bq[4];
+                    ldsm_x4_trans(addr<D>(sdO, r, c), bo);
+                    ldsm_x4_trans(addr<D>(sQ, r, c), bq);
+                    mma(dv[2 * d2], ap[kk], bo[0], bo[1]);
+                    mma(dv[2 * d2 + 1], ap[kk], bo[2], bo[3]);
+                    mma(dk[2 * d2], ad[kk], bq[0], bq[1]);
+                    mma(dk[2 * d2 + 1], ad[kk], bq[2], bq[3]);
+                }
+            }
+            // dS^T to shared memory, for dQ's product across the warps' keys.
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int row = warp * 16 + lane / 4 + r * 8, col = nt * 8 + 2 * (lane % 4);
+                    const unsigned a = addr<BM>(sS, row, col / 8) + (col % 8) * 2;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(ad[nt / 2][(nt % 2) * 2 + r]));
+                }
+            __syncthreads();
+
+            // dQ[rows of this warp] += dS K: A = dS by ldmatrix.trans of dS^T, B = K by .trans.
+            unsigned as[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                ldsm_x4_trans(addr<BM>(sS, kk * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * warp + ((lane >> 3) & 1)), as[kk]);
+            int* counter = nullptr;
+            if (p.deterministic) {
+                // After every lower key block that meets this query block (they started earlier).
+                int first = 0;
+                while (!meets(p, s, first, m0)) ++first;
+                counter = p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
+                if (threadIdx.x == 0) {
+                    while (atomicAdd(counter, 0) != n_block - first) __nanosleep(64);
+                }
+                __syncthreads();
+                __threadfence();
+            }
+            const int qrow = m0 + warp * 16 + lane / 4;
+#pragma unroll
+            for (int d2 = 0; d2 < D / 16; ++d2) {
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    unsigned bk[4];
+                    ldsm_x4_trans(addr<D>(sK, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * d2 + (lane >> 4)), bk);
+                    mma(acc[0], as[kk], bk[0], bk[1]);
+                    mma(acc[1], as[kk], bk[2], bk[3]);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = qrow + (e >> 1) * 8;
+                        const int col = (2 * d2 + j) * 8 + 2 * (lane % 4) + (e & 1);
+                        if (row < s.q_len) atomicAdd(p.dq_accum + row_index(p, s, b, h, row) * D + col, acc[j][e]);
+                    }
+            }
+            if (p.deterministic) {
+                __threadfence();
+                __syncthreads();
+                if (threadIdx.x == 0) atomicAdd(counter, 1);
+            }
+        }
+    }
+
+    // dK (times the scale) and dV through this warp's own rows of sK and sV, then 16-byte stores.
+    __syncthreads();  // every warp is done reading sK and sV
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + lane / 4 + r * 8, col = dt * 8 + 2 * (lane % 4);
+            const unsigned off = (col % 8) * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr<D>(sK, row, col / 8) + off),
+                         "r"(as_u32(pack2(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale))));
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr<D>(sV, row, col / 8) + off),
+                         "r"(as_u32(pack2(dv[dt][2 * r], dv[dt][2 * r + 1]))));
+        }
+    __syncwarp();
+    elem_t* dk_out = p.dk + k_base(p, s, b, g, p.k_sb, p.k_sh, p.k_ss);
+    elem_t* dv_out = p.dv + k_base(p, s, b, g, p.v_sb, p.v_sh, p.v_ss);
+#pragma unroll
+    for (int it = 0; it < 16 * (D / 8) / 32; ++it) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / (D / 8), c = i % (D / 8);
+        if (n0 + r < s.k_len && c < chunks) {
+            uint4 x, y;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                         : "r"(addr<D>(sK, r, c)));
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(y.x), "=r"(y.y), "=r"(y.z), "=r"(y.w)
+                         : "r"(addr<D>(sV, r, c)));
+            *reinterpret_cast<uint4*>(dk_out + (long long)(n0 + r) * p.k_ss + c * 8) = x;
+            *reinterpret_cast<uint4*>(dv_out + (long long)(n0 + r) * p.v_ss + c * 8) = y;
+        }
+    }
+}

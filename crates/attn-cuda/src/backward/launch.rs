@@ -1,0 +1,154 @@
+//! The backward kernels' parameter block (one for all three).
+
+use crate::scores::ScoreParams;
+use crate::tensors::{ExtraPointers, strides};
+use attn_core::{Alibi, KvRows, Mask, Problem, QueryRows};
+use cudarc::driver::DeviceRepr;
+
+/// Device addresses of one backward call's tensors and workspace.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackwardPointers {
+    /// q, k, v, o, dO (o's strides).
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub d_o: u64,
+    /// The forward's LSE (natural log, f32).
+    pub lse: u64,
+    /// f32 workspace: D per row, the dQ accumulator (`[rows][kernel head dim]`), and the
+    /// deterministic mode's counters (i32, 0 without it).
+    pub delta: u64,
+    pub dq_accum: u64,
+    pub counters: u64,
+    /// Gradients, each with its input's strides.
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+}
+
+/// The kernels' only argument, passed by value (`__grid_constant__`). Must match `struct Params`
+/// in `kernels/flash_bwd.cu` field for field; `layout_matches_the_kernel` checks the offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    d_o: u64,
+    lse: u64,
+    delta: u64,
+    dq_accum: u64,
+    counters: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+    q_strides: [i64; 3],
+    k_strides: [i64; 3],
+    v_strides: [i64; 3],
+    o_strides: [i64; 3],
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    seqused_k: u64,
+    alibi_slopes: u64,
+    batch: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    seq_q: i32,
+    seq_k: i32,
+    q_total: i32,
+    kv_total: i32,
+    alibi_batch_stride: i32,
+    window_left: i32,
+    window_right: i32,
+    scale: f32,
+    softcap: f32,
+    head_dim: i32,
+    deterministic: i32,
+    m_blocks: i32,
+}
+
+// SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
+unsafe impl DeviceRepr for KernelParams {}
+
+impl KernelParams {
+    /// The parameter block for `problem` over the buffers at `at` and the sequences' and ALiBi's
+    /// arrays at `extras`.
+    pub fn new(at: BackwardPointers, extras: ExtraPointers, problem: &Problem, deterministic: bool) -> Self {
+        debug_assert!(!matches!(problem.batching.kv, KvRows::Paged { .. }), "refused by validate_backward");
+        let s = problem.shape;
+        let t = problem.strides;
+        // Every mask as a window's bounds: an unbounded side as seq_k keys back or seq_q ahead,
+        // which reach every key of every sequence from any row (and cannot overflow).
+        let (window_left, window_right) = match problem.params.mask {
+            Mask::None => (s.seq_k as i32, s.seq_q as i32),
+            Mask::Causal => (s.seq_k as i32, 0),
+            Mask::Window { .. } => {
+                let w = ScoreParams::of(problem);
+                (w.window_left, w.window_right)
+            }
+        };
+        KernelParams {
+            q: at.q,
+            k: at.k,
+            v: at.v,
+            o: at.o,
+            d_o: at.d_o,
+            lse: at.lse,
+            delta: at.delta,
+            dq_accum: at.dq_accum,
+            counters: at.counters,
+            dq: at.dq,
+            dk: at.dk,
+            dv: at.dv,
+            q_strides: strides(t.q),
+            k_strides: strides(t.k),
+            v_strides: strides(t.v),
+            o_strides: strides(t.o),
+            cu_seqlens_q: extras.cu_seqlens_q,
+            cu_seqlens_k: extras.cu_seqlens_k,
+            seqused_k: extras.seqused_k,
+            alibi_slopes: extras.alibi_slopes,
+            batch: s.batch as i32,
+            heads_q: s.heads_q as i32,
+            heads_kv: s.heads_kv as i32,
+            seq_q: s.seq_q as i32,
+            seq_k: s.seq_k as i32,
+            q_total: match problem.batching.q {
+                QueryRows::Packed { total } => total as i32,
+                QueryRows::Dense => 0,
+            },
+            kv_total: match problem.batching.kv {
+                KvRows::Packed { total } => total as i32,
+                _ => 0,
+            },
+            alibi_batch_stride: match problem.params.alibi {
+                Some(Alibi::PerBatchHead) => s.heads_q as i32,
+                _ => 0,
+            },
+            window_left,
+            window_right,
+            scale: problem.scale(),
+            softcap: problem.params.softcap.unwrap_or(0.0),
+            head_dim: s.head_dim as i32,
+            deterministic: i32::from(deterministic),
+            m_blocks: s.seq_q.div_ceil(super::variant::BLOCK_M) as i32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn layout_matches_the_kernel() {
+        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 3
+        // ints (4 bytes each) = 60, padded to 8: 288.
+        assert_eq!(std::mem::offset_of!(super::KernelParams, q_strides), 96);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 192);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, batch), 224);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, scale), 264);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, m_blocks), 280);
+        assert_eq!(std::mem::size_of::<super::KernelParams>(), 288);
+    }
+}

@@ -1,0 +1,175 @@
+//! Planning and running the backward family through the host-copy path: inputs and gradients
+//! uploaded, three launches on the backend's stream, gradients read back.
+
+use super::launch::{BackwardPointers, KernelParams};
+use super::variant::{BLOCK_M, BLOCK_N, Launches, Variant};
+use crate::backend::Cuda;
+use crate::runtime::{Gpu, driver};
+use crate::tensors::{DeviceExtras, bits, check_alignment, check_supported_by, from_bits};
+use attn_core::{
+    BackwardOptions, DataMut, Execution, GradInputs, Gradients, Payload, Plan, Problem, Result, Tiles,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::time::Duration;
+
+/// The kernels' entry functions, in launch order.
+pub const ENTRIES: [&str; 3] = ["attn_bwd_pre", "attn_bwd", "attn_bwd_dq"];
+
+/// What `plan_backward` chose, in the plan's payload.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ChosenBackward {
+    variant: Variant,
+    launches: Launches,
+    deterministic: bool,
+}
+
+/// Plans the backward of `problem` on `gpu`: the variant, its three launches (each compiled,
+/// with ptxas's registers and spills, and validated against the device's limits).
+pub(crate) fn plan(gpu: &Gpu, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
+    problem.validate_backward()?;
+    let d = problem.shape.head_dim;
+    let variant = Variant::for_problem(problem.dtype, d);
+    check_supported_by(problem, "cuda", variant.is_some(), || {
+        "multiples of 8 up to 128 in the backward pass (64 and 128 natively, the others padded to the next)"
+            .into()
+    })?;
+    check_alignment(problem)?;
+    let variant = variant.expect("checked by check_supported_by");
+    let arch = Cuda::arch(gpu)?;
+    let compiled = crate::compile::compile_cached(&variant.request(arch))?;
+    let mut launches = variant.launches(problem);
+    for (launch, entry) in [&mut launches.pre, &mut launches.main, &mut launches.dq].into_iter().zip(ENTRIES)
+    {
+        let resources = compiled.resources_of(entry);
+        launch.registers_per_thread = resources.map(|r| r.registers);
+        launch.spill_bytes = resources.map(|r| r.spill_bytes());
+        launch.validate(&format!("{} {entry}", variant.name()), &gpu.info().limits)?;
+    }
+    let rows = problem.lse_len();
+    let workspace = rows * 4 * (1 + variant.head_dim);
+    let mode = match options.deterministic {
+        true => {
+            "deterministic: the key blocks meeting a query block add to its dQ in key order (a counter per \
+                 query block orders them)"
+        }
+        false => {
+            "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them)"
+        }
+    };
+    Ok(Plan {
+        backend: "cuda".into(),
+        kernel: variant.name(),
+        problem: *problem,
+        tiles: Tiles { block_m: BLOCK_M, block_n: BLOCK_N, stages: 1 },
+        execution: Execution::Gpu(launches.main.clone()),
+        notes: vec![
+            format!(
+                "three launches: attn_bwd_pre {:?} (D = rowsum(dO*O), dQ accumulator zeroed), attn_bwd {:?} (a CTA per \
+                 key block, kv head and sequence), attn_bwd_dq {:?}",
+                launches.pre.grid, launches.main.grid, launches.dq.grid
+            ),
+            mode.into(),
+            format!("workspace {workspace} bytes: D and the f32 dQ accumulator, linear in the query rows"),
+        ],
+        payload: Payload::new(ChosenBackward { variant, launches, deterministic: options.deterministic }),
+    })
+}
+
+/// Runs the plan's three launches `runs` times (at least once) over the buffers of `inputs` and
+/// `grads` (uploaded, and the gradients read back whole after the last run, so that elements
+/// outside the rows keep what they held). Returns each run's device time (CUDA events around its
+/// three launches).
+pub(crate) fn run(
+    gpu: &Gpu,
+    plan: &Plan,
+    inputs: &GradInputs<'_>,
+    grads: Gradients<'_>,
+    runs: usize,
+) -> Result<Vec<Duration>> {
+    let chosen = plan.payload.get::<ChosenBackward>().ok_or_else(|| attn_core::Error::PlanMismatch {
+        what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
+    })?;
+    let problem = &plan.problem;
+    let arch = Cuda::arch(gpu)?;
+    let request = chosen.variant.request(arch);
+    let functions: Vec<_> =
+        ENTRIES.iter().map(|e| gpu.kernel(&request, e).map(|k| k.function)).collect::<Result<_>>()?;
+    gpu.set_max_dynamic_shared(&functions[1], chosen.variant.shared_bytes())?;
+    let stream = gpu.stream()?;
+    let up16 = |data: attn_core::Data<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
+        stream.clone_htod(&bits(data, name)?).map_err(driver("copy a backward input to the device"))
+    };
+    let ins = &inputs.inputs;
+    let (q, k, v) = (up16(ins.q, "q")?, up16(ins.k, "k")?, up16(ins.v, "v")?);
+    let (o, d_o) = (up16(inputs.o, "o")?, up16(inputs.d_o, "d_o")?);
+    let lse = stream.clone_htod(inputs.lse).map_err(driver("copy lse to the device"))?;
+    let extras = DeviceExtras::upload(stream, &ins.extras)?;
+    let Gradients { dq: mut dq_host, dk: mut dk_host, dv: mut dv_host } = grads;
+    let up_mut = |g: &DataMut<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
+        let bits = match g {
+            DataMut::F16(x) => x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>(),
+            DataMut::Bf16(x) => x.iter().map(|e| e.to_bits()).collect(),
+            DataMut::F32(_) => {
+                return Err(attn_core::Error::Shape {
+                    tensor: name,
+                    what: "the cuda backend takes f16 or bf16".into(),
+                });
+            }
+        };
+        stream.clone_htod(&bits).map_err(driver("copy a gradient buffer to the device"))
+    };
+    let (mut dq, mut dk, mut dv) =
+        (up_mut(&dq_host, "dq")?, up_mut(&dk_host, "dk")?, up_mut(&dv_host, "dv")?);
+    let rows = problem.lse_len();
+    let mut delta = stream.alloc_zeros::<f32>(rows).map_err(driver("allocate the backward's D"))?;
+    let mut dq_accum = stream
+        .alloc_zeros::<f32>(rows * chosen.variant.head_dim)
+        .map_err(driver("allocate the dQ accumulator"))?;
+    let s = problem.shape;
+    let counters_len = if chosen.deterministic { s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) } else { 1 };
+    let mut counters = stream.alloc_zeros::<i32>(counters_len).map_err(driver("allocate the dQ counters"))?;
+    let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
+    let at = BackwardPointers {
+        q: ptr(&q),
+        k: ptr(&k),
+        v: ptr(&v),
+        o: ptr(&o),
+        d_o: ptr(&d_o),
+        lse: lse.device_ptr(stream).0,
+        delta: delta.device_ptr_mut(stream).0,
+        dq_accum: dq_accum.device_ptr_mut(stream).0,
+        counters: counters.device_ptr_mut(stream).0,
+        dq: dq.device_ptr_mut(stream).0,
+        dk: dk.device_ptr_mut(stream).0,
+        dv: dv.device_ptr_mut(stream).0,
+    };
+    let params = KernelParams::new(at, extras.pointers(), problem, chosen.deterministic);
+    let launches = [&chosen.launches.pre, &chosen.launches.main, &chosen.launches.dq];
+    let time = |stream: &std::sync::Arc<cudarc::driver::CudaStream>| -> Result<()> {
+        for (function, launch) in functions.iter().zip(launches) {
+            let cfg = LaunchConfig {
+                grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
+                block_dim: (launch.block[0], launch.block[1], launch.block[2]),
+                shared_mem_bytes: launch.dynamic_shared_bytes,
+            };
+            let mut builder = stream.launch_builder(function);
+            builder.arg(&params);
+            // SAFETY: the parameter block points at buffers allocated above for this problem
+            // (Problem::required_lens, lse_len rows of workspace), kept alive until the copies
+            // back below; the launches are the plan's, validated against the device's limits.
+            unsafe { builder.launch(cfg) }.map_err(driver("cuLaunchKernel (backward)"))?;
+        }
+        Ok(())
+    };
+    let times =
+        (0..runs.max(1)).map(|_| gpu.time(crate::runtime::Lead::Idle, time)).collect::<Result<Vec<_>>>()?;
+    for (dst, src, name) in [
+        (&mut dq_host, &dq, "copy dq to the host"),
+        (&mut dk_host, &dk, "copy dk to the host"),
+        (&mut dv_host, &dv, "copy dv to the host"),
+    ] {
+        let bits = stream.clone_dtoh(src).map_err(driver(name))?;
+        dst.copy_from(from_bits(problem.dtype, bits).as_data())?;
+    }
+    Ok(times)
+}
