@@ -21,8 +21,7 @@
 // Every feature of the forward but a paged cache is a run-time parameter here (mask bounds,
 // soft-cap, ALiBi slopes, packed sequences, key counts), and the head dim is too (a multiple of 8
 // up to D, the chunks past it load as zeros). Specialised at compile time (NVRTC -D): ATTN_BF16
-// (else f16), ATTN_D (64 or 128), ATTN_STAGES (1, or 2: the next step's Q, dO, LSE and D load
-// while a step computes, where the device's shared memory holds two). The host's variant (crates/attn-cuda/src/backward/variant.rs)
+// (else f16), ATTN_D (64 or 128). The host's variant (crates/attn-cuda/src/backward/variant.rs)
 // mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
@@ -32,8 +31,6 @@ constexpr int WARPS = 4;
 constexpr int THREADS = 32 * WARPS;
 constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
 constexpr int BM = 64;          // query rows per step: 16 per warp in the dQ product
-constexpr int STAGES = ATTN_STAGES;  // Q/dO buffers: 2 overlaps the next step's loads
-static_assert(STAGES == 1 || STAGES == 2, "one or two Q/dO stages");
 static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
 constexpr float LOG2E = 1.4426950408889634f;
 #define POS_INF __int_as_float(0x7f800000)
@@ -189,11 +186,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
     extern __shared__ __align__(128) unsigned char smem[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem);
     elem_t* sV = sK + BN * D;
-    elem_t* sQ = sV + BN * D;            // STAGES tiles of BM x D
-    elem_t* sdO = sQ + STAGES * BM * D;  // STAGES tiles of BM x D
-    elem_t* sS = sdO + STAGES * BM * D;  // dS^T, [BN][BM]
-    float* sLse = reinterpret_cast<float*>(sS + BN * BM);  // STAGES x BM
-    float* sDelta = sLse + STAGES * BM;                     // STAGES x BM
+    elem_t* sQ = sV + BN * D;
+    elem_t* sdO = sQ + BM * D;
+    elem_t* sS = sdO + BM * D;  // dS^T, [BN][BM]
+    float* sLse = reinterpret_cast<float*>(sS + BN * BM);
+    float* sDelta = sLse + BM;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n_block = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
@@ -206,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
     const elem_t* v = p.v + k_base(p, s, b, g, p.v_sb, p.v_sh, p.v_ss);
     load_rows<BN>(sK, k, p.k_ss, n0, s.k_len, chunks);
     load_rows<BN>(sV, v, p.v_ss, n0, s.k_len, chunks);
+    cp_commit();
 
     // The query rows that see some key of this block: [i_lo, i_hi).
     const int n_end = min(n0 + BN, s.k_len);
@@ -219,44 +217,27 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
 
     const int group = p.heads_q / p.heads_kv;
     const int key0 = n0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
-    // The steps: (query head of the group, query block), query blocks fastest. With two stages
-    // the Q, dO, LSE and D of step t + 1 load while step t computes.
-    const int m_count = m_hi - m_lo, steps = group * m_count;
-    auto issue = [&](int t, int buf) {
-        const int h = g * group + t / m_count, m0 = (m_lo + t % m_count) * BM;
-        load_rows<BM>(sQ + buf * BM * D, p.q + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss), p.q_ss, m0, s.q_len, chunks);
-        load_rows<BM>(sdO + buf * BM * D, p.d_o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss), p.o_ss, m0, s.q_len, chunks);
-        if (threadIdx.x < BM) {
-            const int i = m0 + threadIdx.x;
-            const bool row = i < s.q_len;
-            const long long at = row_index(p, s, b, h, row ? i : 0);
-            sLse[buf * BM + threadIdx.x] = row ? p.lse[at] * LOG2E : POS_INF;
-            sDelta[buf * BM + threadIdx.x] = row ? p.delta[at] : 0.f;
-        }
-    };
-    if (STAGES == 2 && steps > 0) issue(0, 0);
-    cp_commit();  // K and V (and step 0's Q and dO with two stages)
-    for (int t = 0; t < steps; ++t) {
-        const int h = g * group + t / m_count, m = m_lo + t % m_count, m0 = m * BM;
-        const int buf = STAGES == 2 ? t & 1 : 0;
-        if (STAGES == 1) {
-            __syncthreads();  // every warp is done with the last step's Q, dO, LSE, D
-            issue(t, 0);
-            cp_commit();
-            cp_wait<0>();
-        } else {
-            // The other buffer was last read before the last step's second barrier.
-            if (t + 1 < steps) issue(t + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-        }
-        __syncthreads();
+    for (int hh = 0; hh < group; ++hh) {
+        const int h = g * group + hh;
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
-        const elem_t* cQ = sQ + buf * BM * D;
-        const elem_t* cdO = sdO + buf * BM * D;
-        const float* cLse = sLse + buf * BM;
-        const float* cDelta = sDelta + buf * BM;
-        {
+        const long long qb = q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss);
+        const long long ob = q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss);
+        for (int m = m_lo; m < m_hi; ++m) {
+            const int m0 = m * BM;
+            __syncthreads();  // every warp is done with the last step's Q, dO, dS^T
+            load_rows<BM>(sQ, p.q + qb, p.q_ss, m0, s.q_len, chunks);
+            load_rows<BM>(sdO, p.d_o + ob, p.o_ss, m0, s.q_len, chunks);
+            cp_commit();
+            if (threadIdx.x < BM) {
+                const int i = m0 + threadIdx.x;
+                const bool row = i < s.q_len;
+                const long long at = row_index(p, s, b, h, row ? i : 0);
+                sLse[threadIdx.x] = row ? p.lse[at] * LOG2E : POS_INF;
+                sDelta[threadIdx.x] = row ? p.delta[at] : 0.f;
+            }
+            cp_wait<0>();
+            __syncthreads();
+
             // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys against the BM rows.
             float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
@@ -274,8 +255,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                 for (int n2 = 0; n2 < BM / 16; ++n2) {
                     const int r = n2 * 16 + (lane & 7) + ((lane >> 4) << 3), c = 2 * kk + ((lane >> 3) & 1);
                     unsigned bq[4], bo[4];
-                    ldsm_x4(addr<D>(cQ, r, c), bq);
-                    ldsm_x4(addr<D>(cdO, r, c), bo);
+                    ldsm_x4(addr<D>(sQ, r, c), bq);
+                    ldsm_x4(addr<D>(sdO, r, c), bo);
                     mma(st[2 * n2], ak, bq[0], bq[1]);
                     mma(st[2 * n2 + 1], ak, bq[2], bq[3]);
                     mma(dpt[2 * n2], av, bo[0], bo[1]);
@@ -306,8 +287,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                             slope_of_cap = 1.f - t * t;
                         }
                         score -= slope * fabsf((float)(diag - key));
-                        prob[x] = seen ? exp2_fast(fmaf(score, LOG2E, -cLse[qi])) : 0.f;
-                        ds[x] = prob[x] * (dpt[nt][e] - cDelta[qi]) * slope_of_cap;
+                        prob[x] = seen ? exp2_fast(fmaf(score, LOG2E, -sLse[qi])) : 0.f;
+                        ds[x] = prob[x] * (dpt[nt][e] - sDelta[qi]) * slope_of_cap;
                     }
                     ap[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(prob[0], prob[1]));
                     ad[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(ds[0], ds[1]));
@@ -319,8 +300,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                 for (int d2 = 0; d2 < D / 16; ++d2) {
                     const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), c = 2 * d2 + (lane >> 4);
                     unsigned bo[4], bq[4];
-                    ldsm_x4_trans(addr<D>(cdO, r, c), bo);
-                    ldsm_x4_trans(addr<D>(cQ, r, c), bq);
+                    ldsm_x4_trans(addr<D>(sdO, r, c), bo);
+                    ldsm_x4_trans(addr<D>(sQ, r, c), bq);
                     mma(dv[2 * d2], ap[kk], bo[0], bo[1]);
                     mma(dv[2 * d2 + 1], ap[kk], bo[2], bo[3]);
                     mma(dk[2 * d2], ad[kk], bq[0], bq[1]);

@@ -28,7 +28,7 @@ pub(crate) struct ChosenBackward {
 pub(crate) fn plan(gpu: &Gpu, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
     problem.validate_backward()?;
     let d = problem.shape.head_dim;
-    let variant = Variant::for_problem(problem.dtype, d, gpu.info().limits.shared_per_block_optin);
+    let variant = Variant::for_problem(problem.dtype, d);
     check_supported_by(problem, "cuda", variant.is_some(), || {
         "multiples of 8 up to 128 in the backward pass (64 and 128 natively, the others padded to the next)"
             .into()

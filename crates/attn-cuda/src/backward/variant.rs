@@ -24,10 +24,6 @@ pub struct Variant {
     /// Head dimension the kernel is compiled for (`ATTN_D`): 64 or 128; the problem's own (a
     /// multiple of 8 up to it) is a run-time parameter.
     pub head_dim: usize,
-    /// Q/dO buffers (`ATTN_STAGES`): 2 loads the next step's while a step computes, where the
-    /// device's shared memory holds them ([`Variant::for_problem`]); 1 otherwise (an L4 at
-    /// D = 128).
-    pub stages: u32,
 }
 
 /// The three launches of one backward call, in order.
@@ -45,36 +41,31 @@ impl Variant {
     /// The head dims the kernel is compiled for.
     pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
-    /// Every variant that ships: each dtype at each head dim, with one and two stages.
+    /// Every variant that ships: each dtype at each head dim.
     pub fn all() -> Vec<Variant> {
         [DType::F16, DType::Bf16]
             .into_iter()
-            .flat_map(|dtype| Self::HEAD_DIMS.map(move |head_dim| (dtype, head_dim)))
-            .flat_map(|(dtype, head_dim)| [1, 2].map(|stages| Variant { dtype, head_dim, stages }))
+            .flat_map(|dtype| Self::HEAD_DIMS.map(|head_dim| Variant { dtype, head_dim }))
             .collect()
     }
 
-    /// The variant for a problem of `dtype` and head dim `d` on a device that allows
-    /// `shared_optin` bytes of shared memory a block: two stages where they fit, else one; `None`
-    /// past 128 (or not a multiple of 8).
-    pub fn for_problem(dtype: DType, d: usize, shared_optin: u32) -> Option<Variant> {
+    /// The variant for a problem of `dtype` and head dim `d`, or `None` past 128 (or not a
+    /// multiple of 8).
+    pub fn for_problem(dtype: DType, d: usize) -> Option<Variant> {
         let head_dim = Self::HEAD_DIMS.into_iter().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
-        let two = Variant { dtype, head_dim, stages: 2 };
-        Some(if two.shared_bytes() <= shared_optin { two } else { Variant { stages: 1, ..two } })
+        Some(Variant { dtype, head_dim })
     }
 
-    /// Dynamic shared memory of the main pass: K and V (`BLOCK_N` rows), `stages` of Q and dO
-    /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and `stages` of the step's LSE
-    /// and D (f32). Mirrors the pointer arithmetic at the top of `attn_bwd`.
+    /// Dynamic shared memory of the main pass: K and V (`BLOCK_N` rows), Q and dO (`BLOCK_M`
+    /// rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32). Mirrors the
+    /// pointer arithmetic at the top of `attn_bwd`.
     pub fn shared_bytes(&self) -> u32 {
-        let stages = self.stages as usize;
-        (((2 * BLOCK_N + 2 * stages * BLOCK_M) * self.head_dim + BLOCK_N * BLOCK_M) * 2
-            + 2 * stages * BLOCK_M * 4) as u32
+        (((2 * BLOCK_N + 2 * BLOCK_M) * self.head_dim + BLOCK_N * BLOCK_M) * 2 + 2 * BLOCK_M * 4) as u32
     }
 
     /// The name of the specialisation.
     pub fn name(&self) -> String {
-        format!("flash_bwd_{}_d{}_bm{BLOCK_M}_bn{BLOCK_N}_s{}", self.dtype, self.head_dim, self.stages)
+        format!("flash_bwd_{}_d{}_bm{BLOCK_M}_bn{BLOCK_N}", self.dtype, self.head_dim)
     }
 
     /// The NVRTC `-D` defines that select it.
@@ -82,7 +73,6 @@ impl Variant {
         vec![
             ("ATTN_BF16".into(), u8::from(self.dtype == DType::Bf16).to_string()),
             ("ATTN_D".into(), self.head_dim.to_string()),
-            ("ATTN_STAGES".into(), self.stages.to_string()),
         ]
     }
 
@@ -122,21 +112,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stages_fit_the_device_and_head_dims_pick_their_kernel() {
-        // An L4 (sm_89) opts in to 99 KiB a block, an H100 to 227 KiB.
-        let (l4, h100) = (99 * 1024, 227 * 1024);
-        let pick = |d, optin| Variant::for_problem(DType::Bf16, d, optin).map(|v| (v.head_dim, v.stages));
-        assert_eq!(pick(128, l4), Some((128, 1)));
-        assert_eq!(pick(128, h100), Some((128, 2)));
-        assert_eq!(pick(64, l4), Some((64, 2)));
-        assert_eq!(pick(40, h100), Some((64, 2)));
-        assert_eq!(pick(72, h100), Some((128, 2)));
-        assert_eq!(pick(136, h100), None);
-        assert_eq!(pick(60, h100), None);
-        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128, stages: 1 }.shared_bytes(), 74_240);
-        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128, stages: 2 }.shared_bytes(), 107_520);
+    fn shared_memory_fits_an_l4_and_head_dims_pick_their_kernel() {
+        // An L4 (sm_89) opts in to 99 KiB a block; D=128 takes 72.5 KiB.
         for v in Variant::all() {
-            assert!(v.stages == 2 || v.shared_bytes() <= l4, "{}", v.name());
+            assert!(v.shared_bytes() <= 99 * 1024, "{}: {} B", v.name(), v.shared_bytes());
         }
+        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128 }.shared_bytes(), 74_240);
+        assert_eq!(Variant::for_problem(DType::F16, 40).map(|v| v.head_dim), Some(64));
+        assert_eq!(Variant::for_problem(DType::F16, 72).map(|v| v.head_dim), Some(128));
+        assert_eq!(Variant::for_problem(DType::F16, 136), None);
+        assert_eq!(Variant::for_problem(DType::F16, 60), None);
     }
 }
