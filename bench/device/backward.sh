@@ -6,7 +6,7 @@
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds.
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
-# `bash bench/device/backward.sh [verify,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
+# `bash bench/device/backward.sh [verify,ncu,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -29,9 +29,16 @@ iters=${ITERS:-20}
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer $tool (gradient quick grid, gqa family, both modes)"
       for det in "" --deterministic; do
-        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --quick --backend cuda --family gqa $det 2>&1 | grep -E "ERROR SUMMARY|verdict" | tail -2
+        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --quick --backend cuda --family gqa $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
       done
     done
+  fi
+  if [[ $parts == *ncu* ]]; then
+    echo "== ncu: the first main-pass launch at D=128, S=1024 (batch 16, 16 heads, no mask)"
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    timeout 200 "$ncu" -k attn_bwd -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$bin/backward_bench" 1 1024 128 2>&1 \
+      | grep -vE '^\{' | tail -90
   fi
   if [[ $parts == *bench* ]]; then
     for round in 1 2; do

@@ -6,7 +6,7 @@
 //! deterministic mode is run 10 times on one shape and its gradients compared bit for bit. One
 //! JSON object per line on stdout.
 //!
-//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq]`
+//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dim]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
 
 use attn_core::rng::{SplitMix64, normal_buffer};
@@ -73,12 +73,14 @@ fn main() -> attn_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     let max_seq: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16384);
+    // Only this head dim (64 or 128), e.g. for one profiled launch; default both.
+    let only_d: Option<usize> = args.get(3).and_then(|s| s.parse().ok());
     if let Err(reason) = attn_cuda::probe() {
         eprintln!("backward_bench: CUDA is unavailable, because {reason}");
         std::process::exit(1);
     }
     let cuda = Cuda::from_env()?;
-    for d in [64usize, 128] {
+    for d in [64usize, 128].into_iter().filter(|&d| only_d.is_none_or(|o| o == d)) {
         for seq in [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| s <= max_seq) {
             for causal in [false, true] {
                 let shape = Shape::new(16384 / seq, 2048 / d, seq, d);

@@ -14,9 +14,9 @@
 //   attn_bwd_dq    one warp per query row: dQ = scale * accumulator, rounded to the dtype
 //
 // With p.deterministic the dQ additions of the key blocks meeting one query block are ordered by
-// a counter per (sequence, query head, query block): key block n adds after every lower one has,
+// a counter per (sequence, query head, query block): key block n adds after every higher one has,
 // so the sums are the same bits on every run and grid. Blocks start in grid order (key blocks
-// fastest), so a CTA only ever waits for CTAs started before it.
+// fastest, the last first in this mode), so a CTA only ever waits for CTAs started before it.
 //
 // Every feature of the forward but a paged cache is a run-time parameter here (mask bounds,
 // soft-cap, ALiBi slopes, packed sequences, key counts), and the head dim is too (a multiple of 8
@@ -193,7 +193,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
     float* sDelta = sLse + BM;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n_block = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+    // Blocks start in grid order, x fastest. By default key block 0 first: under a causal mask
+    // the low key blocks meet the most query blocks, and the longest CTAs should start first.
+    // Deterministic, the last key block first, because dQ's additions go from the last key block
+    // down (see below) and a CTA may only wait for CTAs that started before it.
+    const int n_block = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int g = blockIdx.y, b = blockIdx.z;
     const Seq s = seq_of(p, b);
     const int n0 = n_block * BN;
     if (n0 >= s.k_len) return;  // the whole CTA: no barrier is left waiting
@@ -326,12 +331,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                 ldsm_x4_trans(addr<BM>(sS, kk * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * warp + ((lane >> 3) & 1)), as[kk]);
             int* counter = nullptr;
             if (p.deterministic) {
-                // After every lower key block that meets this query block (they started earlier).
-                int first = 0;
-                while (!meets(p, s, first, m0)) ++first;
+                // After every higher key block that meets this query block (they started
+                // earlier). From the top down, each CTA waits only for the one above it to be a
+                // step ahead: from the bottom up, under a causal mask, the CTA of key block n
+                // would wait for key block 0's CTA to walk n query blocks first.
+                int last = (s.k_len + BN - 1) / BN - 1;
+                while (!meets(p, s, last, m0)) --last;
                 counter = p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
                 if (threadIdx.x == 0) {
-                    while (atomicAdd(counter, 0) != n_block - first) __nanosleep(64);
+                    while (atomicAdd(counter, 0) != last - n_block) __nanosleep(64);
                 }
                 __syncthreads();
                 __threadfence();

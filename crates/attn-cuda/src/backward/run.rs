@@ -49,8 +49,8 @@ pub(crate) fn plan(gpu: &Gpu, problem: &Problem, options: BackwardOptions) -> Re
     let workspace = rows * 4 * (1 + variant.head_dim);
     let mode = match options.deterministic {
         true => {
-            "deterministic: the key blocks meeting a query block add to its dQ in key order (a counter per \
-                 query block orders them)"
+            "deterministic: the key blocks meeting a query block add to its dQ from the last down (a counter \
+                 per query block orders them; the grid starts with the last key block)"
         }
         false => {
             "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them)"
