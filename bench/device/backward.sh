@@ -4,7 +4,9 @@
 # racecheck, synccheck) on the quick grid's gqa family; (b) bench: attn's backward
 # (crates/attn-cuda/examples/backward_bench.rs, both modes, and the 10-run determinism check)
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
-# shapes, in two alternating rounds.
+# shapes, in two alternating rounds, then bench/device/backward_report.py writes
+# $OUT/$NAME.json (NAME default h200-backward); (c) ncu: one main-pass launch's throughput,
+# occupancy and warp states.
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `bash bench/device/backward.sh [verify,ncu,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
 set -uo pipefail
@@ -25,6 +27,8 @@ iters=${ITERS:-20}
     echo "== attn verify --grad --backend cuda (full grid)"
     timeout 240 "$bin/attn" verify --grad --backend cuda --json > "$out/verify-grad-full.json" 2> "$out/verify-grad-full.err"
     python3 -c "import json,sys; d=json.load(open('$out/verify-grad-full.json')); print(d['verdict']); [print('FAIL', r['case'], r['outcome'].get('reason')) for r in d['results'] if r['outcome']['status']=='fail']"
+    echo "== attn verify --grad --backend cuda --deterministic (full grid)"
+    timeout 240 "$bin/attn" verify --grad --backend cuda --deterministic 2>&1 | tail -1
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer $tool (gradient quick grid, gqa family, both modes)"
@@ -47,5 +51,7 @@ iters=${ITERS:-20}
       echo "== round $round: torch"
       timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" | tee -a "$out/torch.jsonl"
     done
+    name=${NAME:-h200-backward}
+    python3 bench/device/backward_report.py "$out" "$name" "$(cat .device/COMMIT)" > "$out/$name.json"
   fi
 } 2>&1 | tee "$out/log.txt"

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Issue 34's backward timings as one self-describing JSON: reads the attn.jsonl and torch.jsonl
+that bench/device/backward.sh writes (rounds appended), takes each contender's median over the
+rounds per shape, and gives attn's ratios to PyTorch SDPA's cuDNN and flash (FlashAttention-2)
+backwards, the deterministic mode's cost, and the determinism checks.
+Usage: backward_report.py OUT_DIR NAME COMMIT > NAME.json
+"""
+import json, statistics, sys
+
+out, name, commit = sys.argv[1], sys.argv[2], sys.argv[3]
+runs, checks, device = {}, [], None
+for f in ("attn.jsonl", "torch.jsonl"):
+    for line in open(f"{out}/{f}"):
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if "determinism" in r:
+            checks.append(r)
+        elif "tflops" in r:
+            device = r.get("device", device)
+            runs.setdefault((r["head_dim"], r["seq"], r["causal"]), {}).setdefault(r["impl"], []).append(r["tflops"])
+# What the call verified, and ncu's summary of one main-pass launch, as the log has them.
+log = []
+try:
+    keep = ("== ", "verdict", "=========", "Duration", "Memory Throughput", "L1/TEX Cache Throughput",
+            "L2 Cache Throughput", "Compute (SM) Throughput", "Issue Slots Busy", "Achieved Occupancy",
+            "Theoretical Occupancy", "Warp Cycles Per Issued")
+    log = [l.strip() for l in open(f"{out}/log.txt") if l.strip().startswith(keep)
+           and not l.startswith("{") and "round" not in l]
+except FileNotFoundError:
+    pass
+rows = []
+for (d, s, causal), by in sorted(runs.items()):
+    med = {k: statistics.median(v) for k, v in by.items()}
+    row = {"head_dim": d, "seq": s, "batch": 16384 // s, "heads": 2048 // d, "causal": causal,
+           "tflops": {k: round(v, 1) for k, v in med.items()}}
+    a = med.get("attn")
+    if a:
+        for peer in ("cudnn", "flash"):
+            if med.get(peer):
+                row[f"attn_over_{peer}"] = round(a / med[peer], 3)
+        if med.get("attn-deterministic"):
+            row["deterministic_over_default"] = round(med["attn-deterministic"] / a, 3)
+    rows.append(row)
+print(json.dumps({
+    "name": name,
+    "what": "backward pass (dQ, dK, dV from dO, O, LSE), bf16 BHSD, batch = 16384/S, heads = 2048/D; "
+            "TFLOP/s = 2.5 x 4 B H S^2 D / time, halved for causal; attn = the CUDA backward family "
+            "(kernels/flash_bwd.cu, mma.sync), its three launches timed with CUDA events; peers = PyTorch SDPA "
+            "torch.autograd.grad through the output (forward excluded); medians over rounds",
+    "device": device, "commit": commit,
+    "command": "cargo xtask bundle; bash bench/device/backward.sh verify,ncu,bench (on the GPU machine)",
+    "rows": rows, "determinism": checks, "verification_and_ncu": log,
+}, indent=1))
