@@ -6,9 +6,10 @@
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds, then bench/device/backward_report.py writes
 # $OUT/$NAME.json (NAME default h200-backward); (c) ncu: one main-pass launch's throughput,
-# occupancy and warp states.
+# occupancy and warp states; (d) accuracy: attn's gradients and PyTorch's against fp64 on the same
+# inputs (crates/attn/examples/backward_dump.rs, bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
-# `bash bench/device/backward.sh [verify,ncu,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
+# `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -36,6 +37,12 @@ iters=${ITERS:-20}
         timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --quick --backend cuda --family gqa $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
       done
     done
+  fi
+  if [[ $parts == *accuracy* ]]; then
+    echo "== accuracy: attn's gradients and SDPA's (cuDNN, flash) against fp64, same inputs"
+    dump=/tmp/grad-dump; rm -rf "$dump"  # not under \$OUT: the inputs are large
+    timeout 120 "$bin/backward_dump" "$dump" 2>&1 | tail -1
+    timeout 200 python3 bench/peers/accuracy_backward.py "$dump" > "$out/accuracy.jsonl"
   fi
   if [[ $parts == *ncu* ]]; then
     echo "== ncu: the first main-pass launch at D=128, S=1024 (batch 16, 16 heads, no mask)"

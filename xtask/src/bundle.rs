@@ -16,6 +16,7 @@ pub fn bundle() -> Result<(), String> {
     std::fs::copy(root.join("target/release/attn"), bin.join("attn"))
         .map_err(|e| format!("copy attn: {e}"))?;
     let examples = [
+        ("attn", "backward_dump"),
         ("attn-wgpu", "pipeline_stats"),
         ("attn-wgpu", "adapters"),
         ("attn-wgpu", "fma_peak"),
