@@ -259,14 +259,7 @@ pub fn run_grad_suite(
                 Outcome::Pass { stats } | Outcome::Fail { stats: Some(stats), .. } => stats.worst_ratio,
                 _ => 0.0,
             };
-            let result = CaseResult {
-                backend: backend.name().to_string(),
-                family: case.family,
-                case: case.name.clone(),
-                seed: case.seed,
-                outcome,
-                worst_ratio,
-            };
+            let result = CaseResult::new(*backend, case, outcome, worst_ratio);
             progress(&result);
             results.push(result);
         }

@@ -56,14 +56,7 @@ pub fn run_suite(
                 }
                 _ => 0.0,
             };
-            let result = CaseResult {
-                backend: backend.name().to_string(),
-                family: case.family,
-                case: case.name.clone(),
-                seed: case.seed,
-                outcome,
-                worst_ratio,
-            };
+            let result = CaseResult::new(*backend, case, outcome, worst_ratio);
             progress(&result);
             results.push(result);
         }

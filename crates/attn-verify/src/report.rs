@@ -22,6 +22,25 @@ pub struct CaseResult {
     pub worst_ratio: f64,
 }
 
+impl CaseResult {
+    /// `backend`'s result on `case`.
+    pub fn new(
+        backend: &dyn attn_core::Attention,
+        case: &crate::Case,
+        outcome: Outcome,
+        worst_ratio: f64,
+    ) -> Self {
+        CaseResult {
+            backend: backend.name().to_string(),
+            family: case.family,
+            case: case.name.clone(),
+            seed: case.seed,
+            outcome,
+            worst_ratio,
+        }
+    }
+}
+
 /// Pass/fail counts and the worst ratio of one (backend, family) cell.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct Cell {
