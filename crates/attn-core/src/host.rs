@@ -11,7 +11,7 @@
 //! `T` is `f32`, `half::f16` or `half::bf16` (any [`Element`]); grouped-query attention follows
 //! from the head counts. [`attention_into`] writes into the caller's views and returns the
 //! [`Plan`] that ran; [`attention`] allocates the outputs; [`problem`] is the [`Problem`] either
-//! one runs, for choosing or planning a backend first.
+//! one runs, for choosing or planning a backend first; [`gradients`] runs the backward pass.
 //!
 //! ## Which views are accepted
 //! The views' shapes and strides become the problem's [`Shape`] and [`Strides`], so nothing is
@@ -226,6 +226,69 @@ pub fn attention<T: Element>(
     let mut lse = params.return_lse.then(|| Array3::zeros((batch, heads_q, seq_q)));
     attention_into(backend, q, k, v, o.view_mut(), lse.as_mut().map(|l| l.view_mut()), params)?;
     Ok((o, lse))
+}
+
+/// The backward pass on host arrays ([`crate::backward`]): the gradients of q, k and v for the
+/// loss gradient `d_o` of the output `o` that [`attention`] (or any backend's forward) gave with
+/// its log-sum-exp `lse` (`[batch, heads_q, seq_q]`). Views of any strides are read through
+/// contiguous copies; the gradients come back contiguous in their inputs' shapes. `params` are the
+/// forward's (`return_lse` is not needed).
+///
+/// ```
+/// use attn_core::ndarray::Array4;
+/// use attn_core::{host, BackwardOptions, Params};
+///
+/// let q = Array4::from_shape_fn((1, 5, 2, 8), |(_, s, h, d)| (s * 3 + h + d) as f32 * 0.05);
+/// let k = Array4::from_shape_fn((1, 5, 1, 8), |(_, s, _, d)| ((s + d) % 4) as f32 * 0.1);
+/// let v = Array4::from_shape_fn((1, 5, 1, 8), |(_, s, _, d)| (s * 8 + d) as f32);
+/// let params = Params { return_lse: true, ..Params::default() };
+/// let (o, lse) = host::attention(&attn_cpu::Flash::new(), q.view(), k.view(), v.view(), &params)?;
+/// let d_o = Array4::from_elem(o.raw_dim(), 1.0f32);
+/// let (dq, dk, dv) = host::gradients(&attn_cpu::Flash::new(), q.view(), k.view(), v.view(),
+///     o.view(), lse.unwrap().view(), d_o.view(), &params, BackwardOptions::default())?;
+/// // L = Σ o: every query row's weights sum to 1, so dV sums to the number of rows (2 heads of 5).
+/// assert!((dv.sum() - 8.0 * 10.0).abs() < 1e-3);
+/// assert_eq!((dq.dim(), dk.dim()), ((1, 5, 2, 8), (1, 5, 1, 8)));
+/// # Ok::<(), attn_core::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn gradients<T: Element>(
+    backend: &dyn Attention,
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    o: ArrayView4<'_, T>,
+    lse: ArrayView3<'_, f32>,
+    d_o: ArrayView4<'_, T>,
+    params: &Params,
+    options: crate::BackwardOptions,
+) -> Result<(Array4<T>, Array4<T>, Array4<T>)> {
+    let (q, k, v) = (q.as_standard_layout(), k.as_standard_layout(), v.as_standard_layout());
+    let (o, d_o, lse) = (o.as_standard_layout(), d_o.as_standard_layout(), lse.as_standard_layout());
+    let problem = problem(&q.view(), &k.view(), &v.view(), Some(&o.view()), params)?;
+    expect_shape("d_o", d_o.shape(), o.shape(), "the output's shape")?;
+    let (mut dq, mut dk, mut dv) = (
+        Array4::from_elem(q.raw_dim(), T::from_f32(0.0)),
+        Array4::from_elem(k.raw_dim(), T::from_f32(0.0)),
+        Array4::from_elem(v.raw_dim(), T::from_f32(0.0)),
+    );
+    fn data<'a, T: Element>(a: &'a ndarray::CowArray<'_, T, ndarray::Ix4>) -> Option<crate::Data<'a>> {
+        a.as_slice().map(T::data)
+    }
+    let std = "a standard-layout copy is contiguous";
+    let inputs = crate::GradInputs {
+        inputs: Inputs::new(data(&q).expect(std), data(&k).expect(std), data(&v).expect(std)),
+        o: data(&o).expect(std),
+        lse: lse.as_slice().expect(std),
+        d_o: data(&d_o).expect(std),
+    };
+    let grads = crate::Gradients {
+        dq: T::data_mut(dq.as_slice_mut().expect(std)),
+        dk: T::data_mut(dk.as_slice_mut().expect(std)),
+        dv: T::data_mut(dv.as_slice_mut().expect(std)),
+    };
+    backend.backward(&problem, options, inputs, grads)?;
+    Ok((dq, dk, dv))
 }
 
 /// A view's four axis lengths.
