@@ -107,7 +107,7 @@ pub trait Attention: Send + Sync {
         Err(Error::Unsupported {
             backend: self.name().into(),
             what: format!(
-                "{problem}: this backend has no backward pass; cpu-flash and cpu-reference have one"
+                "{problem}: this backend has no backward pass (cpu-reference, cpu-flash, cuda and wgpu have one)"
             ),
         })
     }

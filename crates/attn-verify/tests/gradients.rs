@@ -36,7 +36,13 @@ fn every_available_backend_passes_the_gradient_grid() {
         println!("{:<13} {:<40} worst {:.3}", r.backend, r.case, r.worst_ratio);
     }
     assert!(results.iter().all(|r| !r.outcome.is_fail()), "{table}");
-    for must in ["cpu-flash", "cpu-reference"] {
+    let mut must = vec!["cpu-flash", "cpu-reference"];
+    // CI installs lavapipe and demands wgpu (`ATTN_REQUIRE_WGPU=1`): its portable backward then
+    // runs every quick case (each fits a software adapter's loop limit).
+    if attn_wgpu::options::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false) {
+        must.push("wgpu");
+    }
+    for must in must {
         let passed =
             results.iter().filter(|r| r.backend == must && matches!(r.outcome, Outcome::Pass { .. }));
         assert_eq!(passed.count(), grad::quick().len(), "{must} must pass every gradient case");

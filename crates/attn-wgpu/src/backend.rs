@@ -9,8 +9,8 @@ use crate::plan::{self, AdapterCaps, KeySplit, Variant};
 use crate::resident::Resident;
 use crate::runtime::Gpu;
 use attn_core::{
-    Attention, Availability, DType, Error, Execution, Inputs, Numerics, Outputs, OwnedExtras, Payload, Plan,
-    Prepared, Problem, Result,
+    Attention, Availability, BackwardOptions, DType, Error, Execution, GradInputs, Gradients, Inputs,
+    Numerics, Outputs, OwnedExtras, Payload, Plan, Prepared, Problem, Result,
 };
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -198,6 +198,24 @@ impl Attention for Wgpu {
             notes: choice.notes,
             payload: Payload::new(chosen),
         })
+    }
+
+    /// The portable backward pass ([`crate::backward`]); deterministic whatever the options.
+    fn plan_backward(&self, problem: &Problem, _options: BackwardOptions) -> Result<Plan> {
+        crate::backward::plan(&*self.gpu()?, problem)
+    }
+
+    fn backward(
+        &self,
+        problem: &Problem,
+        options: BackwardOptions,
+        inputs: GradInputs<'_>,
+        grads: Gradients<'_>,
+    ) -> Result<Plan> {
+        problem.check_backward(&inputs, &grads)?;
+        let plan = self.plan_backward(problem, options)?;
+        crate::backward::run(&*self.gpu()?, problem, &inputs, grads)?;
+        Ok(plan)
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {

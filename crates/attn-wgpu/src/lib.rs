@@ -68,6 +68,7 @@
 //! sets), where they fail.
 
 mod backend;
+mod backward;
 mod coop;
 mod dispatch;
 mod fma;
