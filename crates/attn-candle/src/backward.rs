@@ -15,7 +15,7 @@ pub(crate) fn cpu(op: &AttnOp, tensors: [&Tensor; 5]) -> candle_core::Result<[Te
     let msg = |m: String| candle_core::Error::Msg(m);
     if !tensors[0].device().is_cpu() {
         return Err(msg(
-            "attn: the backward pass runs on CPU tensors; attn's CUDA kernels have no backward pass yet"
+            "attn: the op's backward pass runs on CPU tensors so far; attn's CUDA backward does not run on candle's stream yet"
                 .into(),
         ));
     }
