@@ -41,12 +41,13 @@ ENV
 fi
 source "$root/env.sh"
 # Only this package: a workspace-wide build would link the attn command and attn-verify too.
-cargo build --release -p attn-candle --features cuda --example block
+cargo build --release -p attn-candle --features cuda --example block --example train
 cargo test --release -p attn-candle --features cuda --test cuda --no-run
 out=.device/candle; mkdir -p "$out"
 strip -o "$out/block" "$CARGO_TARGET_DIR/release/examples/block"
+strip -o "$out/train" "$CARGO_TARGET_DIR/release/examples/train"
 test_bin=$(ls -t "$CARGO_TARGET_DIR"/release/deps/cuda-* | grep -v '\.d$' | head -1)
 strip -o "$out/test-cuda" "$test_bin"
-gzip -f -9 "$out/block" "$out/test-cuda"
+gzip -f -9 "$out/block" "$out/train" "$out/test-cuda"
 git rev-parse --short HEAD > "$out/COMMIT"
 ls -la "$out"

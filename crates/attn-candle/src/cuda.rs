@@ -54,16 +54,7 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
     // The index tensors' storages, read-locked for the call (their views borrow them).
     let int_storages = ints.map(|i| i.map(|i| (i.tensor.storage_and_layout(), i.name)));
     let slope_storage = slopes.map(|t| t.storage_and_layout());
-    let mut int_views: [Option<CudaView<'_, i32>>; 4] = Default::default();
-    for (view, given) in int_views.iter_mut().zip(&int_storages) {
-        if let Some(((storage, layout), name)) = given {
-            *view = Some(int_view(storage, layout, name)?);
-        }
-    }
-    let alibi_slopes = match &slope_storage {
-        Some((storage, layout)) => Some(float_view(storage, layout)?),
-        None => None,
-    };
+    let (int_views, alibi_slopes) = index_views(&int_storages, &slope_storage)?;
     // SAFETY: every element of o (and of the LSE) is written by the kernel before it is read.
     let mut o: CudaSlice<T> = unsafe { device.alloc::<T>(problem.required_lens()[3].1) }?;
     let mut lse = match problem.params.return_lse {
@@ -83,6 +74,90 @@ fn run<T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr>(
     backend().run_on_stream(&plan, &q, &k, &v, &mut o, arrays, &stream).map_err(wrap)?;
     let o = CudaStorage::wrap_cuda_slice(o, device.clone());
     Ok((o, lse.map(|l| CudaStorage::wrap_cuda_slice(l, device))))
+}
+
+/// The index tensors' and slopes' device memory, in place.
+#[allow(clippy::type_complexity)]
+fn index_views<'a>(
+    ints: &'a [Option<((candle_core::StorageRef<'_>, &Layout), &'static str)>; 4],
+    slopes: &'a Option<(candle_core::StorageRef<'_>, &Layout)>,
+) -> candle_core::Result<([Option<CudaView<'a, i32>>; 4], Option<CudaView<'a, f32>>)> {
+    let mut views: [Option<CudaView<'_, i32>>; 4] = Default::default();
+    for (view, given) in views.iter_mut().zip(ints) {
+        if let Some(((storage, layout), name)) = given {
+            *view = Some(int_view(storage, layout, name)?);
+        }
+    }
+    let slopes = match slopes {
+        Some((storage, layout)) => Some(float_view(storage, layout)?),
+        None => None,
+    };
+    Ok((views, slopes))
+}
+
+/// The backward pass of `problem` on candle's CUDA tensors `[q, k, v, o, d_o]` (contiguous) and
+/// the forward's LSE, on candle's stream: `[dq, dk, dv]` in new tensors of the inputs' shapes.
+pub(crate) fn backward(
+    problem: &Problem,
+    t: [&Tensor; 5],
+    lse: &CudaStorage,
+    index: IndexTensors<'_>,
+) -> candle_core::Result<[Tensor; 3]> {
+    match problem.dtype {
+        DType::F16 => backward_typed::<half::f16>(problem, t, lse, index),
+        DType::Bf16 => backward_typed::<half::bf16>(problem, t, lse, index),
+        DType::F32 => Err(candle_core::Error::Msg(
+            "attn: the CUDA kernels take f16 and bf16 (f32 runs on the CPU)".into(),
+        )),
+    }
+}
+
+fn backward_typed<
+    T: CudaDType + attn_cuda::DeviceElement + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
+>(
+    problem: &Problem,
+    t: [&Tensor; 5],
+    lse: &CudaStorage,
+    (ints, slopes): IndexTensors<'_>,
+) -> candle_core::Result<[Tensor; 3]> {
+    let wrap = candle_core::Error::wrap;
+    let locked = t.map(|x| x.storage_and_layout());
+    let cuda = |i: usize| match &*locked[i].0 {
+        Storage::Cuda(s) => Ok(s),
+        _ => Err(candle_core::Error::Msg("attn: the backward's tensors must all be on CUDA".into())),
+    };
+    let device = cuda(0)?.device.clone();
+    let stream = device.cuda_stream();
+    let plan = backend().plan_backward_on(stream.context(), problem, Default::default()).map_err(wrap)?;
+    let int_storages = ints.map(|i| i.map(|i| (i.tensor.storage_and_layout(), i.name)));
+    let slope_storage = slopes.map(|t| t.storage_and_layout());
+    let (int_views, alibi_slopes) = index_views(&int_storages, &slope_storage)?;
+    let [cu_seqlens_q, cu_seqlens_k, seqused_k, block_table] = int_views;
+    let arrays = DeviceArrays { lse: None, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes };
+    let [q_len, k_len, v_len, _] = problem.required_lens().map(|(_, n)| n);
+    let mut grads =
+        [device.alloc_zeros::<T>(q_len)?, device.alloc_zeros::<T>(k_len)?, device.alloc_zeros::<T>(v_len)?];
+    {
+        let [dq, dk, dv] = &mut grads;
+        let tensors = attn_cuda::backward::DeviceGrads {
+            q: view::<T>(cuda(0)?, locked[0].1)?,
+            k: view::<T>(cuda(1)?, locked[1].1)?,
+            v: view::<T>(cuda(2)?, locked[2].1)?,
+            o: view::<T>(cuda(3)?, locked[3].1)?,
+            lse: lse.as_cuda_slice::<f32>()?.slice(..),
+            d_o: view::<T>(cuda(4)?, locked[4].1)?,
+            dq: dq.slice_mut(..),
+            dk: dk.slice_mut(..),
+            dv: dv.slice_mut(..),
+        };
+        backend().backward_on_stream(&plan, tensors, arrays, &stream).map_err(wrap)?;
+    }
+    let [dq, dk, dv] = grads;
+    let tensor = |slice: CudaSlice<T>, like: &Tensor| {
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, device.clone()));
+        Tensor::from_storage(storage, like.shape().clone(), candle_core::op::BackpropOp::none(), false)
+    };
+    Ok([tensor(dq, t[0]), tensor(dk, t[1]), tensor(dv, t[2])])
 }
 
 /// A tensor's storage from its layout's first element on: the problem's strides address it from

@@ -250,6 +250,9 @@ struct AttnOp {
     lse: Arc<Mutex<Option<Lse>>>,
     /// The LSE of the CPU forward, kept for the backward pass (which recomputes P from it).
     saved_lse: Mutex<Option<Vec<f32>>>,
+    /// The same of the CUDA forward, on the device.
+    #[cfg(feature = "cuda")]
+    saved_cuda_lse: Mutex<Option<candle_core::CudaStorage>>,
 }
 
 /// An LSE the op computed, on the device the call ran on.
@@ -272,6 +275,8 @@ impl AttnOp {
             with_lse,
             lse: Arc::new(Mutex::new(None)),
             saved_lse: Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            saved_cuda_lse: Mutex::new(None),
         }
     }
 
@@ -417,6 +422,22 @@ impl AttnOp {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl AttnOp {
+    /// The backward pass on CUDA tensors `[q, k, v, o, d_o]`, on candle's stream, from the LSE
+    /// the CUDA forward kept.
+    fn cuda_bwd(&self, t: [&Tensor; 5]) -> candle_core::Result<[Tensor; 3]> {
+        let saved = self.saved_cuda_lse.lock().unwrap_or_else(|e| e.into_inner());
+        let lse = saved.as_ref().ok_or_else(|| {
+            candle_core::Error::Msg("attn: backward before the op's CUDA forward ran".into())
+        })?;
+        let [q, k, v, o, d_o] = t.map(Tensor::contiguous);
+        let (q, k, v, o, d_o) = (q?, k?, v?, o?, d_o?);
+        let problem = self.problem(q.dtype(), [q.layout(), k.layout(), v.layout()])?.with_lse(true);
+        cuda::backward(&problem, [&q, &k, &v, &o, &d_o], lse, self.index_tensors())
+    }
+}
+
 /// The CPU backend the ops share.
 fn cpu_flash() -> &'static attn_cpu::Flash {
     static FLASH: std::sync::OnceLock<attn_cpu::Flash> = std::sync::OnceLock::new();
@@ -513,6 +534,11 @@ impl candle_core::CustomOp3 for AttnOp {
         o: &Tensor,
         d_o: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            let [dq, dk, dv] = self.cuda_bwd([q, k, v, o, d_o])?;
+            return Ok((Some(dq), Some(dk), Some(dv)));
+        }
         let [dq, dk, dv] = backward::cpu(self, [q, k, v, o, d_o])?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
@@ -527,11 +553,16 @@ impl candle_core::CustomOp3 for AttnOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let problem = self.problem(s1.dtype(), [l1, l2, l3])?;
+        // The LSE is written on every call: the backward pass needs it.
+        let problem = self.problem(s1.dtype(), [l1, l2, l3])?.with_lse(true);
         let (o, lse) = cuda::forward(&problem, [s1, s2, s3], [l1, l2, l3], self.index_tensors())?;
         let (o_shape, lse_shape) = AttnOp::shapes(&problem);
         if let Some(lse) = lse {
-            *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse, lse_shape));
+            if self.with_lse {
+                let copy = lse.try_clone(&Layout::contiguous(lse_shape.clone()))?;
+                *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(copy, lse_shape));
+            }
+            *self.saved_cuda_lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse);
         }
         Ok((o, o_shape))
     }

@@ -272,3 +272,35 @@ fn kvcache_append_on_cuda_matches_cpu() {
         }
     }
 }
+
+/// The op's gradients on CUDA (attn's CUDA backward on candle's stream) equal its gradients on
+/// the CPU (cpu-flash's backward) within bf16/f16 rounding: GQA, causal with seq_q != seq_k, a
+/// strided q, a loss through `Var`s.
+#[test]
+fn gradients_on_cuda_match_cpu() {
+    use candle_core::Var;
+    let Some(gpu) = device("gradients_on_cuda_match_cpu") else { return };
+    for dtype in [DType::BF16, DType::F16] {
+        let q = randn(&[2, 8, 70, 64], dtype).transpose(1, 2).unwrap();
+        let k = randn(&[2, 150, 2, 64], dtype);
+        let v = randn(&[2, 150, 2, 64], dtype);
+        let d_o = randn(&[2, 70, 8, 64], dtype);
+        let grads = |dev: &Device| {
+            let vars = [&q, &k, &v].map(|t| Var::from_tensor(&t.to_device(dev).unwrap()).unwrap());
+            let o = attn_candle::flash_attn(&vars[0], &vars[1], &vars[2], 0.125, true).unwrap();
+            let loss = (o.to_dtype(DType::F32).unwrap()
+                * d_o.to_device(dev).unwrap().to_dtype(DType::F32).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+            let store = loss.backward().unwrap();
+            vars.map(|x| values(store.get(&x).unwrap()))
+        };
+        let (cuda, cpu) = (grads(&gpu), grads(&Device::Cpu));
+        for ((name, a), b) in ["dq", "dk", "dv"].iter().zip(&cuda).zip(&cpu) {
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let tol = if dtype == DType::BF16 { 2e-2 } else { 4e-3 } * scale.max(1.0);
+            assert!(max_diff(a, b) < tol, "{dtype:?} {name}: {} (largest {scale})", max_diff(a, b));
+        }
+    }
+}

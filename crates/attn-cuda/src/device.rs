@@ -534,7 +534,7 @@ impl Cuda {
 }
 
 /// That a buffer of `len` elements holds the `needed` a tensor's strides reach.
-fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
+pub(crate) fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
     if len < needed {
         return Err(Error::Shape {
             tensor,

@@ -4,12 +4,16 @@
 use super::launch::{BackwardPointers, KernelParams};
 use super::variant::{BLOCK_M, BLOCK_N, Launches, Variant};
 use crate::backend::Cuda;
+use crate::compile::CompileRequest;
 use crate::runtime::{Gpu, driver};
 use crate::tensors::{DeviceExtras, bits, check_alignment, check_supported_by, from_bits};
 use attn_core::{
     BackwardOptions, DataMut, Execution, GradInputs, Gradients, Payload, Plan, Problem, Result, Tiles,
 };
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The kernels' entry functions, in launch order.
@@ -18,9 +22,9 @@ pub const ENTRIES: [&str; 3] = ["attn_bwd_pre", "attn_bwd", "attn_bwd_dq"];
 /// What `plan_backward` chose, in the plan's payload.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ChosenBackward {
-    variant: Variant,
+    pub(crate) variant: Variant,
     launches: Launches,
-    deterministic: bool,
+    pub(crate) deterministic: bool,
 }
 
 /// Plans the backward of `problem` on `gpu`: the variant, its three launches (each compiled,
@@ -90,11 +94,8 @@ pub(crate) fn run(
         what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
     })?;
     let problem = &plan.problem;
-    let arch = Cuda::arch(gpu)?;
-    let request = chosen.variant.request(arch);
-    let functions: Vec<_> =
-        ENTRIES.iter().map(|e| gpu.kernel(&request, e).map(|k| k.function)).collect::<Result<_>>()?;
-    gpu.set_max_dynamic_shared(&functions[1], chosen.variant.shared_bytes())?;
+    let request = chosen.variant.request(Cuda::arch(gpu)?);
+    let functions = functions(gpu, &request, chosen)?;
     let stream = gpu.stream()?;
     let up16 = |data: attn_core::Data<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
         stream.clone_htod(&bits(data, name)?).map_err(driver("copy a backward input to the device"))
@@ -120,14 +121,7 @@ pub(crate) fn run(
     };
     let (mut dq, mut dk, mut dv) =
         (up_mut(&dq_host, "dq")?, up_mut(&dk_host, "dk")?, up_mut(&dv_host, "dv")?);
-    let rows = problem.lse_len();
-    let mut delta = stream.alloc_zeros::<f32>(rows).map_err(driver("allocate the backward's D"))?;
-    let mut dq_accum = stream
-        .alloc_zeros::<f32>(rows * chosen.variant.head_dim)
-        .map_err(driver("allocate the dQ accumulator"))?;
-    let s = problem.shape;
-    let counters_len = if chosen.deterministic { s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) } else { 1 };
-    let mut counters = stream.alloc_zeros::<i32>(counters_len).map_err(driver("allocate the dQ counters"))?;
+    let mut workspace = Workspace::new(stream, problem, chosen)?;
     let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
     let at = BackwardPointers {
         q: ptr(&q),
@@ -136,30 +130,18 @@ pub(crate) fn run(
         o: ptr(&o),
         d_o: ptr(&d_o),
         lse: lse.device_ptr(stream).0,
-        delta: delta.device_ptr_mut(stream).0,
-        dq_accum: dq_accum.device_ptr_mut(stream).0,
-        counters: counters.device_ptr_mut(stream).0,
         dq: dq.device_ptr_mut(stream).0,
         dk: dk.device_ptr_mut(stream).0,
         dv: dv.device_ptr_mut(stream).0,
+        ..Default::default()
     };
-    let params = KernelParams::new(at, extras.pointers(), problem, chosen.deterministic);
-    let launches = [&chosen.launches.pre, &chosen.launches.main, &chosen.launches.dq];
-    let time = |stream: &std::sync::Arc<cudarc::driver::CudaStream>| -> Result<()> {
-        for (function, launch) in functions.iter().zip(launches) {
-            let cfg = LaunchConfig {
-                grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
-                block_dim: (launch.block[0], launch.block[1], launch.block[2]),
-                shared_mem_bytes: launch.dynamic_shared_bytes,
-            };
-            let mut builder = stream.launch_builder(function);
-            builder.arg(&params);
-            // SAFETY: the parameter block points at buffers allocated above for this problem
-            // (Problem::required_lens, lse_len rows of workspace), kept alive until the copies
-            // back below; the launches are the plan's, validated against the device's limits.
-            unsafe { builder.launch(cfg) }.map_err(driver("cuLaunchKernel (backward)"))?;
-        }
-        Ok(())
+    let params =
+        KernelParams::new(workspace.add_to(at, stream), extras.pointers(), problem, chosen.deterministic);
+    let time = |stream: &Arc<CudaStream>| -> Result<()> {
+        // SAFETY: the parameter block points at buffers allocated above for this problem
+        // (Problem::required_lens, lse_len rows of workspace), kept alive until the copies back
+        // below; the launches are the plan's, validated against the device's limits.
+        unsafe { enqueue(&functions, chosen, &params, stream) }
     };
     let times =
         (0..runs.max(1)).map(|_| gpu.time(crate::runtime::Lead::Idle, time)).collect::<Result<Vec<_>>>()?;
@@ -172,4 +154,78 @@ pub(crate) fn run(
         dst.copy_from(from_bits(problem.dtype, bits).as_data())?;
     }
     Ok(times)
+}
+
+/// The chosen variant's three entry functions, loaded in `gpu`'s context, the main pass allowed
+/// its shared memory.
+pub(crate) fn functions(
+    gpu: &Gpu,
+    request: &CompileRequest,
+    chosen: &ChosenBackward,
+) -> Result<[CudaFunction; 3]> {
+    let [pre, main, dq] = ENTRIES.map(|e| gpu.kernel(request, e).map(|k| k.function));
+    let (pre, main, dq) = (pre?, main?, dq?);
+    gpu.set_max_dynamic_shared(&main, chosen.variant.shared_bytes())?;
+    Ok([pre, main, dq])
+}
+
+/// The backward's device workspace: D per query row, the f32 dQ accumulator, and the
+/// deterministic mode's counters. Allocated on the call's stream (and freed there, after the
+/// launches that use it).
+pub(crate) struct Workspace {
+    delta: CudaSlice<f32>,
+    dq_accum: CudaSlice<f32>,
+    counters: CudaSlice<i32>,
+}
+
+impl Workspace {
+    pub(crate) fn new(stream: &Arc<CudaStream>, problem: &Problem, chosen: &ChosenBackward) -> Result<Self> {
+        let rows = problem.lse_len();
+        let s = problem.shape;
+        let counters = if chosen.deterministic { s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) } else { 1 };
+        Ok(Workspace {
+            delta: stream.alloc_zeros::<f32>(rows).map_err(driver("allocate the backward's D"))?,
+            dq_accum: stream
+                .alloc_zeros::<f32>(rows * chosen.variant.head_dim)
+                .map_err(driver("allocate the dQ accumulator"))?,
+            counters: stream.alloc_zeros::<i32>(counters).map_err(driver("allocate the dQ counters"))?,
+        })
+    }
+
+    /// `at` with the workspace's addresses.
+    pub(crate) fn add_to(&mut self, at: BackwardPointers, stream: &Arc<CudaStream>) -> BackwardPointers {
+        BackwardPointers {
+            delta: self.delta.device_ptr_mut(stream).0,
+            dq_accum: self.dq_accum.device_ptr_mut(stream).0,
+            counters: self.counters.device_ptr_mut(stream).0,
+            ..at
+        }
+    }
+}
+
+/// Enqueues the three launches on `stream`.
+///
+/// # Safety
+/// `params` must point at live device buffers of the plan's problem (its required lengths, the
+/// workspace of [`Workspace::new`]) that stay alive until the launches complete on `stream`.
+pub(crate) unsafe fn enqueue(
+    functions: &[CudaFunction; 3],
+    chosen: &ChosenBackward,
+    params: &KernelParams,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    let launches = [&chosen.launches.pre, &chosen.launches.main, &chosen.launches.dq];
+    for (function, launch) in functions.iter().zip(launches) {
+        let cfg = LaunchConfig {
+            grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
+            block_dim: (launch.block[0], launch.block[1], launch.block[2]),
+            shared_mem_bytes: launch.dynamic_shared_bytes,
+        };
+        let mut builder = stream.launch_builder(function);
+        builder.arg(params);
+        // SAFETY: the caller's promise on the buffers; the launch is the plan's, validated
+        // against the device's limits.
+        unsafe { builder.launch(cfg) }.map_err(driver("cuLaunchKernel (backward)"))?;
+    }
+    Ok(())
 }
