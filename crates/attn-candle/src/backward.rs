@@ -15,7 +15,7 @@ pub(crate) fn cpu(op: &AttnOp, tensors: [&Tensor; 5]) -> candle_core::Result<[Te
     let msg = |m: String| candle_core::Error::Msg(m);
     if !tensors[0].device().is_cpu() {
         return Err(msg(
-            "attn: the op's backward pass runs on CPU tensors so far; attn's CUDA backward does not run on candle's stream yet"
+            "attn: the backward pass's tensors must be on the CPU here (CUDA tensors need the `cuda` feature)"
                 .into(),
         ));
     }

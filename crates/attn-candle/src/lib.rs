@@ -30,10 +30,10 @@
 //!   batches ([`flash_attn_varlen`]) and decoding against a dense or paged cache
 //!   ([`flash_attn_with_kvcache`], appending new keys and values into the cache in place) run
 //!   on CPU and CUDA tensors.
-//! - **Training**: every op but the cache's has a backward pass on CPU tensors (attn's cpu-flash
-//!   backward, from the LSE the forward kept), so a graph of `Var`s trains through it
-//!   (`examples/train.rs`). On CUDA tensors the backward is an error that says so: attn's CUDA
-//!   backward runs through its host-copy path so far, not yet on candle's stream and memory.
+//! - **Training**: every op but the cache's has a backward pass, from the LSE its forward kept:
+//!   attn's cpu-flash backward on CPU tensors, attn's CUDA backward on candle's stream and memory
+//!   on CUDA tensors (f16, bf16, head dims up to 128); a graph of `Var`s trains through it
+//!   (`examples/train.rs`).
 //! - Index tensors (offsets, key counts, block tables: u32 or i32; ALiBi slopes: f32) go where
 //!   q is: on CUDA the kernels read them in place on candle's stream, with no copy and no
 //!   synchronization. An index tensor on another device than q is copied there first (a small
