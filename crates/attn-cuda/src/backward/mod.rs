@@ -12,7 +12,8 @@
 //! - `variant`: one specialisation, its shared memory, launches and NVRTC request.
 //! - `launch`: the kernels' parameter block.
 //! - `run`: the plan, and the host-copy path's uploads, launches and read-back.
-//! - `resident`: the same on the caller's device tensors and stream ([`Cuda::backward_on_stream`]).
+//! - `resident`: the same on the caller's device tensors and stream
+//!   ([`crate::Cuda::backward_on_stream`]).
 
 pub(crate) mod launch;
 pub(crate) mod resident;
@@ -21,6 +22,3 @@ pub(crate) mod variant;
 
 pub use resident::DeviceGrads;
 pub use variant::Variant;
-
-#[allow(unused_imports)] // for the docs' links
-use crate::Cuda;
