@@ -154,6 +154,19 @@ impl<'a> DataMut<'a> {
         Ok(())
     }
 
+    /// Rounds `values` into the elements from `offset` on (to nearest, ties to even).
+    pub fn store_f32(&mut self, offset: usize, values: &[f32]) {
+        fn store<T: Element>(dst: &mut [T], values: &[f32]) {
+            dst.iter_mut().zip(values).for_each(|(y, x)| *y = T::from_f32(*x));
+        }
+        let at = offset..offset + values.len();
+        match self {
+            DataMut::F32(d) => d[at].copy_from_slice(values),
+            DataMut::F16(d) => store(&mut d[at], values),
+            DataMut::Bf16(d) => store(&mut d[at], values),
+        }
+    }
+
     /// Element-wise copy from a buffer of the same dtype and length.
     pub fn copy_from(&mut self, src: Data<'_>) -> Result<()> {
         match (self, src) {

@@ -6,8 +6,8 @@
 
 use attn_core::sequences::alibi_bias;
 use attn_core::{
-    Attention, Availability, BackwardOptions, DataMut, DeviceKind, Element, Error, Execution, GradInputs,
-    Gradients, Inputs, Plan, Prepared, Problem, Result, Tiles,
+    Attention, Availability, BackwardOptions, DeviceKind, Error, Execution, GradInputs, Gradients, Inputs,
+    Plan, Prepared, Problem, Result, Tiles,
 };
 
 /// One classic backward-pass bug.
@@ -95,13 +95,15 @@ impl PlantedGrad {
             }
         }
         for (b, h, i) in map.rows() {
-            put(&mut grads.dq, &dq, map.q_offset(b, h, i), d);
+            let off = map.q_offset(b, h, i);
+            grads.dq.store_f32(off, &dq[off..off + d]);
         }
         for b in 0..s.batch {
             for g in 0..s.heads_kv {
                 for j in 0..map.k_len(b) {
-                    put(&mut grads.dk, &dk, map.k_offset(b, g, j), d);
-                    put(&mut grads.dv, &dv, map.v_offset(b, g, j), d);
+                    let (ko, vo) = (map.k_offset(b, g, j), map.v_offset(b, g, j));
+                    grads.dk.store_f32(ko, &dk[ko..ko + d]);
+                    grads.dv.store_f32(vo, &dv[vo..vo + d]);
                 }
             }
         }
@@ -111,19 +113,6 @@ impl PlantedGrad {
 
 fn widen(data: attn_core::Data<'_>) -> Vec<f32> {
     (0..data.len()).map(|i| data.get_f32(i)).collect()
-}
-
-/// Writes `src[off..off + d]` into `dst` at the same place.
-fn put(dst: &mut DataMut<'_>, src: &[f32], off: usize, d: usize) {
-    fn typed<T: Element>(dst: &mut [T], src: &[f32]) {
-        dst.iter_mut().zip(src).for_each(|(y, x)| *y = T::from_f32(*x));
-    }
-    let src = &src[off..off + d];
-    match dst {
-        DataMut::F32(x) => typed(&mut x[off..off + d], src),
-        DataMut::F16(x) => typed(&mut x[off..off + d], src),
-        DataMut::Bf16(x) => typed(&mut x[off..off + d], src),
-    }
 }
 
 impl Attention for PlantedGrad {

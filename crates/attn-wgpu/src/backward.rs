@@ -10,9 +10,7 @@
 
 use crate::backend::read_buffer;
 use crate::runtime::Gpu;
-use attn_core::{
-    DataMut, Element, Error, Execution, GradInputs, Gradients, Launch, Plan, Problem, Result, SeqMap, Tiles,
-};
+use attn_core::{Error, Execution, GradInputs, Gradients, Launch, Plan, Problem, Result, SeqMap, Tiles};
 use wgpu::util::DeviceExt;
 
 /// The kernel source.
@@ -271,12 +269,12 @@ pub(crate) fn run(gpu: &Gpu, problem: &Problem, inputs: &GradInputs<'_>, grads: 
     let at = |base: usize, row: usize| &grads_f32[4 * (base + row * d4)..][..d];
     for (b, h, i) in map.rows() {
         let row = (b * s.heads_q + h) * s.seq_q + i;
-        put(&mut dq, map.q_offset(b, h, i), at(0, row));
+        dq.store_f32(map.q_offset(b, h, i), at(0, row));
     }
     for (b, g, j) in key_rows(&map) {
         let row = (b * s.heads_kv + g) * s.seq_k + j;
-        put(&mut dk, map.k_offset(b, g, j), at(params.dk_off as usize, row));
-        put(&mut dv, map.v_offset(b, g, j), at(params.dv_off as usize, row));
+        dk.store_f32(map.k_offset(b, g, j), at(params.dk_off as usize, row));
+        dv.store_f32(map.v_offset(b, g, j), at(params.dv_off as usize, row));
     }
     Ok(())
 }
@@ -286,19 +284,6 @@ fn key_rows<'a>(map: &'a SeqMap<'a>) -> impl Iterator<Item = (usize, usize, usiz
     let s = map.problem().shape;
     (0..s.batch)
         .flat_map(move |b| (0..s.heads_kv).flat_map(move |g| (0..map.k_len(b)).map(move |j| (b, g, j))))
-}
-
-/// Rounds `src` into `dst` from element `off` on.
-fn put(dst: &mut DataMut<'_>, off: usize, src: &[f32]) {
-    fn typed<T: Element>(dst: &mut [T], src: &[f32]) {
-        dst.iter_mut().zip(src).for_each(|(y, x)| *y = T::from_f32(*x));
-    }
-    let n = src.len();
-    match dst {
-        DataMut::F32(x) => typed(&mut x[off..off + n], src),
-        DataMut::F16(x) => typed(&mut x[off..off + n], src),
-        DataMut::Bf16(x) => typed(&mut x[off..off + n], src),
-    }
 }
 
 #[cfg(test)]

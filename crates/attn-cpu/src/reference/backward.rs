@@ -7,7 +7,7 @@
 //! approximation of it. The formulas are [`attn_core::backward`]'s.
 
 use super::{Exact, Reference, RowScores};
-use attn_core::{Data, DataMut, Element, Error, GradInputs, Gradients, Problem, Result, SeqMap};
+use attn_core::{Data, DataMut, Error, GradInputs, Gradients, Problem, Result, SeqMap};
 use rayon::prelude::*;
 
 /// Exact gradients, unrounded, in logical order whatever the problem's layout: `dq` as
@@ -80,19 +80,13 @@ impl Reference {
     }
 }
 
-/// Rounds rows of `src` (logical row `r` at `r · d`) into `dst` at element offsets.
+/// Rounds rows of `src` (logical row `r` at `r · d`) into `dst` at element offsets (through f32,
+/// as the forward rounds its output).
 fn write_rows(dst: &mut DataMut<'_>, src: &[f64], d: usize, rows: impl Iterator<Item = (usize, usize)>) {
-    fn put<T: Element>(dst: &mut [T], src: &[f64], d: usize, rows: impl Iterator<Item = (usize, usize)>) {
-        for (row, off) in rows {
-            for (y, x) in dst[off..off + d].iter_mut().zip(&src[row * d..row * d + d]) {
-                *y = T::from_f32(*x as f32);
-            }
-        }
-    }
-    match dst {
-        DataMut::F32(x) => put(x, src, d, rows),
-        DataMut::F16(x) => put(x, src, d, rows),
-        DataMut::Bf16(x) => put(x, src, d, rows),
+    let mut row = vec![0f32; d];
+    for (r, off) in rows {
+        row.iter_mut().zip(&src[r * d..r * d + d]).for_each(|(y, x)| *y = *x as f32);
+        dst.store_f32(off, &row);
     }
 }
 
