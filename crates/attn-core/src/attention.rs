@@ -112,12 +112,24 @@ pub trait Attention: Send + Sync {
         })
     }
 
-    /// Writes the gradients of q, k and v into `grads`, from the forward's inputs, output and
-    /// log-sum-exp and the gradient of the loss with respect to the output
-    /// ([`crate::backward`]). Returns the plan used. Implementations check the buffers first
-    /// ([`Problem::check_backward`]). The default refuses, as [`plan_backward`]'s does.
+    /// Runs a backward `plan` made by this backend's [`plan_backward`] over buffers that
+    /// [`Problem::check_backward`] accepted for its problem, writing the gradients into `grads`.
+    /// The default refuses, as [`plan_backward`]'s does.
     ///
     /// [`plan_backward`]: Attention::plan_backward
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        let _ = (inputs, grads);
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            what: format!("{}: this backend plans a backward pass but does not run one", plan.problem),
+        })
+    }
+
+    /// Writes the gradients of q, k and v into `grads`, from the forward's inputs, output and
+    /// log-sum-exp and the gradient of the loss with respect to the output
+    /// ([`crate::backward`]): checks the buffers ([`Problem::check_backward`]), plans
+    /// ([`plan_backward`](Attention::plan_backward)) and runs the plan
+    /// ([`run_backward`](Attention::run_backward)). Returns the plan used.
     fn backward(
         &self,
         problem: &Problem,
@@ -126,11 +138,9 @@ pub trait Attention: Send + Sync {
         grads: Gradients<'_>,
     ) -> Result<Plan> {
         problem.check_backward(&inputs, &grads)?;
-        self.plan_backward(problem, options)?;
-        Err(Error::Unsupported {
-            backend: self.name().into(),
-            what: format!("{problem}: this backend plans a backward pass but does not run one"),
-        })
+        let plan = self.plan_backward(problem, options)?;
+        self.run_backward(&plan, inputs, grads)?;
+        Ok(plan)
     }
 }
 

@@ -432,14 +432,9 @@ impl Attention for Cuda {
         crate::backward::run::plan(&*self.gpu()?, problem, options)
     }
 
-    fn backward(
-        &self,
-        problem: &Problem,
-        options: BackwardOptions,
-        inputs: GradInputs<'_>,
-        grads: Gradients<'_>,
-    ) -> Result<Plan> {
-        Ok(self.backward_timed(problem, options, inputs, grads, 1)?.0)
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        plan.check_for(self.name(), &plan.problem)?;
+        crate::backward::run::run(&*self.gpu()?, plan, &inputs, grads, 1).map(|_| ())
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {

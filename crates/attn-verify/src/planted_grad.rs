@@ -151,16 +151,7 @@ impl Attention for PlantedGrad {
         })
     }
 
-    fn backward(
-        &self,
-        problem: &Problem,
-        options: BackwardOptions,
-        inputs: GradInputs<'_>,
-        grads: Gradients<'_>,
-    ) -> Result<Plan> {
-        problem.check_backward(&inputs, &grads)?;
-        let plan = self.plan_backward(problem, options)?;
-        self.compute(problem, &inputs, grads)?;
-        Ok(plan)
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        self.compute(&plan.problem, &inputs, grads)
     }
 }

@@ -205,17 +205,9 @@ impl Attention for Wgpu {
         crate::backward::plan(&*self.gpu()?, problem)
     }
 
-    fn backward(
-        &self,
-        problem: &Problem,
-        options: BackwardOptions,
-        inputs: GradInputs<'_>,
-        grads: Gradients<'_>,
-    ) -> Result<Plan> {
-        problem.check_backward(&inputs, &grads)?;
-        let plan = self.plan_backward(problem, options)?;
-        crate::backward::run(&*self.gpu()?, problem, &inputs, grads)?;
-        Ok(plan)
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        plan.check_for(self.name(), &plan.problem)?;
+        crate::backward::run(&*self.gpu()?, plan, &inputs, grads)
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {

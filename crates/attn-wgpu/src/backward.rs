@@ -139,9 +139,9 @@ pub(crate) fn plan(gpu: &Gpu, problem: &Problem) -> Result<Plan> {
     })
 }
 
-/// Runs the backward pass of `problem` (planned by [`plan`]) and writes the gradients.
-pub(crate) fn run(gpu: &Gpu, problem: &Problem, inputs: &GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
-    let plan = plan(gpu, problem)?;
+/// Runs the backward `plan` (made by [`plan`]) and writes the gradients.
+pub(crate) fn run(gpu: &Gpu, plan: &Plan, inputs: &GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+    let problem = &plan.problem;
     let map = problem.seq_map(inputs.inputs.extras)?;
     let s = problem.shape;
     let sizes = Sizes::of(problem);

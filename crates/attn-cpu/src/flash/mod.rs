@@ -246,6 +246,16 @@ impl Flash {
         self.isa.unwrap_or_else(Isa::best)
     }
 
+    /// The instruction set `plan` names, where this CPU runs it.
+    fn isa_of(&self, plan: &Plan) -> Result<Isa> {
+        Isa::supported()
+            .into_iter()
+            .find(|i| matches!(&plan.execution, Execution::Cpu { isa, .. } if isa == i.name()))
+            .ok_or_else(|| Error::PlanMismatch {
+                what: format!("the plan's instruction set is not one this CPU runs: {:?}", plan.execution),
+            })
+    }
+
     fn threads(&self) -> usize {
         self.pool.as_ref().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
@@ -265,12 +275,7 @@ impl Flash {
         problem.check_outputs(&outputs)?;
         let map = problem.seq_map(inputs.extras)?;
         // The plan decides what runs: the instruction set it names, not one detected anew.
-        let isa = Isa::supported()
-            .into_iter()
-            .find(|i| matches!(&plan.execution, Execution::Cpu { isa, .. } if isa == i.name()))
-            .ok_or_else(|| Error::PlanMismatch {
-                what: format!("the plan's instruction set is not one this CPU runs: {:?}", plan.execution),
-            })?;
+        let isa = self.isa_of(plan)?;
         macro_rules! typed {
             ($t:ty) => {{
                 let dp = problem.shape.head_dim.div_ceil(isa.nr()) * isa.nr();
@@ -607,21 +612,16 @@ impl Attention for Flash {
         })
     }
 
-    fn backward(
-        &self,
-        problem: &Problem,
-        options: BackwardOptions,
-        inputs: GradInputs<'_>,
-        grads: Gradients<'_>,
-    ) -> Result<Plan> {
-        problem.check_backward(&inputs, &grads)?;
-        let plan = self.plan_backward(problem, options)?;
-        let isa = self.isa();
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        let problem = &plan.problem;
+        plan.check_for(self.name(), problem)?;
+        // The plan decides what runs: the instruction set it names.
+        let isa = self.isa_of(plan)?;
         self.install(|| match problem.dtype {
             attn_core::DType::F32 => backward::run::<f32>(problem, isa, &inputs, grads),
             attn_core::DType::F16 => backward::run::<f16>(problem, isa, &inputs, grads),
             attn_core::DType::Bf16 => backward::run::<bf16>(problem, isa, &inputs, grads),
         });
-        Ok(plan)
+        Ok(())
     }
 }

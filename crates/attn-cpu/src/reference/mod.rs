@@ -264,15 +264,8 @@ impl Attention for Reference {
         })
     }
 
-    fn backward(
-        &self,
-        problem: &Problem,
-        options: BackwardOptions,
-        inputs: GradInputs<'_>,
-        grads: Gradients<'_>,
-    ) -> Result<Plan> {
-        let plan = self.plan_backward(problem, options)?;
-        Self::backward_into(problem, &inputs, grads)?;
-        Ok(plan)
+    fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
+        plan.check_for(self.name(), &plan.problem)?;
+        Self::backward_into(&plan.problem, &inputs, grads)
     }
 }
