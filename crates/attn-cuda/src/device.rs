@@ -252,24 +252,11 @@ impl Cuda {
         }
         // Memory of another context (another device) would fault on the device, where the error
         // is sticky: refused here.
-        let ctx = stream.context().cu_ctx();
         // The LSE is a written buffer, apart from the read-only index arrays left in `arrays`.
         let mut arrays = arrays;
         let mut lse = arrays.lse.take();
         let contexts = [("q", q.stream()), ("k", k.stream()), ("v", v.stream()), ("o", o.stream())];
-        for (tensor, owner) in contexts.into_iter().chain(lse.as_ref().map(|l| ("lse", l.stream()))) {
-            if owner.context().cu_ctx() != ctx {
-                return Err(Error::Shape {
-                    tensor,
-                    what: format!(
-                        "its buffer belongs to the context of device {}, the stream to device {}'s: \
-                         tensors and stream must share a context",
-                        owner.context().ordinal(),
-                        stream.context().ordinal()
-                    ),
-                });
-            }
-        }
+        check_contexts(contexts.into_iter().chain(lse.as_ref().map(|l| ("lse", l.stream()))), stream)?;
         let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
         check_len("q", q.len(), q_len)?;
         check_len("k", k.len(), k_len)?;
@@ -534,6 +521,28 @@ impl Cuda {
 }
 
 /// That a buffer of `len` elements holds the `needed` a tensor's strides reach.
+/// That every buffer (by the stream it was made on) belongs to `stream`'s context: memory of
+/// another context (another device) would fault on the device, where the error is sticky.
+pub(crate) fn check_contexts<'s>(
+    owners: impl IntoIterator<Item = (&'static str, &'s Arc<CudaStream>)>,
+    stream: &CudaStream,
+) -> Result<()> {
+    for (tensor, owner) in owners {
+        if owner.context().cu_ctx() != stream.context().cu_ctx() {
+            return Err(Error::Shape {
+                tensor,
+                what: format!(
+                    "its buffer belongs to the context of device {}, the stream to device {}'s: tensors and stream \
+                     must share a context",
+                    owner.context().ordinal(),
+                    stream.context().ordinal()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {
     if len < needed {
         return Err(Error::Shape {

@@ -5,7 +5,7 @@
 use super::launch::{BackwardPointers, KernelParams};
 use super::run::{ChosenBackward, Workspace, enqueue, functions};
 use crate::backend::Cuda;
-use crate::device::{DeviceElement, check_len};
+use crate::device::{DeviceElement, check_contexts, check_len};
 use crate::indices::{self, DeviceArrays};
 use attn_core::{BackwardOptions, Error, Plan, Problem, Result};
 use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
@@ -79,27 +79,20 @@ impl Cuda {
                 what: "the backward's LSE is DeviceGrads::lse, not an array".into(),
             });
         }
-        let ctx = stream.context().cu_ctx();
-        let owners = [
-            ("q", t.q.stream()),
-            ("k", t.k.stream()),
-            ("v", t.v.stream()),
-            ("o", t.o.stream()),
-            ("lse", t.lse.stream()),
-            ("d_o", t.d_o.stream()),
-            ("dq", t.dq.stream()),
-            ("dk", t.dk.stream()),
-            ("dv", t.dv.stream()),
-        ];
-        for (tensor, owner) in owners {
-            if owner.context().cu_ctx() != ctx {
-                return Err(Error::Shape {
-                    tensor,
-                    what: "its buffer belongs to another context than the stream's: tensors and stream must share one"
-                        .into(),
-                });
-            }
-        }
+        check_contexts(
+            [
+                ("q", t.q.stream()),
+                ("k", t.k.stream()),
+                ("v", t.v.stream()),
+                ("o", t.o.stream()),
+                ("lse", t.lse.stream()),
+                ("d_o", t.d_o.stream()),
+                ("dq", t.dq.stream()),
+                ("dk", t.dk.stream()),
+                ("dv", t.dv.stream()),
+            ],
+            stream,
+        )?;
         let [q_len, k_len, v_len, o_len] = problem.required_lens().map(|(_, n)| n);
         for (tensor, len, need) in [
             ("q", t.q.len(), q_len),
