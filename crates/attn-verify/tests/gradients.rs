@@ -1,29 +1,15 @@
 //! The backward pass on every backend this machine has, and the planted backward bugs.
 
-use attn_core::{Attention, Availability, BackwardOptions};
+use attn_core::{Attention, BackwardOptions};
 use attn_verify::grad::{self, run_grad_suite};
 use attn_verify::{Outcome, report};
 
-/// Every backend of the build that is available here; the others are named, not silently dropped.
-fn available() -> Vec<Box<dyn Attention>> {
-    let mut out = vec![];
-    for b in attn::Backend::all().expect("every ATTN_* setting readable") {
-        match b.availability() {
-            Availability::Available { .. } => out.push(b),
-            Availability::Unavailable { reason } => {
-                eprintln!(
-                    "SKIPPED every_available_backend_passes_the_gradient_grid on {}: {reason}",
-                    b.name()
-                )
-            }
-        }
-    }
-    out
-}
+mod common;
+use common::{available, wgpu_required};
 
 #[test]
 fn every_available_backend_passes_the_gradient_grid() {
-    let backends = available();
+    let backends = available("every_available_backend_passes_the_gradient_grid");
     let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
     let results = run_grad_suite(&refs, &grad::quick(), BackwardOptions::default(), |r| {
         if let Outcome::Skip { reason } = &r.outcome {
@@ -39,7 +25,7 @@ fn every_available_backend_passes_the_gradient_grid() {
     let mut must = vec!["cpu-flash", "cpu-reference"];
     // CI installs lavapipe and demands wgpu (`ATTN_REQUIRE_WGPU=1`): its portable backward then
     // runs every quick case (each fits a software adapter's loop limit).
-    if attn_wgpu::options::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false) {
+    if wgpu_required() {
         must.push("wgpu");
     }
     for must in must {

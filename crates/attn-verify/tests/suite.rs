@@ -1,35 +1,15 @@
 //! The suite on every backend this machine has, the planted bugs, and the error snapshot.
 
-use attn_core::{Attention, Availability};
+use attn_core::Attention;
 use attn_verify::planted::{Flaw, Planted};
 use attn_verify::{Outcome, grid, report, run_suite};
 
-/// Whether CI demands the wgpu backend (`ATTN_REQUIRE_WGPU=1`, set by `cargo xtask test`, which
-/// installs lavapipe first): then a missing adapter fails the suite instead of skipping it.
-fn wgpu_required() -> bool {
-    attn_wgpu::options::REQUIRE_WGPU.on_off().expect("ATTN_REQUIRE_WGPU").unwrap_or(false)
-}
-
-/// Every backend of the build; the ones unavailable here are named, not silently dropped.
-fn available() -> Vec<Box<dyn Attention>> {
-    let mut out = vec![];
-    for b in attn::Backend::all().expect("every ATTN_* setting readable") {
-        match b.availability() {
-            Availability::Available { .. } => out.push(b),
-            Availability::Unavailable { reason } if b.name() == "wgpu" && wgpu_required() => {
-                panic!("the wgpu backend is required (ATTN_REQUIRE_WGPU=1) but unavailable: {reason}")
-            }
-            Availability::Unavailable { reason } => {
-                eprintln!("SKIPPED every_available_backend_passes_the_quick_grid on {}: {reason}", b.name())
-            }
-        }
-    }
-    out
-}
+mod common;
+use common::{available, wgpu_required};
 
 #[test]
 fn every_available_backend_passes_the_quick_grid() {
-    let backends = available();
+    let backends = available("every_available_backend_passes_the_quick_grid");
     let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
     let results = run_suite(&refs, &grid::quick(), |_| {});
     let table = report::table(&results);
