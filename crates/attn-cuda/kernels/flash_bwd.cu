@@ -24,7 +24,8 @@
 // (else f16), ATTN_D (64 or 128). The host's variant (crates/attn-cuda/src/backward/variant.rs)
 // mirrors the shared-memory size computed here.
 
-#include "mma_sm80.cuh"  // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
+#include "mma_sm80.cuh"         // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
+#include "flash_bwd_common.cuh"  // Params, sequences, the mask and the gradient of one score
 
 constexpr int D = ATTN_D;
 constexpr int WARPS = 4;
@@ -32,83 +33,6 @@ constexpr int THREADS = 32 * WARPS;
 constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
 constexpr int BM = 64;          // query rows per step: 16 per warp in the dQ product
 static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
-constexpr float LOG2E = 1.4426950408889634f;
-#define POS_INF __int_as_float(0x7f800000)
-
-#if ATTN_BF16
-__device__ __forceinline__ float to_f(elem_t x) { return __bfloat162float(x); }
-__device__ __forceinline__ elem_t from_f(float x) { return __float2bfloat16_rn(x); }
-#else
-__device__ __forceinline__ float to_f(elem_t x) { return __half2float(x); }
-__device__ __forceinline__ elem_t from_f(float x) { return __float2half_rn(x); }
-#endif
-
-// Must match `KernelParams` in crates/attn-cuda/src/backward/launch.rs field for field.
-struct Params {
-    const elem_t* q;
-    const elem_t* k;
-    const elem_t* v;
-    const elem_t* o;
-    const elem_t* d_o;  // o's strides
-    const float* lse;   // the forward's, natural log, laid out as attn_core's LSE
-    float* delta;       // D per row, the LSE's layout
-    float* dq_accum;    // [LSE rows][D] f32
-    int* counters;      // deterministic mode: [batch, heads_q, query blocks]
-    elem_t* dq;         // q's strides
-    elem_t* dk;         // k's strides
-    elem_t* dv;         // v's strides
-    long long q_sb, q_sh, q_ss;
-    long long k_sb, k_sh, k_ss;
-    long long v_sb, v_sh, v_ss;
-    long long o_sb, o_sh, o_ss;
-    const int* cu_seqlens_q;  // [batch + 1] packed query offsets, or null
-    const int* cu_seqlens_k;  // [batch + 1] packed key offsets, or null
-    const int* seqused_k;     // [batch] keys each sequence uses, or null
-    const float* alibi_slopes;  // [heads_q] or [batch, heads_q], or null
-    int batch, heads_q, heads_kv, seq_q, seq_k;
-    int q_total, kv_total;  // packed rows (0 where dense)
-    int alibi_batch_stride;
-    int win_left, win_right;  // row i sees keys i + shift - win_left ..= i + shift + win_right
-    float scale;
-    float softcap;  // 0: none
-    int head_dim;   // a multiple of 8, at most D
-    int deterministic;
-    int m_blocks;   // query blocks of the longest sequence: ceil(seq_q / BM)
-};
-
-// One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the
-// problem's bounds (a device caller's arrays are not checked on the host).
-struct Seq {
-    int q_start, q_len, k_start, k_len;
-};
-
-__device__ __forceinline__ Seq seq_of(const Params& p, int b) {
-    Seq s;
-    const int* cu_q = p.cu_seqlens_q;
-    const int* cu_k = p.cu_seqlens_k;
-    s.q_start = cu_q != nullptr ? min(max(cu_q[b], 0), p.q_total) : 0;
-    s.q_len = cu_q != nullptr ? min(min(max(cu_q[b + 1], s.q_start), p.q_total) - s.q_start, p.seq_q) : p.seq_q;
-    s.k_start = cu_k != nullptr ? min(max(cu_k[b], 0), p.kv_total) : 0;
-    const int held = cu_k != nullptr ? min(min(max(cu_k[b + 1], s.k_start), p.kv_total) - s.k_start, p.seq_k) : p.seq_k;
-    s.k_len = p.seqused_k != nullptr ? min(max(p.seqused_k[b], 0), held) : held;
-    return s;
-}
-
-// Index of row i of (b, h) in the LSE's layout (and delta's, and dq_accum's rows).
-__device__ __forceinline__ long long row_index(const Params& p, const Seq& s, int b, int h, int i) {
-    return p.cu_seqlens_q != nullptr ? (long long)h * p.q_total + s.q_start + i
-                                     : ((long long)b * p.heads_q + h) * p.seq_q + i;
-}
-
-// First element of (b, head) in a tensor with these strides (packed rows ignore the batch stride).
-__device__ __forceinline__ long long q_base(const Params& p, const Seq& s, int b, int h, long long sb, long long sh,
-                                            long long ss) {
-    return (p.cu_seqlens_q != nullptr ? s.q_start * ss : b * sb) + h * sh;
-}
-__device__ __forceinline__ long long k_base(const Params& p, const Seq& s, int b, int g, long long sb, long long sh,
-                                            long long ss) {
-    return (p.cu_seqlens_k != nullptr ? s.k_start * ss : b * sb) + g * sh;
-}
 
 // Byte address of 16-byte chunk c of row `row` in a [rows][LEN] tile whose rows are
 // XOR-swizzled in groups of 8 chunks (LEN a multiple of 64): ldmatrix reads are conflict-free.
@@ -171,15 +95,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_c
     for (int c = lane; c < p.head_dim; c += 32) dq[c] = from_f(p.dq_accum[row * D + c] * p.scale);
 }
 
-// Whether key block n (keys [n0, n_end)) and query rows [m0, m0 + BM) of one sequence meet.
-__device__ __forceinline__ bool meets(const Params& p, const Seq& s, int n, int m0) {
-    const int n0 = n * BN, n_end = min(n0 + BN, s.k_len);
-    const long long shift = s.k_len - s.q_len;
-    const long long lo = max(0LL, (long long)n0 - shift - p.win_right);
-    const long long hi = min((long long)s.q_len, (long long)n_end - 1 - shift + p.win_left + 1);
-    return n0 < s.k_len && lo < hi && lo < m0 + BM && hi > m0;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Main pass: grid (ceil(seq_k / BN), heads_kv, batch).
 extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_constant__ Params p) {
@@ -210,11 +125,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
     load_rows<BN>(sV, v, p.v_ss, n0, s.k_len, chunks);
     cp_commit();
 
-    // The query rows that see some key of this block: [i_lo, i_hi).
-    const int n_end = min(n0 + BN, s.k_len);
-    const int i_lo = (int)max(0LL, (long long)n0 - shift - p.win_right);
-    const int i_hi = (int)min((long long)s.q_len, (long long)n_end - 1 - shift + p.win_left + 1);
-    const int m_lo = i_lo / BM, m_hi = i_hi > i_lo ? (i_hi + BM - 1) / BM : m_lo;
+    // The query rows that see some key of this block: [rows.lo, rows.hi).
+    const Rows rows = rows_seeing(p, s, n0, min(n0 + BN, s.k_len));
+    const int m_lo = rows.lo / BM, m_hi = rows.hi > rows.lo ? (rows.hi + BM - 1) / BM : m_lo;
 
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -283,17 +196,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                         const int key = key0 + r * 8;
                         const int qi = nt * 8 + 2 * (lane % 4) + x;
                         const int row = m0 + qi, diag = row + shift;
-                        const bool seen = key < s.k_len && row < s.q_len && key <= diag + p.win_right &&
-                                          key >= diag - p.win_left;
-                        float score = st[nt][e] * p.scale, slope_of_cap = 1.f;
-                        if (p.softcap > 0.f) {
-                            const float t = tanhf(score / p.softcap);
-                            score = p.softcap * t;
-                            slope_of_cap = 1.f - t * t;
-                        }
-                        score -= slope * fabsf((float)(diag - key));
-                        prob[x] = seen ? exp2_fast(fmaf(score, LOG2E, -sLse[qi])) : 0.f;
-                        ds[x] = prob[x] * (dpt[nt][e] - sDelta[qi]) * slope_of_cap;
+                        const Grad gr = grad_of(p, sees(p, s, key, row, diag), key, diag, slope, st[nt][e],
+                                                dpt[nt][e], sLse[qi], sDelta[qi]);
+                        prob[x] = gr.p;
+                        ds[x] = gr.ds;
                     }
                     ap[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(prob[0], prob[1]));
                     ad[nt / 2][(nt % 2) * 2 + r] = as_u32(pack2(ds[0], ds[1]));
@@ -335,11 +241,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                 // earlier). From the top down, each CTA waits only for the one above it to be a
                 // step ahead: from the bottom up, under a causal mask, the CTA of key block n
                 // would wait for key block 0's CTA to walk n query blocks first.
-                int last = (s.k_len + BN - 1) / BN - 1;
-                while (!meets(p, s, last, m0)) --last;
+                const int rank = rank_from_top<BN, BM>(p, s, n_block, m0);
                 counter = p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
                 if (threadIdx.x == 0) {
-                    while (atomicAdd(counter, 0) != last - n_block) __nanosleep(64);
+                    while (atomicAdd(counter, 0) != rank) __nanosleep(64);
                 }
                 __syncthreads();
                 __threadfence();

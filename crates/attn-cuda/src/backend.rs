@@ -124,7 +124,7 @@ struct Planned {
 #[derive(Default)]
 pub struct Cuda {
     pub(crate) gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
-    options: Options,
+    pub(crate) options: Options,
     /// State for the device-resident calls (`crate::device`): callers' contexts, plans by
     /// problem, workspaces by stream.
     pub(crate) resident: crate::device::Resident,
@@ -160,7 +160,7 @@ impl Cuda {
     ) -> Result<(Plan, Vec<Duration>)> {
         problem.check_backward(&inputs, &grads)?;
         let gpu = self.gpu()?;
-        let plan = crate::backward::run::plan(&gpu, problem, options)?;
+        let plan = crate::backward::run::plan(&gpu, problem, options, self.options.family)?;
         let times = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs)?;
         Ok((plan, times))
     }
@@ -429,7 +429,7 @@ impl Attention for Cuda {
     /// limits, as `plan` is.
     fn plan_backward(&self, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
         problem.validate_backward()?;
-        crate::backward::run::plan(&*self.gpu()?, problem, options)
+        crate::backward::run::plan(&*self.gpu()?, problem, options, self.options.family)
     }
 
     fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {

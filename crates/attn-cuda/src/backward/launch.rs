@@ -1,9 +1,13 @@
-//! The backward kernels' parameter block (one for all three).
+//! The backward kernels' parameter block (one for all three), and the Hopper main pass's (its four
+//! TMA tensor maps before it).
 
+use crate::hopper::L2Promotion;
+use crate::hopper::launch::tensor_map;
 use crate::scores::ScoreParams;
 use crate::tensors::{ExtraPointers, strides};
-use attn_core::{Alibi, KvRows, Mask, Problem, QueryRows};
+use attn_core::{Alibi, Error, KvRows, Mask, Problem, QueryRows, Result};
 use cudarc::driver::DeviceRepr;
+use cudarc::driver::sys::CUtensorMap;
 
 /// Device addresses of one backward call's tensors and workspace.
 #[derive(Clone, Copy, Debug, Default)]
@@ -138,8 +142,68 @@ impl KernelParams {
     }
 }
 
+/// The Hopper main pass's only argument (`struct Sm90Params` in `kernels/flash_bwd_sm90.cu`): the
+/// tensor maps of Q, K, V and dO (boxes of 64 columns by the variant's query block or key block
+/// rows, 128-byte swizzled), then the common block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sm90BackwardParams {
+    maps: [CUtensorMap; 4],
+    base: KernelParams,
+}
+
+// SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
+// driver's opaque 128-byte values).
+unsafe impl DeviceRepr for Sm90BackwardParams {}
+
+impl Sm90BackwardParams {
+    /// The block for `problem` over the tensors `base` points at; `block_m` and `block_n` are
+    /// the variant's query and key blocks (the boxes' rows).
+    pub fn new(base: KernelParams, problem: &Problem, block_m: usize, block_n: usize) -> Result<Self> {
+        let s = problem.shape;
+        let t = problem.strides;
+        // Each tensor's (rows, heads, batches) as its map spans them: packed rows are one batch.
+        let q_extent = match problem.batching.q {
+            QueryRows::Packed { total } => (total, s.heads_q, 1),
+            QueryRows::Dense => (s.seq_q, s.heads_q, s.batch),
+        };
+        let kv_extent = match problem.batching.kv {
+            KvRows::Packed { total } => (total, s.heads_kv, 1),
+            _ => (s.seq_k, s.heads_kv, s.batch),
+        };
+        let map = |name: &'static str, base: u64, (seq, heads, batch), st, rows| {
+            tensor_map(
+                problem.dtype,
+                base,
+                [s.head_dim, seq, heads, batch],
+                st,
+                rows,
+                L2Promotion::for_problem(problem),
+            )
+            .map_err(|e| Error::backend("cuda", format!("cuTensorMapEncodeTiled for {name}: {e:?}")))
+        };
+        Ok(Sm90BackwardParams {
+            maps: [
+                map("q", base.q, q_extent, t.q, block_m)?,
+                map("k", base.k, kv_extent, t.k, block_n)?,
+                map("v", base.v, kv_extent, t.v, block_n)?,
+                map("d_o", base.d_o, q_extent, t.o, block_m)?,
+            ],
+            base,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_hopper_block_puts_the_maps_first() {
+        // Four 128-byte maps, then the common block (the kernel's `Params p` at 512), the whole
+        // padded to the maps' 128-byte alignment as the kernel's struct is.
+        assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, base), 512);
+        assert_eq!(std::mem::size_of::<super::Sm90BackwardParams>(), (512 + 288usize).next_multiple_of(128));
+    }
+
     #[test]
     fn layout_matches_the_kernel() {
         // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 3

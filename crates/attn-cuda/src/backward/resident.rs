@@ -3,7 +3,7 @@
 //! is allocated on the stream per call and freed there after the launches.
 
 use super::launch::{BackwardPointers, KernelParams};
-use super::run::{ChosenBackward, Workspace, enqueue, functions};
+use super::run::{ChosenBackward, LaunchParams, Workspace, enqueue, functions};
 use crate::backend::Cuda;
 use crate::device::{DeviceElement, check_contexts, check_len};
 use crate::indices::{self, DeviceArrays};
@@ -44,7 +44,7 @@ impl Cuda {
         problem: &Problem,
         options: BackwardOptions,
     ) -> Result<Plan> {
-        super::run::plan(&*self.context_for(ctx)?, problem, options)
+        super::run::plan(&*self.context_for(ctx)?, problem, options, self.options.family)
     }
 
     /// Enqueues the backward pass of `plan` (from [`Cuda::plan_backward_on`]) on `stream`: reads
@@ -110,7 +110,7 @@ impl Cuda {
         let (given, _index_guards) = arrays.given(stream);
         let extras = indices::check(problem, given, stream.context().ordinal())?;
         let gpu = self.context_for(stream.context())?;
-        let functions = functions(&gpu, &chosen.variant.request(Cuda::arch(&gpu)?), chosen)?;
+        let functions = functions(&gpu, chosen)?;
         let mut workspace = Workspace::new(stream, problem, chosen)?;
         // The addresses, with cudarc's stream-ordering guards held until the launches are enqueued.
         let (q, _q) = t.q.device_ptr(stream);
@@ -123,7 +123,11 @@ impl Cuda {
         let (dk, _dk) = t.dk.device_ptr_mut(stream);
         let (dv, _dv) = t.dv.device_ptr_mut(stream);
         let at = BackwardPointers { q, k, v, o, d_o, lse, dq, dk, dv, ..Default::default() };
-        let params = KernelParams::new(workspace.add_to(at, stream), extras, problem, chosen.deterministic);
+        let params = LaunchParams::new(
+            KernelParams::new(workspace.add_to(at, stream), extras, problem, chosen.deterministic),
+            problem,
+            chosen,
+        )?;
         // SAFETY: every buffer was checked above to hold the problem's elements on the stream's
         // context; the views borrow the caller's buffers for this call and the workspace is
         // freed on the stream after the launches (stream-ordered).

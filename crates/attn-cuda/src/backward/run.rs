@@ -1,10 +1,11 @@
 //! Planning and running the backward family through the host-copy path: inputs and gradients
 //! uploaded, three launches on the backend's stream, gradients read back.
 
-use super::launch::{BackwardPointers, KernelParams};
-use super::variant::{BLOCK_M, BLOCK_N, Launches, Variant};
+use super::launch::{BackwardPointers, KernelParams, Sm90BackwardParams};
+use super::variant::{BLOCK_M, Launches, Variant};
 use crate::backend::Cuda;
-use crate::compile::CompileRequest;
+use crate::compile::Arch;
+use crate::options::Family;
 use crate::runtime::{Gpu, driver};
 use crate::tensors::{DeviceExtras, bits, check_alignment, check_supported_by, from_bits};
 use attn_core::{
@@ -16,8 +17,8 @@ use cudarc::driver::{
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The kernels' entry functions, in launch order.
-pub const ENTRIES: [&str; 3] = ["attn_bwd_pre", "attn_bwd", "attn_bwd_dq"];
+/// The row passes' entry functions (the main pass's is [`Variant::main_entry`]).
+pub const ENTRIES: [&str; 2] = ["attn_bwd_pre", "attn_bwd_dq"];
 
 /// What `plan_backward` chose, in the plan's payload.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,23 +28,47 @@ pub(crate) struct ChosenBackward {
     pub(crate) deterministic: bool,
 }
 
-/// Plans the backward of `problem` on `gpu`: the variant, its three launches (each compiled,
-/// with ptxas's registers and spills, and validated against the device's limits).
-pub(crate) fn plan(gpu: &Gpu, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
+/// Plans the backward of `problem` on `gpu`: the variant (the Hopper family on sm_90 unless
+/// `family` forces the Ampere/Ada one), its three launches (each compiled, with ptxas's
+/// registers and spills, and validated against the device's limits).
+pub(crate) fn plan(
+    gpu: &Gpu,
+    problem: &Problem,
+    options: BackwardOptions,
+    family: Option<Family>,
+) -> Result<Plan> {
     problem.validate_backward()?;
     let d = problem.shape.head_dim;
-    let variant = Variant::for_problem(problem.dtype, d);
+    let arch = Cuda::arch(gpu)?;
+    let hopper = match family {
+        Some(Family::Hopper) if arch != Arch::Sm90a => {
+            return Err(attn_core::Error::Unsupported {
+                backend: "cuda (Hopper family)".into(),
+                what: format!(
+                    "the backward of {problem}: the Hopper family needs compute capability 9.0 (sm_90a)"
+                ),
+            });
+        }
+        Some(Family::Ampere) => false,
+        _ => arch == Arch::Sm90a,
+    };
+    let variant = Variant::for_problem(problem.dtype, d, hopper);
     check_supported_by(problem, "cuda", variant.is_some(), || {
         "multiples of 8 up to 128 in the backward pass (64 and 128 natively, the others padded to the next)"
             .into()
     })?;
+    // TMA (the Hopper family) and the Ampere/Ada family's 16-byte loads: strides in multiples of
+    // 16 bytes.
     check_alignment(problem)?;
     let variant = variant.expect("checked by check_supported_by");
-    let arch = Cuda::arch(gpu)?;
-    let compiled = crate::compile::compile_cached(&variant.request(arch))?;
+    let rows_compiled = crate::compile::compile_cached(&variant.request(arch))?;
+    let main_compiled = crate::compile::compile_cached(&variant.main_request(arch))?;
     let mut launches = variant.launches(problem);
-    for (launch, entry) in [&mut launches.pre, &mut launches.main, &mut launches.dq].into_iter().zip(ENTRIES)
-    {
+    for (launch, compiled, entry) in [
+        (&mut launches.pre, &rows_compiled, ENTRIES[0]),
+        (&mut launches.main, &main_compiled, variant.main_entry()),
+        (&mut launches.dq, &rows_compiled, ENTRIES[1]),
+    ] {
         let resources = compiled.resources_of(entry);
         launch.registers_per_thread = resources.map(|r| r.registers);
         launch.spill_bytes = resources.map(|r| r.spill_bytes());
@@ -64,13 +89,25 @@ pub(crate) fn plan(gpu: &Gpu, problem: &Problem, options: BackwardOptions) -> Re
         backend: "cuda".into(),
         kernel: variant.name(),
         problem: *problem,
-        tiles: Tiles { block_m: BLOCK_M, block_n: BLOCK_N, stages: 1 },
+        tiles: Tiles {
+            block_m: variant.block_m(),
+            block_n: variant.block_n(),
+            stages: if variant.hopper { 2 } else { 1 },
+        },
         execution: Execution::Gpu(launches.main.clone()),
         notes: vec![
             format!(
-                "three launches: attn_bwd_pre {:?} (D = rowsum(dO*O), dQ accumulator zeroed), attn_bwd {:?} (a CTA per \
-                 key block, kv head and sequence), attn_bwd_dq {:?}",
-                launches.pre.grid, launches.main.grid, launches.dq.grid
+                "three launches: attn_bwd_pre {:?} (D = rowsum(dO*O), dQ accumulator zeroed), {} {:?} (a CTA per \
+                 key block, kv head and sequence{}), attn_bwd_dq {:?}",
+                launches.pre.grid,
+                variant.main_entry(),
+                launches.main.grid,
+                if variant.hopper {
+                    "; TMA and wgmma, a producer warpgroup and two MMA warpgroups of 64 keys each"
+                } else {
+                    "; mma.sync, 4 warps of 16 keys"
+                },
+                launches.dq.grid
             ),
             mode.into(),
             format!("workspace {workspace} bytes: D and the f32 dQ accumulator, linear in the query rows"),
@@ -94,8 +131,7 @@ pub(crate) fn run(
         what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
     })?;
     let problem = &plan.problem;
-    let request = chosen.variant.request(Cuda::arch(gpu)?);
-    let functions = functions(gpu, &request, chosen)?;
+    let functions = functions(gpu, chosen)?;
     let stream = gpu.stream()?;
     let up16 = |data: attn_core::Data<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
         stream.clone_htod(&bits(data, name)?).map_err(driver("copy a backward input to the device"))
@@ -135,8 +171,11 @@ pub(crate) fn run(
         dv: dv.device_ptr_mut(stream).0,
         ..Default::default()
     };
-    let params =
-        KernelParams::new(workspace.add_to(at, stream), extras.pointers(), problem, chosen.deterministic);
+    let params = LaunchParams::new(
+        KernelParams::new(workspace.add_to(at, stream), extras.pointers(), problem, chosen.deterministic),
+        problem,
+        chosen,
+    )?;
     let time = |stream: &Arc<CudaStream>| -> Result<()> {
         // SAFETY: the parameter block points at buffers allocated above for this problem
         // (Problem::required_lens, lse_len rows of workspace), kept alive until the copies back
@@ -158,15 +197,33 @@ pub(crate) fn run(
 
 /// The chosen variant's three entry functions, loaded in `gpu`'s context, the main pass allowed
 /// its shared memory.
-pub(crate) fn functions(
-    gpu: &Gpu,
-    request: &CompileRequest,
-    chosen: &ChosenBackward,
-) -> Result<[CudaFunction; 3]> {
-    let [pre, main, dq] = ENTRIES.map(|e| gpu.kernel(request, e).map(|k| k.function));
-    let (pre, main, dq) = (pre?, main?, dq?);
-    gpu.set_max_dynamic_shared(&main, chosen.variant.shared_bytes())?;
+pub(crate) fn functions(gpu: &Gpu, chosen: &ChosenBackward) -> Result<[CudaFunction; 3]> {
+    let arch = Cuda::arch(gpu)?;
+    let v = &chosen.variant;
+    let rows = v.request(arch);
+    let pre = gpu.kernel(&rows, ENTRIES[0])?.function;
+    let dq = gpu.kernel(&rows, ENTRIES[1])?.function;
+    let main = gpu.kernel(&v.main_request(arch), v.main_entry())?.function;
+    gpu.set_max_dynamic_shared(&main, v.shared_bytes())?;
     Ok([pre, main, dq])
+}
+
+/// The launches' parameter blocks: the common one, and the Hopper main pass's (with its tensor
+/// maps over the same tensors) where the plan has that family.
+pub(crate) struct LaunchParams {
+    base: KernelParams,
+    sm90: Option<Sm90BackwardParams>,
+}
+
+impl LaunchParams {
+    pub(crate) fn new(base: KernelParams, problem: &Problem, chosen: &ChosenBackward) -> Result<Self> {
+        let v = &chosen.variant;
+        let sm90 = match v.hopper {
+            true => Some(Sm90BackwardParams::new(base, problem, v.block_m(), v.block_n())?),
+            false => None,
+        };
+        Ok(LaunchParams { base, sm90 })
+    }
 }
 
 /// The backward's device workspace: D per query row, the f32 dQ accumulator, and the
@@ -211,18 +268,21 @@ impl Workspace {
 pub(crate) unsafe fn enqueue(
     functions: &[CudaFunction; 3],
     chosen: &ChosenBackward,
-    params: &KernelParams,
+    params: &LaunchParams,
     stream: &Arc<CudaStream>,
 ) -> Result<()> {
     let launches = [&chosen.launches.pre, &chosen.launches.main, &chosen.launches.dq];
-    for (function, launch) in functions.iter().zip(launches) {
+    for (i, (function, launch)) in functions.iter().zip(launches).enumerate() {
         let cfg = LaunchConfig {
             grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
             shared_mem_bytes: launch.dynamic_shared_bytes,
         };
         let mut builder = stream.launch_builder(function);
-        builder.arg(params);
+        match (i, &params.sm90) {
+            (1, Some(sm90)) => builder.arg(sm90),
+            _ => builder.arg(&params.base),
+        };
         // SAFETY: the caller's promise on the buffers; the launch is the plan's, validated
         // against the device's limits.
         unsafe { builder.launch(cfg) }.map_err(driver("cuLaunchKernel (backward)"))?;

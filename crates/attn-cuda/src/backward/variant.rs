@@ -1,22 +1,42 @@
-//! One specialisation of `kernels/flash_bwd.cu`: its tiles, shared memory, launches and the NVRTC
-//! request that compiles it.
+//! One specialisation of the backward: `kernels/flash_bwd.cu` (the pre-pass, dQ's conversion and
+//! the Ampere/Ada family's main pass) and, for the Hopper family, `kernels/flash_bwd_sm90.cu`'s
+//! main pass; their tiles, shared memory, launches and the NVRTC requests that compile them.
 
 use crate::compile::{Arch, CompileRequest};
 use attn_core::{DType, Launch, Problem};
 
 /// The kernel source, compiled at run time for the device's exact architecture.
 pub const SOURCE: &str = include_str!("../../kernels/flash_bwd.cu");
+/// The Hopper family's main pass, compiled for sm_90a.
+pub const SOURCE_SM90: &str = include_str!("../../kernels/flash_bwd_sm90.cu");
 
-/// Keys per CTA of the main pass (`BN` in the kernel: 16 per warp, 4 warps).
+/// The headers the sources include, by name (the Hopper one adds its generated wgmma wrappers).
+pub const HEADERS: &[(&str, &str)] = &[
+    ("mma_sm80.cuh", include_str!("../../kernels/mma_sm80.cuh")),
+    ("flash_bwd_common.cuh", include_str!("../../kernels/flash_bwd_common.cuh")),
+    ("sm90.cuh", include_str!("../../kernels/sm90.cuh")),
+];
+
+/// Keys per CTA of the Ampere/Ada main pass (`BN` in `flash_bwd.cu`: 16 per warp, 4 warps).
 pub const BLOCK_N: usize = 64;
-/// Query rows per step of the main pass (`BM` in the kernel).
+/// Query rows per step of the Ampere/Ada main pass (`BM`), and the blocks the deterministic
+/// mode's counters are laid out by (the Hopper family's blocks are whole multiples of it).
 pub const BLOCK_M: usize = 64;
-/// Threads per block of each of the three kernels.
+/// Threads per block of each of the three kernels of the Ampere/Ada family.
 pub const THREADS: u32 = 128;
+/// Keys per CTA of the Hopper main pass (`BN` in `flash_bwd_sm90.cu`: 64 per MMA warpgroup).
+pub const SM90_BLOCK_N: usize = 128;
+/// Threads of the Hopper main pass: two MMA warpgroups and the producer's.
+pub const SM90_THREADS: u32 = 384;
+/// Registers per thread after `setmaxnreg`: the producer's (TMA issue and the LSE's loads) and
+/// each MMA warpgroup's (dK, dV, Sᵀ, dPᵀ and dQ's accumulators); 128 × (40 + 2 × 232) = 64512.
+pub const SM90_PRODUCER_REGISTERS: u32 = 40;
+/// See [`SM90_PRODUCER_REGISTERS`].
+pub const SM90_CONSUMER_REGISTERS: u32 = 232;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
-/// One compiled specialisation of `kernels/flash_bwd.cu`.
+/// One compiled specialisation of the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     /// f16 or bf16.
@@ -24,6 +44,8 @@ pub struct Variant {
     /// Head dimension the kernel is compiled for (`ATTN_D`): 64 or 128; the problem's own (a
     /// multiple of 8 up to it) is a run-time parameter.
     pub head_dim: usize,
+    /// The Hopper family's main pass (`flash_bwd_sm90.cu`, sm_90a) instead of the Ampere/Ada one.
+    pub hopper: bool,
 }
 
 /// The three launches of one backward call, in order.
@@ -41,49 +63,110 @@ impl Variant {
     /// The head dims the kernel is compiled for.
     pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
-    /// Every variant that ships: each dtype at each head dim.
+    /// Every variant that ships: each family at each dtype and head dim.
     pub fn all() -> Vec<Variant> {
-        [DType::F16, DType::Bf16]
+        [false, true]
             .into_iter()
-            .flat_map(|dtype| Self::HEAD_DIMS.map(|head_dim| Variant { dtype, head_dim }))
+            .flat_map(|hopper| {
+                [DType::F16, DType::Bf16].into_iter().flat_map(move |dtype| {
+                    Self::HEAD_DIMS.map(|head_dim| Variant { dtype, head_dim, hopper })
+                })
+            })
             .collect()
     }
 
-    /// The variant for a problem of `dtype` and head dim `d`, or `None` past 128 (or not a
-    /// multiple of 8).
-    pub fn for_problem(dtype: DType, d: usize) -> Option<Variant> {
+    /// The variant for a problem of `dtype` and head dim `d` in the family `hopper` says, or
+    /// `None` past 128 (or not a multiple of 8).
+    pub fn for_problem(dtype: DType, d: usize, hopper: bool) -> Option<Variant> {
         let head_dim = Self::HEAD_DIMS.into_iter().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
-        Some(Variant { dtype, head_dim })
+        Some(Variant { dtype, head_dim, hopper })
     }
 
-    /// Dynamic shared memory of the main pass: K and V (`BLOCK_N` rows), Q and dO (`BLOCK_M`
-    /// rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32). Mirrors the
-    /// pointer arithmetic at the top of `attn_bwd`.
+    /// Keys per CTA of the main pass.
+    pub fn block_n(&self) -> usize {
+        if self.hopper { SM90_BLOCK_N } else { BLOCK_N }
+    }
+
+    /// Query rows per step of the main pass: the Hopper family's 128 at D=64 (its MMA warpgroups
+    /// split dQ's rows) and 64 at D=128 (dK and dV's registers leave room for no more).
+    pub fn block_m(&self) -> usize {
+        match (self.hopper, self.head_dim) {
+            (true, 64) => 128,
+            _ => BLOCK_M,
+        }
+    }
+
+    /// Dynamic shared memory of the main pass. Ampere/Ada: K and V (`BLOCK_N` rows), Q and dO
+    /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
+    /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, two stages of Q and
+    /// dO, two dSᵀ buffers, two stages of LSE and D, five mbarriers and 1024 bytes of slack for
+    /// the alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
-        (((2 * BLOCK_N + 2 * BLOCK_M) * self.head_dim + BLOCK_N * BLOCK_M) * 2 + 2 * BLOCK_M * 4) as u32
+        let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
+        let bytes = match self.hopper {
+            false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
+            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + 4 * m * 4 + 8 * 5 + 1024,
+        };
+        bytes as u32
     }
 
     /// The name of the specialisation.
     pub fn name(&self) -> String {
-        format!("flash_bwd_{}_d{}_bm{BLOCK_M}_bn{BLOCK_N}", self.dtype, self.head_dim)
+        let family = if self.hopper { "_sm90" } else { "" };
+        format!(
+            "flash_bwd{family}_{}_d{}_bm{}_bn{}",
+            self.dtype,
+            self.head_dim,
+            self.block_m(),
+            self.block_n()
+        )
     }
 
     /// The NVRTC `-D` defines that select it.
     pub fn defines(&self) -> Vec<(String, String)> {
-        vec![
+        let mut defines = vec![
             ("ATTN_BF16".into(), u8::from(self.dtype == DType::Bf16).to_string()),
             ("ATTN_D".into(), self.head_dim.to_string()),
-        ]
+        ];
+        if self.hopper {
+            defines.push(("ATTN_PRODUCER_REGS".into(), SM90_PRODUCER_REGISTERS.to_string()));
+            defines.push(("ATTN_CONSUMER_REGS".into(), SM90_CONSUMER_REGISTERS.to_string()));
+        }
+        defines
     }
 
-    /// The NVRTC request that compiles this specialisation for `arch`.
+    /// The NVRTC request that compiles the pre-pass and dQ's conversion (and the Ampere/Ada main
+    /// pass) for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
-        CompileRequest::new(self.name(), SOURCE, arch).headers(crate::ampere::HEADERS).defines(self.defines())
+        let rows = Variant { hopper: false, ..*self };
+        CompileRequest::new(rows.name(), SOURCE, arch).headers(HEADERS).defines(rows.defines())
     }
 
-    /// Registers one thread may use so that a block fits the register file (255 at 128 threads).
+    /// The NVRTC request that compiles the main pass: [`Variant::request`]'s for the Ampere/Ada
+    /// family, `flash_bwd_sm90.cu` for sm_90a for the Hopper family.
+    pub fn main_request(&self, arch: Arch) -> CompileRequest {
+        match self.hopper {
+            false => self.request(arch),
+            true => CompileRequest::new(self.name(), SOURCE_SM90, Arch::Sm90a)
+                .header(
+                    "sm90_wgmma.cuh",
+                    crate::hopper::wgmma::backward_header(self.dtype, self.block_m(), self.head_dim),
+                )
+                .headers(HEADERS)
+                .defines(self.defines()),
+        }
+    }
+
+    /// The main pass's entry function.
+    pub fn main_entry(&self) -> &'static str {
+        if self.hopper { "attn_bwd_sm90" } else { "attn_bwd" }
+    }
+
+    /// Registers one thread of the main pass may use: 255 at 128 threads; with `setmaxnreg` the
+    /// cap that 65536 registers over 384 threads give at entry (168), which ptxas allocates to.
     pub fn register_budget(&self) -> u32 {
-        (65536 / THREADS).min(255)
+        let threads = if self.hopper { SM90_THREADS } else { THREADS };
+        (65536 / threads / 8 * 8).min(255)
     }
 
     /// The launches for `problem`: the main pass one block per (key block, kv head, sequence),
@@ -99,7 +182,8 @@ impl Variant {
             spill_bytes: None,
         };
         let main = Launch {
-            grid: [s.seq_k.div_ceil(BLOCK_N) as u32, s.heads_kv as u32, s.batch as u32],
+            grid: [s.seq_k.div_ceil(self.block_n()) as u32, s.heads_kv as u32, s.batch as u32],
+            block: [if self.hopper { SM90_THREADS } else { THREADS }, 1, 1],
             dynamic_shared_bytes: self.shared_bytes(),
             ..rows.clone()
         };
@@ -113,14 +197,24 @@ mod tests {
 
     #[test]
     fn shared_memory_fits_an_l4_and_head_dims_pick_their_kernel() {
-        // An L4 (sm_89) opts in to 99 KiB a block; D=128 takes 72.5 KiB.
+        // An L4 (sm_89) opts in to 99 KiB a block; D=128 takes 72.5 KiB. Hopper: 227 KiB.
         for v in Variant::all() {
-            assert!(v.shared_bytes() <= 99 * 1024, "{}: {} B", v.name(), v.shared_bytes());
+            let limit = if v.hopper { 227 * 1024 } else { 99 * 1024 };
+            assert!(v.shared_bytes() <= limit, "{}: {} B", v.name(), v.shared_bytes());
         }
-        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128 }.shared_bytes(), 74_240);
-        assert_eq!(Variant::for_problem(DType::F16, 40).map(|v| v.head_dim), Some(64));
-        assert_eq!(Variant::for_problem(DType::F16, 72).map(|v| v.head_dim), Some(128));
-        assert_eq!(Variant::for_problem(DType::F16, 136), None);
-        assert_eq!(Variant::for_problem(DType::F16, 60), None);
+        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128, hopper: false }.shared_bytes(), 74_240);
+        // Hopper D=128: K, V 32 KiB each, Q and dO 2 x 16 KiB each, dS^T 2 x 16 KiB: 160 KiB.
+        assert_eq!(
+            Variant { dtype: DType::Bf16, head_dim: 128, hopper: true }.shared_bytes(),
+            163_840 + 1024 + 1024 + 40
+        );
+        assert_eq!(Variant::for_problem(DType::F16, 40, false).map(|v| v.head_dim), Some(64));
+        assert_eq!(
+            Variant::for_problem(DType::F16, 72, true).map(|v| (v.head_dim, v.block_m())),
+            Some((128, 64))
+        );
+        assert_eq!(Variant::for_problem(DType::F16, 64, true).map(|v| v.block_m()), Some(128));
+        assert_eq!(Variant::for_problem(DType::F16, 136, false), None);
+        assert_eq!(Variant::for_problem(DType::F16, 60, false), None);
     }
 }

@@ -104,7 +104,7 @@ unsafe impl DeviceRepr for Sm90Params {}
 /// A 4-D tensor map of a [batch][heads][seq][head_dim] tensor with these element strides, whose
 /// boxes are 64 columns (128 bytes) by `rows` rows, 128-byte swizzled, with L2 promotion `l2`;
 /// rows past `seq` read as zeros.
-fn tensor_map(
+pub(crate) fn tensor_map(
     dtype: DType,
     base: u64,
     dims: [usize; 4],

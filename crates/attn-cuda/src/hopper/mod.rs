@@ -21,7 +21,7 @@ pub(crate) mod launch;
 pub(crate) mod plan;
 pub(crate) mod split;
 pub(crate) mod variant;
-mod wgmma;
+pub(crate) mod wgmma;
 
 pub use plan::{Settings, Tiles, tiles};
 pub use variant::{L2Promotion, Variant};

@@ -1,0 +1,366 @@
+// The Hopper family's backward main pass (sm_90a): warp-specialized, TMA loads and wgmma. The
+// pre-pass (D = rowsum(dO ∘ O), the dQ accumulator zeroed) and dQ's conversion are flash_bwd.cu's
+// attn_bwd_pre and attn_bwd_dq, on the same parameter block and workspace.
+//
+// A CTA per (block of BN = 128 keys, kv head, sequence), three warpgroups:
+//   warpgroup 2, the producer: one thread loads K and V once by TMA, then for every step (a query
+//     head of the GQA group and a block of BM query rows that sees the keys) Q and dO by TMA into
+//     a ring of two stages, the warp's lanes the step's LSE (in log2 units) and D beside them;
+//   warpgroups 0 and 1, the MMA warpgroups: warpgroup w owns keys 64w .. 64w + 63 of the block,
+//     their dK and dV in its registers over every step; per step
+//       S^T  = K Q^T,  dP^T = V dO^T            wgmma, shared x shared (the keys are wgmma's M,
+//                                               so the query block can be 64 rows)
+//       P^T  = exp2(S^T scale log2(e) - lse),   dS^T = P^T (dP^T - D) (1 - tanh^2)
+//       dV  += P^T dO, dK += dS^T Q             wgmma, P^T and dS^T as register A operands (P
+//                                               never goes to shared memory)
+//       dS^T to shared memory (two buffers, one barrier of both warpgroups a step)
+//       dQ   = dS K, this warpgroup's 64 x 64 part (at D = 128 its 64 columns, at D = 64 its 64
+//              of the 128 rows), added to the f32 accumulator with vector atomics.
+// With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
+// flash_bwd.cu (the last key block first; the grid starts there).
+//
+// Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
+// sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
+// masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64 or 128),
+// ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg). The host's variant
+// (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
+
+#include "mma_sm80.cuh"          // elem_t, pack2, as_u32, exp2_fast
+#include "flash_bwd_common.cuh"  // Params, sequences, the mask and the gradient of one score
+#include "sm90.cuh"              // mbarriers, TMA, wgmma fences and descriptors, setmaxnreg
+#include "sm90_wgmma.cuh"        // generated: wgmma_qk (S^T, dP^T), wgmma_pv (dV, dK), wgmma_dq
+
+constexpr int D = ATTN_D;
+static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
+constexpr int BN = 128;                   // keys per CTA: 64 per MMA warpgroup
+constexpr int BM = D == 64 ? 128 : 64;    // query rows per step (D = 128: registers allow 64)
+constexpr int STAGES = 2;                 // Q/dO ring
+constexpr int THREADS = 3 * 128;
+constexpr int D_BLOCKS = D / 64;          // 64-column (128-byte) TMA boxes per row
+constexpr int NS = BM / 2;                // S^T, dP^T accumulators per thread (64 x BM a warpgroup)
+constexpr int ND = D / 2;                 // dK, dV accumulators per thread (64 x D)
+constexpr int NQ = 32;                    // dQ accumulators per thread (64 x 64)
+
+// Shared memory from a 1024-byte aligned base (the host adds 1024 bytes of slack). Every tile is a
+// run of 64-column blocks, each [rows][64] with the 128-byte swizzle TMA writes.
+constexpr unsigned KV_BYTES = BN * D * 2;
+constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
+constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
+constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * STAGES * BM * 4 +
+                                8 * (1 + 2 * STAGES);
+static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
+
+struct Smem {
+    elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
+    float *lse, *delta;            // [STAGES][BM]
+    unsigned long long* kv_full;   // K and V landed
+    unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
+    unsigned long long* empty;     // [STAGES] the 8 MMA warps are done with the stage
+};
+
+__device__ __forceinline__ Smem carve(unsigned char* raw) {
+    unsigned char* p = raw + ((1024 - (sm90::smem_u32(raw) & 1023)) & 1023);
+    Smem s;
+    s.k = reinterpret_cast<elem_t*>(p);
+    s.v = reinterpret_cast<elem_t*>(p + KV_BYTES);
+    s.q = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES);
+    s.d_o = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + STAGES * TILE_BYTES);
+    s.ds = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES);
+    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
+    s.delta = s.lse + STAGES * BM;
+    s.kv_full = reinterpret_cast<unsigned long long*>(s.delta + STAGES * BM);
+    s.full = s.kv_full + 1;
+    s.empty = s.full + STAGES;
+    return s;
+}
+
+// The main pass's parameter block: the tensor maps first (128-byte aligned), then the family's
+// common block. Must match `Sm90BackwardParams` in crates/attn-cuda/src/backward/launch.rs.
+struct Sm90Params {
+    sm90::TensorMap q_map, k_map, v_map, do_map;  // [head_dim, rows, heads, batches], boxes of 64 columns
+    Params p;
+};
+
+// The key block and the steps a CTA walks; the producer and the MMA warpgroups agree on them.
+struct Work {
+    int n_block, g, b, n0;
+    Seq s;
+    int m_lo, m_hi, group;
+};
+
+__device__ __forceinline__ Work work_of(const Params& p) {
+    Work w;
+    // Deterministic: the last key block first (see flash_bwd.cu: a CTA waits only for earlier ones).
+    w.n_block = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    w.g = blockIdx.y;
+    w.b = blockIdx.z;
+    w.s = seq_of(p, w.b);
+    w.n0 = w.n_block * BN;
+    const Rows rows = rows_seeing(p, w.s, w.n0, min(w.n0 + BN, w.s.k_len));
+    w.m_lo = rows.lo / BM;
+    w.m_hi = rows.hi > rows.lo ? (rows.hi + BM - 1) / BM : w.m_lo;
+    w.group = p.heads_q / p.heads_kv;
+    return w;
+}
+
+// TMA row and batch coordinates of row r of a sequence (packed rows: one batch of all of them).
+__device__ __forceinline__ int q_map_row(const Params& p, const Work& w, int r) {
+    return p.cu_seqlens_q != nullptr ? w.s.q_start + r : r;
+}
+__device__ __forceinline__ int q_map_batch(const Params& p, const Work& w) {
+    return p.cu_seqlens_q != nullptr ? 0 : w.b;
+}
+
+// ---- The producer: K and V once, then each step's Q, dO, LSE and D into its stage.
+__device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
+    const Params& p = P.p;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) {
+        sm90::tma_prefetch(&P.q_map);
+        sm90::tma_prefetch(&P.do_map);
+        const int k_row = p.cu_seqlens_k != nullptr ? w.s.k_start + w.n0 : w.n0;
+        const int k_batch = p.cu_seqlens_k != nullptr ? 0 : w.b;
+        sm90::mbar_arrive_expect_tx(s.kv_full, 2 * KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < D_BLOCKS; ++c) {
+            sm90::tma_load_4d(s.k + c * BN * 64, &P.k_map, s.kv_full, 64 * c, k_row, w.g, k_batch);
+            sm90::tma_load_4d(s.v + c * BN * 64, &P.v_map, s.kv_full, 64 * c, k_row, w.g, k_batch);
+        }
+    }
+    int step = 0;
+    for (int hh = 0; hh < w.group; ++hh) {
+        const int h = w.g * w.group + hh;
+        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+            const int st = step % STAGES, m0 = m * BM;
+            sm90::mbar_wait(s.empty + st, ((step / STAGES) & 1) ^ 1);
+            for (int r = lane; r < BM; r += 32) {
+                const int i = m0 + r;
+                const bool row = i < w.s.q_len;
+                const long long at = row_index(p, w.s, w.b, h, row ? i : 0);
+                s.lse[st * BM + r] = row ? p.lse[at] * LOG2E : POS_INF;
+                s.delta[st * BM + r] = row ? p.delta[at] : 0.f;
+            }
+            if (lane == 0) {
+                sm90::mbar_arrive_expect_tx(s.full + st, 2 * TILE_BYTES);
+                const int row = q_map_row(p, w, m0), batch = q_map_batch(p, w);
+#pragma unroll
+                for (int c = 0; c < D_BLOCKS; ++c) {
+                    sm90::tma_load_4d(s.q + st * (TILE_BYTES / 2) + c * BM * 64, &P.q_map, s.full + st, 64 * c, row, h,
+                                      batch);
+                    sm90::tma_load_4d(s.d_o + st * (TILE_BYTES / 2) + c * BM * 64, &P.do_map, s.full + st, 64 * c,
+                                      row, h, batch);
+                }
+            } else {
+                sm90::mbar_arrive(s.full + st);
+            }
+        }
+    }
+}
+
+// ---- The MMA warpgroups. Thread (warp r of the warpgroup, lane) holds, of each 8-column chunk c
+// of a 64-row accumulator, (row 16r + lane/4, columns 8c + 2(lane%4) + {0,1}) at [4c], [4c + 1]
+// and the same columns of row + 8 at [4c + 2], [4c + 3]; pairs [2j], [2j + 1] are the A fragment
+// registers of wgmma's register-operand form, fragment kk = j / 4, register j % 4.
+
+// S^T (or dP^T) = K Q^T (or V dO^T) for this warpgroup's 64 keys: both K-major.
+__device__ __forceinline__ void issue_keys_by_rows(float (&acc)[NS], const elem_t* keys, const elem_t* rows, int wg) {
+    const unsigned long long kd = sm90::sw128_desc(sm90::smem_u32(keys) + wg * 64 * 128, 0);
+    const unsigned long long rd = sm90::sw128_desc(sm90::smem_u32(rows), 0);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_qk(acc, sm90::desc_advance(kd, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                 sm90::desc_advance(rd, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+    sm90::wgmma_commit();
+}
+
+// acc (dV or dK, 64 keys x D) += frag (P^T or dS^T, 64 keys x BM) times rows (dO or Q, BM x D,
+// MN-major: its 64-column blocks BM rows apart).
+__device__ __forceinline__ void issue_grad(float (&acc)[ND], unsigned (&frag)[BM / 16][4], const elem_t* rows) {
+    const unsigned long long rd = sm90::sw128_desc(sm90::smem_u32(rows), BM * 128);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) wgmma_pv(acc, frag[kk], sm90::desc_advance(rd, kk * 16 * 128), 1);
+}
+
+__device__ __forceinline__ float2 ld_f2(const float* x) { return *reinterpret_cast<const float2*>(x); }
+
+__device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
+    const Params& p = P.p;
+    const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int key_local = 64 * wg + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
+    const int shift = w.s.k_len - w.s.q_len;
+    float dk[ND], dv[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) dk[i] = dv[i] = 0.f;
+    sm90::mbar_wait(s.kv_full, 0);
+
+    int step = 0;
+    for (int hh = 0; hh < w.group; ++hh) {
+        const int h = w.g * w.group + hh;
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[w.b * p.alibi_batch_stride + h] : 0.f;
+        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+            const int st = step % STAGES, m0 = m * BM;
+            const elem_t* q = s.q + st * (TILE_BYTES / 2);
+            const elem_t* d_o = s.d_o + st * (TILE_BYTES / 2);
+            const float* lse = s.lse + st * BM;
+            const float* delta = s.delta + st * BM;
+            sm90::mbar_wait(s.full + st, (step / STAGES) & 1);
+
+            float sacc[NS], dpacc[NS];
+            sm90::wgmma_fence();
+            issue_keys_by_rows(sacc, s.k, q, wg);
+            issue_keys_by_rows(dpacc, s.v, d_o, wg);
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(sacc);
+            sm90::fence_regs(dpacc);
+
+            // Whether the whole tile is inside every row's range (no element masked), read the
+            // same by every thread: then, without soft-cap or ALiBi, P^T is one FMA and one exp2.
+            const bool plain = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len &&
+                               (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
+                               (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left &&
+                               p.softcap == 0.f && slope == 0.f;
+            const float scale_log2 = p.scale * LOG2E;
+            unsigned pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+            for (int j = 0; j < NS / 2; ++j) {
+                const int c = j / 2, r = j % 2;  // chunk, and row + 8 r
+                const int ql = 8 * c + 2 * t;    // the pair's first query of the block
+                const float2 l2 = ld_f2(lse + ql), dd = ld_f2(delta + ql);
+                float pr[2], ds[2];
+                if (plain) {
+                    pr[0] = exp2_fast(fmaf(sacc[2 * j], scale_log2, -l2.x));
+                    pr[1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
+                    ds[0] = pr[0] * (dpacc[2 * j] - dd.x);
+                    ds[1] = pr[1] * (dpacc[2 * j + 1] - dd.y);
+                } else {
+                    const int key = w.n0 + key_local + 8 * r;
+#pragma unroll
+                    for (int x = 0; x < 2; ++x) {
+                        const int row = m0 + ql + x, diag = row + shift;
+                        const Grad gr = grad_of(p, sees(p, w.s, key, row, diag), key, diag, slope, sacc[2 * j + x],
+                                                dpacc[2 * j + x], x ? l2.y : l2.x, x ? dd.y : dd.x);
+                        pr[x] = gr.p;
+                        ds[x] = gr.ds;
+                    }
+                }
+                pa[j / 4][j % 4] = as_u32(pack2(pr[0], pr[1]));
+                da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
+            }
+
+            // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks.
+            const unsigned ds_buf = sm90::smem_u32(s.ds) + (step % 2) * DS_BYTES;
+#pragma unroll
+            for (int j = 0; j < NS / 2; ++j) {
+                const int c = j / 2, r = j % 2;
+                const int key = key_local + 8 * r, ql = 8 * c + 2 * t;
+                const unsigned a = ds_buf + (ql / 64) * BN * 128 + key * 128 + ((((ql % 64) / 8) ^ (key % 8)) * 16) +
+                                   (ql % 8) * 2;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(da[j / 4][j % 4]) : "memory");
+            }
+            sm90::fence_proxy_async();  // the stores above, before wgmma reads them
+
+            // dV += P^T dO, dK += dS^T Q.
+            sm90::fence_regs(pa);
+            sm90::fence_regs(da);
+            sm90::fence_regs(dv);
+            sm90::fence_regs(dk);
+            sm90::wgmma_fence();
+            issue_grad(dv, pa, d_o);
+            issue_grad(dk, da, q);
+            sm90::wgmma_commit();
+
+            // dQ = dS K, once both warpgroups' dS^T are in: A = dS (MN-major: dS^T's rows are
+            // keys), B = K (MN-major). D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
+            sm90::named_sync(1, 256);
+            float dq[NQ];
+            {
+                const unsigned a = ds_buf + (D == 64 ? wg * BN * 128 : 0);
+                const unsigned b = sm90::smem_u32(s.k) + (D == 128 ? wg * BN * 128 : 0);
+                const unsigned long long ad = sm90::sw128_desc(a, BN * 128), bd = sm90::sw128_desc(b, BN * 128);
+                sm90::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+                    wgmma_dq(dq, sm90::desc_advance(ad, kk * 16 * 128), sm90::desc_advance(bd, kk * 16 * 128), kk > 0);
+                sm90::wgmma_commit();
+            }
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(dq);
+            sm90::fence_regs(dv);
+            sm90::fence_regs(dk);
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(s.empty + st);  // Q, dO, LSE and D read
+
+            int* counter = nullptr;
+            if (p.deterministic) {
+                counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
+                if (threadIdx.x == 0) {
+                    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m0);
+                    while (atomicAdd(counter, 0) != rank) __nanosleep(64);
+                }
+                sm90::named_sync(2, 256);
+                __threadfence();
+            }
+            const int row0 = m0 + (D == 64 ? 64 * wg : 0) + 16 * warp + lane / 4;
+            const int col0 = (D == 128 ? 64 * wg : 0) + 2 * t;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = row0 + 8 * r;
+                if (row < w.s.q_len) {
+                    float* acc = p.dq_accum + row_index(p, w.s, w.b, h, row) * D + col0;
+#pragma unroll
+                    for (int c = 0; c < 8; ++c)
+                        atomicAdd(reinterpret_cast<float2*>(acc + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+                }
+            }
+            if (p.deterministic) {
+                __threadfence();
+                sm90::named_sync(2, 256);
+                if (threadIdx.x == 0) atomicAdd(counter, 1);
+            }
+        }
+    }
+
+    // dK (times the scale) and dV: 4-byte stores of pairs, rows past the keys and columns past
+    // the head dim left alone.
+    elem_t* dk_out = p.dk + k_base(p, w.s, w.b, w.g, p.k_sb, p.k_sh, p.k_ss);
+    elem_t* dv_out = p.dv + k_base(p, w.s, w.b, w.g, p.v_sb, p.v_sh, p.v_ss);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = w.n0 + key_local + 8 * r;
+        if (key >= w.s.k_len) continue;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+            const int col = 8 * c + 2 * t;
+            if (col >= p.head_dim) continue;
+            *reinterpret_cast<unsigned*>(dk_out + (long long)key * p.k_ss + col) =
+                as_u32(pack2(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale));
+            *reinterpret_cast<unsigned*>(dv_out + (long long)key * p.v_ss + col) =
+                as_u32(pack2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]));
+        }
+    }
+}
+
+// Grid (ceil(seq_k / BN), heads_kv, batch), THREADS threads.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __grid_constant__ Sm90Params P) {
+    extern __shared__ unsigned char smem_raw[];
+    const Smem s = carve(smem_raw);
+    const Work w = work_of(P.p);
+    if (w.n0 >= w.s.k_len) return;  // the whole CTA: no barrier is left waiting
+    if (threadIdx.x == 0) {
+        sm90::mbar_init(s.kv_full, 1);
+        for (int i = 0; i < STAGES; ++i) {
+            sm90::mbar_init(s.full + i, 32);
+            sm90::mbar_init(s.empty + i, 8);
+        }
+        sm90::mbar_init_fence();
+    }
+    __syncthreads();
+    const int wg = threadIdx.x / 128;
+    if (wg == 2) {
+        sm90::regs_release<ATTN_PRODUCER_REGS>();
+        if (threadIdx.x < 2 * 128 + 32) produce(P, s, w);
+    } else {
+        sm90::regs_claim<ATTN_CONSUMER_REGS>();
+        consume(P, s, w, wg);
+    }
+}
