@@ -6,6 +6,10 @@
 //   warpgroup 2, the producer: one thread loads K and V once by TMA, then for every step (a query
 //     head of the GQA group and a block of BM query rows that sees the keys) Q and dO by TMA into
 //     a ring of two stages, the warp's lanes the step's LSE (in log2 units) and D beside them;
+//     warps 1 and 2 are the dQ writers, one per MMA warpgroup: each adds its warpgroup's part of
+//     the step's dQ, handed over in shared memory, to the f32 accumulator by bulk reduce-adds
+//     (TMA, a row of 256 bytes each; in the deterministic mode after waiting for its turn), so
+//     the MMA warps never wait on global memory;
 //   warpgroups 0 and 1, the MMA warpgroups: warpgroup w owns keys 64w .. 64w + 63 of the block,
 //     their dK and dV in its registers over every step; per step
 //       S^T  = K Q^T,  dP^T = V dO^T            wgmma, shared x shared (the keys are wgmma's M,
@@ -15,9 +19,11 @@
 //                                               never goes to shared memory)
 //       dS^T to shared memory (two buffers, one barrier of both warpgroups a step)
 //       dQ   = dS K, this warpgroup's 64 x 64 part (at D = 128 its 64 columns, at D = 64 its 64
-//              of the 128 rows), added to the f32 accumulator with vector atomics.
+//              of the 128 rows), into shared memory for its writer.
+//     S^T's exponentials are taken while dP^T's product runs.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
-// flash_bwd.cu (the last key block first; the grid starts there).
+// flash_bwd.cu (the last key block first; the grid starts there); the counter counts parts, two
+// a key block, and a writer adds once both parts of the key block above are in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
@@ -46,16 +52,21 @@ constexpr int NQ = 32;                    // dQ accumulators per thread (64 x 64
 constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
-constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * STAGES * BM * 4 +
-                                8 * (1 + 2 * STAGES);
+constexpr int DQ_ROW = 68;                   // floats a row of a dQ part takes: 64 and 4 of padding
+constexpr unsigned DQ_BYTES = 64 * DQ_ROW * 4;  // a warpgroup's dQ part, f32
+constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
+                                2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
 
 struct Smem {
     elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
+    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
     unsigned long long* empty;     // [STAGES] the 8 MMA warps are done with the stage
+    unsigned long long* dq_full;   // [2] warpgroup w's 128 threads have put their dQ part in
+    unsigned long long* dq_empty;  // [2] its writer has added it
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -66,11 +77,14 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.q = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES);
     s.d_o = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + STAGES * TILE_BYTES);
     s.ds = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES);
-    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
+    s.dq = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
+    s.lse = s.dq + 2 * 64 * DQ_ROW;
     s.delta = s.lse + STAGES * BM;
     s.kv_full = reinterpret_cast<unsigned long long*>(s.delta + STAGES * BM);
     s.full = s.kv_full + 1;
     s.empty = s.full + STAGES;
+    s.dq_full = s.empty + STAGES;
+    s.dq_empty = s.dq_full + 2;
     return s;
 }
 
@@ -157,6 +171,59 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
     }
 }
 
+// ---- A dQ writer: warpgroup w's part of every step's dQ into the f32 accumulator. Its rows are
+// 256 contiguous bytes there (D = 64: whole rows; D = 128: half rows), one bulk reduce-add each,
+// two per lane.
+__device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(sm90::smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) {
+    const int lane = threadIdx.x % 32;
+    const float* part = s.dq + wg * 64 * DQ_ROW;
+    int step = 0;
+    for (int hh = 0; hh < w.group; ++hh) {
+        const int h = w.g * w.group + hh;
+        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+            const int m0 = m * BM;
+            int* counter = nullptr;
+            if (p.deterministic) {
+                // After both parts of every higher key block meeting this query block (the parts
+                // touch different elements, so their own order does not matter).
+                counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
+                if (lane == 0) {
+                    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m0);
+                    while (atomicAdd(counter, 0) < 2 * rank) __nanosleep(64);
+                }
+                __syncwarp();
+                __threadfence();
+            }
+            sm90::mbar_wait(s.dq_full + wg, step & 1);
+            const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
+#pragma unroll
+            for (int r = lane; r < 64; r += 32)
+                if (row0 + r < w.s.q_len)
+                    bulk_add_f32(p.dq_accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
+            sm90::bulk_commit();
+            if (p.deterministic) {
+                sm90::bulk_wait();  // the additions done, not only the part read
+            } else {
+                sm90::bulk_wait_read();
+            }
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(s.dq_empty + wg);
+            if (p.deterministic) {
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) atomicAdd(counter, 1);
+            }
+        }
+    }
+}
+
 // ---- The MMA warpgroups. Thread (warp r of the warpgroup, lane) holds, of each 8-column chunk c
 // of a 64-row accumulator, (row 16r + lane/4, columns 8c + 2(lane%4) + {0,1}) at [4c], [4c + 1]
 // and the same columns of row + 8 at [4c + 2], [4c + 3]; pairs [2j], [2j + 1] are the A fragment
@@ -209,9 +276,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             sm90::wgmma_fence();
             issue_keys_by_rows(sacc, s.k, q, wg);
             issue_keys_by_rows(dpacc, s.v, d_o, wg);
-            sm90::wgmma_wait<0>();
+            sm90::wgmma_wait<1>();
             sm90::fence_regs(sacc);
-            sm90::fence_regs(dpacc);
 
             // Whether the whole tile is inside every row's range (no element masked), read the
             // same by every thread: then, without soft-cap or ALiBi, P^T is one FMA and one exp2.
@@ -220,19 +286,32 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                                (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left &&
                                p.softcap == 0.f && slope == 0.f;
             const float scale_log2 = p.scale * LOG2E;
+            // P^T (in place of S^T) while dP^T's product runs; the masked path keeps the raw
+            // scores for grad_of, which takes both at once.
+            if (plain) {
+#pragma unroll
+                for (int j = 0; j < NS / 2; ++j) {
+                    const float2 l2 = ld_f2(lse + 8 * (j / 2) + 2 * t);
+                    sacc[2 * j] = exp2_fast(fmaf(sacc[2 * j], scale_log2, -l2.x));
+                    sacc[2 * j + 1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
+                }
+            }
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(dpacc);
             unsigned pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
             for (int j = 0; j < NS / 2; ++j) {
                 const int c = j / 2, r = j % 2;  // chunk, and row + 8 r
                 const int ql = 8 * c + 2 * t;    // the pair's first query of the block
-                const float2 l2 = ld_f2(lse + ql), dd = ld_f2(delta + ql);
+                const float2 dd = ld_f2(delta + ql);
                 float pr[2], ds[2];
                 if (plain) {
-                    pr[0] = exp2_fast(fmaf(sacc[2 * j], scale_log2, -l2.x));
-                    pr[1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
+                    pr[0] = sacc[2 * j];
+                    pr[1] = sacc[2 * j + 1];
                     ds[0] = pr[0] * (dpacc[2 * j] - dd.x);
                     ds[1] = pr[1] * (dpacc[2 * j + 1] - dd.y);
                 } else {
+                    const float2 l2 = ld_f2(lse + ql);
                     const int key = w.n0 + key_local + 8 * r;
 #pragma unroll
                     for (int x = 0; x < 2; ++x) {
@@ -272,6 +351,11 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             // dQ = dS K, once both warpgroups' dS^T are in: A = dS (MN-major: dS^T's rows are
             // keys), B = K (MN-major). D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
             sm90::named_sync(1, 256);
+            // P^T and dS^T's registers free before dQ's accumulators are taken (D = 128 spills
+            // with both live).
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(dv);
+            sm90::fence_regs(dk);
             float dq[NQ];
             {
                 const unsigned a = ds_buf + (D == 64 ? wg * BN * 128 : 0);
@@ -290,33 +374,17 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             __syncwarp();
             if (lane == 0) sm90::mbar_arrive(s.empty + st);  // Q, dO, LSE and D read
 
-            int* counter = nullptr;
-            if (p.deterministic) {
-                counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
-                if (threadIdx.x == 0) {
-                    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m0);
-                    while (atomicAdd(counter, 0) != rank) __nanosleep(64);
-                }
-                sm90::named_sync(2, 256);
-                __threadfence();
-            }
-            const int row0 = m0 + (D == 64 ? 64 * wg : 0) + 16 * warp + lane / 4;
-            const int col0 = (D == 128 ? 64 * wg : 0) + 2 * t;
+            // This warpgroup's dQ part to its writer, once it has added the last one.
+            sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
+            float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = row0 + 8 * r;
-                if (row < w.s.q_len) {
-                    float* acc = p.dq_accum + row_index(p, w.s, w.b, h, row) * D + col0;
+            for (int c = 0; c < 8; ++c)
 #pragma unroll
-                    for (int c = 0; c < 8; ++c)
-                        atomicAdd(reinterpret_cast<float2*>(acc + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
-                }
-            }
-            if (p.deterministic) {
-                __threadfence();
-                sm90::named_sync(2, 256);
-                if (threadIdx.x == 0) atomicAdd(counter, 1);
-            }
+                for (int r = 0; r < 2; ++r)
+                    *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                        make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+            sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
+            sm90::mbar_arrive(s.dq_full + wg);
         }
     }
 
@@ -352,13 +420,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
             sm90::mbar_init(s.full + i, 32);
             sm90::mbar_init(s.empty + i, 8);
         }
+        for (int i = 0; i < 2; ++i) {
+            sm90::mbar_init(s.dq_full + i, 128);
+            sm90::mbar_init(s.dq_empty + i, 1);
+        }
         sm90::mbar_init_fence();
     }
     __syncthreads();
     const int wg = threadIdx.x / 128;
     if (wg == 2) {
         sm90::regs_release<ATTN_PRODUCER_REGS>();
-        if (threadIdx.x < 2 * 128 + 32) produce(P, s, w);
+        const int warp = threadIdx.x % 128 / 32;
+        if (warp == 0) produce(P, s, w);
+        if (warp == 1 || warp == 2) write_dq(P.p, s, w, warp - 1);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
         consume(P, s, w, wg);

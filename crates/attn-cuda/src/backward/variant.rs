@@ -99,13 +99,14 @@ impl Variant {
     /// Dynamic shared memory of the main pass. Ampere/Ada: K and V (`BLOCK_N` rows), Q and dO
     /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
     /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, two stages of Q and
-    /// dO, two dSᵀ buffers, two stages of LSE and D, five mbarriers and 1024 bytes of slack for
-    /// the alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
+    /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts (64 rows of 68), two stages of LSE
+    /// and D, nine mbarriers and 1024 bytes of slack for the alignment, as `SMEM_BYTES` in
+    /// `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
-            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + 4 * m * 4 + 8 * 5 + 1024,
+            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + 2 * 64 * 68 * 4 + 4 * m * 4 + 8 * 9 + 1024,
         };
         bytes as u32
     }
@@ -203,10 +204,10 @@ mod tests {
             assert!(v.shared_bytes() <= limit, "{}: {} B", v.name(), v.shared_bytes());
         }
         assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128, hopper: false }.shared_bytes(), 74_240);
-        // Hopper D=128: K, V 32 KiB each, Q and dO 2 x 16 KiB each, dS^T 2 x 16 KiB: 160 KiB.
+        // Hopper D=128: K, V 32 KiB each, Q and dO 2 x 16 KiB each, dS^T 2 x 16 KiB (160 KiB), dQ 2 x 17 KiB.
         assert_eq!(
             Variant { dtype: DType::Bf16, head_dim: 128, hopper: true }.shared_bytes(),
-            163_840 + 1024 + 1024 + 40
+            163_840 + 34_816 + 1024 + 72 + 1024
         );
         assert_eq!(Variant::for_problem(DType::F16, 40, false).map(|v| v.head_dim), Some(64));
         assert_eq!(
