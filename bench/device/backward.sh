@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: issue 34's backward. (a) verify: `attn verify --grad` on cuda (quick and
 # full gradient grids, default and deterministic modes) and compute-sanitizer (memcheck,
-# racecheck, synccheck) on the quick grid's gqa family; (b) bench: attn's backward
+# racecheck, synccheck) on the gradient grid's standard and varlen families (every variant);
+# (b) bench: attn's backward
 # (crates/attn-cuda/examples/backward_bench.rs, both modes, and the 10-run determinism check)
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds, then bench/device/backward_report.py writes
@@ -31,10 +32,13 @@ iters=${ITERS:-20}
     echo "== attn verify --grad --backend cuda --deterministic (full grid)"
     timeout 240 "$bin/attn" verify --grad --backend cuda --deterministic 2>&1 | tail -1
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    # Every variant: the quick grid's standard family (D=64, f16 and bf16) and the full grid's
+    # varlen family (D=128 and 64, f16 and bf16, every feature at once).
     for tool in memcheck racecheck synccheck; do
-      echo "== compute-sanitizer $tool (gradient quick grid, gqa family, both modes)"
       for det in "" --deterministic; do
-        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --quick --backend cuda --family gqa $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
+        echo "== compute-sanitizer $tool $det (gradient grid: standard and varlen families)"
+        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda --family standard \
+          --family varlen $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
       done
     done
   fi
@@ -47,7 +51,7 @@ iters=${ITERS:-20}
   if [[ $parts == *ncu* ]]; then
     echo "== ncu: the first main-pass launch at D=128, S=1024 (batch 16, 16 heads, no mask)"
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    timeout 200 "$ncu" -k attn_bwd -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    timeout 200 "$ncu" -k "regex:^attn_bwd(_sm90)?$" -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$bin/backward_bench" 1 1024 128 2>&1 \
       | grep -vE '^\{' | tail -90
   fi

@@ -45,8 +45,9 @@ for (d, s, causal), by in sorted(runs.items()):
 print(json.dumps({
     "name": name,
     "what": "backward pass (dQ, dK, dV from dO, O, LSE), bf16 BHSD, batch = 16384/S, heads = 2048/D; "
-            "TFLOP/s = 2.5 x 4 B H S^2 D / time, halved for causal; attn = the CUDA backward family "
-            "(kernels/flash_bwd.cu, mma.sync), its three launches timed with CUDA events; peers = PyTorch SDPA "
+            "TFLOP/s = 2.5 x 4 B H S^2 D / time, halved for causal; attn = the CUDA backward (on sm_90 the "
+            "Hopper family's main pass, kernels/flash_bwd_sm90.cu: TMA, wgmma, warp-specialized), its three "
+            "launches timed with CUDA events; peers = PyTorch SDPA "
             "torch.autograd.grad through the output (forward excluded); medians over rounds",
     "device": device, "commit": commit,
     "command": "cargo xtask bundle; bash bench/device/backward.sh verify,ncu,bench (on the GPU machine)",

@@ -64,7 +64,7 @@ struct Smem {
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
-    unsigned long long* empty;     // [STAGES] the 8 MMA warps are done with the stage
+    unsigned long long* empty;     // [STAGES] the 256 MMA threads are done with the stage
     unsigned long long* dq_full;   // [2] warpgroup w's 128 threads have put their dQ part in
     unsigned long long* dq_empty;  // [2] its writer has added it
 };
@@ -171,6 +171,14 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
     }
 }
 
+// The counter's value, read with acquire semantics at GPU scope (a spin without a sleep: each
+// key block's turn follows the one above it, and a sleep would add to every turn of the chain).
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // ---- A dQ writer: warpgroup w's part of every step's dQ into the f32 accumulator. Its rows are
 // 256 contiguous bytes there (D = 64: whole rows; D = 128: half rows), one bulk reduce-add each,
 // two per lane.
@@ -195,7 +203,8 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
                 counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
                 if (lane == 0) {
                     const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m0);
-                    while (atomicAdd(counter, 0) < 2 * rank) __nanosleep(64);
+                    while (ld_acquire(counter) < 2 * rank) {
+                    }
                 }
                 __syncwarp();
                 __threadfence();
@@ -338,41 +347,30 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
 
-            // dV += P^T dO, dK += dS^T Q.
+            // dQ = dS K, once both warpgroups' dS^T are in: A = dS (MN-major: dS^T's rows are
+            // keys), B = K (MN-major). D = 128: columns 64 wg ..; D = 64: rows 64 wg ... Then
+            // dV += P^T dO and dK += dS^T Q, which run while dQ goes to the writer.
+            sm90::named_sync(1, 256);
+            float dq[NQ];
             sm90::fence_regs(pa);
             sm90::fence_regs(da);
             sm90::fence_regs(dv);
             sm90::fence_regs(dk);
             sm90::wgmma_fence();
-            issue_grad(dv, pa, d_o);
-            issue_grad(dk, da, q);
-            sm90::wgmma_commit();
-
-            // dQ = dS K, once both warpgroups' dS^T are in: A = dS (MN-major: dS^T's rows are
-            // keys), B = K (MN-major). D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
-            sm90::named_sync(1, 256);
-            // P^T and dS^T's registers free before dQ's accumulators are taken (D = 128 spills
-            // with both live).
-            sm90::wgmma_wait<0>();
-            sm90::fence_regs(dv);
-            sm90::fence_regs(dk);
-            float dq[NQ];
             {
                 const unsigned a = ds_buf + (D == 64 ? wg * BN * 128 : 0);
                 const unsigned b = sm90::smem_u32(s.k) + (D == 128 ? wg * BN * 128 : 0);
                 const unsigned long long ad = sm90::sw128_desc(a, BN * 128), bd = sm90::sw128_desc(b, BN * 128);
-                sm90::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BN / 16; ++kk)
                     wgmma_dq(dq, sm90::desc_advance(ad, kk * 16 * 128), sm90::desc_advance(bd, kk * 16 * 128), kk > 0);
                 sm90::wgmma_commit();
             }
-            sm90::wgmma_wait<0>();
+            issue_grad(dv, pa, d_o);
+            issue_grad(dk, da, q);
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<1>();
             sm90::fence_regs(dq);
-            sm90::fence_regs(dv);
-            sm90::fence_regs(dk);
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(s.empty + st);  // Q, dO, LSE and D read
 
             // This warpgroup's dQ part to its writer, once it has added the last one.
             sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
@@ -385,6 +383,10 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                         make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
             sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
             sm90::mbar_arrive(s.dq_full + wg);
+            sm90::wgmma_wait<0>();
+            sm90::fence_regs(dv);
+            sm90::fence_regs(dk);
+            sm90::mbar_arrive(s.empty + st);  // Q, dO, LSE and D read by this thread
         }
     }
 
@@ -418,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
         sm90::mbar_init(s.kv_full, 1);
         for (int i = 0; i < STAGES; ++i) {
             sm90::mbar_init(s.full + i, 32);
-            sm90::mbar_init(s.empty + i, 8);
+            sm90::mbar_init(s.empty + i, 256);
         }
         for (int i = 0; i < 2; ++i) {
             sm90::mbar_init(s.dq_full + i, 128);
