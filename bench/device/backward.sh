@@ -63,6 +63,6 @@ iters=${ITERS:-20}
       timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" | tee -a "$out/torch.jsonl"
     done
     name=${NAME:-h200-backward}
-    python3 bench/device/backward_report.py "$out" "$name" "$(cat .device/COMMIT)" > "$out/$name.json"
+    python3 bench/device/backward_report.py "$out" "$name" "$(cat .device/COMMIT)" "$parts" > "$out/$name.json"
   fi
 } 2>&1 | tee "$out/log.txt"

@@ -3,11 +3,13 @@
 that bench/device/backward.sh writes (rounds appended), takes each contender's median over the
 rounds per shape, and gives attn's ratios to PyTorch SDPA's cuDNN and flash (FlashAttention-2)
 backwards, the deterministic mode's cost, and the determinism checks.
-Usage: backward_report.py OUT_DIR NAME COMMIT > NAME.json
+Usage: backward_report.py OUT_DIR NAME COMMIT [PARTS] > NAME.json (PARTS: what backward.sh ran, as
+it was given them; default verify,ncu,bench)
 """
 import json, statistics, sys
 
 out, name, commit = sys.argv[1], sys.argv[2], sys.argv[3]
+parts = sys.argv[4] if len(sys.argv) > 4 else "verify,ncu,bench"
 runs, checks, device = {}, [], None
 for f in ("attn.jsonl", "torch.jsonl"):
     for line in open(f"{out}/{f}"):
@@ -50,6 +52,6 @@ print(json.dumps({
             "launches timed with CUDA events; peers = PyTorch SDPA "
             "torch.autograd.grad through the output (forward excluded); medians over rounds",
     "device": device, "commit": commit,
-    "command": "cargo xtask bundle; bash bench/device/backward.sh verify,ncu,bench (on the GPU machine)",
+    "command": f"cargo xtask bundle; bash bench/device/backward.sh {parts} (on the GPU machine)",
     "rows": rows, "determinism": checks, "verification_and_ncu": log,
 }, indent=1))

@@ -7,8 +7,9 @@
 //! most 64 query rows) `kernels/decode.cu` ([`decode`], split-KV, every architecture); else
 //! `kernels/flash_fwd.cu` for Ampere/Ada ([`ampere`]), and on Hopper (sm_90a)
 //! `kernels/flash_fwd_sm90.cu` ([`hopper`]), chosen where it applies; the plan says which ran and
-//! why. The backward pass has its own family, `kernels/flash_bwd.cu` ([`backward`], mma.sync, every
-//! architecture), on the host-copy path and on a caller's stream ([`Cuda::backward_on_stream`]).
+//! why. The backward pass has its own kernels ([`backward`]: wgmma on Hopper,
+//! `kernels/flash_bwd_sm90.cu`; mma.sync elsewhere, `kernels/flash_bwd.cu`), on the host-copy path
+//! and on a caller's stream ([`Cuda::backward_on_stream`]).
 //! Each family is one module that owns its variants, its plan and its launch; the backend
 //! chooses a family and dispatches to it. Below them: compiling ([`compile()`]), finding CUDA (`locate`,
 //! [`probe()`]), ptxas's report ([`KernelResources`]), the device ([`Gpu`]) and the tensors on it.

@@ -27,7 +27,7 @@ pub const FAMILY: Knob = Knob {
     name: "ATTN_CUDA_FAMILY",
     allowed: "`ampere` | `hopper` | `decode`",
     default: "the decode family where a GQA group holds at most 64 query rows (heads_q / heads_kv x seq_q), else the Hopper family on compute capability 9.0 where it runs the problem (the plan says why where not), the Ampere/Ada family elsewhere",
-    purpose: "Forces one kernel family: the Ampere/Ada kernel on any device it runs on (Hopper too, to compare them), the Hopper kernel or the decode kernel, which then fail to plan what they cannot run instead of falling back.",
+    purpose: "Forces one kernel family: the Ampere/Ada kernel on any device it runs on (Hopper too, to compare them), the Hopper kernel or the decode kernel, which then fail to plan what they cannot run instead of falling back. The backward pass follows `ampere` (its mma.sync main pass) and `hopper` (its wgmma one, refused off sm_90); under `decode` it keeps its default.",
 };
 
 /// `ATTN_CUDA_DECODE`.
