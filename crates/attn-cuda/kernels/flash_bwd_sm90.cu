@@ -15,12 +15,13 @@
 //       S^T  = K Q^T,  dP^T = V dO^T            wgmma, shared x shared (the keys are wgmma's M,
 //                                               so the query block can be 64 rows)
 //       P^T  = exp2(S^T scale log2(e) - lse),   dS^T = P^T (dP^T - D) (1 - tanh^2)
-//       dV  += P^T dO, dK += dS^T Q             wgmma, P^T and dS^T as register A operands (P
-//                                               never goes to shared memory)
+//                                               (the exponentials while dP^T's product runs)
 //       dS^T to shared memory (two buffers, one barrier of both warpgroups a step)
 //       dQ   = dS K, this warpgroup's 64 x 64 part (at D = 128 its 64 columns, at D = 64 its 64
-//              of the 128 rows), into shared memory for its writer.
-//     S^T's exponentials are taken while dP^T's product runs.
+//              of the 128 rows), then
+//       dV  += P^T dO, dK += dS^T Q             wgmma, P^T and dS^T as register A operands (P
+//                                               never goes to shared memory), running while
+//                                               dQ's part goes to shared memory for its writer.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
 // flash_bwd.cu (the last key block first; the grid starts there); the counter counts parts, two
 // a key block, and a writer adds once both parts of the key block above are in.
@@ -231,6 +232,7 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
             }
         }
     }
+    sm90::bulk_wait();  // the last additions done before the thread leaves, not only read
 }
 
 // ---- The MMA warpgroups. Thread (warp r of the warpgroup, lane) holds, of each 8-column chunk c
