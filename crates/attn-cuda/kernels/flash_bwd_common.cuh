@@ -45,7 +45,7 @@ struct Params {
     float softcap;  // 0: none
     int head_dim;   // a multiple of 8, at most D
     int deterministic;
-    int m_blocks;   // query blocks of the longest sequence: ceil(seq_q / BM)
+    int m_blocks;   // blocks of 64 query rows in the longest sequence (the counters' layout)
 };
 
 // One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the
