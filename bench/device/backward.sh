@@ -26,6 +26,9 @@ iters=${ITERS:-20}
     timeout 120 "$bin/attn" verify --grad --quick --backend cuda 2>&1 | tail -4
     echo "== attn verify --grad --quick --backend cuda --deterministic"
     timeout 120 "$bin/attn" verify --grad --quick --backend cuda --deterministic 2>&1 | tail -4
+    echo "== the same on the Ampere/Ada family's main pass (ATTN_CUDA_FAMILY=ampere; sm_90 runs the Hopper one)"
+    ATTN_CUDA_FAMILY=ampere timeout 120 "$bin/attn" verify --grad --quick --backend cuda 2>&1 | tail -1
+    ATTN_CUDA_FAMILY=ampere timeout 120 "$bin/attn" verify --grad --quick --backend cuda --deterministic 2>&1 | tail -1
     echo "== attn verify --grad --backend cuda (full grid)"
     timeout 240 "$bin/attn" verify --grad --backend cuda --json > "$out/verify-grad-full.json" 2> "$out/verify-grad-full.err"
     python3 -c "import json,sys; d=json.load(open('$out/verify-grad-full.json')); print(d['verdict']); [print('FAIL', r['case'], r['outcome'].get('reason')) for r in d['results'] if r['outcome']['status']=='fail']"
