@@ -40,18 +40,7 @@ pub(crate) fn plan(
     problem.validate_backward()?;
     let d = problem.shape.head_dim;
     let arch = Cuda::arch(gpu)?;
-    let hopper = match family {
-        Some(Family::Hopper) if arch != Arch::Sm90a => {
-            return Err(attn_core::Error::Unsupported {
-                backend: "cuda (Hopper family)".into(),
-                what: format!(
-                    "the backward of {problem}: the Hopper family needs compute capability 9.0 (sm_90a)"
-                ),
-            });
-        }
-        Some(Family::Ampere) => false,
-        _ => arch == Arch::Sm90a,
-    };
+    let hopper = hopper_family(arch, family, problem)?;
     let variant = Variant::for_problem(problem.dtype, d, hopper);
     check_supported_by(problem, "cuda", variant.is_some(), || {
         "multiples of 8 up to 128 in the backward pass (64 and 128 natively, the others padded to the next)"
@@ -114,6 +103,22 @@ pub(crate) fn plan(
         ],
         payload: Payload::new(ChosenBackward { variant, launches, deterministic: options.deterministic }),
     })
+}
+
+/// Whether the backward of `problem` takes the Hopper family's main pass on `arch`: by default
+/// on sm_90; `family` forces either (the Hopper one refused elsewhere; the decode family, which
+/// has no backward, leaves the default).
+fn hopper_family(arch: Arch, family: Option<Family>, problem: &Problem) -> Result<bool> {
+    match family {
+        Some(Family::Hopper) if arch != Arch::Sm90a => Err(attn_core::Error::Unsupported {
+            backend: "cuda (Hopper family)".into(),
+            what: format!(
+                "the backward of {problem}: the Hopper family needs compute capability 9.0 (sm_90a)"
+            ),
+        }),
+        Some(Family::Ampere) => Ok(false),
+        Some(Family::Hopper) | Some(Family::Decode) | None => Ok(arch == Arch::Sm90a),
+    }
 }
 
 /// Runs the plan's three launches `runs` times (at least once) over the buffers of `inputs` and
@@ -288,4 +293,27 @@ pub(crate) unsafe fn enqueue(
         unsafe { builder.launch(cfg) }.map_err(driver("cuLaunchKernel (backward)"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_core::{DType, Shape};
+
+    #[test]
+    fn sm90_takes_the_hopper_family_unless_told_otherwise() {
+        let p = Problem::new(Shape::new(1, 2, 128, 64), DType::Bf16);
+        for (arch, family, hopper) in [
+            (Arch::Sm90a, None, true),
+            (Arch::Sm90a, Some(Family::Decode), true),
+            (Arch::Sm90a, Some(Family::Hopper), true),
+            (Arch::Sm90a, Some(Family::Ampere), false),
+            (Arch::Sm89, None, false),
+            (Arch::Sm80, Some(Family::Ampere), false),
+        ] {
+            assert_eq!(hopper_family(arch, family, &p).unwrap(), hopper, "{arch} {family:?}");
+        }
+        let refused = hopper_family(Arch::Sm89, Some(Family::Hopper), &p).unwrap_err().to_string();
+        assert!(refused.contains("compute capability 9.0"), "{refused}");
+    }
 }
