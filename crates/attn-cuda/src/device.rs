@@ -398,15 +398,7 @@ impl Cuda {
         for (tensor, address) in
             [("q", at.q), ("k", at.k), ("v", at.v), ("o", at.o)].into_iter().chain(at.lse.map(|l| ("lse", l)))
         {
-            if address % 16 != 0 {
-                return Err(Error::Shape {
-                    tensor,
-                    what: format!(
-                        "device address {address:#x} is not 16-byte aligned: the kernels load and store \
-                         16 bytes at a time"
-                    ),
-                });
-            }
+            check_aligned(tensor, address)?;
         }
         let gpu = self.context_for(stream.context())?;
         let info = gpu.info();
@@ -541,6 +533,20 @@ pub(crate) fn check_contexts<'s>(
         }
     }
     Ok(())
+}
+
+/// A device address the kernels read or write 16 bytes at a time from: 16-byte aligned, or a
+/// typed error naming the tensor.
+pub(crate) fn check_aligned(tensor: &'static str, address: u64) -> Result<()> {
+    match address % 16 {
+        0 => Ok(()),
+        _ => Err(Error::Shape {
+            tensor,
+            what: format!(
+                "device address {address:#x} is not 16-byte aligned: the kernels load and store 16 bytes at a time"
+            ),
+        }),
+    }
 }
 
 pub(crate) fn check_len(tensor: &'static str, len: usize, needed: usize) -> Result<()> {

@@ -5,7 +5,7 @@
 use super::launch::{BackwardPointers, KernelParams};
 use super::run::{ChosenBackward, LaunchParams, Workspace, enqueue, functions};
 use crate::backend::Cuda;
-use crate::device::{DeviceElement, check_contexts, check_len};
+use crate::device::{DeviceElement, check_aligned, check_contexts, check_len};
 use crate::indices::{self, DeviceArrays};
 use attn_core::{BackwardOptions, Error, Plan, Problem, Result};
 use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
@@ -122,6 +122,11 @@ impl Cuda {
         let (dq, _dq) = t.dq.device_ptr_mut(stream);
         let (dk, _dk) = t.dk.device_ptr_mut(stream);
         let (dv, _dv) = t.dv.device_ptr_mut(stream);
+        for (tensor, address) in
+            [("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("dq", dq), ("dk", dk), ("dv", dv)]
+        {
+            check_aligned(tensor, address)?;
+        }
         let at = BackwardPointers { q, k, v, o, d_o, lse, dq, dk, dv, ..Default::default() };
         let params = LaunchParams::new(
             KernelParams::new(workspace.add_to(at, stream), extras, problem, chosen.deterministic),
