@@ -239,17 +239,7 @@ impl Cuda {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let problem = &plan.problem;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::Shape {
-                tensor: "q",
-                what: format!(
-                    "the tensors hold {} but plan `{}` is for {}",
-                    T::DTYPE,
-                    plan.kernel,
-                    problem.dtype
-                ),
-            });
-        }
+        check_dtype::<T>(plan)?;
         // Memory of another context (another device) would fault on the device, where the error
         // is sticky: refused here.
         // The LSE is a written buffer, apart from the read-only index arrays left in `arrays`.
@@ -533,6 +523,22 @@ pub(crate) fn check_contexts<'s>(
         }
     }
     Ok(())
+}
+
+/// Tensors of element type `T` for `plan`: its problem's dtype, or a typed error.
+pub(crate) fn check_dtype<T: DeviceElement>(plan: &Plan) -> Result<()> {
+    match T::DTYPE == plan.problem.dtype {
+        true => Ok(()),
+        false => Err(Error::Shape {
+            tensor: "q",
+            what: format!(
+                "the tensors hold {} but plan `{}` is for {}",
+                T::DTYPE,
+                plan.kernel,
+                plan.problem.dtype
+            ),
+        }),
+    }
 }
 
 /// A device address the kernels read or write 16 bytes at a time from: 16-byte aligned, or a

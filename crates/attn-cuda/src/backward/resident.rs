@@ -5,7 +5,7 @@
 use super::launch::{BackwardPointers, KernelParams};
 use super::run::{ChosenBackward, LaunchParams, Workspace, enqueue, functions};
 use crate::backend::Cuda;
-use crate::device::{DeviceElement, check_aligned, check_contexts, check_len};
+use crate::device::{DeviceElement, check_aligned, check_contexts, check_dtype, check_len};
 use crate::indices::{self, DeviceArrays};
 use attn_core::{BackwardOptions, Error, Plan, Problem, Result};
 use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
@@ -58,21 +58,9 @@ impl Cuda {
         arrays: DeviceArrays<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let chosen = plan.payload.get::<ChosenBackward>().ok_or_else(|| Error::PlanMismatch {
-            what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
-        })?;
+        let chosen = ChosenBackward::of(plan)?;
         let problem = &plan.problem;
-        if T::DTYPE != problem.dtype {
-            return Err(Error::Shape {
-                tensor: "q",
-                what: format!(
-                    "the tensors hold {} but plan `{}` is for {}",
-                    T::DTYPE,
-                    plan.kernel,
-                    problem.dtype
-                ),
-            });
-        }
+        check_dtype::<T>(plan)?;
         if arrays.lse.is_some() {
             return Err(Error::Shape {
                 tensor: "lse",

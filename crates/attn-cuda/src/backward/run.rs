@@ -28,6 +28,15 @@ pub(crate) struct ChosenBackward {
     pub(crate) deterministic: bool,
 }
 
+impl ChosenBackward {
+    /// What a cuda backward plan chose, or a typed error for any other plan.
+    pub(crate) fn of(plan: &Plan) -> Result<&ChosenBackward> {
+        plan.payload.get::<ChosenBackward>().ok_or_else(|| attn_core::Error::PlanMismatch {
+            what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
+        })
+    }
+}
+
 /// Plans the backward of `problem` on `gpu`: the variant (the Hopper family on sm_90 unless
 /// `family` forces the Ampere/Ada one), its three launches (each compiled, with ptxas's
 /// registers and spills, and validated against the device's limits).
@@ -132,9 +141,7 @@ pub(crate) fn run(
     grads: Gradients<'_>,
     runs: usize,
 ) -> Result<Vec<Duration>> {
-    let chosen = plan.payload.get::<ChosenBackward>().ok_or_else(|| attn_core::Error::PlanMismatch {
-        what: format!("plan `{}` is not a cuda backward plan", plan.kernel),
-    })?;
+    let chosen = ChosenBackward::of(plan)?;
     let problem = &plan.problem;
     let functions = functions(gpu, chosen)?;
     let stream = gpu.stream()?;
