@@ -10,7 +10,8 @@
 # occupancy and warp states; (d) accuracy: attn's gradients and PyTorch's against fp64 on the same
 # inputs (crates/attn/examples/backward_dump.rs, bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
-# `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20).
+# `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20),
+# DIMS (the bench's head dims, default 64,128; 256 too), ROUNDS (default 2).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -18,6 +19,8 @@ bin=.device/bin
 parts=${1:-verify,bench}
 max_seq=${MAX_SEQ:-16384}
 iters=${ITERS:-20}
+dims=${DIMS:-64,128}
+rounds=${ROUNDS:-2}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
   echo "commit: $(cat .device/COMMIT 2>/dev/null)"
@@ -35,13 +38,14 @@ iters=${ITERS:-20}
     echo "== attn verify --grad --backend cuda --deterministic (full grid)"
     timeout 240 "$bin/attn" verify --grad --backend cuda --deterministic 2>&1 | tail -1
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    # Every variant: the quick grid's standard family (D=64, f16 and bf16) and the full grid's
-    # varlen family (D=128 and 64, f16 and bf16, every feature at once).
+    # Every variant: the quick grid's standard family (D=64, f16 and bf16), the full grid's
+    # varlen family (D=128 and 64, f16 and bf16, every feature at once) and the head-dims family
+    # (D=256).
     for tool in memcheck racecheck synccheck; do
       for det in "" --deterministic; do
         echo "== compute-sanitizer $tool $det (gradient grid: standard and varlen families)"
         timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda --family standard \
-          --family varlen $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
+          --family varlen --family head-dims $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
       done
     done
   fi
@@ -59,11 +63,11 @@ iters=${ITERS:-20}
       | grep -vE '^\{' | tail -90
   fi
   if [[ $parts == *bench* ]]; then
-    for round in 1 2; do
+    for round in $(seq "$rounds"); do
       echo "== round $round: attn"
-      timeout 280 "$bin/backward_bench" "$iters" "$max_seq" | tee -a "$out/attn.jsonl"
+      timeout 280 "$bin/backward_bench" "$iters" "$max_seq" "$dims" | tee -a "$out/attn.jsonl"
       echo "== round $round: torch"
-      timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" | tee -a "$out/torch.jsonl"
+      timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" --dims "$dims" | tee -a "$out/torch.jsonl"
     done
     name=${NAME:-h200-backward}
     python3 bench/device/backward_report.py "$out" "$name" "$(cat .device/COMMIT)" "$parts" > "$out/$name.json"

@@ -37,10 +37,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-seq", type=int, default=16384)
+    ap.add_argument("--dims", default="64,128", help="head dims, a comma list")
     a = ap.parse_args()
     torch.manual_seed(1)
     dev = torch.cuda.get_device_name()
-    for d in (64, 128):
+    for d in (int(x) for x in a.dims.split(",")):
         for s in (1024, 2048, 4096, 8192, 16384):
             if s > a.max_seq:
                 continue

@@ -32,8 +32,8 @@
 //!   on CPU and CUDA tensors.
 //! - **Training**: every op but the cache's has a backward pass, from the LSE its forward kept:
 //!   attn's cpu-flash backward on CPU tensors, attn's CUDA backward on candle's stream and memory
-//!   on CUDA tensors (f16, bf16, head dims up to 128); a graph of `Var`s trains through it
-//!   (`examples/train.rs`).
+//!   on CUDA tensors (f16, bf16, head dims up to 256 on sm_90, 128 elsewhere); a graph of `Var`s
+//!   trains through it (`examples/train.rs`).
 //! - Index tensors (offsets, key counts, block tables: u32 or i32; ALiBi slopes: f32) go where
 //!   q is: on CUDA the kernels read them in place on candle's stream, with no copy and no
 //!   synchronization. An index tensor on another device than q is copied there first (a small

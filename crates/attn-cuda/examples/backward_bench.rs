@@ -73,14 +73,17 @@ fn main() -> attn_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     let max_seq: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16384);
-    // Only this head dim (64 or 128), e.g. for one profiled launch; default both.
-    let only_d: Option<usize> = args.get(3).and_then(|s| s.parse().ok());
+    // The head dims, a comma list of 64, 128 and 256 (e.g. one for a profiled launch); default 64,128.
+    let dims: Vec<usize> = match args.get(3) {
+        Some(list) => list.split(',').filter_map(|d| d.trim().parse().ok()).collect(),
+        None => vec![64, 128],
+    };
     if let Err(reason) = attn_cuda::probe() {
         eprintln!("backward_bench: CUDA is unavailable, because {reason}");
         std::process::exit(1);
     }
     let cuda = Cuda::from_env()?;
-    for d in [64usize, 128].into_iter().filter(|&d| only_d.is_none_or(|o| o == d)) {
+    for d in dims {
         for seq in [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| s <= max_seq) {
             for causal in [false, true] {
                 let shape = Shape::new(16384 / seq, 2048 / d, seq, d);

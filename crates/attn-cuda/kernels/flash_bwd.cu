@@ -21,8 +21,9 @@
 // Every feature of the forward but a paged cache is a run-time parameter here (mask bounds,
 // soft-cap, ALiBi slopes, packed sequences, key counts), and the head dim is too (a multiple of 8
 // up to D, the chunks past it load as zeros). Specialised at compile time (NVRTC -D): ATTN_BF16
-// (else f16), ATTN_D (64 or 128). The host's variant (crates/attn-cuda/src/backward/variant.rs)
-// mirrors the shared-memory size computed here.
+// (else f16), ATTN_D (64 or 128; 256 compiles the row passes only, for the Hopper family's main
+// pass: here dK and dV of 16 keys a warp by 256 columns would take every register). The host's
+// variant (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"         // elem_t, mma.sync, ldmatrix, cp.async groups, quad reductions
 #include "flash_bwd_common.cuh"  // Params, sequences, the mask and the gradient of one score
@@ -30,9 +31,8 @@
 constexpr int D = ATTN_D;
 constexpr int WARPS = 4;
 constexpr int THREADS = 32 * WARPS;
-constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
 constexpr int BM = 64;          // query rows per step: 16 per warp in the dQ product
-static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
+static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128 and 256 (smaller ones run padded)");
 
 // Byte address of 16-byte chunk c of row `row` in a [rows][LEN] tile whose rows are
 // XOR-swizzled in groups of 8 chunks (LEN a multiple of 64): ldmatrix reads are conflict-free.
@@ -96,7 +96,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Main pass: grid (ceil(seq_k / BN), heads_kv, batch).
+// Main pass: grid (ceil(seq_k / BN), heads_kv, batch). Head dims 64 and 128.
+#if ATTN_D <= 128
+constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
 extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem);
@@ -310,3 +312,4 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
         }
     }
 }
+#endif  // ATTN_D <= 128

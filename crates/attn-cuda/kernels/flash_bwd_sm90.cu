@@ -2,7 +2,7 @@
 // pre-pass (D = rowsum(dO ∘ O), the dQ accumulator zeroed) and dQ's conversion are flash_bwd.cu's
 // attn_bwd_pre and attn_bwd_dq, on the same parameter block and workspace.
 //
-// A CTA per (block of BN = 128 keys, kv head, sequence), three warpgroups:
+// A CTA per (block of BN keys, kv head, sequence), three warpgroups:
 //   warpgroup 2, the producer: one thread loads K and V once by TMA, then for every step (a query
 //     head of the GQA group and a block of BM query rows that sees the keys) Q and dO by TMA into
 //     a ring of two stages, the warp's lanes the step's LSE (in log2 units) and D beside them;
@@ -10,25 +10,32 @@
 //     the step's dQ, handed over in shared memory, to the f32 accumulator by bulk reduce-adds
 //     (TMA, a row of 256 bytes each; in the deterministic mode after waiting for its turn), so
 //     the MMA warps never wait on global memory;
-//   warpgroups 0 and 1, the MMA warpgroups: warpgroup w owns keys 64w .. 64w + 63 of the block,
-//     their dK and dV in its registers over every step; per step
+//   warpgroups 0 and 1, the MMA warpgroups: at D = 64 and 128 (BN = 128) warpgroup w owns keys
+//     64w .. 64w + 63 of the block, their dK and dV in its registers over every step; at D = 256
+//     (BN = 64) both take the block's 64 keys and warpgroup w owns columns 128w .. 128w + 127 of
+//     their dK, dV and dQ (dK and dV of 64 keys by 256 columns would take 256 registers a
+//     thread), both computing the block's S^T and dP^T (see SPLIT_COLUMNS); per step
 //       S^T  = K Q^T,  dP^T = V dO^T            wgmma, shared x shared (the keys are wgmma's M,
 //                                               so the query block can be 64 rows)
 //       P^T  = exp2(S^T scale log2(e) - lse),   dS^T = P^T (dP^T - D) (1 - tanh^2)
 //                                               (the exponentials while dP^T's product runs)
 //       dS^T to shared memory (two buffers, one barrier of both warpgroups a step)
 //       dQ   = dS K, this warpgroup's 64 x 64 part (at D = 128 its 64 columns, at D = 64 its 64
-//              of the 128 rows), then
+//              of the 128 rows; at D = 256 two parts, its 128 columns), then
 //       dV  += P^T dO, dK += dS^T Q             wgmma, P^T and dS^T as register A operands (P
 //                                               never goes to shared memory), running while
 //                                               dQ's part goes to shared memory for its writer.
+// At D = 256 the MMA warpgroups add their dQ parts to the accumulator themselves, by 8-byte
+// atomics (two stages of Q and dO leave no shared memory for the writers' parts); the writer
+// warps idle.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
 // flash_bwd.cu (the last key block first; the grid starts there); the counter counts parts, two
-// a key block, and a writer adds once both parts of the key block above are in.
+// a key block (one per MMA warpgroup), and a part is added once both of the key block above are
+// in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
-// masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64 or 128),
+// masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64, 128 or 256),
 // ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
@@ -38,15 +45,20 @@
 #include "sm90_wgmma.cuh"        // generated: wgmma_qk (S^T, dP^T), wgmma_pv (dV, dK), wgmma_dq
 
 constexpr int D = ATTN_D;
-static_assert(D == 64 || D == 128, "head dims 64 and 128 (smaller ones run padded)");
-constexpr int BN = 128;                   // keys per CTA: 64 per MMA warpgroup
-constexpr int BM = D == 64 ? 128 : 64;    // query rows per step (D = 128: registers allow 64)
-constexpr int STAGES = 2;                 // Q/dO ring
+static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128 and 256 (smaller ones run padded)");
+// D = 256: the MMA warpgroups share the block's keys and split the columns of dK, dV and dQ. Each
+// computes the whole of S^T and dP^T (1.4 times the tensor work of the five products), which keeps
+// P^T and dS^T in registers as the A operands of dV and dK, as at the smaller head dims.
+constexpr bool SPLIT_COLUMNS = D == 256;
+constexpr int BN = SPLIT_COLUMNS ? 64 : 128;  // keys per CTA: 64 per MMA warpgroup, or 64 shared
+constexpr int BM = D == 64 ? 128 : 64;        // query rows per step (D >= 128: registers allow 64)
+constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D = 256) a warpgroup owns
+constexpr int STAGES = 2;                     // Q/dO ring
 constexpr int THREADS = 3 * 128;
-constexpr int D_BLOCKS = D / 64;          // 64-column (128-byte) TMA boxes per row
-constexpr int NS = BM / 2;                // S^T, dP^T accumulators per thread (64 x BM a warpgroup)
-constexpr int ND = D / 2;                 // dK, dV accumulators per thread (64 x D)
-constexpr int NQ = 32;                    // dQ accumulators per thread (64 x 64)
+constexpr int D_BLOCKS = D / 64;              // 64-column (128-byte) TMA boxes per row
+constexpr int NS = BM / 2;                    // S^T, dP^T accumulators per thread (64 x BM a warpgroup)
+constexpr int ND = DC / 2;                    // dK, dV accumulators per thread (64 x DC)
+constexpr int NQ = 32;                        // dQ accumulators per thread (a 64 x 64 part)
 
 // Shared memory from a 1024-byte aligned base (the host adds 1024 bytes of slack). Every tile is a
 // run of 64-column blocks, each [rows][64] with the 128-byte swizzle TMA writes.
@@ -54,7 +66,7 @@ constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
 constexpr int DQ_ROW = 68;                   // floats a row of a dQ part takes: 64 and 4 of padding
-constexpr unsigned DQ_BYTES = 64 * DQ_ROW * 4;  // a warpgroup's dQ part, f32
+constexpr unsigned DQ_BYTES = SPLIT_COLUMNS ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
 constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
                                 2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
@@ -79,7 +91,7 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.d_o = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + STAGES * TILE_BYTES);
     s.ds = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES);
     s.dq = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
-    s.lse = s.dq + 2 * 64 * DQ_ROW;
+    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES);
     s.delta = s.lse + STAGES * BM;
     s.kv_full = reinterpret_cast<unsigned long long*>(s.delta + STAGES * BM);
     s.full = s.kv_full + 1;
@@ -240,9 +252,9 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
 // and the same columns of row + 8 at [4c + 2], [4c + 3]; pairs [2j], [2j + 1] are the A fragment
 // registers of wgmma's register-operand form, fragment kk = j / 4, register j % 4.
 
-// S^T (or dP^T) = K Q^T (or V dO^T) for this warpgroup's 64 keys: both K-major.
-__device__ __forceinline__ void issue_keys_by_rows(float (&acc)[NS], const elem_t* keys, const elem_t* rows, int wg) {
-    const unsigned long long kd = sm90::sw128_desc(sm90::smem_u32(keys) + wg * 64 * 128, 0);
+// S^T (or dP^T) = K Q^T (or V dO^T) for this warpgroup's 64 keys, from the block's key0: both K-major.
+__device__ __forceinline__ void issue_keys_by_rows(float (&acc)[NS], const elem_t* keys, const elem_t* rows, int key0) {
+    const unsigned long long kd = sm90::sw128_desc(sm90::smem_u32(keys) + key0 * 128, 0);
     const unsigned long long rd = sm90::sw128_desc(sm90::smem_u32(rows), 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -251,8 +263,8 @@ __device__ __forceinline__ void issue_keys_by_rows(float (&acc)[NS], const elem_
     sm90::wgmma_commit();
 }
 
-// acc (dV or dK, 64 keys x D) += frag (P^T or dS^T, 64 keys x BM) times rows (dO or Q, BM x D,
-// MN-major: its 64-column blocks BM rows apart).
+// acc (dV or dK, 64 keys x DC) += frag (P^T or dS^T, 64 keys x BM) times rows (DC columns of dO or
+// Q, BM x DC, MN-major: its 64-column blocks BM rows apart).
 __device__ __forceinline__ void issue_grad(float (&acc)[ND], unsigned (&frag)[BM / 16][4], const elem_t* rows) {
     const unsigned long long rd = sm90::sw128_desc(sm90::smem_u32(rows), BM * 128);
 #pragma unroll
@@ -261,10 +273,57 @@ __device__ __forceinline__ void issue_grad(float (&acc)[ND], unsigned (&frag)[BM
 
 __device__ __forceinline__ float2 ld_f2(const float* x) { return *reinterpret_cast<const float2*>(x); }
 
+// A 64 x 64 part of dQ = dS K over the block's keys: A = dS, queries 64 qb .. of dS^T's buffer
+// (MN-major: its rows are keys), B = K's 64-column block kb (MN-major).
+__device__ __forceinline__ void issue_dq(float (&dq)[NQ], unsigned ds_buf, const elem_t* k, int qb, int kb) {
+    const unsigned long long ad = sm90::sw128_desc(ds_buf + qb * BN * 128, BN * 128);
+    const unsigned long long bd = sm90::sw128_desc(sm90::smem_u32(k) + kb * BN * 128, BN * 128);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_dq(dq, sm90::desc_advance(ad, kk * 16 * 128), sm90::desc_advance(bd, kk * 16 * 128), kk > 0);
+    sm90::wgmma_commit();
+}
+
+// D = 256: this warpgroup's dQ part (64 query rows from m0, 64 columns from col0) added to the f32
+// accumulator by 8-byte atomics, rows past the sequence left alone.
+__device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, int m0, int col0, const float (&dq)[NQ]) {
+    const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = m0 + 16 * warp + lane / 4 + 8 * r;
+        if (row >= w.s.q_len) continue;
+        float* acc = p.dq_accum + row_index(p, w.s, w.b, h, row) * D + col0 + 2 * (lane % 4);
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            atomicAdd(reinterpret_cast<float2*>(acc + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+    }
+}
+
+// D = 256, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
+// of every higher key block in), or, with `done`, counts its part in. Named barrier 2 + wg.
+__device__ __forceinline__ void dq_turn(const Params& p, const Work& w, int h, int m, int wg, bool done) {
+    int* counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
+    if (done) {
+        __threadfence();
+        sm90::named_sync(2 + wg, 128);
+        if (threadIdx.x % 128 == 0) atomicAdd(counter, 1);
+    } else {
+        if (threadIdx.x % 128 == 0) {
+            const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m * BM);
+            while (ld_acquire(counter) < 2 * rank) {
+            }
+        }
+        sm90::named_sync(2 + wg, 128);
+        __threadfence();
+    }
+}
+
 __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
     const Params& p = P.p;
     const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = lane % 4;
-    const int key_local = 64 * wg + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
+    const int key0 = SPLIT_COLUMNS ? 0 : 64 * wg;       // this warpgroup's first key in the block
+    const int col0 = SPLIT_COLUMNS ? DC * wg : 0;       // and its first column of dK, dV (and dQ)
+    const int key_local = key0 + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
     const int shift = w.s.k_len - w.s.q_len;
     float dk[ND], dv[ND];
 #pragma unroll
@@ -285,8 +344,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
 
             float sacc[NS], dpacc[NS];
             sm90::wgmma_fence();
-            issue_keys_by_rows(sacc, s.k, q, wg);
-            issue_keys_by_rows(dpacc, s.v, d_o, wg);
+            issue_keys_by_rows(sacc, s.k, q, key0);
+            issue_keys_by_rows(dpacc, s.v, d_o, key0);
             sm90::wgmma_wait<1>();
             sm90::fence_regs(sacc);
 
@@ -337,11 +396,13 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
             }
 
-            // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks.
+            // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
+            // D = 256 both warpgroups hold all of it, and each stores half the queries).
             const unsigned ds_buf = sm90::smem_u32(s.ds) + (step % 2) * DS_BYTES;
 #pragma unroll
             for (int j = 0; j < NS / 2; ++j) {
                 const int c = j / 2, r = j % 2;
+                if (SPLIT_COLUMNS && c / (BM / 16) != wg) continue;
                 const int key = key_local + 8 * r, ql = 8 * c + 2 * t;
                 const unsigned a = ds_buf + (ql / 64) * BN * 128 + key * 128 + ((((ql % 64) / 8) ^ (key % 8)) * 16) +
                                    (ql % 8) * 2;
@@ -349,9 +410,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
 
-            // dQ = dS K, once both warpgroups' dS^T are in: A = dS (MN-major: dS^T's rows are
-            // keys), B = K (MN-major). D = 128: columns 64 wg ..; D = 64: rows 64 wg ... Then
-            // dV += P^T dO and dK += dS^T Q, which run while dQ goes to the writer.
+            // dQ = dS K, once both warpgroups' dS^T are in, then dV += P^T dO and dK += dS^T Q,
+            // which run while dQ goes to the writer (or, at D = 256, to the accumulator).
             sm90::named_sync(1, 256);
             float dq[NQ];
             sm90::fence_regs(pa);
@@ -359,33 +419,44 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             sm90::fence_regs(dv);
             sm90::fence_regs(dk);
             sm90::wgmma_fence();
-            {
-                const unsigned a = ds_buf + (D == 64 ? wg * BN * 128 : 0);
-                const unsigned b = sm90::smem_u32(s.k) + (D == 128 ? wg * BN * 128 : 0);
-                const unsigned long long ad = sm90::sw128_desc(a, BN * 128), bd = sm90::sw128_desc(b, BN * 128);
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
-                    wgmma_dq(dq, sm90::desc_advance(ad, kk * 16 * 128), sm90::desc_advance(bd, kk * 16 * 128), kk > 0);
+            if constexpr (SPLIT_COLUMNS) {
+                // Two dQ parts, columns col0 and col0 + 64, the first under dV's and dK's products.
+                issue_dq(dq, ds_buf, s.k, 0, 2 * wg);
+                issue_grad(dv, pa, d_o + col0 * BM);
+                issue_grad(dk, da, q + col0 * BM);
                 sm90::wgmma_commit();
-            }
-            issue_grad(dv, pa, d_o);
-            issue_grad(dk, da, q);
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<1>();
-            sm90::fence_regs(dq);
+                sm90::wgmma_wait<1>();
+                sm90::fence_regs(dq);
+                if (p.deterministic) dq_turn(p, w, h, m, wg, false);
+                add_dq(p, w, h, m0, col0, dq);
+                sm90::wgmma_fence();  // dq's registers read above, before the next product writes them
+                issue_dq(dq, ds_buf, s.k, 0, 2 * wg + 1);
+                sm90::wgmma_wait<0>();
+                sm90::fence_regs(dq);
+                add_dq(p, w, h, m0, col0 + 64, dq);
+                if (p.deterministic) dq_turn(p, w, h, m, wg, true);
+            } else {
+                // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
+                issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
+                issue_grad(dv, pa, d_o);
+                issue_grad(dk, da, q);
+                sm90::wgmma_commit();
+                sm90::wgmma_wait<1>();
+                sm90::fence_regs(dq);
 
-            // This warpgroup's dQ part to its writer, once it has added the last one.
-            sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-            float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
+                // This warpgroup's dQ part to its writer, once it has added the last one.
+                sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
+                float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
 #pragma unroll
-            for (int c = 0; c < 8; ++c)
+                for (int c = 0; c < 8; ++c)
 #pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
-                        make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
-            sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
-            sm90::mbar_arrive(s.dq_full + wg);
-            sm90::wgmma_wait<0>();
+                    for (int r = 0; r < 2; ++r)
+                        *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                            make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+                sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
+                sm90::mbar_arrive(s.dq_full + wg);
+                sm90::wgmma_wait<0>();
+            }
             sm90::fence_regs(dv);
             sm90::fence_regs(dk);
             sm90::mbar_arrive(s.empty + st);  // Q, dO, LSE and D read by this thread
@@ -401,8 +472,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
         const int key = w.n0 + key_local + 8 * r;
         if (key >= w.s.k_len) continue;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-            const int col = 8 * c + 2 * t;
+        for (int c = 0; c < DC / 8; ++c) {
+            const int col = col0 + 8 * c + 2 * t;
             if (col >= p.head_dim) continue;
             *reinterpret_cast<unsigned*>(dk_out + (long long)key * p.k_ss + col) =
                 as_u32(pack2(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale));
@@ -436,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
         sm90::regs_release<ATTN_PRODUCER_REGS>();
         const int warp = threadIdx.x % 128 / 32;
         if (warp == 0) produce(P, s, w);
-        if (warp == 1 || warp == 2) write_dq(P.p, s, w, warp - 1);
+        if (!SPLIT_COLUMNS && (warp == 1 || warp == 2)) write_dq(P.p, s, w, warp - 1);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
         consume(P, s, w, wg);

@@ -12,9 +12,9 @@
 //! (`kernels/flash_bwd_common.cuh`).
 //!
 //! It runs every problem the forward takes but a paged cache (refused by
-//! `Problem::validate_backward`) and head dims over 128 (a typed refusal for now): f16/bf16, head
-//! dims that are multiples of 8 up to 128 (64 and 128 by their own variants, the others padded
-//! to the next), strides that are multiples of 8 elements, GQA, every mask, soft-cap, ALiBi,
+//! `Problem::validate_backward`): f16/bf16, head dims that are multiples of 8 up to 256 in the
+//! Hopper family and up to 128 in the Ampere/Ada one (a typed refusal past it; 64, 128 and 256 by
+//! their own variants, the others padded to the next), strides that are multiples of 8 elements, GQA, every mask, soft-cap, ALiBi,
 //! packed sequences and key counts, as run-time parameters of the one kernel per (family, dtype,
 //! head dim).
 //!

@@ -24,8 +24,11 @@ pub const BLOCK_N: usize = 64;
 pub const BLOCK_M: usize = 64;
 /// Threads per block of each of the three kernels of the Ampere/Ada family.
 pub const THREADS: u32 = 128;
-/// Keys per CTA of the Hopper main pass (`BN` in `flash_bwd_sm90.cu`: 64 per MMA warpgroup).
+/// Keys per CTA of the Hopper main pass (`BN` in `flash_bwd_sm90.cu`: 64 per MMA warpgroup; at
+/// D=256 the two warpgroups share 64 keys and split the columns).
 pub const SM90_BLOCK_N: usize = 128;
+/// Columns of dK, dV and dQ one Hopper MMA warpgroup owns at most (`DC`): D=256 splits them.
+const SM90_MAX_COLUMNS: usize = 128;
 /// Threads of the Hopper main pass: two MMA warpgroups and the producer's.
 pub const SM90_THREADS: u32 = 384;
 /// Registers per thread after `setmaxnreg`: the producer's (TMA issue and the LSE's loads) and
@@ -41,8 +44,8 @@ const ROWS_PER_BLOCK: usize = 4;
 pub struct Variant {
     /// f16 or bf16.
     pub dtype: DType,
-    /// Head dimension the kernel is compiled for (`ATTN_D`): 64 or 128; the problem's own (a
-    /// multiple of 8 up to it) is a run-time parameter.
+    /// Head dimension the kernel is compiled for (`ATTN_D`): 64 or 128, and 256 in the Hopper
+    /// family; the problem's own (a multiple of 8 up to it) is a run-time parameter.
     pub head_dim: usize,
     /// The Hopper family's main pass (`flash_bwd_sm90.cu`, sm_90a) instead of the Ampere/Ada one.
     pub hopper: bool,
@@ -60,8 +63,12 @@ pub struct Launches {
 }
 
 impl Variant {
-    /// The head dims the kernel is compiled for.
-    pub const HEAD_DIMS: [usize; 2] = [64, 128];
+    /// The head dims each family's kernels are compiled for: the Hopper family's (`hopper`) or
+    /// the Ampere/Ada family's, whose dK and dV of 16 keys a warp by 256 columns would take every
+    /// register a thread has.
+    pub fn head_dims(hopper: bool) -> &'static [usize] {
+        if hopper { &[64, 128, 256] } else { &[64, 128] }
+    }
 
     /// Every variant that ships: each family at each dtype and head dim.
     pub fn all() -> Vec<Variant> {
@@ -69,26 +76,37 @@ impl Variant {
             .into_iter()
             .flat_map(|hopper| {
                 [DType::F16, DType::Bf16].into_iter().flat_map(move |dtype| {
-                    Self::HEAD_DIMS.map(|head_dim| Variant { dtype, head_dim, hopper })
+                    Self::head_dims(hopper).iter().map(move |&head_dim| Variant { dtype, head_dim, hopper })
                 })
             })
             .collect()
     }
 
     /// The variant for a problem of `dtype` and head dim `d` in the family `hopper` says, or
-    /// `None` past 128 (or not a multiple of 8).
+    /// `None` past the family's largest (or not a multiple of 8).
     pub fn for_problem(dtype: DType, d: usize, hopper: bool) -> Option<Variant> {
-        let head_dim = Self::HEAD_DIMS.into_iter().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
+        let head_dim =
+            Self::head_dims(hopper).iter().copied().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
         Some(Variant { dtype, head_dim, hopper })
+    }
+
+    /// Whether the Hopper main pass's MMA warpgroups share their keys and split the columns
+    /// (`SPLIT_COLUMNS`: D=256), adding dQ by atomics rather than through the writer warps.
+    pub fn splits_columns(&self) -> bool {
+        self.hopper && self.head_dim > SM90_MAX_COLUMNS
     }
 
     /// Keys per CTA of the main pass.
     pub fn block_n(&self) -> usize {
-        if self.hopper { SM90_BLOCK_N } else { BLOCK_N }
+        match (self.hopper, self.splits_columns()) {
+            (false, _) => BLOCK_N,
+            (true, false) => SM90_BLOCK_N,
+            (true, true) => SM90_BLOCK_N / 2,
+        }
     }
 
     /// Query rows per step of the main pass: the Hopper family's 128 at D=64 (its MMA warpgroups
-    /// split dQ's rows) and 64 at D=128 (dK and dV's registers leave room for no more).
+    /// split dQ's rows) and 64 at D=128 and 256 (dK and dV's registers leave room for no more).
     pub fn block_m(&self) -> usize {
         match (self.hopper, self.head_dim) {
             (true, 64) => 128,
@@ -99,14 +117,15 @@ impl Variant {
     /// Dynamic shared memory of the main pass. Ampere/Ada: K and V (`BLOCK_N` rows), Q and dO
     /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
     /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, two stages of Q and
-    /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts (64 rows of 68), two stages of LSE
-    /// and D, nine mbarriers and 1024 bytes of slack for the alignment, as `SMEM_BYTES` in
-    /// `flash_bwd_sm90.cu`.
+    /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts for the writers (64 rows of 68; none
+    /// at D=256), two stages of LSE and D, nine mbarriers and 1024 bytes of slack for the
+    /// alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
+        let dq_parts = if self.splits_columns() { 0 } else { 2 * 64 * 68 * 4 };
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
-            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + 2 * 64 * 68 * 4 + 4 * m * 4 + 8 * 9 + 1024,
+            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + dq_parts + 4 * m * 4 + 8 * 9 + 1024,
         };
         bytes as u32
     }
@@ -151,7 +170,11 @@ impl Variant {
             true => CompileRequest::new(self.name(), SOURCE_SM90, Arch::Sm90a)
                 .header(
                     "sm90_wgmma.cuh",
-                    crate::hopper::wgmma::backward_header(self.dtype, self.block_m(), self.head_dim),
+                    crate::hopper::wgmma::backward_header(
+                        self.dtype,
+                        self.block_m(),
+                        self.head_dim.min(SM90_MAX_COLUMNS),
+                    ),
                 )
                 .headers(HEADERS)
                 .defines(self.defines()),
@@ -216,6 +239,15 @@ mod tests {
         );
         assert_eq!(Variant::for_problem(DType::F16, 64, true).map(|v| v.block_m()), Some(128));
         assert_eq!(Variant::for_problem(DType::F16, 136, false), None);
+        // Hopper D=256: 64 keys shared by the warpgroups; K, V 32 KiB each, Q and dO 2 x 32 KiB
+        // each, dS^T 2 x 8 KiB, no dQ parts.
+        let wide = Variant::for_problem(DType::Bf16, 136, true).unwrap();
+        assert_eq!(
+            (wide.head_dim, wide.block_m(), wide.block_n(), wide.splits_columns()),
+            (256, 64, 64, true)
+        );
+        assert_eq!(wide.shared_bytes(), 212_992 + 1024 + 72 + 1024);
+        assert_eq!(Variant::for_problem(DType::F16, 264, true), None);
         assert_eq!(Variant::for_problem(DType::F16, 60, false), None);
     }
 }

@@ -42,18 +42,19 @@ pub fn header(dtype: DType, block_n: usize, d: usize) -> String {
     out
 }
 
-/// The backward's header (`kernels/flash_bwd_sm90.cu`) for `dtype`, query block `block_m`, head
-/// dim `d`: `wgmma_qk` with N = `block_m` (Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, the keys as M), `wgmma_pv`
-/// with N = `d` (dV += Pᵀ·dO and dK += dSᵀ·Q, Pᵀ and dSᵀ as register A operands), and
+/// The backward's header (`kernels/flash_bwd_sm90.cu`) for `dtype`, query block `block_m` and
+/// `columns` of dK and dV a warpgroup owns (the head dim, or half of it at 256): `wgmma_qk` with
+/// N = `block_m` (Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, the keys as M), `wgmma_pv` with N = `columns`
+/// (dV += Pᵀ·dO and dK += dSᵀ·Q, Pᵀ and dSᵀ as register A operands), and
 ///
 /// - `wgmma_dq(d, a, b, accumulate)`: dQ (64 x 64) = or += dS (64 x 16) · K (16 x 64), both
 ///   operands in shared memory MN-major (transposed: dSᵀ's rows and K's rows are keys).
-pub fn backward_header(dtype: DType, block_m: usize, d: usize) -> String {
+pub fn backward_header(dtype: DType, block_m: usize, columns: usize) -> String {
     let ty = match dtype {
         DType::Bf16 => "bf16",
         _ => "f16",
     };
-    header(dtype, block_m, d) + "\n" + &shared_by_shared("wgmma_dq", ty, 64, "1, 1")
+    header(dtype, block_m, columns) + "\n" + &shared_by_shared("wgmma_dq", ty, 64, "1, 1")
 }
 
 /// `name(d, a, b, accumulate)`: a 64 x `n` f32 tile (`n / 2` registers) = or += A · B over k =
