@@ -1,12 +1,13 @@
 //! Backward timings on this GPU, on the issue's grid: bf16 BHSD, batch = 16384 / S, heads =
-//! 2048 / D, D in {64, 128}, S from 1k to 16k, causal and not. Per row: our forward gives O and
-//! the LSE, then `Cuda::backward_timed` runs the three backward launches `iters` times (default
-//! 20) on the same buffers; the median of the CUDA-event times, and TFLOP/s by FlashAttention's
-//! convention (2.5 times the forward's FLOPs, halved for causal), in both modes. Then the
+//! 2048 / D, D in {64, 128} (or those given), S from 1k to 16k, causal and not. Per row: our
+//! forward gives O and the LSE, then `Cuda::backward_timed` runs the three backward launches
+//! `iters` times (default 20) on the same buffers; the median of the CUDA-event times, TFLOP/s by
+//! FlashAttention's convention (2.5 times the forward's FLOPs, halved for causal), and the device
+//! memory the call held and its workspace (cuMemGetInfo around the allocations), in both modes. Then the
 //! deterministic mode is run 10 times on one shape and its gradients compared bit for bit. One
 //! JSON object per line on stdout.
 //!
-//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dim]`
+//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
 
 use attn_core::rng::{SplitMix64, normal_buffer};
@@ -46,14 +47,15 @@ fn setup(cuda: &Cuda, p: &Problem, seed: u64) -> attn_core::Result<Data> {
     Ok(Data { q, k, v, d_o, o: out, lse })
 }
 
-/// The gradients of the last of `runs` backward runs, and each run's time (ms).
+/// The gradients of the last of `runs` backward runs, each run's time (ms), and the device memory
+/// the call held and its workspace (bytes).
 fn backward(
     cuda: &Cuda,
     p: &Problem,
     data: &Data,
     options: BackwardOptions,
     runs: usize,
-) -> attn_core::Result<([Buffer; 3], Vec<f64>)> {
+) -> attn_core::Result<([Buffer; 3], Vec<f64>, [u64; 2])> {
     let [q, k, v, _] = p.required_lens().map(|(_, n)| n);
     let mut grads =
         [Buffer::zeros(DType::Bf16, q), Buffer::zeros(DType::Bf16, k), Buffer::zeros(DType::Bf16, v)];
@@ -65,8 +67,9 @@ fn backward(
         d_o: data.d_o.as_data(),
     };
     let gradients = Gradients { dq: dq.as_data_mut(), dk: dk.as_data_mut(), dv: dv.as_data_mut() };
-    let (_, times) = cuda.backward_timed(p, options, inputs, gradients, runs)?;
-    Ok((grads, times.into_iter().map(|t| t.as_secs_f64() * 1e3).collect()))
+    let (_, measured) = cuda.backward_timed(p, options, inputs, gradients, runs)?;
+    let ms = measured.times.into_iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    Ok((grads, ms, [measured.device_bytes, measured.workspace_bytes]))
 }
 
 fn main() -> attn_core::Result<()> {
@@ -94,17 +97,20 @@ fn main() -> attn_core::Result<()> {
                 let data = setup(&cuda, &p, seq as u64 + d as u64)?;
                 for deterministic in [false, true] {
                     let options = BackwardOptions { deterministic };
-                    let (_, times) = backward(&cuda, &p, &data, options, iters + 2)?;
+                    let (_, times, [held, workspace]) = backward(&cuda, &p, &data, options, iters + 2)?;
                     let ms = median(times[2..].to_vec());
                     let plan = cuda.plan_backward(&p, options)?;
                     println!(
                         "{{\"impl\": \"{}\", \"batch\": {}, \"heads\": {}, \"seq\": {seq}, \"head_dim\": {d}, \
-                         \"causal\": {causal}, \"ms\": {ms:.4}, \"tflops\": {:.1}, \"kernel\": \"{}\", \"iters\": {iters}}}",
+                         \"causal\": {causal}, \"ms\": {ms:.4}, \"tflops\": {:.1}, \"kernel\": \"{}\", \"iters\": {iters}, \
+                         \"device_mib\": {:.1}, \"workspace_mib\": {:.1}}}",
                         if deterministic { "attn-deterministic" } else { "attn" },
                         shape.batch,
                         shape.heads_q,
                         p.backward_flops() / ms / 1e9,
-                        plan.kernel
+                        plan.kernel,
+                        held as f64 / 1048576.0,
+                        workspace as f64 / 1048576.0
                     );
                 }
             }

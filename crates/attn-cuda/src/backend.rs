@@ -148,8 +148,8 @@ impl Cuda {
     }
 
     /// The backward pass run `runs` times on the same uploaded buffers (for benchmarks), with each
-    /// run's device time (its three launches between CUDA events); the gradients of the last
-    /// run are written into `grads`.
+    /// run's device time (its three launches between CUDA events) and the device memory the call
+    /// held; the gradients of the last run are written into `grads`.
     pub fn backward_timed(
         &self,
         problem: &Problem,
@@ -157,12 +157,12 @@ impl Cuda {
         inputs: GradInputs<'_>,
         grads: Gradients<'_>,
         runs: usize,
-    ) -> Result<(Plan, Vec<Duration>)> {
+    ) -> Result<(Plan, crate::backward::BackwardTimes)> {
         problem.check_backward(&inputs, &grads)?;
         let gpu = self.gpu()?;
         let plan = crate::backward::run::plan(&gpu, problem, options, self.options.family)?;
-        let times = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs)?;
-        Ok((plan, times))
+        let measured = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs)?;
+        Ok((plan, measured))
     }
 
     pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
@@ -451,10 +451,9 @@ impl Attention for Cuda {
         let gpu = self.gpu()?;
         let loaded = gpu.kernel(&kernel.request(Self::arch(&gpu)?), kernel.entry())?;
         gpu.set_max_dynamic_shared(&loaded.function, kernel.shared_bytes())?;
-        // Free device memory before and after the allocations: what this call holds, measured.
-        let free =
-            || gpu.context().mem_get_info().map(|(free, _)| free as u64).map_err(driver("cuMemGetInfo"));
-        let free_before = free()?;
+        // What the process holds on the device before and after the allocations (the allocator's
+        // count, Gpu::memory_use): what this call holds, measured.
+        let held_before = gpu.memory_use()?.current;
         let stream = gpu.stream()?;
         let tensors = DeviceTensors::upload(stream, problem, &inputs)?;
         let params = match kernel {
@@ -485,8 +484,7 @@ impl Attention for Cuda {
                 split,
             )?)),
         };
-        gpu.synchronize()?;
-        let device_bytes = free_before.saturating_sub(free()?);
+        let device_bytes = gpu.memory_use()?.current.saturating_sub(held_before);
         let cfg = LaunchConfig {
             grid_dim: (launch.grid[0], launch.grid[1], launch.grid[2]),
             block_dim: (launch.block[0], launch.block[1], launch.block[2]),
@@ -560,8 +558,8 @@ impl Prepared for CudaPrepared {
         self.launch_timed(self.lead)
     }
 
-    /// Free device memory before the buffers were allocated minus after (cuMemGetInfo; the
-    /// driver allocates in pages, so this rounds up). The kernel allocates nothing more.
+    /// Device memory the buffers took, as the allocator counts it ([`Gpu::memory_use`] before and
+    /// after their allocation). The kernel allocates nothing more.
     fn device_bytes(&self) -> Option<u64> {
         Some(self.device_bytes)
     }

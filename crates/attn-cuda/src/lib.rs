@@ -79,5 +79,5 @@ pub use indices::DeviceArrays;
 pub use options::{Family, KNOBS, Options};
 pub use probe::{DeviceInfo, NvrtcInfo, driver_available, nvrtc_available, nvrtc_info, probe, probe_ordinal};
 pub use ptxas::KernelResources;
-pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, driver};
+pub use runtime::{FunctionAttributes, Gpu, Kernel, Lead, MemoryUse, driver};
 pub use tensors::{DevicePointers, ExtraPointers};

@@ -46,7 +46,7 @@ use crate::compile::{self, Arch, CompileRequest, Compiled};
 use crate::probe::{self, DeviceInfo, guarded};
 use crate::ptxas::KernelResources;
 use attn_core::{Error, Result};
-use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use cudarc::driver::sys::{self, CUevent_flags, CUfunction_attribute, CUmemPool_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
     PushKernelArg,
@@ -112,6 +112,15 @@ const HOLD_SOURCE: &str = include_str!("../kernels/hold.cu");
 /// `.map_err(driver("cuModuleLoadData"))`.
 pub fn driver(call: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::backend(BACKEND, format!("{call}: {e}"))
+}
+
+/// What [`Gpu::memory_use`] reads: device bytes this process holds, as its allocator counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Held now.
+    pub current: u64,
+    /// The most held since the last [`Gpu::reset_memory_peak`] (without memory pools: `current`).
+    pub peak: u64,
 }
 
 /// One device context and what we keep on it: the kernels loaded there (once, shared by every
@@ -359,6 +368,62 @@ impl Gpu {
     /// surfaces here.
     pub fn synchronize(&self) -> Result<()> {
         self.stream()?.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Device bytes this process holds once the stream's queued work is done: the use of the
+    /// device's default memory pool, which cudarc's stream-ordered allocations (`cuMemAllocAsync`)
+    /// draw from, now and at its peak since the last [`Gpu::reset_memory_peak`]; where the device
+    /// has no pools (cudarc then allocates with `cuMemAlloc`), its used memory by cuMemGetInfo.
+    /// Blocks a call frees go back to the pool, not to the device, so cuMemGetInfo alone cannot
+    /// tell what a later call holds.
+    pub fn memory_use(&self) -> Result<MemoryUse> {
+        self.synchronize()?;
+        let Some(pool) = self.default_pool()? else {
+            let (free, total) = self.ctx.mem_get_info().map_err(driver("cuMemGetInfo"))?;
+            let used = (total - free) as u64;
+            return Ok(MemoryUse { current: used, peak: used });
+        };
+        let get = |attr: CUmemPool_attribute, name: &'static str| -> Result<u64> {
+            let mut value = 0u64;
+            // SAFETY: `pool` is the device's default pool; both attributes are 64-bit values.
+            unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .result()
+                .map_err(driver(name))?;
+            Ok(value)
+        };
+        Ok(MemoryUse {
+            current: get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "cuMemPoolGetAttribute(USED_MEM_CURRENT)")?,
+            peak: get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, "cuMemPoolGetAttribute(USED_MEM_HIGH)")?,
+        })
+    }
+
+    /// Starts [`MemoryUse::peak`] again from what the pool holds now (no-op without pools).
+    pub fn reset_memory_peak(&self) -> Result<()> {
+        let Some(pool) = self.default_pool()? else { return Ok(()) };
+        let mut zero = 0u64;
+        // SAFETY: resetting USED_MEM_HIGH takes a 64-bit zero.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(driver("cuMemPoolSetAttribute(USED_MEM_HIGH)"))
+    }
+
+    fn default_pool(&self) -> Result<Option<sys::CUmemoryPool>> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(None);
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: an out-pointer for the pool of this context's device.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        Ok(Some(pool))
     }
 
     /// The device address of `slice`, for a `#[repr(C)]` parameter struct. The address stays

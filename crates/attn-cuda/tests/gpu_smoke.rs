@@ -95,5 +95,18 @@ fn smoke_kernels_run_on_the_gpu() -> attn_core::Result<()> {
     // The second request for a variant comes from the caches: same function, no recompile.
     let again = gpu.kernel(&req, "smoke_scale_f32")?;
     assert!(std::sync::Arc::ptr_eq(&again.compiled, &scale.compiled));
+
+    // The allocator's count: 64 MiB allocated shows in the current use and the peak, and is gone
+    // from the current use once freed, also when the pool keeps the block for later allocations.
+    gpu.reset_memory_peak()?;
+    let before = gpu.memory_use()?;
+    let big = stream.alloc_zeros::<u8>(64 << 20).map_err(driver("cuMemAlloc 64 MiB"))?;
+    let with = gpu.memory_use()?;
+    drop(big);
+    let after = gpu.memory_use()?;
+    println!("memory use: before {before:?}, with 64 MiB {with:?}, after freeing it {after:?}");
+    assert!(with.current - before.current >= 64 << 20, "{before:?} -> {with:?}");
+    assert!(with.peak >= with.current);
+    assert_eq!(after.current, before.current);
     Ok(())
 }

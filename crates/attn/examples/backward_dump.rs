@@ -20,7 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("CUDA is unavailable, because {reason}").into());
     }
     let cuda = attn_cuda::Cuda::from_env()?;
-    for (d, seq, causal) in [(64, 1024, false), (64, 1024, true), (128, 1024, false), (128, 2048, true)] {
+    for (d, seq, causal) in
+        [(64, 1024, false), (64, 1024, true), (128, 1024, false), (128, 2048, true), (256, 1024, true)]
+    {
         let shape = Shape::new(2, 8, seq, d);
         let mut p = Problem::new(shape, DType::Bf16);
         if causal {

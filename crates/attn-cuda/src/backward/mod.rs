@@ -30,4 +30,5 @@ pub(crate) mod run;
 pub(crate) mod variant;
 
 pub use resident::DeviceGrads;
+pub use run::BackwardTimes;
 pub use variant::Variant;

@@ -20,6 +20,19 @@ use std::time::Duration;
 /// The row passes' entry functions (the main pass's is [`Variant::main_entry`]).
 pub const ENTRIES: [&str; 2] = ["attn_bwd_pre", "attn_bwd_dq"];
 
+/// What [`Cuda::backward_timed`](crate::Cuda::backward_timed) measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackwardTimes {
+    /// Each run's device time: its three launches between CUDA events.
+    pub times: Vec<Duration>,
+    /// Device memory the call held at its peak, as the allocator counts it ([`Gpu::memory_use`]):
+    /// the inputs, the gradients and the workspace.
+    pub device_bytes: u64,
+    /// Of which the workspace: D per query row, the f32 dQ accumulator and the deterministic
+    /// mode's counters, measured the same way.
+    pub workspace_bytes: u64,
+}
+
 /// What `plan_backward` chose, in the plan's payload.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ChosenBackward {
@@ -139,18 +152,20 @@ fn hopper_family(arch: Arch, family: Option<Family>, problem: &Problem) -> Resul
 /// Runs the plan's three launches `runs` times (at least once) over the buffers of `inputs` and
 /// `grads` (uploaded, and the gradients read back whole after the last run, so that elements
 /// outside the rows keep what they held). Returns each run's device time (CUDA events around its
-/// three launches).
+/// three launches) and the device memory the call held.
 pub(crate) fn run(
     gpu: &Gpu,
     plan: &Plan,
     inputs: &GradInputs<'_>,
     grads: Gradients<'_>,
     runs: usize,
-) -> Result<Vec<Duration>> {
+) -> Result<BackwardTimes> {
     let chosen = ChosenBackward::of(plan)?;
     let problem = &plan.problem;
     let functions = functions(gpu, chosen)?;
     let stream = gpu.stream()?;
+    gpu.reset_memory_peak()?;
+    let held_before = gpu.memory_use()?.current;
     let up16 = |data: attn_core::Data<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
         stream.clone_htod(&bits(data, name)?).map_err(driver("copy a backward input to the device"))
     };
@@ -175,7 +190,9 @@ pub(crate) fn run(
     };
     let (mut dq, mut dk, mut dv) =
         (up_mut(&dq_host, "dq")?, up_mut(&dk_host, "dk")?, up_mut(&dv_host, "dv")?);
+    let held_before_workspace = gpu.memory_use()?.current;
     let mut workspace = Workspace::new(stream, problem, chosen)?;
+    let held_with_workspace = gpu.memory_use()?.current;
     let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
     let at = BackwardPointers {
         q: ptr(&q),
@@ -210,7 +227,12 @@ pub(crate) fn run(
         let bits = stream.clone_dtoh(src).map_err(driver(name))?;
         dst.copy_from(from_bits(problem.dtype, bits).as_data())?;
     }
-    Ok(times)
+    let peak = gpu.memory_use()?.peak;
+    Ok(BackwardTimes {
+        times,
+        device_bytes: peak.saturating_sub(held_before),
+        workspace_bytes: held_with_workspace.saturating_sub(held_before_workspace),
+    })
 }
 
 /// The chosen variant's three entry functions, loaded in `gpu`'s context, the main pass allowed

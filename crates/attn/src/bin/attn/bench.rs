@@ -72,6 +72,12 @@ pub struct BenchArgs {
     /// ALiBi biases on every row, with the standard slopes `2^(-8 (h + 1) / heads)`.
     #[arg(long)]
     alibi: bool,
+    /// Time the backward pass (dQ, dK, dV from a random dO, O and the LSE of the backend's own
+    /// forward) instead of the forward: each call's wall clock through host memory, uploads and
+    /// read-back included; FLOPs 2.5 times the forward's. Timing only: `attn verify --grad`
+    /// checks the gradients.
+    #[arg(long)]
+    backward: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -99,10 +105,17 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                             auto.as_ref()
                         }
                     };
-                    let json = bench_one(backend, &row, name, &args)?;
+                    let json = match args.backward {
+                        true => bench_backward(backend, &row, name, &args)?,
+                        false => bench_one(backend, &row, name, &args)?,
+                    };
                     println!("{}", serde_json::to_string(&json)?);
+                    let checked = match json["rel_l2"].as_f64() {
+                        Some(e) => format!("rel_l2 {e:.2e}"),
+                        None => "backward".into(),
+                    };
                     eprintln!(
-                        "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  rel_l2 {:.2e}",
+                        "{:>10} {:>5} d{:<3} s{:<6} {:<6} {:>9.3} ms {:>8.1} GFLOP/s  {checked}",
                         backend.name(),
                         dtype,
                         d,
@@ -110,7 +123,6 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                         name,
                         json["median_ms"].as_f64().unwrap_or(0.0),
                         json["gflops"].as_f64().unwrap_or(0.0),
-                        json["rel_l2"].as_f64().unwrap_or(f64::NAN)
                     );
                 }
             }
@@ -259,6 +271,55 @@ fn bench_one(
         "gflops": flops / t.median_s / 1e9,
         "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
         "device_bytes": t.device_bytes,
+    }))
+}
+
+/// One row of `--backward`: the backend's forward gives O and the LSE, then its backward is timed.
+fn bench_backward(
+    backend: &dyn Attention,
+    row: &Row,
+    mask: &str,
+    args: &BenchArgs,
+) -> attn::Result<serde_json::Value> {
+    let (problem, extras) = (&row.problem, &row.extras);
+    let options = attn::BackwardOptions::default();
+    let plan = backend.plan_backward(problem, options)?;
+    measure::check_host_memory(problem)?;
+    let bufs = measure::random_inputs(problem, 1);
+    let inputs = measure::inputs(&bufs).with_extras(extras.borrow());
+    let lens = problem.required_lens();
+    let mut o = Buffer::zeros(problem.dtype, lens[3].1);
+    let mut lse = vec![0f32; problem.lse_len()];
+    backend.forward(&problem.with_lse(true), inputs, Outputs { o: o.as_data_mut(), lse: Some(&mut lse) })?;
+    let d_o = attn::rng::normal_buffer(&mut attn::rng::SplitMix64::new(2), problem.dtype, lens[3].1, 1.0);
+    let grad_inputs = attn::GradInputs { inputs, o: o.as_data(), lse: &lse, d_o: d_o.as_data() };
+    let mut grads = [0, 1, 2].map(|t| Buffer::zeros(problem.dtype, lens[t].1));
+    let t = measure::time_backward(
+        backend,
+        &plan,
+        grad_inputs,
+        &mut grads,
+        args.warmup,
+        std::time::Duration::from_millis(args.min_warmup_ms),
+        args.iters,
+    )?;
+    let s = problem.shape;
+    let flops = 2.5 * sequence_flops(problem, &row.q_lens, &row.k_lens);
+    Ok(serde_json::json!({
+        "impl": backend.name(),
+        "pass": "backward",
+        "timing": "wall clock of each host-memory call (uploads and read-back included)",
+        "kernel": plan.kernel,
+        "dtype": problem.dtype.name(),
+        "batch": s.batch, "heads": s.heads_q, "kv_heads": s.heads_kv, "seq": s.seq_q, "head_dim": s.head_dim,
+        "causal": problem.is_causal(),
+        "mask": mask,
+        "varlen_min": args.varlen,
+        "tokens": row.q_lens.iter().sum::<usize>(),
+        "flops": flops,
+        "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
+        "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
+        "gflops": flops / t.median_s / 1e9,
     }))
 }
 
