@@ -285,7 +285,8 @@ __device__ __forceinline__ void issue_dq(float (&dq)[NQ], unsigned ds_buf, const
 }
 
 // D = 256: this warpgroup's dQ part (64 query rows from m0, 64 columns from col0) added to the f32
-// accumulator by 8-byte atomics, rows past the sequence left alone.
+// accumulator by 8-byte reductions (red: no value comes back, so the warp does not wait for the
+// L2), rows past the sequence left alone.
 __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, int m0, int col0, const float (&dq)[NQ]) {
     const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -295,7 +296,9 @@ __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, in
         float* acc = p.dq_accum + row_index(p, w.s, w.b, h, row) * D + col0 + 2 * (lane % 4);
 #pragma unroll
         for (int c = 0; c < 8; ++c)
-            atomicAdd(reinterpret_cast<float2*>(acc + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + 8 * c), "f"(dq[4 * c + 2 * r]),
+                         "f"(dq[4 * c + 2 * r + 1])
+                         : "memory");
     }
 }
 
