@@ -392,8 +392,14 @@ impl Gpu {
             Ok(value)
         };
         Ok(MemoryUse {
-            current: get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, "cuMemPoolGetAttribute(USED_MEM_CURRENT)")?,
-            peak: get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, "cuMemPoolGetAttribute(USED_MEM_HIGH)")?,
+            current: get(
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                "cuMemPoolGetAttribute(USED_MEM_CURRENT)",
+            )?,
+            peak: get(
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                "cuMemPoolGetAttribute(USED_MEM_HIGH)",
+            )?,
         })
     }
 

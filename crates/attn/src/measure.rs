@@ -12,13 +12,27 @@ use std::time::Duration;
 /// anything is allocated, not an abort. Where the available memory cannot be read (not Linux),
 /// only the sizes are checked ([`Problem::validate`]).
 pub fn check_host_memory(problem: &Problem) -> Result<()> {
+    check_host_buffers(problem, false)
+}
+
+/// [`check_host_memory`] for a backward pass: its buffers are the forward's with the LSE, dO and
+/// the three gradients besides.
+pub fn check_host_memory_backward(problem: &Problem) -> Result<()> {
+    check_host_buffers(&problem.with_lse(true), true)
+}
+
+fn check_host_buffers(problem: &Problem, backward: bool) -> Result<()> {
     problem.validate()?;
-    let largest = problem.required_lens().iter().map(|(_, n)| *n as u128).max().unwrap_or(0);
-    let needed = problem.bytes() + 4 * largest;
+    let lens = problem.required_lens().map(|(_, n)| n as u128);
+    let largest = lens.iter().copied().max().unwrap_or(0);
+    // dO as o, dq, dk and dv as q, k and v.
+    let gradients = if backward { lens.iter().sum::<u128>() * problem.dtype.size() as u128 } else { 0 };
+    let needed = problem.bytes() + gradients + 4 * largest;
+    let what = if backward { "q, k, v, o, the LSE, dO and the three gradients" } else { "q, k, v and o" };
     match available_memory() {
         Some(available) if needed > available => Err(attn_core::Error::TooLarge {
             what: format!(
-                "{problem}: its host buffers (q, k, v, o and an f32 copy of one while the inputs are drawn) \
+                "{problem}: its host buffers ({what} and an f32 copy of one while the inputs are drawn) \
                  need {needed} bytes, but {available} bytes of memory are available"
             ),
         }),

@@ -10,6 +10,18 @@ fn run_and_bench_refuse_problems_past_the_memory_available() {
         &["run", "--seq-q", "1", "--seq-k", "1000000000"],
         &["run", "--batch", "1000000", "--heads", "1000000"],
         &["bench", "--seqs", "1000000000", "--dims", "128", "--dtypes", "bf16", "--masks", "none"],
+        &[
+            "bench",
+            "--backward",
+            "--seqs",
+            "1000000000",
+            "--dims",
+            "128",
+            "--dtypes",
+            "bf16",
+            "--masks",
+            "none",
+        ],
     ] {
         let out =
             Command::new(env!("CARGO_BIN_EXE_attn")).args(args).env("ATTN_BACKEND", "cpu").output().unwrap();

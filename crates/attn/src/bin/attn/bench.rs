@@ -283,8 +283,8 @@ fn bench_backward(
 ) -> attn::Result<serde_json::Value> {
     let (problem, extras) = (&row.problem, &row.extras);
     let options = attn::BackwardOptions::default();
+    measure::check_host_memory_backward(problem)?;
     let plan = backend.plan_backward(problem, options)?;
-    measure::check_host_memory(problem)?;
     let bufs = measure::random_inputs(problem, 1);
     let inputs = measure::inputs(&bufs).with_extras(extras.borrow());
     let lens = problem.required_lens();
