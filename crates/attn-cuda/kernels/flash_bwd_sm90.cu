@@ -26,7 +26,7 @@
 //                                               never goes to shared memory), running while
 //                                               dQ's part goes to shared memory for its writer.
 // At D = 256 the MMA warpgroups add their dQ parts to the accumulator themselves, by 8-byte
-// atomics (two stages of Q and dO leave no shared memory for the writers' parts); the writer
+// reductions (two stages of Q and dO leave no shared memory for the writers' parts); the writer
 // warps idle.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
 // flash_bwd.cu (the last key block first; the grid starts there); the counter counts parts, two

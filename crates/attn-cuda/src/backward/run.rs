@@ -64,16 +64,16 @@ pub(crate) fn plan(
     let arch = Cuda::arch(gpu)?;
     let hopper = hopper_family(arch, family, problem)?;
     let variant = Variant::for_problem(problem.dtype, d, hopper);
-    check_supported_by(problem, "cuda", variant.is_some(), || {
-        match hopper {
-        true => "multiples of 8 up to 256 in the backward pass (64, 128 and 256 natively, the others padded to the \
-                 next)"
-            .into(),
-        false => "multiples of 8 up to 128 in the Ampere/Ada family's backward pass (64 and 128 natively, the others \
-                  padded to the next); up to 256 on sm_90's Hopper family"
-            .into(),
-    }
-    })?;
+    let allowed = match hopper {
+        true => {
+            "multiples of 8 up to 256 in the backward pass (64, 128 and 256 natively, the others padded to the next)"
+        }
+        false => {
+            "multiples of 8 up to 128 in the Ampere/Ada family's backward pass (64 and 128 natively, the others padded \
+             to the next); up to 256 on sm_90's Hopper family"
+        }
+    };
+    check_supported_by(problem, "cuda", variant.is_some(), || allowed.into())?;
     // TMA (the Hopper family) and the Ampere/Ada family's 16-byte loads: strides in multiples of
     // 16 bytes.
     check_alignment(problem)?;

@@ -90,6 +90,9 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                     query heads: not with --varlen, --window or --kv-heads"
             .into());
     }
+    if args.backward && args.dump.is_some() {
+        return Err("--dump writes the forward's inputs and output: not with --backward".into());
+    }
     // One instance for the whole grid: a GPU backend opens its device and loads kernels once.
     let named = args.backend.as_deref().map(attn::Backend::by_name).transpose()?;
     for &dtype in &args.dtypes {
