@@ -112,46 +112,20 @@ pub fn time(
     runs: usize,
 ) -> Result<Timing> {
     let mut prepared = backend.prepare(plan, inputs)?;
-    let start = std::time::Instant::now();
-    let mut warmed = 0;
-    while warmed < warmup || start.elapsed() < min_warmup {
-        prepared.run_timed()?;
-        warmed += 1;
-    }
-    let mut times: Vec<Duration> = (0..runs.max(1)).map(|_| prepared.run_timed()).collect::<Result<_>>()?;
+    let mut timing = repeat(warmup, min_warmup, runs, || prepared.run_timed())?;
     prepared.read(outputs)?;
-    let each_s = times.iter().map(Duration::as_secs_f64).collect();
-    times.sort();
-    Ok(Timing {
-        median_s: times[times.len() / 2].as_secs_f64(),
-        min_s: times[0].as_secs_f64(),
-        max_s: times[times.len() - 1].as_secs_f64(),
-        runs: times.len(),
-        each_s,
-        device_bytes: prepared.device_bytes(),
-    })
+    timing.device_bytes = prepared.device_bytes();
+    Ok(timing)
 }
 
-/// The backward pass of `plan` (from [`Attention::plan_backward`]) on `inputs`, untimed `warmup`
-/// times and for at least `min_warmup`, then `runs` times timed by the wall clock around each
-/// [`Attention::run_backward`]: a call through host memory, so a GPU backend's uploads and
-/// read-back are in the time. The gradients of the last run are left in `grads` (dq, dk, dv).
-pub fn time_backward(
-    backend: &dyn Attention,
-    plan: &Plan,
-    inputs: GradInputs<'_>,
-    grads: &mut [Buffer; 3],
+/// `once` untimed `warmup` times and for at least `min_warmup`, then `runs` times (at least once)
+/// timed, each run's time as `once` returns it.
+fn repeat(
     warmup: usize,
     min_warmup: Duration,
     runs: usize,
+    mut once: impl FnMut() -> Result<Duration>,
 ) -> Result<Timing> {
-    let mut once = || -> Result<Duration> {
-        let [dq, dk, dv] = &mut *grads;
-        let gradients = Gradients { dq: dq.as_data_mut(), dk: dk.as_data_mut(), dv: dv.as_data_mut() };
-        let start = std::time::Instant::now();
-        backend.run_backward(plan, inputs, gradients)?;
-        Ok(start.elapsed())
-    };
     let start = std::time::Instant::now();
     let mut warmed = 0;
     while warmed < warmup || start.elapsed() < min_warmup {
@@ -168,6 +142,28 @@ pub fn time_backward(
         runs: times.len(),
         each_s,
         device_bytes: None,
+    })
+}
+
+/// The backward pass of `plan` (from [`Attention::plan_backward`]) on `inputs`, untimed `warmup`
+/// times and for at least `min_warmup`, then `runs` times timed by the wall clock around each
+/// [`Attention::run_backward`]: a call through host memory, so a GPU backend's uploads and
+/// read-back are in the time. The gradients of the last run are left in `grads` (dq, dk, dv).
+pub fn time_backward(
+    backend: &dyn Attention,
+    plan: &Plan,
+    inputs: GradInputs<'_>,
+    grads: &mut [Buffer; 3],
+    warmup: usize,
+    min_warmup: Duration,
+    runs: usize,
+) -> Result<Timing> {
+    repeat(warmup, min_warmup, runs, || {
+        let [dq, dk, dv] = &mut *grads;
+        let gradients = Gradients { dq: dq.as_data_mut(), dk: dk.as_data_mut(), dv: dv.as_data_mut() };
+        let start = std::time::Instant::now();
+        backend.run_backward(plan, inputs, gradients)?;
+        Ok(start.elapsed())
     })
 }
 
