@@ -3,9 +3,9 @@
 //! forward gives O and the LSE, then `Cuda::backward_timed` runs the three backward launches
 //! `iters` times (default 20) on the same buffers; the median of the CUDA-event times, TFLOP/s by
 //! FlashAttention's convention (2.5 times the forward's FLOPs, halved for causal), and the device
-//! memory the call held and its workspace (cuMemGetInfo around the allocations), in both modes. Then the
-//! deterministic mode is run 10 times on one shape and its gradients compared bit for bit. One
-//! JSON object per line on stdout.
+//! memory the call held and its workspace (the allocator's count), in both modes. Then each mode
+//! is run 10 times on one shape per head dim and its gradients compared bit for bit. One JSON
+//! object per line on stdout.
 //!
 //! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
@@ -86,7 +86,7 @@ fn main() -> attn_core::Result<()> {
         std::process::exit(1);
     }
     let cuda = Cuda::from_env()?;
-    for d in dims {
+    for &d in &dims {
         for seq in [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| s <= max_seq) {
             for causal in [false, true] {
                 let shape = Shape::new(16384 / seq, 2048 / d, seq, d);
@@ -117,16 +117,24 @@ fn main() -> attn_core::Result<()> {
         }
     }
     // Bit-identical over 10 runs of the deterministic mode (GQA, causal, a sequence not a multiple
-    // of the blocks), and the default mode's spread on the same inputs for comparison.
-    let shape = Shape { heads_kv: 2, ..Shape::new(2, 8, 1000, 128) };
+    // of the blocks) at each head dim, and the default mode's spread on the same inputs.
+    for &d in &dims {
+        determinism(&cuda, d)?;
+    }
+    Ok(())
+}
+
+/// Ten runs of each mode on one problem at head dim `d`: how many give the first one's bits.
+fn determinism(cuda: &Cuda, d: usize) -> attn_core::Result<()> {
+    let shape = Shape { heads_kv: 2, ..Shape::new(2, 8, 1000, d) };
     let p = Problem::new(shape, DType::Bf16).causal();
-    let data = setup(&cuda, &p, 7)?;
+    let data = setup(cuda, &p, 7)?;
     for deterministic in [true, false] {
         let options = BackwardOptions { deterministic };
-        let first = backward(&cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
+        let first = backward(cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
         let mut same = 0;
         for _ in 0..9 {
-            let next = backward(&cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
+            let next = backward(cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec());
             let bits = |x: &[Vec<f32>; 3]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
             same += usize::from(bits(&next) == bits(&first));
         }
