@@ -365,6 +365,21 @@ pub fn full() -> Vec<Case> {
             with_extras("varlen", "b5-window-cap20", problem, extras, Distribution::Normal, seed),
             true,
         ));
+        // The same at D=256 (on CUDA the Hopper family's split columns), causal, shorter.
+        let lens = [130, 1, 65];
+        let (problem, extras) = seqs(gqa_shape(1, 4, 2, 1, 1, 256), dtype, &lens, &lens, KeyStore::Packed);
+        seed += 1;
+        v.push(alibi(
+            with_extras(
+                "varlen",
+                "b3-d256-causal",
+                problem.causal().with_softcap(20.0),
+                extras,
+                Distribution::Normal,
+                seed,
+            ),
+            true,
+        ));
     }
     v
 }
