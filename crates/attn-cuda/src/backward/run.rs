@@ -26,7 +26,8 @@ pub struct BackwardTimes {
     /// Each run's device time: its three launches between CUDA events.
     pub times: Vec<Duration>,
     /// Device memory the call held at its peak, as the allocator counts it ([`Gpu::memory_use`]):
-    /// the inputs, the gradients and the workspace.
+    /// the inputs, the gradients and the workspace. The count is the process's: allocations by
+    /// other threads during the call count too.
     pub device_bytes: u64,
     /// Of which the workspace: D per query row, the f32 dQ accumulator and the deterministic
     /// mode's counters, measured the same way.
