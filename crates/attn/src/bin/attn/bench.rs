@@ -244,17 +244,37 @@ fn bench_one(
     if let Some(dir) = &args.dump {
         dump(dir, backend.name(), problem, &bufs, &o).map_err(|e| attn::Error::backend("dump", e))?;
     }
-    let s = problem.shape;
     let threads = match &plan.execution {
         attn::Execution::Cpu { threads, .. } => Some(*threads),
         attn::Execution::Gpu(_) => None,
     };
+    let flops = sequence_flops(problem, &row.q_lens, &row.k_lens);
+    let mut json = row_json(backend, &plan, row, mask, args, flops, &t);
+    json.extend(fields(serde_json::json!({
+        "threads": threads,
+        "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
+        "device_bytes": t.device_bytes,
+    })));
+    Ok(json.into())
+}
+
+/// What every row says: the backend, its kernel, the problem, its FLOPs and the timing.
+fn row_json(
+    backend: &dyn Attention,
+    plan: &attn::Plan,
+    row: &Row,
+    mask: &str,
+    args: &BenchArgs,
+    flops: f64,
+    t: &measure::Timing,
+) -> serde_json::Map<String, serde_json::Value> {
+    let problem = &row.problem;
+    let s = problem.shape;
     let window = match problem.params.mask {
         Mask::Window { left, right } => Some([left, right]),
         _ => None,
     };
-    let flops = sequence_flops(problem, &row.q_lens, &row.k_lens);
-    Ok(serde_json::json!({
+    fields(serde_json::json!({
         "impl": backend.name(),
         "kernel": plan.kernel,
         "dtype": problem.dtype.name(),
@@ -268,13 +288,18 @@ fn bench_one(
         "flops": flops,
         "softcap": problem.params.softcap,
         "alibi": problem.params.alibi.is_some(),
-        "threads": threads,
         "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
         "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
         "gflops": flops / t.median_s / 1e9,
-        "rel_l2": acc.rel_l2, "max_abs": acc.max_abs, "non_finite": acc.non_finite,
-        "device_bytes": t.device_bytes,
     }))
+}
+
+/// The fields of a JSON object (`json!({...})` always makes one).
+fn fields(object: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match object {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
 }
 
 /// One row of `--backward`: the backend's forward gives O and the LSE, then its backward is timed.
@@ -306,24 +331,13 @@ fn bench_backward(
         std::time::Duration::from_millis(args.min_warmup_ms),
         args.iters,
     )?;
-    let s = problem.shape;
     let flops = 2.5 * sequence_flops(problem, &row.q_lens, &row.k_lens);
-    Ok(serde_json::json!({
-        "impl": backend.name(),
+    let mut json = row_json(backend, &plan, row, mask, args, flops, &t);
+    json.extend(fields(serde_json::json!({
         "pass": "backward",
         "timing": "wall clock of each host-memory call (uploads and read-back included)",
-        "kernel": plan.kernel,
-        "dtype": problem.dtype.name(),
-        "batch": s.batch, "heads": s.heads_q, "kv_heads": s.heads_kv, "seq": s.seq_q, "head_dim": s.head_dim,
-        "causal": problem.is_causal(),
-        "mask": mask,
-        "varlen_min": args.varlen,
-        "tokens": row.q_lens.iter().sum::<usize>(),
-        "flops": flops,
-        "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "max_ms": t.max_s * 1e3, "runs": t.runs,
-        "each_ms": t.each_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
-        "gflops": flops / t.median_s / 1e9,
-    }))
+    })));
+    Ok(json.into())
 }
 
 /// Writes `<stem>.{q,k,v,o}.npy` and `<stem>.json` (shape, dtype, layout) into `dir`.
