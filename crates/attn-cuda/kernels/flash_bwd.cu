@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     const int i = blockIdx.x * WARPS + warp;
     const Seq s = seq_of(p, b);
     if (p.deterministic && lane == 0 && i < p.seq_q && i % BM == 0) {
-        p.counters[((long long)b * p.heads_q + h) * p.m_blocks + i / BM] = 0;
+        *dq_counter(p, b, h, i / BM) = 0;
     }
     if (i >= s.q_len) return;
     const elem_t* o = p.o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
@@ -244,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                 // step ahead: from the bottom up, under a causal mask, the CTA of key block n
                 // would wait for key block 0's CTA to walk n query blocks first.
                 const int rank = rank_from_top<BN, BM>(p, s, n_block, m0);
-                counter = p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
+                counter = dq_counter(p, b, h, m);
                 if (threadIdx.x == 0) {
                     while (atomicAdd(counter, 0) != rank) __nanosleep(64);
                 }

@@ -111,6 +111,12 @@ __device__ __forceinline__ int rank_from_top(const Params& p, const Seq& s, int 
     return last - n;
 }
 
+// The deterministic mode's counter of query block m (of the kernel's block rows) for query head h
+// of sequence b.
+__device__ __forceinline__ int* dq_counter(const Params& p, int b, int h, int m) {
+    return p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
+}
+
 // One score's P^T and dS^T (without the softmax scale, which dQ and dK take at the end): raw
 // score `st`, its dP^T, the row's LSE in log2 units and D, ALiBi's slope. `seen`: the key is in
 // the row's range (false: both 0). The soft-cap's factor (1 - tanh^2) is taken before masking,

@@ -192,6 +192,14 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
+// Spins (one thread) until both parts of every key block above this one that meets query block m
+// are in its counter.
+__device__ __forceinline__ void wait_for_turn(const Params& p, const Work& w, const int* counter, int m) {
+    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m * BM);
+    while (ld_acquire(counter) < 2 * rank) {
+    }
+}
+
 // ---- A dQ writer: warpgroup w's part of every step's dQ into the f32 accumulator. Its rows are
 // 256 contiguous bytes there (D = 64: whole rows; D = 128: half rows), one bulk reduce-add each,
 // two per lane.
@@ -213,12 +221,8 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
             if (p.deterministic) {
                 // After both parts of every higher key block meeting this query block (the parts
                 // touch different elements, so their own order does not matter).
-                counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
-                if (lane == 0) {
-                    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m0);
-                    while (ld_acquire(counter) < 2 * rank) {
-                    }
-                }
+                counter = dq_counter(p, w.b, h, m);
+                if (lane == 0) wait_for_turn(p, w, counter, m);
                 __syncwarp();
                 __threadfence();
             }
@@ -305,17 +309,13 @@ __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, in
 // D = 256, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
 // of every higher key block in), or, with `done`, counts its part in. Named barrier 2 + wg.
 __device__ __forceinline__ void dq_turn(const Params& p, const Work& w, int h, int m, int wg, bool done) {
-    int* counter = p.counters + ((long long)w.b * p.heads_q + h) * p.m_blocks + m;
+    int* counter = dq_counter(p, w.b, h, m);
     if (done) {
         __threadfence();
         sm90::named_sync(2 + wg, 128);
         if (threadIdx.x % 128 == 0) atomicAdd(counter, 1);
     } else {
-        if (threadIdx.x % 128 == 0) {
-            const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m * BM);
-            while (ld_acquire(counter) < 2 * rank) {
-            }
-        }
+        if (threadIdx.x % 128 == 0) wait_for_turn(p, w, counter, m);
         sm90::named_sync(2 + wg, 128);
         __threadfence();
     }

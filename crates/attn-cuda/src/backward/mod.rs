@@ -4,7 +4,8 @@
 //!
 //! - on sm_90, the Hopper family's (`kernels/flash_bwd_sm90.cu`): TMA loads by a producer
 //!   warpgroup, two MMA warpgroups on wgmma with P and dS as register operands, dQ handed to two
-//!   writer warps that add it by bulk reduce-adds;
+//!   writer warps that add it by bulk reduce-adds (at D=256 the MMA warpgroups split the columns
+//!   and add dQ themselves);
 //! - elsewhere, or with `ATTN_CUDA_FAMILY=ampere`, the Ampere/Ada family's (`kernels/flash_bwd.cu`):
 //!   FlashAttention-2-class on `mma.sync`, `ldmatrix` and `cp.async`, within L4-class limits.
 //!
@@ -14,9 +15,9 @@
 //! It runs every problem the forward takes but a paged cache (refused by
 //! `Problem::validate_backward`): f16/bf16, head dims that are multiples of 8 up to 256 in the
 //! Hopper family and up to 128 in the Ampere/Ada one (a typed refusal past it; 64, 128 and 256 by
-//! their own variants, the others padded to the next), strides that are multiples of 8 elements, GQA, every mask, soft-cap, ALiBi,
-//! packed sequences and key counts, as run-time parameters of the one kernel per (family, dtype,
-//! head dim).
+//! their own variants, the others padded to the next), strides that are multiples of 8 elements,
+//! GQA, every mask, soft-cap, ALiBi, packed sequences and key counts, as run-time parameters of
+//! the one kernel per (family, dtype, head dim).
 //!
 //! - `variant`: one specialisation, its shared memory, launches and NVRTC request.
 //! - `launch`: the kernels' parameter block.
