@@ -161,7 +161,7 @@ impl Cuda {
         problem.check_backward(&inputs, &grads)?;
         let gpu = self.gpu()?;
         let plan = crate::backward::run::plan(&gpu, problem, options, self.options.family)?;
-        let measured = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs)?;
+        let measured = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs, true)?;
         Ok((plan, measured))
     }
 
@@ -434,7 +434,7 @@ impl Attention for Cuda {
 
     fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {
         plan.check_for(self.name(), &plan.problem)?;
-        crate::backward::run::run(&*self.gpu()?, plan, &inputs, grads, 1).map(|_| ())
+        crate::backward::run::run(&*self.gpu()?, plan, &inputs, grads, 1, false).map(|_| ())
     }
 
     fn prepare<'a>(&'a self, plan: &Plan, inputs: Inputs<'a>) -> Result<Box<dyn Prepared + 'a>> {

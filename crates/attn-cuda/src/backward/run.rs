@@ -6,7 +6,7 @@ use super::variant::{BLOCK_M, Launches, Variant};
 use crate::backend::Cuda;
 use crate::compile::Arch;
 use crate::options::Family;
-use crate::runtime::{Gpu, driver};
+use crate::runtime::{Gpu, MemoryUse, driver};
 use crate::tensors::{DeviceExtras, bits, check_alignment, check_supported_by, from_bits};
 use attn_core::{
     BackwardOptions, DataMut, Execution, GradInputs, Gradients, Payload, Plan, Problem, Result, Tiles,
@@ -153,20 +153,30 @@ fn hopper_family(arch: Arch, family: Option<Family>, problem: &Problem) -> Resul
 /// Runs the plan's three launches `runs` times (at least once) over the buffers of `inputs` and
 /// `grads` (uploaded, and the gradients read back whole after the last run, so that elements
 /// outside the rows keep what they held). Returns each run's device time (CUDA events around its
-/// three launches) and the device memory the call held.
+/// three launches) and, with `measure_memory`, the device memory the call held (the allocator's
+/// count: a stream synchronization at each mark, and the process's peak reset; zeros without).
 pub(crate) fn run(
     gpu: &Gpu,
     plan: &Plan,
     inputs: &GradInputs<'_>,
     grads: Gradients<'_>,
     runs: usize,
+    measure_memory: bool,
 ) -> Result<BackwardTimes> {
     let chosen = ChosenBackward::of(plan)?;
     let problem = &plan.problem;
     let functions = functions(gpu, chosen)?;
     let stream = gpu.stream()?;
-    gpu.reset_memory_peak()?;
-    let held_before = gpu.memory_use()?.current;
+    let held = || -> Result<MemoryUse> {
+        match measure_memory {
+            true => gpu.memory_use(),
+            false => Ok(MemoryUse { current: 0, peak: 0 }),
+        }
+    };
+    if measure_memory {
+        gpu.reset_memory_peak()?;
+    }
+    let held_before = held()?.current;
     let up16 = |data: attn_core::Data<'_>, name: &'static str| -> Result<CudaSlice<u16>> {
         stream.clone_htod(&bits(data, name)?).map_err(driver("copy a backward input to the device"))
     };
@@ -191,9 +201,9 @@ pub(crate) fn run(
     };
     let (mut dq, mut dk, mut dv) =
         (up_mut(&dq_host, "dq")?, up_mut(&dk_host, "dk")?, up_mut(&dv_host, "dv")?);
-    let held_before_workspace = gpu.memory_use()?.current;
+    let held_before_workspace = held()?.current;
     let mut workspace = Workspace::new(stream, problem, chosen)?;
-    let held_with_workspace = gpu.memory_use()?.current;
+    let held_with_workspace = held()?.current;
     let ptr = |x: &CudaSlice<u16>| x.device_ptr(stream).0;
     let at = BackwardPointers {
         q: ptr(&q),
@@ -228,7 +238,7 @@ pub(crate) fn run(
         let bits = stream.clone_dtoh(src).map_err(driver(name))?;
         dst.copy_from(from_bits(problem.dtype, bits).as_data())?;
     }
-    let peak = gpu.memory_use()?.peak;
+    let peak = held()?.peak;
     Ok(BackwardTimes {
         times,
         device_bytes: peak.saturating_sub(held_before),
