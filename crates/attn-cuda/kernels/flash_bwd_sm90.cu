@@ -53,7 +53,12 @@ constexpr bool SPLIT_COLUMNS = D == 256;
 constexpr int BN = SPLIT_COLUMNS ? 64 : 128;  // keys per CTA: 64 per MMA warpgroup, or 64 shared
 constexpr int BM = D == 64 ? 128 : 64;        // query rows per step (D >= 128: registers allow 64)
 constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D = 256) a warpgroup owns
-constexpr int STAGES = 2;                     // Q/dO ring
+// Whether the MMA warpgroups add their dQ parts to the accumulator themselves (8-byte reductions)
+// rather than hand them to the writer warps through shared memory: always at D = 256, where no
+// shared memory is left for the parts; ATTN_DQ_RED elsewhere.
+constexpr bool DQ_BY_RED = SPLIT_COLUMNS || ATTN_DQ_RED;
+constexpr int STAGES = ATTN_STAGES;           // Q/dO ring
+static_assert(STAGES == 2 || STAGES == 3, "two or three stages of Q and dO");
 constexpr int THREADS = 3 * 128;
 constexpr int D_BLOCKS = D / 64;              // 64-column (128-byte) TMA boxes per row
 constexpr int NS = BM / 2;                    // S^T, dP^T accumulators per thread (64 x BM a warpgroup)
@@ -66,7 +71,7 @@ constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
 constexpr int DQ_ROW = 68;                   // floats a row of a dQ part takes: 64 and 4 of padding
-constexpr unsigned DQ_BYTES = SPLIT_COLUMNS ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
+constexpr unsigned DQ_BYTES = DQ_BY_RED ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
 constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
                                 2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
@@ -288,7 +293,7 @@ __device__ __forceinline__ void issue_dq(float (&dq)[NQ], unsigned ds_buf, const
     sm90::wgmma_commit();
 }
 
-// D = 256: this warpgroup's dQ part (64 query rows from m0, 64 columns from col0) added to the f32
+// DQ_BY_RED: this warpgroup's dQ part (64 query rows from m0, 64 columns from col0) added to the f32
 // accumulator by 8-byte reductions (red: no value comes back, so the warp does not wait for the
 // L2), rows past the sequence left alone.
 __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, int m0, int col0, const float (&dq)[NQ]) {
@@ -306,7 +311,7 @@ __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, in
     }
 }
 
-// D = 256, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
+// DQ_BY_RED, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
 // of every higher key block in), or, with `done`, counts its part in. Named barrier 2 + wg.
 __device__ __forceinline__ void dq_turn(const Params& p, const Work& w, int h, int m, int wg, bool done) {
     int* counter = dq_counter(p, w.b, h, m);
@@ -438,8 +443,19 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 sm90::fence_regs(dq);
                 add_dq(p, w, h, m0, col0 + 64, dq);
                 if (p.deterministic) dq_turn(p, w, h, m, wg, true);
-            } else {
+            } else if constexpr (DQ_BY_RED) {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
+                issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
+                issue_grad(dv, pa, d_o);
+                issue_grad(dk, da, q);
+                sm90::wgmma_commit();
+                sm90::wgmma_wait<1>();
+                sm90::fence_regs(dq);
+                if (p.deterministic) dq_turn(p, w, h, m, wg, false);
+                add_dq(p, w, h, m0 + (D == 64 ? 64 * wg : 0), D == 128 ? 64 * wg : 0, dq);
+                if (p.deterministic) dq_turn(p, w, h, m, wg, true);
+                sm90::wgmma_wait<0>();
+            } else {
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
                 issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
@@ -510,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
         sm90::regs_release<ATTN_PRODUCER_REGS>();
         const int warp = threadIdx.x % 128 / 32;
         if (warp == 0) produce(P, s, w);
-        if (!SPLIT_COLUMNS && (warp == 1 || warp == 2)) write_dq(P.p, s, w, warp - 1);
+        if (!DQ_BY_RED && (warp == 1 || warp == 2)) write_dq(P.p, s, w, warp - 1);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
         consume(P, s, w, wg);

@@ -160,7 +160,7 @@ impl Cuda {
     ) -> Result<(Plan, crate::backward::BackwardTimes)> {
         problem.check_backward(&inputs, &grads)?;
         let gpu = self.gpu()?;
-        let plan = crate::backward::run::plan(&gpu, problem, options, self.options.family)?;
+        let plan = crate::backward::run::plan(&gpu, problem, options, &self.options)?;
         let measured = crate::backward::run::run(&gpu, &plan, &inputs, grads, runs, true)?;
         Ok((plan, measured))
     }
@@ -429,7 +429,7 @@ impl Attention for Cuda {
     /// limits, as `plan` is.
     fn plan_backward(&self, problem: &Problem, options: BackwardOptions) -> Result<Plan> {
         problem.validate_backward()?;
-        crate::backward::run::plan(&*self.gpu()?, problem, options, self.options.family)
+        crate::backward::run::plan(&*self.gpu()?, problem, options, &self.options)
     }
 
     fn run_backward(&self, plan: &Plan, inputs: GradInputs<'_>, grads: Gradients<'_>) -> Result<()> {

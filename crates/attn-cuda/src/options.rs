@@ -126,6 +126,14 @@ pub const SM90_TRACE: Knob = Knob {
     purpose: "Runs a traced build of the Hopper kernel that stamps each piece's steps in SM cycles and writes each prepared problem's last launch there as CSV when it is dropped (`bench/device/trace.py` reads it): a diagnostic, never timed as the kernel.",
 };
 
+/// `ATTN_CUDA_SM90_BWD`.
+pub const SM90_BWD: Knob = Knob {
+    name: "ATTN_CUDA_SM90_BWD",
+    allowed: "`<dq>[:<stages>[:<producer registers>]]`: `writers` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8; e.g. `red:3:24`",
+    default: "`writers:2:40` (backward::Form's default; at D=256 dQ always goes by reductions in two stages)",
+    purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other; a form that does not fit is a plan error.",
+};
+
 /// `ATTN_CUDA_TIMING_LEAD`.
 pub const TIMING_LEAD: Knob = Knob {
     name: "ATTN_CUDA_TIMING_LEAD",
@@ -173,6 +181,7 @@ pub const KNOBS: &[Knob] = &[
     SM90_L2,
     SM90_BLOCKS,
     SM90_TRACE,
+    SM90_BWD,
     TIMING_LEAD,
     NVRTC_LIB,
     CUDA_INCLUDE,
@@ -197,6 +206,8 @@ pub struct Options {
     /// The Hopper family's settings; any of them set asks for the Hopper family, so that a
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
+    /// [`SM90_BWD`]: how the Hopper family's backward main pass is built.
+    pub sm90_backward: crate::backward::Form,
     /// [`TIMING_LEAD`]: what runs ahead of a timed launch.
     pub timing_lead: Lead,
 }
@@ -259,6 +270,29 @@ impl Options {
                     })?
                     .flatten(),
             },
+            sm90_backward: SM90_BWD
+                .parse(|v| {
+                    let parts: Vec<&str> = v.split(':').collect();
+                    let dq_by_red = match parts[0] {
+                        "writers" => false,
+                        "red" => true,
+                        _ => return None,
+                    };
+                    let stages = match parts.get(1) {
+                        None => 2,
+                        Some(n) => n.parse().ok().filter(|s| (2..=3).contains(s))?,
+                    };
+                    let producer_registers = match parts.get(2) {
+                        None => 40,
+                        Some(n) => n.parse().ok().filter(|r| (24..=56).contains(r) && r % 8 == 0)?,
+                    };
+                    (parts.len() <= 3).then_some(crate::backward::Form {
+                        dq_by_red,
+                        stages,
+                        producer_registers,
+                    })
+                })?
+                .unwrap_or_default(),
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })
     }

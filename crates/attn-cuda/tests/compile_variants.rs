@@ -166,6 +166,31 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
+/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, three stages and
+/// the register split they take) at the head dims where they apply: no spill.
+#[test]
+fn every_hopper_backward_form_compiles_without_spills() {
+    if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
+        return;
+    }
+    let forms = [
+        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40 },
+        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24 },
+    ];
+    let jobs: Vec<Job> = backward::Variant::all()
+        .into_iter()
+        .filter(|v| v.hopper && !v.splits_columns())
+        .flat_map(|v| forms.map(move |f| v.with_form(f)))
+        .map(|v| Job {
+            name: format!("{} sm_90a {}", v.name(), v.main_entry()),
+            request: v.main_request(Arch::Sm90a),
+            entry: v.main_entry(),
+            budget: v.register_budget(),
+        })
+        .collect();
+    assert_all_pass(&compile_all(jobs), check_resources);
+}
+
 #[test]
 fn every_decode_variant_compiles_without_spills_for_every_arch() {
     if !nvrtc_or_skip("every_decode_variant_compiles_without_spills_for_every_arch") {

@@ -44,7 +44,7 @@ impl Cuda {
         problem: &Problem,
         options: BackwardOptions,
     ) -> Result<Plan> {
-        super::run::plan(&*self.context_for(ctx)?, problem, options, self.options.family)
+        super::run::plan(&*self.context_for(ctx)?, problem, options, &self.options)
     }
 
     /// Enqueues the backward pass of `plan` (from [`Cuda::plan_backward_on`]) on `stream`: reads

@@ -58,12 +58,12 @@ pub(crate) fn plan(
     gpu: &Gpu,
     problem: &Problem,
     options: BackwardOptions,
-    family: Option<Family>,
+    settings: &crate::options::Options,
 ) -> Result<Plan> {
     problem.validate_backward()?;
     let d = problem.shape.head_dim;
     let arch = Cuda::arch(gpu)?;
-    let hopper = hopper_family(arch, family, problem)?;
+    let hopper = hopper_family(arch, settings.family, problem)?;
     let variant = Variant::for_problem(problem.dtype, d, hopper);
     let allowed = match hopper {
         true => {
@@ -78,7 +78,7 @@ pub(crate) fn plan(
     // TMA (the Hopper family) and the Ampere/Ada family's 16-byte loads: strides in multiples of
     // 16 bytes.
     check_alignment(problem)?;
-    let variant = variant.expect("checked by check_supported_by");
+    let variant = variant.expect("checked by check_supported_by").with_form(settings.sm90_backward);
     let rows_compiled = crate::compile::compile_cached(&variant.request(arch))?;
     let main_compiled = crate::compile::compile_cached(&variant.main_request(arch))?;
     let mut launches = variant.launches(problem);
@@ -110,7 +110,7 @@ pub(crate) fn plan(
         tiles: Tiles {
             block_m: variant.block_m(),
             block_n: variant.block_n(),
-            stages: if variant.hopper { 2 } else { 1 },
+            stages: if variant.hopper { variant.form.stages as usize } else { 1 },
         },
         execution: Execution::Gpu(launches.main.clone()),
         notes: vec![
@@ -120,10 +120,28 @@ pub(crate) fn plan(
                 launches.pre.grid,
                 variant.main_entry(),
                 launches.main.grid,
-                if variant.hopper {
-                    "; TMA and wgmma, a producer warpgroup and two MMA warpgroups of 64 keys each"
-                } else {
-                    "; mma.sync, 4 warps of 16 keys"
+                match variant.hopper {
+                    true => {
+                        let f = variant.form;
+                        format!(
+                            "; TMA and wgmma, a producer warpgroup and two MMA warpgroups{}, {} stages of Q and dO, dQ \
+                             parts added {}, {}/{} registers a producer/MMA thread",
+                            if variant.splits_columns() {
+                                " sharing 64 keys, 128 columns each"
+                            } else {
+                                " of 64 keys each"
+                            },
+                            f.stages,
+                            if f.dq_by_red {
+                                "by the MMA warps' 8-byte reductions"
+                            } else {
+                                "by the writer warps' bulk reduce-adds"
+                            },
+                            f.producer_registers,
+                            f.consumer_registers()
+                        )
+                    }
+                    false => "; mma.sync, 4 warps of 16 keys".to_string(),
                 },
                 launches.dq.grid
             ),

@@ -31,13 +31,41 @@ pub const SM90_BLOCK_N: usize = 128;
 const SM90_MAX_COLUMNS: usize = 128;
 /// Threads of the Hopper main pass: two MMA warpgroups and the producer's.
 pub const SM90_THREADS: u32 = 384;
-/// Registers per thread after `setmaxnreg`: the producer's (TMA issue and the LSE's loads) and
-/// each MMA warpgroup's (dK, dV, Sᵀ, dPᵀ and dQ's accumulators); 128 × (40 + 2 × 232) = 64512.
-pub const SM90_PRODUCER_REGISTERS: u32 = 40;
-/// See [`SM90_PRODUCER_REGISTERS`].
-pub const SM90_CONSUMER_REGISTERS: u32 = 232;
+/// Registers a thread of the Hopper main pass's warpgroups share after `setmaxnreg`: 65536 over
+/// 128 threads, the producer's ([`Form::producer_registers`]) and the two MMA warpgroups'.
+const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
+
+/// How the Hopper main pass is built (`ATTN_CUDA_SM90_BWD`, [`crate::options::SM90_BWD`]); the
+/// Ampere/Ada family has no such choices and ignores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Form {
+    /// The MMA warpgroups add their dQ parts to the accumulator by 8-byte reductions
+    /// (`ATTN_DQ_RED`) instead of handing them to the writer warps through shared memory, whose
+    /// bulk reduce-adds then add them. Always so at D=256 (no shared memory is left for the parts).
+    pub dq_by_red: bool,
+    /// Stages of the Q and dO ring (`ATTN_STAGES`): 2 or 3 (D=256: 2).
+    pub stages: u32,
+    /// Registers of a producer thread after `setmaxnreg` (TMA issue, the LSE's loads, the dQ
+    /// writers); the MMA warpgroups get the rest ([`Form::consumer_registers`]).
+    pub producer_registers: u32,
+}
+
+impl Default for Form {
+    /// The measured default: the writer warps, two stages, 40 producer registers (232 each MMA thread).
+    fn default() -> Form {
+        Form { dq_by_red: false, stages: 2, producer_registers: 40 }
+    }
+}
+
+impl Form {
+    /// Registers of an MMA thread after `setmaxnreg`: what the producer leaves, halved, in
+    /// multiples of 8 (the instruction's granule): 128 × (40 + 2 × 232) = 64512 by default.
+    pub fn consumer_registers(&self) -> u32 {
+        (SM90_REGISTERS_PER_LANE - self.producer_registers) / 2 / 8 * 8
+    }
+}
 
 /// One compiled specialisation of the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +77,8 @@ pub struct Variant {
     pub head_dim: usize,
     /// The Hopper family's main pass (`flash_bwd_sm90.cu`, sm_90a) instead of the Ampere/Ada one.
     pub hopper: bool,
+    /// How the Hopper main pass is built ([`Variant::with_form`]; the default elsewhere).
+    pub form: Form,
 }
 
 /// The three launches of one backward call, in order.
@@ -76,7 +106,9 @@ impl Variant {
             .into_iter()
             .flat_map(|hopper| {
                 [DType::F16, DType::Bf16].into_iter().flat_map(move |dtype| {
-                    Self::head_dims(hopper).iter().map(move |&head_dim| Variant { dtype, head_dim, hopper })
+                    Self::head_dims(hopper).iter().map(move |&head_dim| {
+                        Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(Form::default())
+                    })
                 })
             })
             .collect()
@@ -87,7 +119,18 @@ impl Variant {
     pub fn for_problem(dtype: DType, d: usize, hopper: bool) -> Option<Variant> {
         let head_dim =
             Self::head_dims(hopper).iter().copied().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
-        Some(Variant { dtype, head_dim, hopper })
+        Some(Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(Form::default()))
+    }
+
+    /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
+    /// default, and at D=256 the dQ parts always go by reductions in two stages.
+    pub fn with_form(self, form: Form) -> Variant {
+        let form = match (self.hopper, self.splits_columns()) {
+            (false, _) => Form::default(),
+            (true, false) => form,
+            (true, true) => Form { dq_by_red: true, stages: 2, ..form },
+        };
+        Variant { form, ..self }
     }
 
     /// Whether the Hopper main pass's MMA warpgroups share their keys and split the columns
@@ -116,16 +159,23 @@ impl Variant {
 
     /// Dynamic shared memory of the main pass. Ampere/Ada: K and V (`BLOCK_N` rows), Q and dO
     /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
-    /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, two stages of Q and
+    /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, the stages of Q and
     /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts for the writers (64 rows of 68; none
-    /// at D=256), two stages of LSE and D, nine mbarriers and 1024 bytes of slack for the
-    /// alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
+    /// when they go by reductions), the stages of LSE and D, the mbarriers and 1024 bytes of slack
+    /// for the alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
-        let dq_parts = if self.splits_columns() { 0 } else { 2 * 64 * 68 * 4 };
+        let stages = self.form.stages as usize;
+        let dq_parts = if self.form.dq_by_red { 0 } else { 2 * 64 * 68 * 4 };
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
-            true => (2 * n * d + 4 * m * d + 2 * n * m) * 2 + dq_parts + 4 * m * 4 + 8 * 9 + 1024,
+            true => {
+                (2 * n * d + 2 * stages * m * d + 2 * n * m) * 2
+                    + dq_parts
+                    + 2 * stages * m * 4
+                    + 8 * (5 + 2 * stages)
+                    + 1024
+            }
         };
         bytes as u32
     }
@@ -133,8 +183,17 @@ impl Variant {
     /// The name of the specialisation.
     pub fn name(&self) -> String {
         let family = if self.hopper { "_sm90" } else { "" };
+        let form = match self.form {
+            f if f == Form::default() || !self.hopper => String::new(),
+            f => format!(
+                "_{}_s{}_p{}",
+                if f.dq_by_red { "red" } else { "writers" },
+                f.stages,
+                f.producer_registers
+            ),
+        };
         format!(
-            "flash_bwd{family}_{}_d{}_bm{}_bn{}",
+            "flash_bwd{family}_{}_d{}_bm{}_bn{}{form}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -149,8 +208,11 @@ impl Variant {
             ("ATTN_D".into(), self.head_dim.to_string()),
         ];
         if self.hopper {
-            defines.push(("ATTN_PRODUCER_REGS".into(), SM90_PRODUCER_REGISTERS.to_string()));
-            defines.push(("ATTN_CONSUMER_REGS".into(), SM90_CONSUMER_REGISTERS.to_string()));
+            let f = self.form;
+            defines.push(("ATTN_PRODUCER_REGS".into(), f.producer_registers.to_string()));
+            defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
+            defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
+            defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
         }
         defines
     }
@@ -226,10 +288,14 @@ mod tests {
             let limit = if v.hopper { 227 * 1024 } else { 99 * 1024 };
             assert!(v.shared_bytes() <= limit, "{}: {} B", v.name(), v.shared_bytes());
         }
-        assert_eq!(Variant { dtype: DType::Bf16, head_dim: 128, hopper: false }.shared_bytes(), 74_240);
+        assert_eq!(
+            Variant { dtype: DType::Bf16, head_dim: 128, hopper: false, form: Form::default() }
+                .shared_bytes(),
+            74_240
+        );
         // Hopper D=128: K, V 32 KiB each, Q and dO 2 x 16 KiB each, dS^T 2 x 16 KiB (160 KiB), dQ 2 x 17 KiB.
         assert_eq!(
-            Variant { dtype: DType::Bf16, head_dim: 128, hopper: true }.shared_bytes(),
+            Variant { dtype: DType::Bf16, head_dim: 128, hopper: true, form: Form::default() }.shared_bytes(),
             163_840 + 34_816 + 1024 + 72 + 1024
         );
         assert_eq!(Variant::for_problem(DType::F16, 40, false).map(|v| v.head_dim), Some(64));
