@@ -7,7 +7,7 @@
 //! is run 10 times on one shape per head dim and its gradients compared bit for bit. One JSON
 //! object per line on stdout.
 //!
-//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims]`
+//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims] [modes]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
 
 use attn_core::rng::{SplitMix64, normal_buffer};
@@ -81,6 +81,16 @@ fn main() -> attn_core::Result<()> {
         Some(list) => list.split(',').filter_map(|d| d.trim().parse().ok()).collect(),
         None => vec![64, 128],
     };
+    // The modes timed: `both` (default), `default` or `deterministic`.
+    let modes: &[bool] = match args.get(4).map(String::as_str) {
+        None | Some("both") => &[false, true],
+        Some("default") => &[false],
+        Some("deterministic") => &[true],
+        Some(other) => {
+            eprintln!("backward_bench: modes `{other}`: expected both, default or deterministic");
+            std::process::exit(2);
+        }
+    };
     if let Err(reason) = attn_cuda::probe() {
         eprintln!("backward_bench: CUDA is unavailable, because {reason}");
         std::process::exit(1);
@@ -95,7 +105,7 @@ fn main() -> attn_core::Result<()> {
                     p = p.causal();
                 }
                 let data = setup(&cuda, &p, seq as u64 + d as u64)?;
-                for deterministic in [false, true] {
+                for &deterministic in modes {
                     let options = BackwardOptions { deterministic };
                     let (_, times, [held, workspace]) = backward(&cuda, &p, &data, options, iters + 2)?;
                     let ms = median(times[2..].to_vec());

@@ -68,8 +68,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     const int h = blockIdx.y, b = blockIdx.z;
     const int i = blockIdx.x * WARPS + warp;
     const Seq s = seq_of(p, b);
-    if (p.deterministic && lane == 0 && i < p.seq_q && i % BM == 0) {
-        *dq_counter(p, b, h, i / BM) = 0;
+    if (p.deterministic && lane < p.dq_copies && i < p.seq_q && i % BM == 0) {
+        p.counters[(((long long)b * p.heads_q + h) * p.m_blocks + i / BM) * p.dq_copies + lane] = 0;
     }
     if (i >= s.q_len) return;
     const elem_t* o = p.o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
@@ -80,7 +80,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
     const long long row = row_index(p, s, b, h, i);
     if (lane == 0) p.delta[row] = sum;
-    for (int c = lane; c < D; c += 32) p.dq_accum[row * D + c] = 0.f;
+    for (int copy = 0; copy < p.dq_copies; ++copy)
+        for (int c = lane; c < D; c += 32) p.dq_accum[copy * dq_copy_floats<D>(p) + row * D + c] = 0.f;
 }
 
 // dQ from its accumulator: the same grid as the pre-pass.
@@ -92,7 +93,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_c
     if (i >= s.q_len) return;
     const long long row = row_index(p, s, b, h, i);
     elem_t* dq = p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss;
-    for (int c = lane; c < p.head_dim; c += 32) dq[c] = from_f(p.dq_accum[row * D + c] * p.scale);
+    for (int c = lane; c < p.head_dim; c += 32) {
+        float sum = p.dq_accum[row * D + c];
+        for (int copy = 1; copy < p.dq_copies; ++copy) sum += p.dq_accum[copy * dq_copy_floats<D>(p) + row * D + c];
+        dq[c] = from_f(sum * p.scale);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,16 +242,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
                 ldsm_x4_trans(addr<BM>(sS, kk * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * warp + ((lane >> 3) & 1)), as[kk]);
-            int* counter = nullptr;
+            // Deterministic: after every higher key block that adds to the same copy of this
+            // query block's dQ (they started earlier). From the top down, each CTA waits only for
+            // ones above it to be steps ahead: from the bottom up, under a causal mask, the CTA
+            // of key block n would wait for key block 0's CTA to walk n query blocks first.
+            const DqTurn turn = dq_turn_of<BN, BM, D>(p, s, b, h, n_block, m);
             if (p.deterministic) {
-                // After every higher key block that meets this query block (they started
-                // earlier). From the top down, each CTA waits only for the one above it to be a
-                // step ahead: from the bottom up, under a causal mask, the CTA of key block n
-                // would wait for key block 0's CTA to walk n query blocks first.
-                const int rank = rank_from_top<BN, BM>(p, s, n_block, m0);
-                counter = dq_counter(p, b, h, m);
                 if (threadIdx.x == 0) {
-                    while (atomicAdd(counter, 0) != rank) __nanosleep(64);
+                    while (atomicAdd(turn.counter, 0) != turn.before) __nanosleep(64);
                 }
                 __syncthreads();
                 __threadfence();
@@ -268,13 +271,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
                     for (int e = 0; e < 4; ++e) {
                         const int row = qrow + (e >> 1) * 8;
                         const int col = (2 * d2 + j) * 8 + 2 * (lane % 4) + (e & 1);
-                        if (row < s.q_len) atomicAdd(p.dq_accum + row_index(p, s, b, h, row) * D + col, acc[j][e]);
+                        if (row < s.q_len) atomicAdd(turn.accum + row_index(p, s, b, h, row) * D + col, acc[j][e]);
                     }
             }
             if (p.deterministic) {
                 __threadfence();
                 __syncthreads();
-                if (threadIdx.x == 0) atomicAdd(counter, 1);
+                if (threadIdx.x == 0) atomicAdd(turn.counter, 1);
             }
         }
     }

@@ -24,8 +24,8 @@ struct Params {
     const elem_t* d_o;  // o's strides
     const float* lse;   // the forward's, natural log, laid out as attn_core's LSE
     float* delta;       // D per row, the LSE's layout
-    float* dq_accum;    // [LSE rows][D] f32
-    int* counters;      // deterministic mode: [batch, heads_q, query blocks]
+    float* dq_accum;    // [dq_copies][LSE rows][D] f32
+    int* counters;      // deterministic mode: [batch, heads_q, query blocks][dq_copies]
     elem_t* dq;         // q's strides
     elem_t* dk;         // k's strides
     elem_t* dv;         // v's strides
@@ -46,6 +46,7 @@ struct Params {
     int head_dim;   // a multiple of 8, at most D
     int deterministic;
     int m_blocks;   // blocks of 64 query rows in the longest sequence (the counters' layout)
+    int dq_copies;  // copies of the dQ accumulator (1 but in the deterministic mode; see dq_turn_of)
 };
 
 // One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the
@@ -104,17 +105,49 @@ __device__ __forceinline__ bool meets(const Params& p, const Seq& s, int n, int 
 
 // The deterministic mode's rank of key block n among those meeting query block m0: the highest
 // first, so its counter reads last - n when key block n may add.
+// Key block n meets the query block; the search starts at the block of the last key its last row
+// can see (usually the answer: the loop's steps are for windows and ranges cut by the sequence).
 template <int BN, int BM>
 __device__ __forceinline__ int rank_from_top(const Params& p, const Seq& s, int n, int m0) {
     int last = (s.k_len + BN - 1) / BN - 1;
+    const long long reach = (long long)min(m0 + BM, s.q_len) - 1 + (s.k_len - s.q_len) + p.win_right;
+    if (reach < (long long)last * BN) last = max(n, (int)(reach / BN));
     while (!meets<BN, BM>(p, s, last, m0)) --last;
     return last - n;
 }
 
-// The deterministic mode's counter of query block m (of the kernel's block rows) for query head h
-// of sequence b.
-__device__ __forceinline__ int* dq_counter(const Params& p, int b, int h, int m) {
-    return p.counters + ((long long)b * p.heads_q + h) * p.m_blocks + m;
+// Floats of one copy of the dQ accumulator: D for every row of the LSE's layout (D: the kernel's).
+template <int D>
+__device__ __forceinline__ long long dq_copy_floats(const Params& p) {
+    return (p.cu_seqlens_q != nullptr ? (long long)p.heads_q * p.q_total : (long long)p.batch * p.heads_q * p.seq_q) *
+           D;
+}
+
+// Where key block n adds its part of query block m's dQ (of the kernel's block rows, for query
+// head h of sequence b), and in the deterministic mode after how many additions there. The key
+// blocks meeting the query block take the copies of the accumulator in turn from the top (rank
+// r to copy r mod dq_copies), and each copy's additions go in rank order under its own counter:
+// a key block waits only for the one dq_copies above it, which is dq_copies steps ahead of it
+// under a causal mask, rather than for the next one up. dQ's conversion sums the copies in order,
+// so the bits are the same on every run and grid.
+struct DqTurn {
+    float* accum;  // the copy's dQ accumulator
+    int* counter;  // deterministic: the copy's counter of additions (null otherwise)
+    int before;    // deterministic: the additions (key blocks) to wait for there
+};
+template <int BN, int BM, int D>
+__device__ __forceinline__ DqTurn dq_turn_of(const Params& p, const Seq& s, int b, int h, int n, int m) {
+    DqTurn t;
+    t.accum = p.dq_accum;
+    t.counter = nullptr;
+    t.before = 0;
+    if (p.deterministic) {
+        const int rank = rank_from_top<BN, BM>(p, s, n, m * BM), copy = rank % p.dq_copies;
+        t.accum += copy * dq_copy_floats<D>(p);
+        t.counter = p.counters + (((long long)b * p.heads_q + h) * p.m_blocks + m) * p.dq_copies + copy;
+        t.before = rank / p.dq_copies;
+    }
+    return t;
 }
 
 // One score's P^T and dS^T (without the softmax scale, which dQ and dK take at the end): raw

@@ -197,12 +197,15 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
-// Spins (one thread) until both parts of every key block above this one that meets query block m
-// are in its counter.
-__device__ __forceinline__ void wait_for_turn(const Params& p, const Work& w, const int* counter, int m) {
-    const int rank = rank_from_top<BN, BM>(p, w.s, w.n_block, m * BM);
-    while (ld_acquire(counter) < 2 * rank) {
+// Spins (one thread) until both parts of every key block before this one at the turn's copy of
+// query block m's dQ are in (flash_bwd_common.cuh's dq_turn_of).
+__device__ __forceinline__ void wait_for_turn(const DqTurn& turn) {
+    while (ld_acquire(turn.counter) < 2 * turn.before) {
     }
+}
+
+__device__ __forceinline__ DqTurn turn_of(const Params& p, const Work& w, int h, int m) {
+    return dq_turn_of<BN, BM, D>(p, w.s, w.b, h, w.n_block, m);
 }
 
 // ---- A dQ writer: warpgroup w's part of every step's dQ into the f32 accumulator. Its rows are
@@ -222,12 +225,11 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
         const int h = w.g * w.group + hh;
         for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
             const int m0 = m * BM;
-            int* counter = nullptr;
+            const DqTurn turn = turn_of(p, w, h, m);
             if (p.deterministic) {
-                // After both parts of every higher key block meeting this query block (the parts
+                // After both parts of every key block before this one at the copy (the parts
                 // touch different elements, so their own order does not matter).
-                counter = dq_counter(p, w.b, h, m);
-                if (lane == 0) wait_for_turn(p, w, counter, m);
+                if (lane == 0) wait_for_turn(turn);
                 __syncwarp();
                 __threadfence();
             }
@@ -236,7 +238,7 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
 #pragma unroll
             for (int r = lane; r < 64; r += 32)
                 if (row0 + r < w.s.q_len)
-                    bulk_add_f32(p.dq_accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
+                    bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
             sm90::bulk_commit();
             if (p.deterministic) {
                 sm90::bulk_wait();  // the additions done, not only the part read
@@ -249,7 +251,7 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
                 __threadfence();
                 __syncwarp();
-                if (lane == 0) atomicAdd(counter, 1);
+                if (lane == 0) atomicAdd(turn.counter, 1);
             }
         }
     }
@@ -296,13 +298,14 @@ __device__ __forceinline__ void issue_dq(float (&dq)[NQ], unsigned ds_buf, const
 // DQ_BY_RED: this warpgroup's dQ part (64 query rows from m0, 64 columns from col0) added to the f32
 // accumulator by 8-byte reductions (red: no value comes back, so the warp does not wait for the
 // L2), rows past the sequence left alone.
-__device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, int m0, int col0, const float (&dq)[NQ]) {
+__device__ __forceinline__ void add_dq(const Params& p, const Work& w, const DqTurn& turn, int h, int m0, int col0,
+                                       const float (&dq)[NQ]) {
     const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = m0 + 16 * warp + lane / 4 + 8 * r;
         if (row >= w.s.q_len) continue;
-        float* acc = p.dq_accum + row_index(p, w.s, w.b, h, row) * D + col0 + 2 * (lane % 4);
+        float* acc = turn.accum + row_index(p, w.s, w.b, h, row) * D + col0 + 2 * (lane % 4);
 #pragma unroll
         for (int c = 0; c < 8; ++c)
             asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + 8 * c), "f"(dq[4 * c + 2 * r]),
@@ -313,14 +316,13 @@ __device__ __forceinline__ void add_dq(const Params& p, const Work& w, int h, in
 
 // DQ_BY_RED, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
 // of every higher key block in), or, with `done`, counts its part in. Named barrier 2 + wg.
-__device__ __forceinline__ void dq_turn(const Params& p, const Work& w, int h, int m, int wg, bool done) {
-    int* counter = dq_counter(p, w.b, h, m);
+__device__ __forceinline__ void dq_turn(const DqTurn& turn, int wg, bool done) {
     if (done) {
         __threadfence();
         sm90::named_sync(2 + wg, 128);
-        if (threadIdx.x % 128 == 0) atomicAdd(counter, 1);
+        if (threadIdx.x % 128 == 0) atomicAdd(turn.counter, 1);
     } else {
-        if (threadIdx.x % 128 == 0) wait_for_turn(p, w, counter, m);
+        if (threadIdx.x % 128 == 0) wait_for_turn(turn);
         sm90::named_sync(2 + wg, 128);
         __threadfence();
     }
@@ -435,14 +437,15 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 sm90::wgmma_commit();
                 sm90::wgmma_wait<1>();
                 sm90::fence_regs(dq);
-                if (p.deterministic) dq_turn(p, w, h, m, wg, false);
-                add_dq(p, w, h, m0, col0, dq);
+                const DqTurn turn = turn_of(p, w, h, m);
+                if (p.deterministic) dq_turn(turn, wg, false);
+                add_dq(p, w, turn, h, m0, col0, dq);
                 sm90::wgmma_fence();  // dq's registers read above, before the next product writes them
                 issue_dq(dq, ds_buf, s.k, 0, 2 * wg + 1);
                 sm90::wgmma_wait<0>();
                 sm90::fence_regs(dq);
-                add_dq(p, w, h, m0, col0 + 64, dq);
-                if (p.deterministic) dq_turn(p, w, h, m, wg, true);
+                add_dq(p, w, turn, h, m0, col0 + 64, dq);
+                if (p.deterministic) dq_turn(turn, wg, true);
             } else if constexpr (DQ_BY_RED) {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
@@ -451,9 +454,10 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 sm90::wgmma_commit();
                 sm90::wgmma_wait<1>();
                 sm90::fence_regs(dq);
-                if (p.deterministic) dq_turn(p, w, h, m, wg, false);
-                add_dq(p, w, h, m0 + (D == 64 ? 64 * wg : 0), D == 128 ? 64 * wg : 0, dq);
-                if (p.deterministic) dq_turn(p, w, h, m, wg, true);
+                const DqTurn turn = turn_of(p, w, h, m);
+                if (p.deterministic) dq_turn(turn, wg, false);
+                add_dq(p, w, turn, h, m0 + (D == 64 ? 64 * wg : 0), D == 128 ? 64 * wg : 0, dq);
+                if (p.deterministic) dq_turn(turn, wg, true);
                 sm90::wgmma_wait<0>();
             } else {
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);

@@ -134,6 +134,14 @@ pub const SM90_BWD: Knob = Knob {
     purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other; a form that does not fit is a plan error.",
 };
 
+/// `ATTN_CUDA_BWD_DQ_COPIES`.
+pub const BWD_DQ_COPIES: Knob = Knob {
+    name: "ATTN_CUDA_BWD_DQ_COPIES",
+    allowed: "`1` to `16`",
+    default: "`4` (backward::DETERMINISTIC_DQ_COPIES)",
+    purpose: "Copies of the f32 dQ accumulator the deterministic backward's key blocks take in turn (each copy's additions ordered by its own counter, the copies summed in order at the end): more copies shorten the chain of waits and take more workspace; the bits differ between counts, never between runs.",
+};
+
 /// `ATTN_CUDA_TIMING_LEAD`.
 pub const TIMING_LEAD: Knob = Knob {
     name: "ATTN_CUDA_TIMING_LEAD",
@@ -182,6 +190,7 @@ pub const KNOBS: &[Knob] = &[
     SM90_BLOCKS,
     SM90_TRACE,
     SM90_BWD,
+    BWD_DQ_COPIES,
     TIMING_LEAD,
     NVRTC_LIB,
     CUDA_INCLUDE,
@@ -208,6 +217,8 @@ pub struct Options {
     pub hopper: hopper::Settings,
     /// [`SM90_BWD`]: how the Hopper family's backward main pass is built.
     pub sm90_backward: crate::backward::Form,
+    /// [`BWD_DQ_COPIES`]: copies of the deterministic backward's dQ accumulator (`None`: the default).
+    pub dq_copies: Option<usize>,
     /// [`TIMING_LEAD`]: what runs ahead of a timed launch.
     pub timing_lead: Lead,
 }
@@ -293,6 +304,7 @@ impl Options {
                     })
                 })?
                 .unwrap_or_default(),
+            dq_copies: BWD_DQ_COPIES.parse(|n| n.parse().ok().filter(|n| (1..=16).contains(n)))?,
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })
     }

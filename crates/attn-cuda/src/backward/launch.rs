@@ -71,6 +71,7 @@ pub struct KernelParams {
     head_dim: i32,
     deterministic: i32,
     m_blocks: i32,
+    dq_copies: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -79,7 +80,15 @@ unsafe impl DeviceRepr for KernelParams {}
 impl KernelParams {
     /// The parameter block for `problem` over the buffers at `at` and the sequences' and ALiBi's
     /// arrays at `extras`.
-    pub fn new(at: BackwardPointers, extras: ExtraPointers, problem: &Problem, deterministic: bool) -> Self {
+    /// `dq_copies`: copies of the dQ accumulator the deterministic mode's key blocks take in turn
+    /// (1 without it).
+    pub fn new(
+        at: BackwardPointers,
+        extras: ExtraPointers,
+        problem: &Problem,
+        deterministic: bool,
+        dq_copies: usize,
+    ) -> Self {
         debug_assert!(!matches!(problem.batching.kv, KvRows::Paged { .. }), "refused by validate_backward");
         let s = problem.shape;
         let t = problem.strides;
@@ -138,6 +147,7 @@ impl KernelParams {
             head_dim: s.head_dim as i32,
             deterministic: i32::from(deterministic),
             m_blocks: s.seq_q.div_ceil(super::variant::BLOCK_M) as i32,
+            dq_copies: dq_copies as i32,
         }
     }
 }
@@ -206,13 +216,14 @@ mod tests {
 
     #[test]
     fn layout_matches_the_kernel() {
-        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 3
-        // ints (4 bytes each) = 60, padded to 8: 288.
+        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 4
+        // ints (4 bytes each) = 64: 288.
         assert_eq!(std::mem::offset_of!(super::KernelParams, q_strides), 96);
         assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 192);
         assert_eq!(std::mem::offset_of!(super::KernelParams, batch), 224);
         assert_eq!(std::mem::offset_of!(super::KernelParams, scale), 264);
         assert_eq!(std::mem::offset_of!(super::KernelParams, m_blocks), 280);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, dq_copies), 284);
         assert_eq!(std::mem::size_of::<super::KernelParams>(), 288);
     }
 }

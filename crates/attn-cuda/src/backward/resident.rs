@@ -117,7 +117,13 @@ impl Cuda {
         }
         let at = BackwardPointers { q, k, v, o, d_o, lse, dq, dk, dv, ..Default::default() };
         let params = LaunchParams::new(
-            KernelParams::new(workspace.add_to(at, stream), extras, problem, chosen.deterministic),
+            KernelParams::new(
+                workspace.add_to(at, stream),
+                extras,
+                problem,
+                chosen.deterministic,
+                chosen.dq_copies,
+            ),
             problem,
             chosen,
         )?;

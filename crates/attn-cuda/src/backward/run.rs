@@ -40,6 +40,9 @@ pub(crate) struct ChosenBackward {
     pub(crate) variant: Variant,
     launches: Launches,
     pub(crate) deterministic: bool,
+    /// Copies of the dQ accumulator: the deterministic mode's ([`crate::options::BWD_DQ_COPIES`]),
+    /// else 1.
+    pub(crate) dq_copies: usize,
 }
 
 impl ChosenBackward {
@@ -93,14 +96,19 @@ pub(crate) fn plan(
         launch.validate(&format!("{} {entry}", variant.name()), &gpu.info().limits)?;
     }
     let rows = problem.lse_len();
-    let workspace = rows * 4 * (1 + variant.head_dim);
+    let dq_copies = match options.deterministic {
+        true => settings.dq_copies.unwrap_or(super::DETERMINISTIC_DQ_COPIES),
+        false => 1,
+    };
+    let workspace = rows * 4 * (1 + dq_copies * variant.head_dim);
     let mode = match options.deterministic {
-        true => {
-            "deterministic: the key blocks meeting a query block add to its dQ from the last down (a counter \
-                 per query block orders them; the grid starts with the last key block)"
-        }
+        true => format!(
+            "deterministic: the key blocks meeting a query block add to its dQ from the last down, taking {dq_copies} \
+             copies of the accumulator in turn (a counter per query block and copy orders each copy's additions; \
+             the grid starts with the last key block; dQ's conversion sums the copies in order)"
+        ),
         false => {
-            "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them)"
+            "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them)".into()
         }
     };
     Ok(Plan {
@@ -145,10 +153,18 @@ pub(crate) fn plan(
                 },
                 launches.dq.grid
             ),
-            mode.into(),
-            format!("workspace {workspace} bytes: D and the f32 dQ accumulator, linear in the query rows"),
+            mode,
+            format!(
+                "workspace {workspace} bytes: D and the f32 dQ accumulator{}, linear in the query rows",
+                if dq_copies > 1 { format!(" ({dq_copies} copies)") } else { String::new() }
+            ),
         ],
-        payload: Payload::new(ChosenBackward { variant, launches, deterministic: options.deterministic }),
+        payload: Payload::new(ChosenBackward {
+            variant,
+            launches,
+            deterministic: options.deterministic,
+            dq_copies,
+        }),
     })
 }
 
@@ -236,7 +252,13 @@ pub(crate) fn run(
         ..Default::default()
     };
     let params = LaunchParams::new(
-        KernelParams::new(workspace.add_to(at, stream), extras.pointers(), problem, chosen.deterministic),
+        KernelParams::new(
+            workspace.add_to(at, stream),
+            extras.pointers(),
+            problem,
+            chosen.deterministic,
+            chosen.dq_copies,
+        ),
         problem,
         chosen,
     )?;
@@ -308,11 +330,14 @@ impl Workspace {
     pub(crate) fn new(stream: &Arc<CudaStream>, problem: &Problem, chosen: &ChosenBackward) -> Result<Self> {
         let rows = problem.lse_len();
         let s = problem.shape;
-        let counters = if chosen.deterministic { s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) } else { 1 };
+        let counters = match chosen.deterministic {
+            true => s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) * chosen.dq_copies,
+            false => 1,
+        };
         Ok(Workspace {
             delta: stream.alloc_zeros::<f32>(rows).map_err(driver("allocate the backward's D"))?,
             dq_accum: stream
-                .alloc_zeros::<f32>(rows * chosen.variant.head_dim)
+                .alloc_zeros::<f32>(rows * chosen.variant.head_dim * chosen.dq_copies)
                 .map_err(driver("allocate the dQ accumulator"))?,
             counters: stream.alloc_zeros::<i32>(counters).map_err(driver("allocate the dQ counters"))?,
         })

@@ -34,6 +34,10 @@ pub const SM90_THREADS: u32 = 384;
 /// Registers a thread of the Hopper main pass's warpgroups share after `setmaxnreg`: 65536 over
 /// 128 threads, the producer's ([`Form::producer_registers`]) and the two MMA warpgroups'.
 const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
+/// Copies of the f32 dQ accumulator in the deterministic mode (`ATTN_CUDA_BWD_DQ_COPIES`): the key
+/// blocks meeting a query block take them in turn, so each waits for the one this many above it
+/// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
+pub const DETERMINISTIC_DQ_COPIES: usize = 4;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
