@@ -240,14 +240,13 @@ __device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) 
                 if (row0 + r < w.s.q_len)
                     bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
             sm90::bulk_commit();
-            if (p.deterministic) {
-                sm90::bulk_wait();  // the additions done, not only the part read
-            } else {
-                sm90::bulk_wait_read();
-            }
+            sm90::bulk_wait_read();
             __syncwarp();
+            // The part read: its warpgroup may write the next one while, in the deterministic
+            // mode, this warp waits for the additions to be done before it counts them in.
             if (lane == 0) sm90::mbar_arrive(s.dq_empty + wg);
             if (p.deterministic) {
+                sm90::bulk_wait();  // the additions done, not only the part read
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
                 __threadfence();
                 __syncwarp();

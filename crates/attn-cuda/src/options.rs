@@ -138,7 +138,7 @@ pub const SM90_BWD: Knob = Knob {
 pub const BWD_DQ_COPIES: Knob = Knob {
     name: "ATTN_CUDA_BWD_DQ_COPIES",
     allowed: "`1` to `16`",
-    default: "`4` (backward::DETERMINISTIC_DQ_COPIES)",
+    default: "`1` (backward::DETERMINISTIC_DQ_COPIES; more were slower under a causal mask, docs/experiments.md)",
     purpose: "Copies of the f32 dQ accumulator the deterministic backward's key blocks take in turn (each copy's additions ordered by its own counter, the copies summed in order at the end): more copies shorten the chain of waits and take more workspace; the bits differ between counts, never between runs.",
 };
 

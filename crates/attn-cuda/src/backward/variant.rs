@@ -37,7 +37,7 @@ const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// Copies of the f32 dQ accumulator in the deterministic mode (`ATTN_CUDA_BWD_DQ_COPIES`): the key
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
-pub const DETERMINISTIC_DQ_COPIES: usize = 4;
+pub const DETERMINISTIC_DQ_COPIES: usize = 1;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
