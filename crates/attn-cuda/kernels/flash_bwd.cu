@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     const int i = blockIdx.x * WARPS + warp;
     const Seq s = seq_of(p, b);
     if (p.deterministic && lane < p.dq_copies && i < p.seq_q && i % BM == 0) {
-        p.counters[(((long long)b * p.heads_q + h) * p.m_blocks + i / BM) * p.dq_copies + lane] = 0;
+        *counter_at(p, b, h, i / BM, lane) = 0;
     }
     if (i >= s.q_len) return;
     const elem_t* o = p.o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;

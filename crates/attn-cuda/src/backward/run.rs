@@ -331,7 +331,13 @@ impl Workspace {
         let rows = problem.lse_len();
         let s = problem.shape;
         let counters = match chosen.deterministic {
-            true => s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) * chosen.dq_copies,
+            true => {
+                s.batch
+                    * s.heads_q
+                    * s.seq_q.div_ceil(BLOCK_M)
+                    * chosen.dq_copies
+                    * super::variant::COUNTER_STRIDE
+            }
             false => 1,
         };
         Ok(Workspace {
