@@ -25,7 +25,7 @@ struct Params {
     const float* lse;   // the forward's, natural log, laid out as attn_core's LSE
     float* delta;       // D per row, the LSE's layout
     float* dq_accum;    // [dq_copies][LSE rows][D] f32
-    int* counters;      // deterministic mode: [batch, heads_q, query blocks][dq_copies], COUNTER_STRIDE apart
+    int* counters;      // deterministic mode: [batch, heads_q, query blocks][dq_copies]
     elem_t* dq;         // q's strides
     elem_t* dk;         // k's strides
     elem_t* dv;         // v's strides
@@ -130,12 +130,9 @@ __device__ __forceinline__ long long dq_copy_floats(const Params& p) {
 // a key block waits only for the one dq_copies above it, which is dq_copies steps ahead of it
 // under a causal mask, rather than for the next one up. dQ's conversion sums the copies in order,
 // so the bits are the same on every run and grid.
-// The counters lie a 128-byte line apart (COUNTER_STRIDE ints): the key blocks of a head spin on
-// the counters of neighbouring query blocks while others add to them, and a shared line would
-// make every load wait on every addition (the host allocates as many, backward::COUNTER_STRIDE).
-constexpr int COUNTER_STRIDE = 32;
+// The deterministic mode's counter of one copy of query block m's dQ for query head h of sequence b.
 __device__ __forceinline__ int* counter_at(const Params& p, int b, int h, int m, int copy) {
-    return p.counters + ((((long long)b * p.heads_q + h) * p.m_blocks + m) * p.dq_copies + copy) * COUNTER_STRIDE;
+    return p.counters + (((long long)b * p.heads_q + h) * p.m_blocks + m) * p.dq_copies + copy;
 }
 
 struct DqTurn {

@@ -331,13 +331,7 @@ impl Workspace {
         let rows = problem.lse_len();
         let s = problem.shape;
         let counters = match chosen.deterministic {
-            true => {
-                s.batch
-                    * s.heads_q
-                    * s.seq_q.div_ceil(BLOCK_M)
-                    * chosen.dq_copies
-                    * super::variant::COUNTER_STRIDE
-            }
+            true => s.batch * s.heads_q * s.seq_q.div_ceil(BLOCK_M) * chosen.dq_copies,
             false => 1,
         };
         Ok(Workspace {

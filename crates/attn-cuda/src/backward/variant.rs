@@ -38,9 +38,6 @@ const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
 pub const DETERMINISTIC_DQ_COPIES: usize = 1;
-/// i32s from one deterministic counter to the next (`COUNTER_STRIDE` in `flash_bwd_common.cuh`): a
-/// 128-byte line each, so that spinning on one does not wait on additions to its neighbours.
-pub const COUNTER_STRIDE: usize = 32;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
