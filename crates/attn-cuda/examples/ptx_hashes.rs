@@ -1,19 +1,20 @@
 //! Prints a hash of each Ampere/Ada variant's PTX for one architecture (or, with `hopper`, of
 //! each Hopper variant's for sm_90a; with `decode`, of each decode variant's for every
-//! architecture it runs on: sm_80, sm_89 and sm_90a), with the line-number directives (`.loc`, `.file`) and
+//! architecture it runs on: sm_80, sm_89 and sm_90a; with `backward`, of the backward's builds
+//! for sm_90a), with the line-number directives (`.loc`, `.file`) and
 //! comments left out, so that a change to the kernel source can be checked not to touch the code
 //! of variants it should leave alone: run it before and after and compare (`diff`). No GPU
 //! needed (NVRTC only).
 //!
 //! ```text
-//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a|hopper|decode] [NAME-PART] > hashes.txt
+//! cargo run --release -p attn-cuda --example ptx_hashes -- [sm_80|sm_89|sm_90a|hopper|decode|backward] [NAME-PART] > hashes.txt
 //! ```
 //!
 //! Each line: the variant's name (a decode variant's with its architecture after it), the hash, its registers and spilled bytes; only the variants
 //! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
 //! With `PTX_DIR=<folder>` each variant's PTX is written there as well (`<name>.ptx`).
 
-use attn_cuda::{Arch, CompileRequest, ampere, compile, decode, hopper};
+use attn_cuda::{Arch, CompileRequest, ampere, backward, compile, decode, hopper};
 use std::hash::{Hash, Hasher};
 
 /// The PTX without what moves when source lines move.
@@ -50,6 +51,31 @@ fn main() {
                     .map(move |v| (format!("{} {}", v.name(), arch.as_str()), v.request(arch), "attn_decode"))
             })
             .collect(),
+        // The backward's main passes (each family's, the Hopper one's knob forms too) and its row
+        // passes, for sm_90a.
+        Some("backward") => {
+            let forms = [
+                backward::Form::default(),
+                backward::Form { dq_by_red: true, stages: 2, producer_registers: 40 },
+                backward::Form { dq_by_red: true, stages: 3, producer_registers: 24 },
+            ];
+            let mut mains: Vec<backward::Variant> = Vec::new();
+            for v in backward::Variant::all().into_iter().flat_map(|v| forms.map(|f| v.with_form(f))) {
+                if !mains.contains(&v) {
+                    mains.push(v);
+                }
+            }
+            // The row passes' PTX holds both entries; the pre-pass's resources are printed.
+            let rows = backward::Variant::all()
+                .into_iter()
+                .filter(|v| v.hopper)
+                .map(|v| (format!("{} rows", v.name()), v.request(Arch::Sm90a), "attn_bwd_pre"));
+            mains
+                .into_iter()
+                .map(|v| (v.name(), v.main_request(Arch::Sm90a), v.main_entry()))
+                .chain(rows)
+                .collect()
+        }
         _ => ampere::Variant::all().into_iter().map(|v| (v.name(), v.request(arch), "attn_fwd")).collect(),
     };
     let variants: Vec<_> = variants.into_iter().filter(|(name, _, _)| keep(name)).collect();

@@ -188,7 +188,9 @@ impl Variant {
     pub fn name(&self) -> String {
         let family = if self.hopper { "_sm90" } else { "" };
         let form = match self.form {
-            f if f == Form::default() || !self.hopper => String::new(),
+            f if f == Variant { form: Form::default(), ..*self }.with_form(Form::default()).form => {
+                String::new()
+            }
             f => format!(
                 "_{}_s{}_p{}",
                 if f.dq_by_red { "red" } else { "writers" },
