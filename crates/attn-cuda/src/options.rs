@@ -131,7 +131,7 @@ pub const SM90_BWD: Knob = Knob {
     name: "ATTN_CUDA_SM90_BWD",
     allowed: "`<dq>[:<stages>[:<producer registers>]]`: `writers` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8; e.g. `red:3:24`",
     default: "`writers:2:40` (backward::Form's default; at D=256 dQ always goes by reductions in two stages)",
-    purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other; a form that does not fit is a plan error.",
+    purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
 };
 
 /// `ATTN_CUDA_BWD_DQ_COPIES`.
