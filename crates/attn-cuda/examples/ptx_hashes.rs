@@ -12,7 +12,10 @@
 //!
 //! Each line: the variant's name (a decode variant's with its architecture after it), the hash, its registers and spilled bytes; only the variants
 //! whose name contains NAME-PART where it is given (`!NAME-PART`: those whose name does not).
-//! With `PTX_DIR=<folder>` each variant's PTX is written there as well (`<name>.ptx`).
+//! With `PTX_DIR=<folder>` each variant's PTX and CUBIN are written there as well (`<name>.ptx`,
+//! `<name>.cubin`: compare SASS, by `cuobjdump -sass`, where the PTX's register numbers moved).
+//! To compare with another commit, build its worktree with a `CARGO_TARGET_DIR` of its own: in a
+//! shared one, `cargo run` in either tree may run the example binary the other tree built last.
 
 use attn_cuda::{Arch, CompileRequest, ampere, backward, compile, decode, hopper};
 use std::hash::{Hash, Hasher};
@@ -56,8 +59,8 @@ fn main() {
         Some("backward") => {
             let forms = [
                 backward::Form::default(),
-                backward::Form { dq_by_red: true, stages: 2, producer_registers: 40 },
-                backward::Form { dq_by_red: true, stages: 3, producer_registers: 24 },
+                backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, trace: false },
+                backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false },
             ];
             let mut mains: Vec<backward::Variant> = Vec::new();
             for v in backward::Variant::all().into_iter().flat_map(|v| forms.map(|f| v.with_form(f))) {
@@ -93,6 +96,10 @@ fn main() {
                                     let file = std::path::Path::new(&dir)
                                         .join(format!("{}.ptx", name.replace(' ', "-")));
                                     std::fs::write(&file, &c.ptx).expect("write the PTX");
+                                    // And the CUBIN, for `cuobjdump -sass` (the PTX's register
+                                    // numbers move with any change upstream of them).
+                                    std::fs::write(file.with_extension("cubin"), &c.cubin)
+                                        .expect("write the CUBIN");
                                 }
                                 let mut h = std::collections::hash_map::DefaultHasher::new();
                                 code_only(&c.ptx).hash(&mut h);

@@ -103,10 +103,11 @@ __device__ __forceinline__ bool meets(const Params& p, const Seq& s, int n, int 
     return n0 < s.k_len && r.lo < r.hi && r.lo < m0 + BM && r.hi > m0;
 }
 
-// The deterministic mode's rank of key block n among those meeting query block m0: the highest
-// first, so its counter reads last - n when key block n may add.
-// Key block n meets the query block; the search starts at the block of the last key its last row
-// can see (usually the answer: the loop's steps are for windows and ranges cut by the sequence).
+// The deterministic mode's rank of key block n (which meets query block m0) among those meeting
+// the query block, the highest first: last - n. The search for the last starts at the block of the
+// last key the query block's last row can see, usually the answer (the loop's steps are for
+// windows and ranges cut by the sequence); from the sequence's last block it took up to S / BN
+// tests a step under a causal mask.
 template <int BN, int BM>
 __device__ __forceinline__ int rank_from_top(const Params& p, const Seq& s, int n, int m0) {
     int last = (s.k_len + BN - 1) / BN - 1;
@@ -123,6 +124,11 @@ __device__ __forceinline__ long long dq_copy_floats(const Params& p) {
            D;
 }
 
+// The deterministic mode's counter of one copy of query block m's dQ for query head h of sequence b.
+__device__ __forceinline__ int* counter_at(const Params& p, int b, int h, int m, int copy) {
+    return p.counters + (((long long)b * p.heads_q + h) * p.m_blocks + m) * p.dq_copies + copy;
+}
+
 // Where key block n adds its part of query block m's dQ (of the kernel's block rows, for query
 // head h of sequence b), and in the deterministic mode after how many additions there. The key
 // blocks meeting the query block take the copies of the accumulator in turn from the top (rank
@@ -130,11 +136,6 @@ __device__ __forceinline__ long long dq_copy_floats(const Params& p) {
 // a key block waits only for the one dq_copies above it, which is dq_copies steps ahead of it
 // under a causal mask, rather than for the next one up. dQ's conversion sums the copies in order,
 // so the bits are the same on every run and grid.
-// The deterministic mode's counter of one copy of query block m's dQ for query head h of sequence b.
-__device__ __forceinline__ int* counter_at(const Params& p, int b, int h, int m, int copy) {
-    return p.counters + (((long long)b * p.heads_q + h) * p.m_blocks + m) * p.dq_copies + copy;
-}
-
 struct DqTurn {
     float* accum;  // the copy's dQ accumulator
     int* counter;  // deterministic: the copy's counter of additions (null otherwise)

@@ -29,14 +29,16 @@
 // reductions (two stages of Q and dO leave no shared memory for the writers' parts); the writer
 // warps idle.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
-// flash_bwd.cu (the last key block first; the grid starts there); the counter counts parts, two
-// a key block (one per MMA warpgroup), and a part is added once both of the key block above are
-// in.
+// flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
+// flash_bwd_common.cuh's dq_turn_of, one counter a copy); a counter counts parts, two a key block
+// (one per MMA warpgroup), and a part is added once both of the key block before it are in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
 // masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64, 128 or 256),
-// ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg). The host's variant
+// ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg), and the form (backward::Form, the knob
+// ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
+// 128 too, the writers idle) and ATTN_STAGES (2 or 3 stages of Q and dO). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"          // elem_t, pack2, as_u32, exp2_fast
@@ -111,7 +113,81 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
 struct Sm90Params {
     sm90::TensorMap q_map, k_map, v_map, do_map;  // [head_dim, rows, heads, batches], boxes of 64 columns
     Params p;
+    long long* trace;  // ATTN_TRACE builds: [CTA][TRACE_ROWS][TRACE_SLOTS]; null otherwise
 };
+
+// ---- ATTN_TRACE, a diagnostic build (ATTN_CUDA_SM90_TRACE; never timed as the kernel): each
+// role's first thread sums the SM cycles its waits take over the CTA's steps and writes them with
+// its start and end (clock64) to its row of the trace; the CTA's row holds its global start and end
+// (ns) and where it ran. Rows: MMA warpgroups 0 and 1, the producer, writers 0 and 1, the CTA.
+// bench/device/backward_trace.py names the slots; the host's TRACE_WORDS_PER_CTA mirrors the shape.
+// In other builds TIMED is the call and the rest stores nothing.
+#ifndef ATTN_TRACE
+#define ATTN_TRACE 0
+#endif
+constexpr bool TRACE = ATTN_TRACE;
+enum TraceRow { ROW_MMA0, ROW_MMA1, ROW_PRODUCER, ROW_WRITER0, ROW_WRITER1, ROW_CTA };
+// Slots 0, 1 and 9 of every role's row: its start, its end and its steps; 2 .. 8 its waits.
+enum TraceSlot { T_START, T_END, T_W2, T_W3, T_W4, T_W5, T_W6, T_W7, T_W8, T_STEPS };
+// The waits by role. MMA: Q and dO landed, S^T's product, dP^T's, both warpgroups' dS^T, dQ's
+// product, dQ's part handed over (or added, with its turn), dV's and dK's products. Producer: a
+// free stage. Writer: its turn, its part, the part read, the additions landed and counted.
+enum { MMA_FULL = T_W2, MMA_S, MMA_DP, MMA_DS_SYNC, MMA_DQ, MMA_DQ_OUT, MMA_GRAD };
+enum { PRODUCER_EMPTY = T_W2 };
+enum { WRITER_TURN = T_W2, WRITER_FULL, WRITER_READ, WRITER_LANDED };
+
+#if ATTN_TRACE
+constexpr int TRACE_ROWS = 6, TRACE_SLOTS = 10;
+__shared__ long long trace_sums[TRACE_ROWS][TRACE_SLOTS];  // outside the carved layout (Smem)
+#endif
+// A role's sums: in shared memory, written by its first thread only (no barrier), out at its end.
+// The role and its first thread follow from the thread's index: warpgroups 0 and 1 are the MMA
+// rows, warps 0, 1 and 2 of warpgroup 2 the producer's and the writers'.
+__device__ __forceinline__ int trace_row() { return threadIdx.x < 256 ? threadIdx.x / 128 : 2 + (threadIdx.x - 256) / 32; }
+__device__ __forceinline__ bool trace_first() { return threadIdx.x < 256 ? threadIdx.x % 128 == 0 : threadIdx.x % 32 == 0; }
+struct Trace {
+    __device__ __forceinline__ void begin() {
+#if ATTN_TRACE
+        if (trace_first()) {
+            for (int i = 0; i < TRACE_SLOTS; ++i) trace_sums[trace_row()][i] = 0;
+            trace_sums[trace_row()][T_START] = clock64();
+        }
+#endif
+    }
+    __device__ __forceinline__ void add(int i, long long cycles) {
+#if ATTN_TRACE
+        if (trace_first()) trace_sums[trace_row()][i] += cycles;
+#endif
+    }
+    __device__ __forceinline__ void end(const Sm90Params& P) {
+#if ATTN_TRACE
+        if (trace_first()) {
+            const int row = trace_row();
+            trace_sums[row][T_END] = clock64();
+            const long long cta =
+                blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+            for (int i = 0; i < TRACE_SLOTS; ++i) P.trace[(cta * TRACE_ROWS + row) * TRACE_SLOTS + i] = trace_sums[row][i];
+        }
+#endif
+    }
+};
+#if ATTN_TRACE
+#define TIMED(trace, i, ...)                       \
+    do {                                           \
+        const long long t0_ = clock64();           \
+        __VA_ARGS__;                               \
+        (trace).add((i), clock64() - t0_);         \
+    } while (0)
+#else
+#define TIMED(trace, i, ...) __VA_ARGS__
+#endif
+
+__device__ __forceinline__ long long stamp() { return TRACE ? clock64() : 0; }
+__device__ __forceinline__ long long global_ns() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 // The key block and the steps a CTA walks; the producer and the MMA warpgroups agree on them.
 struct Work {
@@ -143,6 +219,22 @@ __device__ __forceinline__ int q_map_batch(const Params& p, const Work& w) {
     return p.cu_seqlens_q != nullptr ? 0 : w.b;
 }
 
+// The CTA's row of the trace (thread 0, at its start and at its end): its global start and end
+// (ns), its SM, and its key block, kv head and sequence.
+__device__ __forceinline__ void trace_cta(const Sm90Params& P, const Work& w, bool start) {
+#if ATTN_TRACE
+    if (start) {
+        trace_sums[ROW_CTA][0] = global_ns();
+        return;
+    }
+    const long long cta = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const long long row[6] = {trace_sums[ROW_CTA][0], global_ns(), sm, w.n_block, w.g, w.b};
+    for (int i = 0; i < 6; ++i) P.trace[(cta * TRACE_ROWS + ROW_CTA) * TRACE_SLOTS + i] = row[i];
+#endif
+}
+
 // ---- The producer: K and V once, then each step's Q, dO, LSE and D into its stage.
 __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
     const Params& p = P.p;
@@ -159,12 +251,15 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
             sm90::tma_load_4d(s.v + c * BN * 64, &P.v_map, s.kv_full, 64 * c, k_row, w.g, k_batch);
         }
     }
+    Trace trace;
+    trace.begin();
     int step = 0;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
             const int st = step % STAGES, m0 = m * BM;
-            sm90::mbar_wait(s.empty + st, ((step / STAGES) & 1) ^ 1);
+            trace.add(T_STEPS, 1);
+            TIMED(trace, PRODUCER_EMPTY, sm90::mbar_wait(s.empty + st, ((step / STAGES) & 1) ^ 1));
             for (int r = lane; r < BM; r += 32) {
                 const int i = m0 + r;
                 const bool row = i < w.s.q_len;
@@ -187,6 +282,7 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
             }
         }
     }
+    trace.end(P);
 }
 
 // The counter's value, read with acquire semantics at GPU scope (a spin without a sleep: each
@@ -217,44 +313,49 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
                  : "memory");
 }
 
-__device__ void write_dq(const Params& p, const Smem& s, const Work& w, int wg) {
+__device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
+    const Params& p = P.p;
     const int lane = threadIdx.x % 32;
     const float* part = s.dq + wg * 64 * DQ_ROW;
+    Trace trace;
+    trace.begin();
     int step = 0;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
             const int m0 = m * BM;
             const DqTurn turn = turn_of(p, w, h, m);
+            trace.add(T_STEPS, 1);
             if (p.deterministic) {
                 // After both parts of every key block before this one at the copy (the parts
                 // touch different elements, so their own order does not matter).
-                if (lane == 0) wait_for_turn(turn);
-                __syncwarp();
+                TIMED(trace, WRITER_TURN, if (lane == 0) wait_for_turn(turn); __syncwarp());
                 __threadfence();
             }
-            sm90::mbar_wait(s.dq_full + wg, step & 1);
+            TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1));
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
 #pragma unroll
             for (int r = lane; r < 64; r += 32)
                 if (row0 + r < w.s.q_len)
                     bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
             sm90::bulk_commit();
-            sm90::bulk_wait_read();
-            __syncwarp();
+            TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
             // mode, this warp waits for the additions to be done before it counts them in.
             if (lane == 0) sm90::mbar_arrive(s.dq_empty + wg);
             if (p.deterministic) {
+                const long long t0 = stamp();
                 sm90::bulk_wait();  // the additions done, not only the part read
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
                 __threadfence();
                 __syncwarp();
                 if (lane == 0) atomicAdd(turn.counter, 1);
+                trace.add(WRITER_LANDED, stamp() - t0);
             }
         }
     }
     sm90::bulk_wait();  // the last additions done before the thread leaves, not only read
+    trace.end(P);
 }
 
 // ---- The MMA warpgroups. Thread (warp r of the warpgroup, lane) holds, of each 8-column chunk c
@@ -337,6 +438,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
     float dk[ND], dv[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) dk[i] = dv[i] = 0.f;
+    Trace trace;
+    trace.begin();
     sm90::mbar_wait(s.kv_full, 0);
 
     int step = 0;
@@ -349,13 +452,14 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             const elem_t* d_o = s.d_o + st * (TILE_BYTES / 2);
             const float* lse = s.lse + st * BM;
             const float* delta = s.delta + st * BM;
-            sm90::mbar_wait(s.full + st, (step / STAGES) & 1);
+            trace.add(T_STEPS, 1);
+            TIMED(trace, MMA_FULL, sm90::mbar_wait(s.full + st, (step / STAGES) & 1));
 
             float sacc[NS], dpacc[NS];
             sm90::wgmma_fence();
             issue_keys_by_rows(sacc, s.k, q, key0);
             issue_keys_by_rows(dpacc, s.v, d_o, key0);
-            sm90::wgmma_wait<1>();
+            TIMED(trace, MMA_S, sm90::wgmma_wait<1>());
             sm90::fence_regs(sacc);
 
             // Whether the whole tile is inside every row's range (no element masked), read the
@@ -375,7 +479,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     sacc[2 * j + 1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
                 }
             }
-            sm90::wgmma_wait<0>();
+            TIMED(trace, MMA_DP, sm90::wgmma_wait<0>());
             sm90::fence_regs(dpacc);
             unsigned pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
@@ -421,7 +525,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
 
             // dQ = dS K, once both warpgroups' dS^T are in, then dV += P^T dO and dK += dS^T Q,
             // which run while dQ goes to the writer (or, at D = 256, to the accumulator).
-            sm90::named_sync(1, 256);
+            TIMED(trace, MMA_DS_SYNC, sm90::named_sync(1, 256));
             float dq[NQ];
             sm90::fence_regs(pa);
             sm90::fence_regs(da);
@@ -434,50 +538,45 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 issue_grad(dv, pa, d_o + col0 * BM);
                 issue_grad(dk, da, q + col0 * BM);
                 sm90::wgmma_commit();
-                sm90::wgmma_wait<1>();
+                TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
                 const DqTurn turn = turn_of(p, w, h, m);
-                if (p.deterministic) dq_turn(turn, wg, false);
-                add_dq(p, w, turn, h, m0, col0, dq);
+                TIMED(trace, MMA_DQ_OUT, if (p.deterministic) dq_turn(turn, wg, false); add_dq(p, w, turn, h, m0, col0, dq));
                 sm90::wgmma_fence();  // dq's registers read above, before the next product writes them
                 issue_dq(dq, ds_buf, s.k, 0, 2 * wg + 1);
-                sm90::wgmma_wait<0>();
+                TIMED(trace, MMA_GRAD, sm90::wgmma_wait<0>());
                 sm90::fence_regs(dq);
-                add_dq(p, w, turn, h, m0, col0 + 64, dq);
-                if (p.deterministic) dq_turn(turn, wg, true);
-            } else if constexpr (DQ_BY_RED) {
+                TIMED(trace, MMA_DQ_OUT, add_dq(p, w, turn, h, m0, col0 + 64, dq);
+                      if (p.deterministic) dq_turn(turn, wg, true));
+            } else {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
                 issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
                 sm90::wgmma_commit();
-                sm90::wgmma_wait<1>();
+                TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
-                const DqTurn turn = turn_of(p, w, h, m);
-                if (p.deterministic) dq_turn(turn, wg, false);
-                add_dq(p, w, turn, h, m0 + (D == 64 ? 64 * wg : 0), D == 128 ? 64 * wg : 0, dq);
-                if (p.deterministic) dq_turn(turn, wg, true);
-                sm90::wgmma_wait<0>();
-            } else {
-                issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
-                issue_grad(dv, pa, d_o);
-                issue_grad(dk, da, q);
-                sm90::wgmma_commit();
-                sm90::wgmma_wait<1>();
-                sm90::fence_regs(dq);
-
-                // This warpgroup's dQ part to its writer, once it has added the last one.
-                sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-                float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
+                const long long t0 = stamp();
+                if constexpr (DQ_BY_RED) {
+                    const DqTurn turn = turn_of(p, w, h, m);
+                    if (p.deterministic) dq_turn(turn, wg, false);
+                    add_dq(p, w, turn, h, m0 + (D == 64 ? 64 * wg : 0), D == 128 ? 64 * wg : 0, dq);
+                    if (p.deterministic) dq_turn(turn, wg, true);
+                } else {
+                    // This warpgroup's dQ part to its writer, once it has added the last one.
+                    sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
+                    float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
 #pragma unroll
-                for (int c = 0; c < 8; ++c)
+                    for (int c = 0; c < 8; ++c)
 #pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
-                            make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
-                sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
-                sm90::mbar_arrive(s.dq_full + wg);
-                sm90::wgmma_wait<0>();
+                        for (int r = 0; r < 2; ++r)
+                            *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                                make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+                    sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
+                    sm90::mbar_arrive(s.dq_full + wg);
+                }
+                trace.add(MMA_DQ_OUT, stamp() - t0);
+                TIMED(trace, MMA_GRAD, sm90::wgmma_wait<0>());
             }
             sm90::fence_regs(dv);
             sm90::fence_regs(dk);
@@ -503,6 +602,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 as_u32(pack2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]));
         }
     }
+    trace.end(P);
 }
 
 // Grid (ceil(seq_k / BN), heads_kv, batch), THREADS threads.
@@ -511,6 +611,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
     const Smem s = carve(smem_raw);
     const Work w = work_of(P.p);
     if (w.n0 >= w.s.k_len) return;  // the whole CTA: no barrier is left waiting
+    if (threadIdx.x == 0) trace_cta(P, w, true);
     if (threadIdx.x == 0) {
         sm90::mbar_init(s.kv_full, 1);
         for (int i = 0; i < STAGES; ++i) {
@@ -529,9 +630,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
         sm90::regs_release<ATTN_PRODUCER_REGS>();
         const int warp = threadIdx.x % 128 / 32;
         if (warp == 0) produce(P, s, w);
-        if (!DQ_BY_RED && (warp == 1 || warp == 2)) write_dq(P.p, s, w, warp - 1);
+        if (!DQ_BY_RED && (warp == 1 || warp == 2)) write_dq(P, s, w, warp - 1);
     } else {
         sm90::regs_claim<ATTN_CONSUMER_REGS>();
         consume(P, s, w, wg);
     }
+    if (threadIdx.x == 0) trace_cta(P, w, false);
 }

@@ -123,7 +123,7 @@ pub const SM90_TRACE: Knob = Knob {
     name: "ATTN_CUDA_SM90_TRACE",
     allowed: "a folder",
     default: "no trace",
-    purpose: "Runs a traced build of the Hopper kernel that stamps each piece's steps in SM cycles and writes each prepared problem's last launch there as CSV when it is dropped (`bench/device/trace.py` reads it): a diagnostic, never timed as the kernel.",
+    purpose: "Runs a traced build of the Hopper kernel that stamps each piece's steps in SM cycles and writes each prepared problem's last launch there as CSV when it is dropped (`bench/device/trace.py` reads it); the Hopper backward's traced build sums each role's waits per CTA and writes a host-copy call's last run there (`backward-*.csv`, `bench/device/backward_trace.py`): diagnostics, never timed as the kernels.",
 };
 
 /// `ATTN_CUDA_SM90_BWD`.
@@ -301,6 +301,7 @@ impl Options {
                         dq_by_red,
                         stages,
                         producer_registers,
+                        trace: false,
                     })
                 })?
                 .unwrap_or_default(),

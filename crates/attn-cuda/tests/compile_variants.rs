@@ -167,15 +167,16 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
 }
 
 /// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, three stages and
-/// the register split they take) at the head dims where they apply: no spill.
+/// the register split they take; the traced build) at the head dims where they apply: no spill.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
         return;
     }
     let forms = [
-        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40 },
-        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24 },
+        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, trace: false },
+        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false },
+        backward::Form { trace: true, ..backward::Form::default() },
     ];
     let jobs: Vec<Job> = backward::Variant::all()
         .into_iter()

@@ -160,6 +160,8 @@ impl KernelParams {
 pub struct Sm90BackwardParams {
     maps: [CUtensorMap; 4],
     base: KernelParams,
+    /// A traced build's buffer ([`super::variant::TRACE_WORDS_PER_CTA`] words a CTA), or 0.
+    trace: u64,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C); the tensor maps are the
@@ -200,7 +202,13 @@ impl Sm90BackwardParams {
                 map("d_o", base.d_o, q_extent, t.o, block_m)?,
             ],
             base,
+            trace: 0,
         })
+    }
+
+    /// Points a traced build at `trace` (its buffer's address).
+    pub fn with_trace(self, trace: u64) -> Self {
+        Sm90BackwardParams { trace, ..self }
     }
 }
 
@@ -211,7 +219,11 @@ mod tests {
         // Four 128-byte maps, then the common block (the kernel's `Params p` at 512), the whole
         // padded to the maps' 128-byte alignment as the kernel's struct is.
         assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, base), 512);
-        assert_eq!(std::mem::size_of::<super::Sm90BackwardParams>(), (512 + 288usize).next_multiple_of(128));
+        assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, trace), 512 + 288);
+        assert_eq!(
+            std::mem::size_of::<super::Sm90BackwardParams>(),
+            (512 + 288 + 8usize).next_multiple_of(128)
+        );
     }
 
     #[test]

@@ -116,6 +116,7 @@ impl Cuda {
             check_aligned(tensor, address)?;
         }
         let at = BackwardPointers { q, k, v, o, d_o, lse, dq, dk, dv, ..Default::default() };
+        let trace = workspace.trace_address(stream);
         let params = LaunchParams::new(
             KernelParams::new(
                 workspace.add_to(at, stream),
@@ -126,6 +127,7 @@ impl Cuda {
             ),
             problem,
             chosen,
+            trace,
         )?;
         // SAFETY: every buffer was checked above to hold the problem's elements on the stream's
         // context; the views borrow the caller's buffers for this call and the workspace is

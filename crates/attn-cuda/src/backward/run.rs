@@ -2,7 +2,7 @@
 //! uploaded, three launches on the backend's stream, gradients read back.
 
 use super::launch::{BackwardPointers, KernelParams, Sm90BackwardParams};
-use super::variant::{BLOCK_M, Launches, Variant};
+use super::variant::{BLOCK_M, Form, Launches, TRACE_WORDS_PER_CTA, Variant};
 use crate::backend::Cuda;
 use crate::compile::Arch;
 use crate::options::Family;
@@ -43,6 +43,8 @@ pub(crate) struct ChosenBackward {
     /// Copies of the dQ accumulator: the deterministic mode's ([`crate::options::BWD_DQ_COPIES`]),
     /// else 1.
     pub(crate) dq_copies: usize,
+    /// Where a traced build ([`super::Form::trace`]) writes its CSV (`ATTN_CUDA_SM90_TRACE`).
+    pub(crate) trace_folder: Option<std::path::PathBuf>,
 }
 
 impl ChosenBackward {
@@ -81,7 +83,9 @@ pub(crate) fn plan(
     // TMA (the Hopper family) and the Ampere/Ada family's 16-byte loads: strides in multiples of
     // 16 bytes.
     check_alignment(problem)?;
-    let variant = variant.expect("checked by check_supported_by").with_form(settings.sm90_backward);
+    let trace = settings.hopper.trace.is_some();
+    let variant =
+        variant.expect("checked by check_supported_by").with_form(Form { trace, ..settings.sm90_backward });
     let rows_compiled = crate::compile::compile_cached(&variant.request(arch))?;
     let main_compiled = crate::compile::compile_cached(&variant.main_request(arch))?;
     let mut launches = variant.launches(problem);
@@ -164,6 +168,7 @@ pub(crate) fn plan(
             launches,
             deterministic: options.deterministic,
             dq_copies,
+            trace_folder: settings.hopper.trace.clone().filter(|_| variant.form.trace),
         }),
     })
 }
@@ -261,6 +266,7 @@ pub(crate) fn run(
         ),
         problem,
         chosen,
+        workspace.trace_address(stream),
     )?;
     let time = |stream: &Arc<CudaStream>| -> Result<()> {
         // SAFETY: the parameter block points at buffers allocated above for this problem
@@ -278,6 +284,7 @@ pub(crate) fn run(
         let bits = stream.clone_dtoh(src).map_err(driver(name))?;
         dst.copy_from(from_bits(problem.dtype, bits).as_data())?;
     }
+    workspace.write_trace(stream, problem, chosen);
     let peak = held()?.peak;
     Ok(BackwardTimes {
         times,
@@ -307,23 +314,30 @@ pub(crate) struct LaunchParams {
 }
 
 impl LaunchParams {
-    pub(crate) fn new(base: KernelParams, problem: &Problem, chosen: &ChosenBackward) -> Result<Self> {
+    /// `trace`: a traced build's buffer ([`Workspace::trace_address`]).
+    pub(crate) fn new(
+        base: KernelParams,
+        problem: &Problem,
+        chosen: &ChosenBackward,
+        trace: u64,
+    ) -> Result<Self> {
         let v = &chosen.variant;
         let sm90 = match v.hopper {
-            true => Some(Sm90BackwardParams::new(base, problem, v.block_m(), v.block_n())?),
+            true => Some(Sm90BackwardParams::new(base, problem, v.block_m(), v.block_n())?.with_trace(trace)),
             false => None,
         };
         Ok(LaunchParams { base, sm90 })
     }
 }
 
-/// The backward's device workspace: D per query row, the f32 dQ accumulator, and the
-/// deterministic mode's counters. Allocated on the call's stream (and freed there, after the
-/// launches that use it).
+/// The backward's device workspace: D per query row, the f32 dQ accumulator, the
+/// deterministic mode's counters, and a traced build's buffer. Allocated on the call's stream
+/// (and freed there, after the launches that use it).
 pub(crate) struct Workspace {
     delta: CudaSlice<f32>,
     dq_accum: CudaSlice<f32>,
     counters: CudaSlice<i32>,
+    trace: Option<CudaSlice<i64>>,
 }
 
 impl Workspace {
@@ -340,7 +354,53 @@ impl Workspace {
                 .alloc_zeros::<f32>(rows * chosen.variant.head_dim * chosen.dq_copies)
                 .map_err(driver("allocate the dQ accumulator"))?,
             counters: stream.alloc_zeros::<i32>(counters).map_err(driver("allocate the dQ counters"))?,
+            trace: match chosen.variant.form.trace {
+                true => {
+                    let ctas = chosen.launches.main.grid.iter().map(|&g| g as usize).product::<usize>();
+                    let words = ctas * TRACE_WORDS_PER_CTA;
+                    Some(stream.alloc_zeros::<i64>(words).map_err(driver("allocate the backward's trace"))?)
+                }
+                false => None,
+            },
         })
+    }
+
+    /// The traced build's buffer (0 without one: the kernel then stores nothing there).
+    pub(crate) fn trace_address(&self, stream: &Arc<CudaStream>) -> u64 {
+        self.trace.as_ref().map_or(0, |t| t.device_ptr(stream).0)
+    }
+
+    /// A traced build's last run to `<folder>/backward-<kernel>-<shape>.csv`: a row per (CTA,
+    /// role) of its ten words (`bench/device/backward_trace.py` reads it). A failure goes to
+    /// stderr: a diagnostic must not turn a finished run into an error.
+    pub(crate) fn write_trace(&self, stream: &Arc<CudaStream>, problem: &Problem, chosen: &ChosenBackward) {
+        let (Some(buffer), Some(folder)) = (&self.trace, &chosen.trace_folder) else { return };
+        let s = problem.shape;
+        let file = folder.join(format!(
+            "backward-{}-b{}h{}kv{}-s{}x{}{}{}.csv",
+            chosen.variant.name(),
+            s.batch,
+            s.heads_q,
+            s.heads_kv,
+            s.seq_q,
+            s.seq_k,
+            if problem.params.mask == attn_core::Mask::None { "" } else { "-masked" },
+            if chosen.deterministic { "-deterministic" } else { "" }
+        ));
+        let written =
+            stream.clone_dtoh(buffer).map_err(|e| format!("copy the trace back: {e}")).and_then(|words| {
+                let mut csv = String::from("cta,row,s0,s1,s2,s3,s4,s5,s6,s7,s8,s9\n");
+                for (i, slots) in words.chunks(TRACE_WORDS_PER_CTA / 6).enumerate() {
+                    let slots: Vec<String> = slots.iter().map(i64::to_string).collect();
+                    csv.push_str(&format!("{},{},{}\n", i / 6, i % 6, slots.join(",")));
+                }
+                std::fs::create_dir_all(folder)
+                    .and_then(|()| std::fs::write(&file, csv))
+                    .map_err(|e| format!("write {}: {e}", file.display()))
+            });
+        if let Err(e) = written {
+            eprintln!("attn-cuda: the backward's trace was not written: {e}");
+        }
     }
 
     /// `at` with the workspace's addresses.

@@ -38,6 +38,10 @@ const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
 pub const DETERMINISTIC_DQ_COPIES: usize = 1;
+/// The trace of a traced Hopper build ([`Form::trace`]), per CTA: 6 rows (the MMA warpgroups, the
+/// producer, the two writers, the CTA) of 10 64-bit words, as `TRACE_ROWS` and `TRACE_SLOTS` in
+/// `kernels/flash_bwd_sm90.cu` lay it out.
+pub const TRACE_WORDS_PER_CTA: usize = 6 * 10;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
@@ -54,12 +58,15 @@ pub struct Form {
     /// Registers of a producer thread after `setmaxnreg` (TMA issue, the LSE's loads, the dQ
     /// writers); the MMA warpgroups get the rest ([`Form::consumer_registers`]).
     pub producer_registers: u32,
+    /// A traced build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): each role's waits
+    /// summed in SM cycles, per CTA ([`TRACE_WORDS_PER_CTA`]); a diagnostic, never the default.
+    pub trace: bool,
 }
 
 impl Default for Form {
     /// The measured default: the writer warps, two stages, 40 producer registers (232 each MMA thread).
     fn default() -> Form {
-        Form { dq_by_red: false, stages: 2, producer_registers: 40 }
+        Form { dq_by_red: false, stages: 2, producer_registers: 40, trace: false }
     }
 }
 
@@ -192,10 +199,11 @@ impl Variant {
                 String::new()
             }
             f => format!(
-                "_{}_s{}_p{}",
+                "_{}_s{}_p{}{}",
                 if f.dq_by_red { "red" } else { "writers" },
                 f.stages,
-                f.producer_registers
+                f.producer_registers,
+                if f.trace { "_trace" } else { "" }
             ),
         };
         format!(
@@ -219,6 +227,7 @@ impl Variant {
             defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
             defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
+            defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
         }
         defines
     }
