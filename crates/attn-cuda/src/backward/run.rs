@@ -2,7 +2,7 @@
 //! uploaded, three launches on the backend's stream, gradients read back.
 
 use super::launch::{BackwardPointers, KernelParams, Sm90BackwardParams};
-use super::variant::{BLOCK_M, Form, Launches, TRACE_WORDS_PER_CTA, Variant};
+use super::variant::{BLOCK_M, Form, Launches, TRACE_ROWS, TRACE_SLOTS, TRACE_WORDS_PER_CTA, Variant};
 use crate::backend::Cuda;
 use crate::compile::Arch;
 use crate::options::Family;
@@ -389,10 +389,11 @@ impl Workspace {
         ));
         let written =
             stream.clone_dtoh(buffer).map_err(|e| format!("copy the trace back: {e}")).and_then(|words| {
-                let mut csv = String::from("cta,row,s0,s1,s2,s3,s4,s5,s6,s7,s8,s9\n");
-                for (i, slots) in words.chunks(TRACE_WORDS_PER_CTA / 6).enumerate() {
+                let names: Vec<String> = (0..TRACE_SLOTS).map(|i| format!("s{i}")).collect();
+                let mut csv = format!("cta,row,{}\n", names.join(","));
+                for (i, slots) in words.chunks(TRACE_SLOTS).enumerate() {
                     let slots: Vec<String> = slots.iter().map(i64::to_string).collect();
-                    csv.push_str(&format!("{},{},{}\n", i / 6, i % 6, slots.join(",")));
+                    csv.push_str(&format!("{},{},{}\n", i / TRACE_ROWS, i % TRACE_ROWS, slots.join(",")));
                 }
                 std::fs::create_dir_all(folder)
                     .and_then(|()| std::fs::write(&file, csv))

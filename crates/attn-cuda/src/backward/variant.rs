@@ -38,10 +38,14 @@ const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
 pub const DETERMINISTIC_DQ_COPIES: usize = 1;
-/// The trace of a traced Hopper build ([`Form::trace`]), per CTA: 6 rows (the MMA warpgroups, the
-/// producer, the two writers, the CTA) of 10 64-bit words, as `TRACE_ROWS` and `TRACE_SLOTS` in
-/// `kernels/flash_bwd_sm90.cu` lay it out.
-pub const TRACE_WORDS_PER_CTA: usize = 6 * 10;
+/// The trace of a traced Hopper build ([`Form::trace`]), per CTA: `TRACE_ROWS` rows (the MMA
+/// warpgroups, the producer, the two writers, the CTA) of `TRACE_SLOTS` 64-bit words, as the
+/// same constants in `kernels/flash_bwd_sm90.cu` lay it out.
+pub const TRACE_ROWS: usize = 6;
+/// See [`TRACE_ROWS`].
+pub const TRACE_SLOTS: usize = 10;
+/// See [`TRACE_ROWS`].
+pub const TRACE_WORDS_PER_CTA: usize = TRACE_ROWS * TRACE_SLOTS;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
 const ROWS_PER_BLOCK: usize = 4;
 
