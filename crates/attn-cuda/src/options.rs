@@ -375,6 +375,12 @@ mod tests {
             (DECODE_SPLITS, "0"),
             (DECODE, "maybe"),
             (DECODE_TILES, "24:2"),
+            (SM90_BWD, "red:4"),
+            (SM90_BWD, "red:2:20"),
+            (SM90_BWD, "atomics"),
+            (SM90_BWD, "red:2:40:x"),
+            (BWD_DQ_COPIES, "0"),
+            (BWD_DQ_COPIES, "17"),
         ] {
             // SAFETY: see above.
             unsafe { std::env::set_var(knob.name, bad) };
@@ -389,5 +395,22 @@ mod tests {
         let tiles = Options::from_env().map(|o| o.hopper.tiles);
         unsafe { std::env::remove_var(SM90_TILES.name) };
         assert_eq!(tiles.unwrap(), Some(hopper::Tiles { block_n: 176, stages: 2, consumers: 0 }));
+        for (value, form) in [
+            (
+                "red:3:24",
+                crate::backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false },
+            ),
+            ("writers", crate::backward::Form::default()),
+            ("red", crate::backward::Form { dq_by_red: true, ..Default::default() }),
+        ] {
+            unsafe { std::env::set_var(SM90_BWD.name, value) };
+            let read = Options::from_env().map(|o| o.sm90_backward);
+            unsafe { std::env::remove_var(SM90_BWD.name) };
+            assert_eq!(read.unwrap(), form, "{value}");
+        }
+        unsafe { std::env::set_var(BWD_DQ_COPIES.name, "4") };
+        let copies = Options::from_env().map(|o| o.dq_copies);
+        unsafe { std::env::remove_var(BWD_DQ_COPIES.name) };
+        assert_eq!(copies.unwrap(), Some(4));
     }
 }

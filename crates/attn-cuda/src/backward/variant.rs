@@ -332,6 +332,17 @@ mod tests {
             (256, 64, 64, true)
         );
         assert_eq!(wide.shared_bytes(), 212_992 + 1024 + 72 + 1024);
+        // The forms: three stages fit at D=128 once dQ goes by reductions, not beside the writers'
+        // parts; D=256 keeps its reductions in two stages whatever is asked; names say the form.
+        let d128 = Variant::for_problem(DType::Bf16, 128, true).unwrap();
+        let red3 = Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false };
+        assert_eq!(d128.with_form(red3).shared_bytes(), 196_608 + 1536 + 88 + 1024);
+        assert!(d128.with_form(Form { stages: 3, ..Form::default() }).shared_bytes() > 227 * 1024);
+        assert_eq!(d128.with_form(red3).name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_red_s3_p24");
+        assert_eq!(wide.with_form(red3).form, Form { stages: 2, ..red3 });
+        assert_eq!(wide.name(), "flash_bwd_sm90_bf16_d256_bm64_bn64");
+        assert_eq!(red3.consumer_registers(), 240);
+        assert_eq!(Form::default().consumer_registers(), 232);
         assert_eq!(Variant::for_problem(DType::F16, 264, true), None);
         assert_eq!(Variant::for_problem(DType::F16, 60, false), None);
     }
