@@ -11,7 +11,8 @@
 # inputs (crates/attn/examples/backward_dump.rs, bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20),
-# DIMS (the bench's head dims, default 64,128; 256 too), ROUNDS (default 2).
+# DIMS (the bench's head dims, default 64,128; 256 too), ROUNDS (default 2), SAN_SETTINGS (the
+# sanitizers' settings, default the default ones).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -41,11 +42,15 @@ rounds=${ROUNDS:-2}
     # Every variant: the quick grid's standard family (D=64, f16 and bf16), the full grid's
     # varlen family (D=128 and 64, f16 and bf16, every feature at once) and the head-dims family
     # (D=256).
-    for tool in memcheck racecheck synccheck; do
-      for det in "" --deterministic; do
-        echo "== compute-sanitizer $tool $det (gradient grid: standard and varlen families)"
-        timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda --family standard \
-          --family varlen --family head-dims $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
+    # SAN_SETTINGS: environment assignments to run the sanitizers under, one after another (e.g.
+    # the Hopper forms and dQ copies: ATTN_CUDA_SM90_BWD=red:3:24 ATTN_CUDA_BWD_DQ_COPIES=4).
+    for setting in ${SAN_SETTINGS:-ATTN_CUDA_BWD_DQ_COPIES=1}; do
+      for tool in memcheck racecheck synccheck; do
+        for det in "" --deterministic; do
+          echo "== $setting: compute-sanitizer $tool $det (gradient grid: standard, varlen and head-dims families)"
+          env "$setting" timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda \
+            --family standard --family varlen --family head-dims $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
+        done
       done
     done
   fi
