@@ -5,7 +5,7 @@
 // A CTA per (block of BN keys, kv head, sequence), three warpgroups:
 //   warpgroup 2, the producer: one thread loads K and V once by TMA, then for every step (a query
 //     head of the GQA group and a block of BM query rows that sees the keys) Q and dO by TMA into
-//     a ring of two stages, the warp's lanes the step's LSE (in log2 units) and D beside them;
+//     a ring of STAGES (two by default), the warp's lanes the step's LSE (in log2 units) and D beside them;
 //     warps 1 and 2 are the dQ writers, one per MMA warpgroup: each adds its warpgroup's part of
 //     the step's dQ, handed over in shared memory, to the f32 accumulator by bulk reduce-adds
 //     (TMA, a row of 256 bytes each; in the deterministic mode after waiting for its turn), so
@@ -38,7 +38,8 @@
 // masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64, 128 or 256),
 // ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg), and the form (backward::Form, the knob
 // ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
-// 128 too, the writers idle) and ATTN_STAGES (2 or 3 stages of Q and dO). The host's variant
+// 128 too, the writers idle), ATTN_STAGES (2 or 3 stages of Q and dO) and ATTN_TRACE (the traced
+// build: see Trace). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"          // elem_t, pack2, as_u32, exp2_fast
