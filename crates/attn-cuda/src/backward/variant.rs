@@ -121,9 +121,7 @@ impl Variant {
             .into_iter()
             .flat_map(|hopper| {
                 [DType::F16, DType::Bf16].into_iter().flat_map(move |dtype| {
-                    Self::head_dims(hopper).iter().map(move |&head_dim| {
-                        Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(Form::default())
-                    })
+                    Self::head_dims(hopper).iter().map(move |&head_dim| Variant::new(dtype, head_dim, hopper))
                 })
             })
             .collect()
@@ -134,7 +132,19 @@ impl Variant {
     pub fn for_problem(dtype: DType, d: usize, hopper: bool) -> Option<Variant> {
         let head_dim =
             Self::head_dims(hopper).iter().copied().find(|&k| d <= k && d.is_multiple_of(8) && d > 0)?;
-        Some(Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(Form::default()))
+        Some(Variant::new(dtype, head_dim, hopper))
+    }
+
+    /// The variant of a family at a dtype and kernel head dim, in the head dim's own form
+    /// ([`Variant::own_form`]).
+    fn new(dtype: DType, head_dim: usize, hopper: bool) -> Variant {
+        Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(Form::default())
+    }
+
+    /// The form this variant's family and head dim take by default: [`Form::default`], but at
+    /// D=256 dQ by reductions.
+    pub fn own_form(&self) -> Form {
+        Variant::new(self.dtype, self.head_dim, self.hopper).form
     }
 
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
@@ -199,9 +209,7 @@ impl Variant {
     pub fn name(&self) -> String {
         let family = if self.hopper { "_sm90" } else { "" };
         let form = match self.form {
-            f if f == Variant { form: Form::default(), ..*self }.with_form(Form::default()).form => {
-                String::new()
-            }
+            f if f == self.own_form() => String::new(),
             f => format!(
                 "_{}_s{}_p{}{}",
                 if f.dq_by_red { "red" } else { "writers" },
