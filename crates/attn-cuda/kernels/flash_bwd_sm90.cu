@@ -60,6 +60,15 @@ constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D
 // rather than hand them to the writer warps through shared memory: always at D = 256, where no
 // shared memory is left for the parts; ATTN_DQ_RED elsewhere.
 constexpr bool DQ_BY_RED = SPLIT_COLUMNS || ATTN_DQ_RED;
+// When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
+// dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
+// (its product fills the tensor pipe's gap there). (Issuing it before dP^T's wait, on tiles
+// without a masked element, spills: P^T's and dP^T's registers are live together.)
+#ifndef ATTN_DV_ISSUE
+#define ATTN_DV_ISSUE 0
+#endif
+constexpr bool DV_EARLY = ATTN_DV_ISSUE == 1;
+static_assert(ATTN_DV_ISSUE == 0 || ATTN_DV_ISSUE == 1, "dV's issue point: 0 or 1");
 constexpr int STAGES = ATTN_STAGES;           // Q/dO ring
 static_assert(STAGES == 2 || STAGES == 3, "two or three stages of Q and dO");
 constexpr int THREADS = 3 * 128;
@@ -383,6 +392,16 @@ __device__ __forceinline__ void issue_grad(float (&acc)[ND], unsigned (&frag)[BM
     for (int kk = 0; kk < BM / 16; ++kk) wgmma_pv(acc, frag[kk], sm90::desc_advance(rd, kk * 16 * 128), 1);
 }
 
+// DV_EARLY: dV's product on its own, ahead of the dS^T barrier (a group of its own: the waits
+// after the barrier count it in).
+__device__ __forceinline__ void issue_dv(float (&dv)[ND], unsigned (&pa)[BM / 16][4], const elem_t* d_o) {
+    sm90::fence_regs(pa);
+    sm90::fence_regs(dv);
+    sm90::wgmma_fence();
+    issue_grad(dv, pa, d_o);
+    sm90::wgmma_commit();
+}
+
 __device__ __forceinline__ float2 ld_f2(const float* x) { return *reinterpret_cast<const float2*>(x); }
 
 // A 64 x 64 part of dQ = dS K over the block's keys: A = dS, queries 64 qb .. of dS^T's buffer
@@ -509,6 +528,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 pa[j / 4][j % 4] = as_u32(pack2(pr[0], pr[1]));
                 da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
             }
+            if (DV_EARLY) issue_dv(dv, pa, d_o + col0 * BM);
 
             // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
             // D = 256 both warpgroups hold all of it, and each stores half the queries).
@@ -536,7 +556,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             if constexpr (SPLIT_COLUMNS) {
                 // Two dQ parts, columns col0 and col0 + 64, the first under dV's and dK's products.
                 issue_dq(dq, ds_buf, s.k, 0, 2 * wg);
-                issue_grad(dv, pa, d_o + col0 * BM);
+                if (!DV_EARLY) issue_grad(dv, pa, d_o + col0 * BM);
                 issue_grad(dk, da, q + col0 * BM);
                 sm90::wgmma_commit();
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
@@ -552,7 +572,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             } else {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
-                issue_grad(dv, pa, d_o);
+                if (!DV_EARLY) issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
                 sm90::wgmma_commit();
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());

@@ -129,7 +129,7 @@ pub const SM90_TRACE: Knob = Knob {
 /// `ATTN_CUDA_SM90_BWD`.
 pub const SM90_BWD: Knob = Knob {
     name: "ATTN_CUDA_SM90_BWD",
-    allowed: "`<dq>[:<stages>[:<producer registers>]]`: `writers` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8; e.g. `red:3:24`",
+    allowed: "`<dq>[:<stages>[:<producer registers>[:dv<n>]]]`: `writers` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8, dV's product issued after the dS barrier (`dv0`) or before it (`dv1`); e.g. `red:3:24`, `writers:2:40:dv1`",
     default: "`writers:2:40` (backward::Form's default; at D=256 dQ always goes by reductions in two stages)",
     purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
 };
@@ -297,11 +297,18 @@ impl Options {
                         None => 40,
                         Some(n) => n.parse().ok().filter(|r| (24..=56).contains(r) && r % 8 == 0)?,
                     };
-                    (parts.len() <= 3).then_some(crate::backward::Form {
+                    let dv_issue = match parts.get(3) {
+                        None => crate::backward::DvIssue::default(),
+                        Some(n) => *crate::backward::DvIssue::ALL
+                            .iter()
+                            .find(|d| **n == format!("dv{}", d.index()))?,
+                    };
+                    (parts.len() <= 4).then_some(crate::backward::Form {
                         dq_by_red,
                         stages,
                         producer_registers,
                         trace: false,
+                        dv_issue,
                     })
                 })?
                 .unwrap_or_default(),
@@ -379,6 +386,8 @@ mod tests {
             (SM90_BWD, "red:2:20"),
             (SM90_BWD, "atomics"),
             (SM90_BWD, "red:2:40:x"),
+            (SM90_BWD, "red:2:40:dv2"),
+            (SM90_BWD, "red:2:40:dv1:x"),
             (BWD_DQ_COPIES, "0"),
             (BWD_DQ_COPIES, "17"),
         ] {
@@ -398,9 +407,21 @@ mod tests {
         for (value, form) in [
             (
                 "red:3:24",
-                crate::backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false },
+                crate::backward::Form {
+                    dq_by_red: true,
+                    stages: 3,
+                    producer_registers: 24,
+                    ..Default::default()
+                },
             ),
             ("writers", crate::backward::Form::default()),
+            (
+                "writers:2:40:dv1",
+                crate::backward::Form {
+                    dv_issue: crate::backward::DvIssue::BeforeBarrier,
+                    ..Default::default()
+                },
+            ),
             ("red", crate::backward::Form { dq_by_red: true, ..Default::default() }),
         ] {
             unsafe { std::env::set_var(SM90_BWD.name, value) };

@@ -167,16 +167,17 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
 }
 
 /// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, three stages and
-/// the register split they take; the traced build) at the head dims where they apply: no spill.
+/// the register split they take, dV's issue points; the traced build) at the head dims where they apply: no spill.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
         return;
     }
     let forms = [
-        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, trace: false },
-        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false },
+        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, ..Default::default() },
+        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
         backward::Form { trace: true, ..backward::Form::default() },
+        backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
     ];
     // Each form where it differs from the head dim's own (D=256 always adds by reductions in two
     // stages: only its traced build is another).

@@ -65,12 +65,43 @@ pub struct Form {
     /// A traced build (`ATTN_TRACE`, asked for by `ATTN_CUDA_SM90_TRACE`): each role's waits
     /// summed in SM cycles, per CTA ([`TRACE_WORDS_PER_CTA`]); a diagnostic, never the default.
     pub trace: bool,
+    /// When the MMA warpgroups issue dV's product in a step (`ATTN_DV_ISSUE`).
+    pub dv_issue: DvIssue,
+}
+
+/// When an MMA warpgroup of the Hopper backward issues dV += Pᵀ dO in a step (its A operand, Pᵀ,
+/// is in its registers once the exponentials are done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DvIssue {
+    /// After the barrier that both warpgroups' dSᵀ are in shared memory, with dQ's and dK's.
+    #[default]
+    AfterBarrier,
+    /// Before dSᵀ's stores and the barrier: the tensor pipe has it to run through them. (Before
+    /// the wait for dPᵀ's product, on tiles without a masked element, spills at D=64 and 128:
+    /// Pᵀ's and dPᵀ's registers live together.)
+    BeforeBarrier,
+}
+
+impl DvIssue {
+    /// Every choice, in the order of `ATTN_DV_ISSUE`'s values.
+    pub const ALL: [DvIssue; 2] = [DvIssue::AfterBarrier, DvIssue::BeforeBarrier];
+
+    /// The value of `ATTN_DV_ISSUE` and of the knob's `dv<n>`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl Default for Form {
     /// The measured default: the writer warps, two stages, 40 producer registers (232 each MMA thread).
     fn default() -> Form {
-        Form { dq_by_red: false, stages: 2, producer_registers: 40, trace: false }
+        Form {
+            dq_by_red: false,
+            stages: 2,
+            producer_registers: 40,
+            trace: false,
+            dv_issue: DvIssue::default(),
+        }
     }
 }
 
@@ -211,10 +242,14 @@ impl Variant {
         let form = match self.form {
             f if f == self.own_form() => String::new(),
             f => format!(
-                "_{}_s{}_p{}{}",
+                "_{}_s{}_p{}{}{}",
                 if f.dq_by_red { "red" } else { "writers" },
                 f.stages,
                 f.producer_registers,
+                match f.dv_issue {
+                    DvIssue::AfterBarrier => String::new(),
+                    dv => format!("_dv{}", dv.index()),
+                },
                 if f.trace { "_trace" } else { "" }
             ),
         };
@@ -240,6 +275,7 @@ impl Variant {
             defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
+            defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
         }
         defines
     }
@@ -343,7 +379,7 @@ mod tests {
         // The forms: three stages fit at D=128 once dQ goes by reductions, not beside the writers'
         // parts; D=256 keeps its reductions in two stages whatever is asked; names say the form.
         let d128 = Variant::for_problem(DType::Bf16, 128, true).unwrap();
-        let red3 = Form { dq_by_red: true, stages: 3, producer_registers: 24, trace: false };
+        let red3 = Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Form::default() };
         assert_eq!(d128.with_form(red3).shared_bytes(), 196_608 + 1536 + 88 + 1024);
         assert!(d128.with_form(Form { stages: 3, ..Form::default() }).shared_bytes() > 227 * 1024);
         assert_eq!(d128.with_form(red3).name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_red_s3_p24");
