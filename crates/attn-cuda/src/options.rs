@@ -130,7 +130,7 @@ pub const SM90_TRACE: Knob = Knob {
 pub const SM90_BWD: Knob = Knob {
     name: "ATTN_CUDA_SM90_BWD",
     allowed: "`<dq>[:<stages>[:<producer registers>[:dv<n>]]]`: `writers` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8, dV's product issued after the dS barrier (`dv0`) or before it (`dv1`); e.g. `red:3:24`, `writers:2:40:dv1`",
-    default: "`writers:2:40` (backward::Form's default; at D=256 dQ always goes by reductions in two stages)",
+    default: "each head dim's own form (backward::Variant::own_form): `writers:2:40` at D=64, `writers:2:40:dv1` at D=128, `red:2:40` at D=256 (where dQ always goes by reductions in two stages); a set value is taken as written, its missing parts `2`, `40` and `dv0`",
     purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
 };
 
@@ -216,7 +216,7 @@ pub struct Options {
     /// problem it cannot run is an error rather than a silent run of the other family.
     pub hopper: hopper::Settings,
     /// [`SM90_BWD`]: how the Hopper family's backward main pass is built.
-    pub sm90_backward: crate::backward::Form,
+    pub sm90_backward: Option<crate::backward::Form>,
     /// [`BWD_DQ_COPIES`]: copies of the deterministic backward's dQ accumulator (`None`: the default).
     pub dq_copies: Option<usize>,
     /// [`TIMING_LEAD`]: what runs ahead of a timed launch.
@@ -281,37 +281,35 @@ impl Options {
                     })?
                     .flatten(),
             },
-            sm90_backward: SM90_BWD
-                .parse(|v| {
-                    let parts: Vec<&str> = v.split(':').collect();
-                    let dq_by_red = match parts[0] {
-                        "writers" => false,
-                        "red" => true,
-                        _ => return None,
-                    };
-                    let stages = match parts.get(1) {
-                        None => 2,
-                        Some(n) => n.parse().ok().filter(|s| (2..=3).contains(s))?,
-                    };
-                    let producer_registers = match parts.get(2) {
-                        None => 40,
-                        Some(n) => n.parse().ok().filter(|r| (24..=56).contains(r) && r % 8 == 0)?,
-                    };
-                    let dv_issue = match parts.get(3) {
-                        None => crate::backward::DvIssue::default(),
-                        Some(n) => *crate::backward::DvIssue::ALL
-                            .iter()
-                            .find(|d| **n == format!("dv{}", d.index()))?,
-                    };
-                    (parts.len() <= 4).then_some(crate::backward::Form {
-                        dq_by_red,
-                        stages,
-                        producer_registers,
-                        trace: false,
-                        dv_issue,
-                    })
-                })?
-                .unwrap_or_default(),
+            sm90_backward: SM90_BWD.parse(|v| {
+                let parts: Vec<&str> = v.split(':').collect();
+                let dq_by_red = match parts[0] {
+                    "writers" => false,
+                    "red" => true,
+                    _ => return None,
+                };
+                let stages = match parts.get(1) {
+                    None => 2,
+                    Some(n) => n.parse().ok().filter(|s| (2..=3).contains(s))?,
+                };
+                let producer_registers = match parts.get(2) {
+                    None => 40,
+                    Some(n) => n.parse().ok().filter(|r| (24..=56).contains(r) && r % 8 == 0)?,
+                };
+                let dv_issue = match parts.get(3) {
+                    None => crate::backward::DvIssue::default(),
+                    Some(n) => {
+                        *crate::backward::DvIssue::ALL.iter().find(|d| **n == format!("dv{}", d.index()))?
+                    }
+                };
+                (parts.len() <= 4).then_some(crate::backward::Form {
+                    dq_by_red,
+                    stages,
+                    producer_registers,
+                    trace: false,
+                    dv_issue,
+                })
+            })?,
             dq_copies: BWD_DQ_COPIES.parse(|n| n.parse().ok().filter(|n| (1..=16).contains(n)))?,
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })
@@ -427,7 +425,7 @@ mod tests {
             unsafe { std::env::set_var(SM90_BWD.name, value) };
             let read = Options::from_env().map(|o| o.sm90_backward);
             unsafe { std::env::remove_var(SM90_BWD.name) };
-            assert_eq!(read.unwrap(), form, "{value}");
+            assert_eq!(read.unwrap(), Some(form), "{value}");
         }
         unsafe { std::env::set_var(BWD_DQ_COPIES.name, "4") };
         let copies = Options::from_env().map(|o| o.dq_copies);

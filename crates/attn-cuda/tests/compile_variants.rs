@@ -174,6 +174,7 @@ fn every_hopper_backward_form_compiles_without_spills() {
         return;
     }
     let forms = [
+        backward::Form::default(),
         backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, ..Default::default() },
         backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
         backward::Form { trace: true, ..backward::Form::default() },

@@ -84,8 +84,8 @@ pub(crate) fn plan(
     // 16 bytes.
     check_alignment(problem)?;
     let trace = settings.hopper.trace.is_some();
-    let variant =
-        variant.expect("checked by check_supported_by").with_form(Form { trace, ..settings.sm90_backward });
+    let variant = variant.expect("checked by check_supported_by");
+    let variant = variant.with_form(Form { trace, ..settings.sm90_backward.unwrap_or(variant.own_form()) });
     let rows_compiled = crate::compile::compile_cached(&variant.request(arch))?;
     let main_compiled = crate::compile::compile_cached(&variant.main_request(arch))?;
     let mut launches = variant.launches(problem);
