@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     const long long row = row_index(p, s, b, h, i);
     if (lane == 0) p.delta[row] = sum;
     for (int copy = 0; copy < p.dq_copies; ++copy)
-        for (int c = lane; c < D; c += 32) p.dq_accum[copy * dq_copy_floats<D>(p) + row * D + c] = 0.f;
+        for (int c = lane; c < D; c += 32) p.dq_accum[copy * dq_copy_floats<D>(p) + dq_at<D>(p, s, b, h, i, c)] = 0.f;
 }
 
 // dQ from its accumulator: the same grid as the pre-pass.
@@ -92,18 +92,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_c
     const int i = blockIdx.x * WARPS + warp;
     const Seq s = seq_of(p, b);
     if (i >= s.q_len) return;
-    const long long row = row_index(p, s, b, h, i);
     elem_t* dq = p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss;
     for (int c = lane; c < p.head_dim; c += 32) {
-        float sum = p.dq_accum[row * D + c];
-        for (int copy = 1; copy < p.dq_copies; ++copy) sum += p.dq_accum[copy * dq_copy_floats<D>(p) + row * D + c];
+        const long long at = dq_at<D>(p, s, b, h, i, c);
+        float sum = p.dq_accum[at];
+        for (int copy = 1; copy < p.dq_copies; ++copy) sum += p.dq_accum[copy * dq_copy_floats<D>(p) + at];
         dq[c] = from_f(sum * p.scale);
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Main pass: grid (ceil(seq_k / BN), heads_kv, batch). Head dims 64 and 128.
-#if ATTN_D <= 128
+// Main pass: grid (ceil(seq_k / BN), heads_kv, batch). Head dims 64 and 128. Not in the row
+// passes built for the Hopper main pass's planes (ATTN_DQ_PLANES): this one adds row-major.
+#if ATTN_D <= 128 && !ATTN_DQ_PLANES
 constexpr int BN = 16 * WARPS;  // keys per CTA: 16 per warp
 extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -316,4 +317,4 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd(const __grid_cons
         }
     }
 }
-#endif  // ATTN_D <= 128
+#endif  // ATTN_D <= 128 && !ATTN_DQ_PLANES

@@ -73,6 +73,25 @@ __device__ __forceinline__ long long row_index(const Params& p, const Seq& s, in
                                      : ((long long)b * p.heads_q + h) * p.seq_q + i;
 }
 
+// The dQ accumulator's layout. Row-major by default: row i's D floats at row_index(i) * D. With
+// ATTN_DQ_PLANES (the Hopper writers' `planes` form, backward::Form::dq_planes) a head's rows lie in
+// D / 64 planes of 64 columns, so that 64 rows of a plane are 16 contiguous KiB, one bulk
+// reduce-add from the writer's part; within a row the 16-byte chunks are XOR-swizzled by the
+// row's index in its sequence mod 8, as in that part (whose stores from the MMA fragments are then
+// free of bank conflicts). Element (row i, column c) of one copy, in floats from the copy's start.
+#ifndef ATTN_DQ_PLANES
+#define ATTN_DQ_PLANES 0
+#endif
+template <int D>
+__device__ __forceinline__ long long dq_at(const Params& p, const Seq& s, int b, int h, int i, int c) {
+    if (!ATTN_DQ_PLANES) return row_index(p, s, b, h, i) * D + c;
+    const bool packed = p.cu_seqlens_q != nullptr;
+    const long long rows = packed ? p.q_total : p.seq_q;  // a head's rows: a plane's
+    const long long head = packed ? h : (long long)b * p.heads_q + h;
+    const long long r = packed ? (long long)s.q_start + i : i;
+    return (head * D + (c / 64) * 64) * rows + r * 64 + ((((c % 64) / 4) ^ (i % 8)) * 4 + c % 4);
+}
+
 // First element of (b, head) in a tensor with these strides (packed rows ignore the batch stride).
 __device__ __forceinline__ long long q_base(const Params& p, const Seq& s, int b, int h, long long sb, long long sh,
                                             long long ss) {

@@ -38,8 +38,9 @@
 // masked. Specialised at compile time (NVRTC -D): ATTN_BF16, ATTN_D (64, 128 or 256),
 // ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg), and the form (backward::Form, the knob
 // ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
-// 128 too, the writers idle), ATTN_STAGES (2 or 3 stages of Q and dO) and ATTN_TRACE (the traced
-// build: see Trace). The host's variant
+// 128 too, the writers idle), ATTN_DQ_PLANES (the writers add a part in one bulk reduce-add, the
+// accumulator in planes: see DQ_PLANES), ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
+// (see DV_EARLY) and ATTN_TRACE (the traced build: see Trace). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"          // elem_t, pack2, as_u32, exp2_fast
@@ -60,6 +61,11 @@ constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D
 // rather than hand them to the writer warps through shared memory: always at D = 256, where no
 // shared memory is left for the parts; ATTN_DQ_RED elsewhere.
 constexpr bool DQ_BY_RED = SPLIT_COLUMNS || ATTN_DQ_RED;
+// Whether a writer adds its warpgroup's part in one bulk reduce-add of 16 KiB into the
+// accumulator's 64-column planes (ATTN_DQ_PLANES, flash_bwd_common.cuh's dq_at) rather than in 64
+// of 256 bytes, one a row, into its rows.
+constexpr bool DQ_PLANES = ATTN_DQ_PLANES;
+static_assert(!(DQ_PLANES && DQ_BY_RED), "the planes are the writers'");
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there). (Issuing it before dP^T's wait, on tiles
@@ -82,7 +88,9 @@ constexpr int NQ = 32;                        // dQ accumulators per thread (a 6
 constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
-constexpr int DQ_ROW = 68;                   // floats a row of a dQ part takes: 64 and 4 of padding
+// Floats a row of a dQ part takes: 64 and 4 of padding (the stores from the fragments free of
+// bank conflicts), or, for the planes, 64 with its 16-byte chunks swizzled as dq_at's (part_at).
+constexpr int DQ_ROW = DQ_PLANES ? 64 : 68;
 constexpr unsigned DQ_BYTES = DQ_BY_RED ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
 constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
                                 2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
@@ -90,7 +98,7 @@ static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared me
 
 struct Smem {
     elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
-    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part
+    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part (part_at)
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
@@ -344,10 +352,19 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             }
             TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1));
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
+            if constexpr (DQ_PLANES) {
+                // The part's rows in the sequence, contiguous in the plane (row0 is a multiple of
+                // 8: the swizzles agree).
+                const int rows = min(64, w.s.q_len - row0);
+                if (lane == 0 && rows > 0)
+                    bulk_add_f32(turn.accum + dq_at<D>(p, w.s, w.b, h, row0, col0), part, rows * 64 * 4);
+            } else {
 #pragma unroll
-            for (int r = lane; r < 64; r += 32)
-                if (row0 + r < w.s.q_len)
-                    bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW, 256);
+                for (int r = lane; r < 64; r += 32)
+                    if (row0 + r < w.s.q_len)
+                        bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW,
+                                     256);
+            }
             sm90::bulk_commit();
             TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
@@ -400,6 +417,11 @@ __device__ __forceinline__ void issue_dv(float (&dv)[ND], unsigned (&pa)[BM / 16
     sm90::wgmma_fence();
     issue_grad(dv, pa, d_o);
     sm90::wgmma_commit();
+}
+
+// Where element (row, col) of a dQ part is in it: padded rows, or the planes' swizzle (dq_at's).
+__device__ __forceinline__ int part_at(int row, int col) {
+    return DQ_PLANES ? row * 64 + (((col / 4) ^ (row % 8)) * 4 + col % 4) : row * DQ_ROW + col;
 }
 
 __device__ __forceinline__ float2 ld_f2(const float* x) { return *reinterpret_cast<const float2*>(x); }
@@ -586,12 +608,12 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 } else {
                     // This warpgroup's dQ part to its writer, once it has added the last one.
                     sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-                    float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + 2 * t;
+                    float* part = s.dq + wg * 64 * DQ_ROW;
 #pragma unroll
                     for (int c = 0; c < 8; ++c)
 #pragma unroll
                         for (int r = 0; r < 2; ++r)
-                            *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                            *reinterpret_cast<float2*>(part + part_at(16 * warp + lane / 4 + 8 * r, 8 * c + 2 * t)) =
                                 make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
                     sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
                     sm90::mbar_arrive(s.dq_full + wg);

@@ -179,6 +179,8 @@ fn every_hopper_backward_form_compiles_without_spills() {
         backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
         backward::Form { trace: true, ..backward::Form::default() },
         backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
+        backward::Form { dq_planes: true, ..Default::default() },
+        backward::Form { dq_planes: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
     ];
     // Each form where it differs from the head dim's own (D=256 always adds by reductions in two
     // stages: only its traced build is another).
@@ -190,15 +192,27 @@ fn every_hopper_backward_form_compiles_without_spills() {
             }
         }
     }
-    let jobs: Vec<Job> = variants
-        .into_iter()
-        .map(|v| Job {
+    // The main passes, and the row passes where the form changes them (the planes).
+    let mut jobs: Vec<Job> = Vec::new();
+    for v in variants {
+        jobs.push(Job {
             name: format!("{} sm_90a {}", v.name(), v.main_entry()),
             request: v.main_request(Arch::Sm90a),
             entry: v.main_entry(),
             budget: v.register_budget(),
-        })
-        .collect();
+        });
+        let own = backward::Variant { form: v.own_form(), ..v };
+        if v.request(Arch::Sm90a).key() != own.request(Arch::Sm90a).key()
+            && !jobs.iter().any(|j| j.request.key() == v.request(Arch::Sm90a).key())
+        {
+            jobs.push(Job {
+                name: format!("{} rows sm_90a attn_bwd_dq", v.name()),
+                request: v.request(Arch::Sm90a),
+                entry: "attn_bwd_dq",
+                budget: 255,
+            });
+        }
+    }
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 

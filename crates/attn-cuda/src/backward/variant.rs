@@ -57,6 +57,11 @@ pub struct Form {
     /// (`ATTN_DQ_RED`) instead of handing them to the writer warps through shared memory, whose
     /// bulk reduce-adds then add them. Always so at D=256 (no shared memory is left for the parts).
     pub dq_by_red: bool,
+    /// The writer warps add each part in one bulk reduce-add of 16 KiB (`ATTN_DQ_PLANES`), the
+    /// accumulator laid out in planes of 64 columns that the row passes read too
+    /// (`flash_bwd_common.cuh`'s `dq_at`), rather than in 64 of 256 bytes, one a row. Not with
+    /// `dq_by_red`.
+    pub dq_planes: bool,
     /// Stages of the Q and dO ring (`ATTN_STAGES`): 2 or 3 (D=256: 2).
     pub stages: u32,
     /// Registers of a producer thread after `setmaxnreg` (TMA issue, the LSE's loads, the dQ
@@ -93,11 +98,12 @@ impl DvIssue {
 }
 
 impl Default for Form {
-    /// The base of every head dim's own form ([`Variant::own_form`]): the writer warps, two
-    /// stages, 40 producer registers (232 each MMA thread), dV issued after the dS barrier.
+    /// The base of every head dim's own form ([`Variant::own_form`]): the writer warps a row at
+    /// a time, two stages, 40 producer registers (232 each MMA thread), dV issued after the dS barrier.
     fn default() -> Form {
         Form {
             dq_by_red: false,
+            dq_planes: false,
             stages: 2,
             producer_registers: 40,
             trace: false,
@@ -184,12 +190,13 @@ impl Variant {
     }
 
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
-    /// default, and at D=256 the dQ parts always go by reductions in two stages.
+    /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
+    /// the writers' only.
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
-            (true, false) => form,
-            (true, true) => Form { dq_by_red: true, stages: 2, ..form },
+            (true, false) => Form { dq_planes: form.dq_planes && !form.dq_by_red, ..form },
+            (true, true) => Form { dq_by_red: true, dq_planes: false, stages: 2, ..form },
         };
         Variant { form, ..self }
     }
@@ -227,7 +234,11 @@ impl Variant {
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let stages = self.form.stages as usize;
-        let dq_parts = if self.form.dq_by_red { 0 } else { 2 * 64 * 68 * 4 };
+        let dq_parts = match (self.form.dq_by_red, self.form.dq_planes) {
+            (true, _) => 0,
+            (false, false) => 2 * 64 * 68 * 4,
+            (false, true) => 2 * 64 * 64 * 4,
+        };
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
             true => {
@@ -248,7 +259,11 @@ impl Variant {
             f if f == self.own_form() => String::new(),
             f => format!(
                 "_{}_s{}_p{}{}{}",
-                if f.dq_by_red { "red" } else { "writers" },
+                match (f.dq_by_red, f.dq_planes) {
+                    (true, _) => "red",
+                    (false, false) => "writers",
+                    (false, true) => "planes",
+                },
                 f.stages,
                 f.producer_registers,
                 match f.dv_issue {
@@ -278,6 +293,7 @@ impl Variant {
             defines.push(("ATTN_PRODUCER_REGS".into(), f.producer_registers.to_string()));
             defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
             defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
+            defines.push(("ATTN_DQ_PLANES".into(), u8::from(f.dq_planes).to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
             defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
@@ -286,10 +302,15 @@ impl Variant {
     }
 
     /// The NVRTC request that compiles the pre-pass and dQ's conversion (and the Ampere/Ada main
-    /// pass) for `arch`.
+    /// pass, but where the Hopper main pass's accumulator is in planes) for `arch`.
     pub fn request(&self, arch: Arch) -> CompileRequest {
-        let rows = Variant { hopper: false, ..*self };
-        CompileRequest::new(rows.name(), SOURCE, arch).headers(HEADERS).defines(rows.defines())
+        let rows = Variant { hopper: false, form: Form::default(), ..*self };
+        let (mut name, mut defines) = (rows.name(), rows.defines());
+        if self.hopper && self.form.dq_planes {
+            name.push_str("_planes");
+            defines.push(("ATTN_DQ_PLANES".into(), "1".into()));
+        }
+        CompileRequest::new(name, SOURCE, arch).headers(HEADERS).defines(defines)
     }
 
     /// The NVRTC request that compiles the main pass: [`Variant::request`]'s for the Ampere/Ada
@@ -388,6 +409,12 @@ mod tests {
         assert_eq!(d128.with_form(red3).shared_bytes(), 196_608 + 1536 + 88 + 1024);
         assert!(d128.with_form(Form { stages: 3, ..Form::default() }).shared_bytes() > 227 * 1024);
         assert_eq!(d128.with_form(red3).name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_red_s3_p24");
+        // The planes: 16 KiB a part (no padding), the writers' only, and the row passes read them.
+        let planes = d128.with_form(Form { dq_planes: true, ..d128.form });
+        assert_eq!(planes.shared_bytes(), d128.shared_bytes() - 2 * 64 * 4 * 4);
+        assert_eq!(planes.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_planes_s2_p40_dv1");
+        assert!(!d128.with_form(Form { dq_planes: true, ..red3 }).form.dq_planes);
+        assert!(planes.request(Arch::Sm90a).key() != d128.request(Arch::Sm90a).key());
         assert_eq!(wide.with_form(red3).form, Form { stages: 2, ..red3 });
         assert_eq!(wide.name(), "flash_bwd_sm90_bf16_d256_bm64_bn64");
         assert_eq!(red3.consumer_registers(), 240);
