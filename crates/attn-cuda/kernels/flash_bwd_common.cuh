@@ -78,13 +78,14 @@ __device__ __forceinline__ long long row_index(const Params& p, const Seq& s, in
 // D / 64 planes of 64 columns, so that 64 rows of a plane are 16 contiguous KiB, one bulk
 // reduce-add from the writer's part; within a row the 16-byte chunks are XOR-swizzled by the
 // row's index in its sequence mod 8, as in that part (whose stores from the MMA fragments are then
-// free of bank conflicts). Element (row i, column c) of one copy, in floats from the copy's start.
+// free of bank conflicts). Element (row i, column c) of one copy, in floats from the copy's start;
+// `row` is row_index(p, s, b, h, i), which the row-major layout takes (callers have it).
 #ifndef ATTN_DQ_PLANES
 #define ATTN_DQ_PLANES 0
 #endif
 template <int D>
-__device__ __forceinline__ long long dq_at(const Params& p, const Seq& s, int b, int h, int i, int c) {
-    if (!ATTN_DQ_PLANES) return row_index(p, s, b, h, i) * D + c;
+__device__ __forceinline__ long long dq_at(const Params& p, const Seq& s, int b, int h, int i, long long row, int c) {
+    if (!ATTN_DQ_PLANES) return row * D + c;
     const bool packed = p.cu_seqlens_q != nullptr;
     const long long rows = packed ? p.q_total : p.seq_q;  // a head's rows: a plane's
     const long long head = packed ? h : (long long)b * p.heads_q + h;

@@ -89,7 +89,7 @@ constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
 // Floats a row of a dQ part takes: 64 and 4 of padding (the stores from the fragments free of
-// bank conflicts), or, for the planes, 64 with its 16-byte chunks swizzled as dq_at's (part_at).
+// bank conflicts), or, for the planes, 64 with its 16-byte chunks swizzled as dq_at's.
 constexpr int DQ_ROW = DQ_PLANES ? 64 : 68;
 constexpr unsigned DQ_BYTES = DQ_BY_RED ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
 constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
@@ -98,7 +98,7 @@ static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared me
 
 struct Smem {
     elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
-    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part (part_at)
+    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
@@ -354,10 +354,10 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
             if constexpr (DQ_PLANES) {
                 // The part's rows in the sequence, contiguous in the plane (row0 is a multiple of
-                // 8: the swizzles agree).
+                // 8: the swizzles agree; the planes' dq_at takes no row index).
                 const int rows = min(64, w.s.q_len - row0);
                 if (lane == 0 && rows > 0)
-                    bulk_add_f32(turn.accum + dq_at<D>(p, w.s, w.b, h, row0, col0), part, rows * 64 * 4);
+                    bulk_add_f32(turn.accum + dq_at<D>(p, w.s, w.b, h, row0, 0, col0), part, rows * 64 * 4);
             } else {
 #pragma unroll
                 for (int r = lane; r < 64; r += 32)
@@ -417,11 +417,6 @@ __device__ __forceinline__ void issue_dv(float (&dv)[ND], unsigned (&pa)[BM / 16
     sm90::wgmma_fence();
     issue_grad(dv, pa, d_o);
     sm90::wgmma_commit();
-}
-
-// Where element (row, col) of a dQ part is in it: padded rows, or the planes' swizzle (dq_at's).
-__device__ __forceinline__ int part_at(int row, int col) {
-    return DQ_PLANES ? row * 64 + (((col / 4) ^ (row % 8)) * 4 + col % 4) : row * DQ_ROW + col;
 }
 
 __device__ __forceinline__ float2 ld_f2(const float* x) { return *reinterpret_cast<const float2*>(x); }
@@ -608,13 +603,25 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 } else {
                     // This warpgroup's dQ part to its writer, once it has added the last one.
                     sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-                    float* part = s.dq + wg * 64 * DQ_ROW;
+                    float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + (DQ_PLANES ? 0 : 2 * t);
+                    if constexpr (DQ_PLANES) {
+                        // Row 16 warp + lane / 4 + 8 r: its 16-byte chunk 2 c + t / 2 swizzled by
+                        // the row mod 8 (lane / 4), as dq_at lays the planes.
 #pragma unroll
-                    for (int c = 0; c < 8; ++c)
+                        for (int c = 0; c < 8; ++c)
 #pragma unroll
-                        for (int r = 0; r < 2; ++r)
-                            *reinterpret_cast<float2*>(part + part_at(16 * warp + lane / 4 + 8 * r, 8 * c + 2 * t)) =
-                                make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+                            for (int r = 0; r < 2; ++r)
+                                *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 4 * ((2 * c + t / 2) ^ (lane / 4)) +
+                                                           2 * (t % 2)) =
+                                    make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+                    } else {
+#pragma unroll
+                        for (int c = 0; c < 8; ++c)
+#pragma unroll
+                            for (int r = 0; r < 2; ++r)
+                                *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                                    make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+                    }
                     sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
                     sm90::mbar_arrive(s.dq_full + wg);
                 }
