@@ -40,7 +40,7 @@
 // ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
 // 128 too, the writers idle), ATTN_DQ_PLANES (the writers add a part in one bulk reduce-add, the
 // accumulator in planes: see DQ_PLANES), ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
-// (see DV_EARLY) and ATTN_TRACE (the traced build: see Trace). The host's variant
+// (see DV_ISSUE) and ATTN_TRACE (the traced build: see Trace). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
 #include "mma_sm80.cuh"          // elem_t, pack2, as_u32, exp2_fast
@@ -68,13 +68,14 @@ constexpr bool DQ_PLANES = ATTN_DQ_PLANES;
 static_assert(!(DQ_PLANES && DQ_BY_RED), "the planes are the writers'");
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
-// (its product fills the tensor pipe's gap there). (Issuing it before dP^T's wait, on tiles
-// without a masked element, spills: P^T's and dP^T's registers are live together.)
+// (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
+// (Issuing it before dP^T's wait, on tiles without a masked element, spills: P^T's and dP^T's
+// registers are live together.)
 #ifndef ATTN_DV_ISSUE
 #define ATTN_DV_ISSUE 0
 #endif
-constexpr bool DV_EARLY = ATTN_DV_ISSUE == 1;
-static_assert(ATTN_DV_ISSUE == 0 || ATTN_DV_ISSUE == 1, "dV's issue point: 0 or 1");
+constexpr int DV_ISSUE = ATTN_DV_ISSUE;
+static_assert(DV_ISSUE >= 0 && DV_ISSUE <= 2, "dV's issue point: 0, 1 or 2");
 constexpr int STAGES = ATTN_STAGES;           // Q/dO ring
 static_assert(STAGES == 2 || STAGES == 3, "two or three stages of Q and dO");
 constexpr int THREADS = 3 * 128;
@@ -409,7 +410,7 @@ __device__ __forceinline__ void issue_grad(float (&acc)[ND], unsigned (&frag)[BM
     for (int kk = 0; kk < BM / 16; ++kk) wgmma_pv(acc, frag[kk], sm90::desc_advance(rd, kk * 16 * 128), 1);
 }
 
-// DV_EARLY: dV's product on its own, ahead of the dS^T barrier (a group of its own: the waits
+// DV_ISSUE 1 and 2: dV's product on its own, ahead of the dS^T barrier (a group of its own: the waits
 // after the barrier count it in).
 __device__ __forceinline__ void issue_dv(float (&dv)[ND], unsigned (&pa)[BM / 16][4], const elem_t* d_o) {
     sm90::fence_regs(pa);
@@ -545,7 +546,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 pa[j / 4][j % 4] = as_u32(pack2(pr[0], pr[1]));
                 da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
             }
-            if (DV_EARLY) issue_dv(dv, pa, d_o + col0 * BM);
+            if (DV_ISSUE == 1) issue_dv(dv, pa, d_o + col0 * BM);
 
             // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
             // D = 256 both warpgroups hold all of it, and each stores half the queries).
@@ -560,6 +561,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(da[j / 4][j % 4]) : "memory");
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
+            if (DV_ISSUE == 2) issue_dv(dv, pa, d_o + col0 * BM);
 
             // dQ = dS K, once both warpgroups' dS^T are in, then dV += P^T dO and dK += dS^T Q,
             // which run while dQ goes to the writer (or, at D = 256, to the accumulator).
@@ -573,7 +575,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             if constexpr (SPLIT_COLUMNS) {
                 // Two dQ parts, columns col0 and col0 + 64, the first under dV's and dK's products.
                 issue_dq(dq, ds_buf, s.k, 0, 2 * wg);
-                if (!DV_EARLY) issue_grad(dv, pa, d_o + col0 * BM);
+                if (DV_ISSUE == 0) issue_grad(dv, pa, d_o + col0 * BM);
                 issue_grad(dk, da, q + col0 * BM);
                 sm90::wgmma_commit();
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
@@ -589,7 +591,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             } else {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
                 issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
-                if (!DV_EARLY) issue_grad(dv, pa, d_o);
+                if (DV_ISSUE == 0) issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
                 sm90::wgmma_commit();
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());

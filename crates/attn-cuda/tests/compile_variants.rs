@@ -179,6 +179,7 @@ fn every_hopper_backward_form_compiles_without_spills() {
         backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
         backward::Form { trace: true, ..backward::Form::default() },
         backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
+        backward::Form { dv_issue: backward::DvIssue::AfterStores, ..Default::default() },
         backward::Form { dq_planes: true, ..Default::default() },
         backward::Form { dq_planes: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
     ];

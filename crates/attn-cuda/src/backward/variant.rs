@@ -85,11 +85,13 @@ pub enum DvIssue {
     /// the wait for dPᵀ's product, on tiles without a masked element, spills at D=64 and 128:
     /// Pᵀ's and dPᵀ's registers live together.)
     BeforeBarrier,
+    /// After dSᵀ's stores, before the barrier.
+    AfterStores,
 }
 
 impl DvIssue {
     /// Every choice, in the order of `ATTN_DV_ISSUE`'s values.
-    pub const ALL: [DvIssue; 2] = [DvIssue::AfterBarrier, DvIssue::BeforeBarrier];
+    pub const ALL: [DvIssue; 3] = [DvIssue::AfterBarrier, DvIssue::BeforeBarrier, DvIssue::AfterStores];
 
     /// The value of `ATTN_DV_ISSUE` and of the knob's `dv<n>`.
     pub fn index(self) -> usize {
