@@ -7,7 +7,7 @@
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds, then bench/device/backward_report.py writes
 # $OUT/$NAME.json (NAME default h200-backward); (c) ncu: one main-pass launch's throughput,
-# occupancy and warp states; (d) accuracy: attn's gradients and PyTorch's against fp64 on the same
+# occupancy, warp states and stall sources a head dim (NCU_DIMS); (d) accuracy: attn's gradients and PyTorch's against fp64 on the same
 # inputs (crates/attn/examples/backward_dump.rs, bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20),
@@ -61,11 +61,17 @@ rounds=${ROUNDS:-2}
     timeout 200 python3 bench/peers/accuracy_backward.py "$dump" > "$out/accuracy.jsonl"
   fi
   if [[ $parts == *ncu* ]]; then
-    echo "== ncu: the first main-pass launch at D=128, S=1024 (batch 16, 16 heads, no mask)"
+    # NCU_DIMS (default 128): the first main-pass launch of each head dim (S=1024, batch 16, 2048/D
+    # heads, no mask); its pipes, shared memory (bank conflicts included), warp states, scheduler
+    # and the SASS lines the warps stall at most (SourceCounters).
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    timeout 200 "$ncu" -k "regex:^attn_bwd(_sm90)?$" -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$bin/backward_bench" 1 1024 128 2>&1 \
-      | grep -vE '^\{' | tail -90
+    for d in $(echo "${NCU_DIMS:-128}" | tr , ' '); do
+      echo "== ncu: the first main-pass launch at D=$d, S=1024 (no mask)"
+      timeout 200 "$ncu" -k "regex:^attn_bwd(_sm90)?$" -c 1 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --section SourceCounters \
+        "$bin/backward_bench" 1 1024 "$d" default 2>&1 | grep -vE '^\{' | tail -150 | tee "$out/ncu-d$d.txt"
+    done
   fi
   if [[ $parts == *bench* ]]; then
     for round in $(seq "$rounds"); do
