@@ -16,7 +16,8 @@ WAITS = {
     "mma": {2: "Q/dO landed", 3: "S product", 4: "dP product", 5: "dS barrier", 6: "dQ product",
             7: "dQ out", 8: "dV/dK products"},
     "producer": {2: "free stage"},
-    "writer": {2: "turn", 3: "part", 4: "part read", 5: "landed+counted"},
+    "writer": {2: "turn", 3: "part", 4: "part read", 5: "landed+counted", 6: "(work) fence after the turn",
+               7: "(work) adds' issue"},
 }
 
 

@@ -150,10 +150,12 @@ enum TraceRow { ROW_MMA0, ROW_MMA1, ROW_PRODUCER, ROW_WRITER0, ROW_WRITER1, ROW_
 enum TraceSlot { T_START, T_END, T_W2, T_W3, T_W4, T_W5, T_W6, T_W7, T_W8, T_STEPS };
 // The waits by role. MMA: Q and dO landed, S^T's product, dP^T's, both warpgroups' dS^T, dQ's
 // product, dQ's part handed over (or added, with its turn), dV's and dK's products. Producer: a
-// free stage. Writer: its turn, its part, the part read, the additions landed and counted.
+// free stage. Writer: its turn, its part, the part read, the additions landed and counted; and
+// its own work, not waits: the fence after the turn, the adds' issue (timing the turn's rank too
+// spills at D = 128).
 enum { MMA_FULL = T_W2, MMA_S, MMA_DP, MMA_DS_SYNC, MMA_DQ, MMA_DQ_OUT, MMA_GRAD };
 enum { PRODUCER_EMPTY = T_W2 };
-enum { WRITER_TURN = T_W2, WRITER_FULL, WRITER_READ, WRITER_LANDED };
+enum { WRITER_TURN = T_W2, WRITER_FULL, WRITER_READ, WRITER_LANDED, WRITER_FENCE, WRITER_ISSUE };
 
 #if ATTN_TRACE
 constexpr int TRACE_ROWS = 6, TRACE_SLOTS = 10;
@@ -202,6 +204,8 @@ struct Trace {
 #endif
 
 __device__ __forceinline__ long long stamp() { return TRACE ? clock64() : 0; }
+// A 32-bit stamp, for spans in the writer warps' few registers (differences modulo 2^32 cycles).
+__device__ __forceinline__ unsigned stamp32() { return TRACE ? (unsigned)clock() : 0u; }
 __device__ __forceinline__ long long global_ns() {
     long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -349,9 +353,12 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 // After both parts of every key block before this one at the copy (the parts
                 // touch different elements, so their own order does not matter).
                 TIMED(trace, WRITER_TURN, if (lane == 0) wait_for_turn(turn); __syncwarp());
+                const unsigned t_fence = stamp32();
                 __threadfence();
+                trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
             TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1));
+            const unsigned t_issue = stamp32();
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
             if constexpr (DQ_PLANES) {
                 // The part's rows in the sequence, contiguous in the plane (row0 is a multiple of
@@ -367,6 +374,7 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                                      256);
             }
             sm90::bulk_commit();
+            trace.add(WRITER_ISSUE, stamp32() - t_issue);
             TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
             // mode, this warp waits for the additions to be done before it counts them in.

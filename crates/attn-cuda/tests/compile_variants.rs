@@ -182,12 +182,20 @@ fn every_hopper_backward_form_compiles_without_spills() {
         backward::Form { dv_issue: backward::DvIssue::AfterStores, ..Default::default() },
         backward::Form { dq_planes: true, ..Default::default() },
         backward::Form { dq_planes: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
+        backward::Form {
+            dq_planes: true,
+            dv_issue: backward::DvIssue::BeforeBarrier,
+            trace: true,
+            ..Default::default()
+        },
     ];
     // Each form where it differs from the head dim's own (D=256 always adds by reductions in two
     // stages: only its traced build is another).
     let mut variants: Vec<backward::Variant> = Vec::new();
     for v in backward::Variant::all().into_iter().filter(|v| v.hopper) {
-        for built in forms.map(|f| v.with_form(f)) {
+        // The traced build of the head dim's own form too: what ATTN_CUDA_SM90_TRACE runs.
+        let traced = v.with_form(backward::Form { trace: true, ..v.own_form() });
+        for built in forms.map(|f| v.with_form(f)).into_iter().chain([traced]) {
             if built != v && !variants.contains(&built) {
                 variants.push(built);
             }
