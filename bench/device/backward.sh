@@ -7,8 +7,9 @@
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds, then bench/device/backward_report.py writes
 # $OUT/$NAME.json (NAME default h200-backward); (c) ncu: one main-pass launch's throughput,
-# occupancy, warp states and stall sources a head dim (NCU_DIMS); (d) accuracy: attn's gradients and PyTorch's against fp64 on the same
-# inputs (crates/attn/examples/backward_dump.rs, bench/peers/accuracy_backward.py).
+# occupancy, warp states and stall sources a head dim (NCU_DIMS); (d) accuracy: attn's gradients
+# and PyTorch's against fp64 on the same inputs (crates/attn/examples/backward_dump.rs,
+# bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20),
 # DIMS (the bench's head dims, default 64,128; 256 too), ROUNDS (default 2), SAN_SETTINGS (the

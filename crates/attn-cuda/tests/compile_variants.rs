@@ -166,8 +166,9 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
-/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, three stages and
-/// the register split they take, dV's issue points; the traced build) at the head dims where they apply: no spill.
+/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions or in planes, three
+/// stages and the register split they take, dV's issue points; the traced builds) at the head dims
+/// where they apply, and the row passes the planes change: no spill.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
