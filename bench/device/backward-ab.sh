@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: settings of the CUDA backward (each an environment assignment of its
-# knobs, e.g. the Hopper form ATTN_CUDA_SM90_BWD=red:2:40 or ATTN_CUDA_BWD_DQ_COPIES=4) timed against
+# knobs, e.g. the Hopper form ATTN_CUDA_SM90_BWD=red:2:40 or ATTN_CUDA_BWD_DQ_COPIES=4, or several
+# joined by commas: ATTN_CUDA_SM90_BWD=planes:2:40,ATTN_CUDA_BWD_DQ_COPIES=4) timed against
 # each other in one run. (a) each setting's gradients verified (`attn verify --grad --quick`, the
 # modes timed); (b) backward_bench under every setting in turn, ROUNDS rounds (the settings
 # interleaved), and PyTorch SDPA's backward once on the same shapes (PEERS=1);
@@ -8,7 +9,8 @@
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `SETTINGS="A=x A=y" bash bench/device/backward-ab.sh`; MODES (both, default or deterministic;
 # default both), DIMS (default 64,128), MAX_SEQ (default 16384), ITERS (default 10), ROUNDS
-# (default 1), PEERS (default 1).
+# (default 1), PEERS (default 1), BUDGET_S (default 420: no bench or peer run starts past it, so
+# that the call ends with its report inside the device's 600 s).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -19,6 +21,8 @@ dims=${DIMS:-64,128}
 max_seq=${MAX_SEQ:-16384}
 iters=${ITERS:-10}
 rounds=${ROUNDS:-1}
+budget=${BUDGET_S:-420}
+late() { (( SECONDS > budget )) && echo "== skipped past BUDGET_S=$budget s: $1"; }
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
   echo "commit: $(cat .device/COMMIT 2>/dev/null)"
@@ -27,17 +31,18 @@ rounds=${ROUNDS:-1}
       [[ $modes == default && -n $det ]] && continue
       [[ $modes == deterministic && -z $det ]] && continue
       echo "== $setting: attn verify --grad --quick --backend cuda $det"
-      env "$setting" timeout 120 "$bin/attn" verify --grad --quick --backend cuda $det 2>&1 | tail -1
+      env ${setting//,/ } timeout 120 "$bin/attn" verify --grad --quick --backend cuda $det 2>&1 | tail -1
     done
   done
   for round in $(seq "$rounds"); do
     for setting in $settings; do
+      late "round $round of $setting" && continue
       echo "== round $round: $setting"
-      env "$setting" timeout 200 "$bin/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
+      env ${setting//,/ } timeout 200 "$bin/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
         | sed "s/^{/{\"setting\": \"$setting\", \"round\": $round, /" | tee -a "$out/attn.jsonl"
     done
   done
-  if [[ ${PEERS:-1} == 1 ]]; then
+  if [[ ${PEERS:-1} == 1 ]] && ! late "the peers"; then
     echo "== torch"
     timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" --dims "$dims" | tee -a "$out/torch.jsonl"
   fi

@@ -44,12 +44,13 @@ rounds=${ROUNDS:-2}
     # varlen family (D=128 and 64, f16 and bf16, every feature at once) and the head-dims family
     # (D=256).
     # SAN_SETTINGS: environment assignments to run the sanitizers under, one after another (e.g.
-    # the Hopper forms and dQ copies: ATTN_CUDA_SM90_BWD=red:3:24 ATTN_CUDA_BWD_DQ_COPIES=4).
+    # the Hopper forms and dQ copies: ATTN_CUDA_SM90_BWD=red:3:24 ATTN_CUDA_BWD_DQ_COPIES=4;
+    # several at once joined by commas).
     for setting in ${SAN_SETTINGS:-ATTN_CUDA_BWD_DQ_COPIES=1}; do
       for tool in memcheck racecheck synccheck; do
         for det in "" --deterministic; do
           echo "== $setting: compute-sanitizer $tool $det (gradient grid: standard, varlen and head-dims families)"
-          env "$setting" timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda \
+          env ${setting//,/ } timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda \
             --family standard --family varlen --family head-dims $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2
         done
       done

@@ -8,14 +8,24 @@ from collections import defaultdict
 from pathlib import Path
 
 out = Path(sys.argv[1])
-rows = [json.loads(l) for l in (out / "attn.jsonl").read_text().splitlines() if l.startswith("{")]
+
+
+def parsed(lines):
+    """The JSON rows of a log, skipping a line a call's end cut short."""
+    for l in lines:
+        if l.startswith("{"):
+            try:
+                yield json.loads(l)
+            except json.JSONDecodeError:
+                pass
+
+
+rows = list(parsed((out / "attn.jsonl").read_text().splitlines()))
 peers = {}
 if (out / "torch.jsonl").exists():
-    for l in (out / "torch.jsonl").read_text().splitlines():
-        if l.startswith("{"):
-            r = json.loads(l)
-            if "tflops" in r:
-                peers[(r["impl"], r["head_dim"], r["seq"], r["causal"])] = r["tflops"]
+    for r in parsed((out / "torch.jsonl").read_text().splitlines()):
+        if "tflops" in r:
+            peers[(r["impl"], r["head_dim"], r["seq"], r["causal"])] = r["tflops"]
 settings = list(dict.fromkeys(r["setting"] for r in rows if "setting" in r))
 by = defaultdict(list)
 for r in rows:
