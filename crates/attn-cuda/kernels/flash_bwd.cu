@@ -16,8 +16,9 @@
 // With p.deterministic the dQ additions of the key blocks meeting one query block are ordered by
 // a counter per (sequence, query head, query block): key block n adds after every higher one has,
 // so the sums are the same bits on every run and grid (with p.dq_copies > 1 each copy of the
-// accumulator has its counter and its share of the key blocks: flash_bwd_common.cuh's dq_turn_of). Blocks start in grid order (key blocks
-// fastest, the last first in this mode), so a CTA only ever waits for CTAs started before it.
+// accumulator has its counter and its share of the key blocks: flash_bwd_common.cuh's
+// dq_turn_of). Blocks start in grid order (key blocks fastest, the last first in this mode), so a
+// CTA only ever waits for CTAs started before it.
 //
 // Every feature of the forward but a paged cache is a run-time parameter here (mask bounds,
 // soft-cap, ALiBi slopes, packed sequences, key counts), and the head dim is too (a multiple of 8

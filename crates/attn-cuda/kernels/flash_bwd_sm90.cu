@@ -164,8 +164,16 @@ __shared__ long long trace_sums[TRACE_ROWS][TRACE_SLOTS];  // outside the carved
 // A role's sums: in shared memory, written by its first thread only (no barrier), out at its end.
 // The role and its first thread follow from the thread's index: warpgroups 0 and 1 are the MMA
 // rows, warps 0, 1 and 2 of warpgroup 2 the producer's and the writers'.
-__device__ __forceinline__ int trace_row() { return threadIdx.x < 256 ? threadIdx.x / 128 : 2 + (threadIdx.x - 256) / 32; }
-__device__ __forceinline__ bool trace_first() { return threadIdx.x < 256 ? threadIdx.x % 128 == 0 : threadIdx.x % 32 == 0; }
+__device__ __forceinline__ int trace_row() {
+    return threadIdx.x < 256 ? threadIdx.x / 128 : 2 + (threadIdx.x - 256) / 32;
+}
+__device__ __forceinline__ bool trace_first() {
+    return threadIdx.x < 256 ? threadIdx.x % 128 == 0 : threadIdx.x % 32 == 0;
+}
+// The CTA's index in the trace: its linear index in the grid.
+__device__ __forceinline__ long long trace_cta_index() {
+    return blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+}
 struct Trace {
     __device__ __forceinline__ void begin() {
 #if ATTN_TRACE
@@ -185,9 +193,8 @@ struct Trace {
         if (trace_first()) {
             const int row = trace_row();
             trace_sums[row][T_END] = clock64();
-            const long long cta =
-                blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
-            for (int i = 0; i < TRACE_SLOTS; ++i) P.trace[(cta * TRACE_ROWS + row) * TRACE_SLOTS + i] = trace_sums[row][i];
+            long long* out = P.trace + (trace_cta_index() * TRACE_ROWS + row) * TRACE_SLOTS;
+            for (int i = 0; i < TRACE_SLOTS; ++i) out[i] = trace_sums[row][i];
         }
 #endif
     }
@@ -250,7 +257,7 @@ __device__ __forceinline__ void trace_cta(const Sm90Params& P, const Work& w, bo
         trace_sums[ROW_CTA][0] = global_ns();
         return;
     }
-    const long long cta = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+    const long long cta = trace_cta_index();
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     const long long row[6] = {trace_sums[ROW_CTA][0], global_ns(), sm, w.n_block, w.g, w.b};
@@ -589,7 +596,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
                 const DqTurn turn = turn_of(p, w, h, m);
-                TIMED(trace, MMA_DQ_OUT, if (p.deterministic) dq_turn(turn, wg, false); add_dq(p, w, turn, h, m0, col0, dq));
+                TIMED(trace, MMA_DQ_OUT, if (p.deterministic) dq_turn(turn, wg, false);
+                      add_dq(p, w, turn, h, m0, col0, dq));
                 sm90::wgmma_fence();  // dq's registers read above, before the next product writes them
                 issue_dq(dq, ds_buf, s.k, 0, 2 * wg + 1);
                 TIMED(trace, MMA_GRAD, sm90::wgmma_wait<0>());
