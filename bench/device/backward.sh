@@ -13,7 +13,8 @@
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `bash bench/device/backward.sh [verify,ncu,accuracy,bench]`; MAX_SEQ (default 16384), ITERS (default 20),
 # DIMS (the bench's head dims, default 64,128; 256 too), ROUNDS (default 2), SAN_SETTINGS (the
-# sanitizers' settings, default the default ones).
+# sanitizers' settings, default the default ones), SAN_MODES (the sanitizers' modes: both, the
+# default or deterministic; default both).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -49,6 +50,8 @@ rounds=${ROUNDS:-2}
     for setting in ${SAN_SETTINGS:-ATTN_CUDA_BWD_DQ_COPIES=1}; do
       for tool in memcheck racecheck synccheck; do
         for det in "" --deterministic; do
+          [[ ${SAN_MODES:-both} == default && -n $det ]] && continue
+          [[ ${SAN_MODES:-both} == deterministic && -z $det ]] && continue
           echo "== $setting: compute-sanitizer $tool $det (gradient grid: standard, varlen and head-dims families)"
           env ${setting//,/ } timeout 180 "$san" --tool $tool --error-exitcode 3 "$bin/attn" verify --grad --backend cuda \
             --family standard --family varlen --family head-dims $det 2>&1 | grep -E "SUMMARY|verdict" | tail -2

@@ -130,7 +130,7 @@ pub const SM90_TRACE: Knob = Knob {
 pub const SM90_BWD: Knob = Knob {
     name: "ATTN_CUDA_SM90_BWD",
     allowed: "`<dq>[:<stages>[:<producer registers>[:dv<n>]]]`: `writers`, `planes` or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8, dV's product issued after the dS barrier (`dv0`), before dS's stores and the barrier (`dv1`) or between them (`dv2`); e.g. `red:3:24`, `writers:2:40:dv1`",
-    default: "each head dim's own form (backward::Variant::own_form): `writers:2:40` at D=64, `writers:2:40:dv1` at D=128, `red:2:40` at D=256 (where dQ always goes by reductions in two stages); a set value is taken as written, its missing parts `2`, `40` and `dv0`",
+    default: "each head dim's own form (backward::Variant::own_form): `writers:2:40` at D=64, `writers:2:40:dv1` at D=128, `red:2:40` at D=256 (where dQ always goes by reductions in two stages), and in the deterministic mode the same with `planes` at D=64 and 128 (backward::Variant::mode_form); a set value is taken as written, its missing parts `2`, `40` and `dv0`",
     purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds (a row each, or `planes`: a part each, the accumulator in 64-column planes) or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
 };
 

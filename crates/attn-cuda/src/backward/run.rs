@@ -85,7 +85,10 @@ pub(crate) fn plan(
     check_alignment(problem)?;
     let trace = settings.hopper.trace.is_some();
     let variant = variant.expect("checked by check_supported_by");
-    let variant = variant.with_form(Form { trace, ..settings.sm90_backward.unwrap_or(variant.own_form()) });
+    let variant = variant.with_form(Form {
+        trace,
+        ..settings.sm90_backward.unwrap_or(variant.mode_form(options.deterministic))
+    });
     let rows_compiled = crate::compile::compile_cached(&variant.request(arch))?;
     let main_compiled = crate::compile::compile_cached(&variant.main_request(arch))?;
     let mut launches = variant.launches(problem);

@@ -191,6 +191,20 @@ impl Variant {
         Variant::new(self.dtype, self.head_dim, self.hopper).form
     }
 
+    /// The form a call in the mode `deterministic` says runs unless `ATTN_CUDA_SM90_BWD` is set:
+    /// the head dim's own, but in the deterministic mode the writers add each part in one bulk
+    /// reduce-add (`planes`) where they add dQ at all. The writer limits that mode, waiting its
+    /// turn and then issuing 64 row adds a step; on the H200 the planes made it 11-13% faster at
+    /// D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4% slower
+    /// (docs/experiments.md).
+    pub fn mode_form(&self, deterministic: bool) -> Form {
+        let own = self.own_form();
+        match deterministic {
+            true => self.with_form(Form { dq_planes: true, ..own }).form,
+            false => own,
+        }
+    }
+
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
     /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
     /// the writers' only.
