@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: settings of the CUDA backward (each an environment assignment of its
 # knobs, e.g. the Hopper form ATTN_CUDA_SM90_BWD=red:2:40 or ATTN_CUDA_BWD_DQ_COPIES=4, or several
-# joined by commas: ATTN_CUDA_SM90_BWD=planes:2:40,ATTN_CUDA_BWD_DQ_COPIES=4) timed against
+# joined by commas: ATTN_CUDA_SM90_BWD=planes:2:40,ATTN_CUDA_BWD_DQ_COPIES=4; BIN=.device/base runs
+# the binaries `ATTN_BASE=<commit> cargo xtask bundle-base` built at another commit) timed against
 # each other in one run. (a) each setting's gradients verified (`attn verify --grad --quick`, the
 # modes timed); (b) backward_bench under every setting in turn, ROUNDS rounds (the settings
 # interleaved), and PyTorch SDPA's backward once on the same shapes (PEERS=1);
@@ -23,22 +24,24 @@ iters=${ITERS:-10}
 rounds=${ROUNDS:-1}
 budget=${BUDGET_S:-420}
 late() { (( SECONDS > budget )) && echo "== skipped past BUDGET_S=$budget s: $1"; }
+# The binaries' folder a setting names (BIN=...), or the bundle's.
+bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN=}; done; echo "$b"; }
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
-  echo "commit: $(cat .device/COMMIT 2>/dev/null)"
+  echo "commit: $(cat .device/COMMIT 2>/dev/null)$([[ -f .device/base/COMMIT ]] && echo ", base $(cat .device/base/COMMIT)")"
   for setting in $settings; do
     for det in "" --deterministic; do
       [[ $modes == default && -n $det ]] && continue
       [[ $modes == deterministic && -z $det ]] && continue
       echo "== $setting: attn verify --grad --quick --backend cuda $det"
-      env ${setting//,/ } timeout 120 "$bin/attn" verify --grad --quick --backend cuda $det 2>&1 | tail -1
+      env ${setting//,/ } timeout 120 "$(bin_of "$setting")/attn" verify --grad --quick --backend cuda $det 2>&1 | tail -1
     done
   done
   for round in $(seq "$rounds"); do
     for setting in $settings; do
       late "round $round of $setting" && continue
       echo "== round $round: $setting"
-      env ${setting//,/ } timeout 200 "$bin/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
+      env ${setting//,/ } timeout 200 "$(bin_of "$setting")/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
         | sed "s/^{/{\"setting\": \"$setting\", \"round\": $round, /" | tee -a "$out/attn.jsonl"
     done
   done

@@ -66,3 +66,44 @@ pub fn bundle() -> Result<(), String> {
     println!("on the GPU machine (carry .device):  bash bench/device/gpu.sh   # or bench/device/cpu.sh");
     Ok(())
 }
+
+/// `ATTN_BASE=<commit> cargo xtask bundle-base`: the backward's and the CLI's binaries built at
+/// another commit into `.device/base` (with its `COMMIT`), so that one device call can time a
+/// change that has no knob against the build before it (`BIN=.device/base` in
+/// `bench/device/backward-ab.sh`'s settings). The commit is checked out in a git worktree under
+/// `target/base/`, built with its own target folder (`target/base-target`, kept between calls).
+pub fn bundle_base() -> Result<(), String> {
+    let commit =
+        std::env::var("ATTN_BASE").map_err(|_| "set ATTN_BASE to the commit to build".to_string())?;
+    let root = cmd::workspace_root();
+    let full = cmd::output("git", &["rev-parse", "--verify", &format!("{commit}^{{commit}}")])
+        .ok_or_else(|| format!("ATTN_BASE={commit} is not a commit of this repository"))?;
+    let short = &full[..full.len().min(7)];
+    let tree = root.join("target/base").join(short);
+    if !tree.exists() {
+        cmd::run("git", &["worktree", "add", "--detach", &tree.to_string_lossy(), &full])?;
+    }
+    let target = root.join("target/base-target");
+    let manifest = tree.join("Cargo.toml");
+    let (manifest, target) = (manifest.to_string_lossy(), target.to_string_lossy());
+    let base = root.join(".device/base");
+    std::fs::create_dir_all(&base).map_err(|e| format!("create {}: {e}", base.display()))?;
+    for (package, example) in [("attn", None), ("attn-cuda", Some("backward_bench"))] {
+        let mut args =
+            vec!["build", "--release", "--manifest-path", &manifest, "--target-dir", &target, "-p", package];
+        args.extend(example.iter().flat_map(|e| ["--example", e]));
+        cmd::cargo_run(&args)?;
+        let name = example.unwrap_or(package);
+        let built = match example {
+            Some(e) => root.join("target/base-target/release/examples").join(e),
+            None => root.join("target/base-target/release").join(package),
+        };
+        std::fs::copy(&built, base.join(name)).map_err(|e| format!("copy {}: {e}", built.display()))?;
+        if cmd::run("strip", &[&base.join(name).to_string_lossy()]).is_err() {
+            println!("(strip failed on {name}; it keeps its debug information)");
+        }
+    }
+    std::fs::write(base.join("COMMIT"), short).map_err(|e| format!("write COMMIT: {e}"))?;
+    println!("bundled attn and backward_bench at {short} into .device/base (carry .device/base too)");
+    Ok(())
+}

@@ -43,6 +43,11 @@ const EXTRAS: &[Extra] = &[
         run: || exit_code(bundle::bundle()),
     },
     Extra {
+        name: "bundle-base",
+        about: "ATTN_BASE=<commit>: build attn and backward_bench at that commit into .device/base, to time against",
+        run: || exit_code(bundle::bundle_base()),
+    },
+    Extra {
         name: "vulkan-loader",
         about: "download the Vulkan loader and libglvnd .debs into .gl/ for the GPU machine (carry .gl there)",
         run: || exit_code(vulkan::fetch_loader_debs()),

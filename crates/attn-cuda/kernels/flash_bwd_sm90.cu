@@ -534,21 +534,28 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             }
             TIMED(trace, MMA_DP, sm90::wgmma_wait<0>());
             sm90::fence_regs(dpacc);
+            // P^T and dS^T packed in pairs as the A operands of dV's and dK's products. The two
+            // paths are two loops, not one test a pair: the plain path stays one short run of
+            // code (as one loop, the compiler kept a flag a pair and jumped over the masked
+            // code for each).
             unsigned pa[BM / 16][4], da[BM / 16][4];
+            if (plain) {
 #pragma unroll
-            for (int j = 0; j < NS / 2; ++j) {
-                const int c = j / 2, r = j % 2;  // chunk, and row + 8 r
-                const int ql = 8 * c + 2 * t;    // the pair's first query of the block
-                const float2 dd = ld_f2(delta + ql);
-                float pr[2], ds[2];
-                if (plain) {
-                    pr[0] = sacc[2 * j];
-                    pr[1] = sacc[2 * j + 1];
-                    ds[0] = pr[0] * (dpacc[2 * j] - dd.x);
-                    ds[1] = pr[1] * (dpacc[2 * j + 1] - dd.y);
-                } else {
+                for (int j = 0; j < NS / 2; ++j) {
+                    const float2 dd = ld_f2(delta + 8 * (j / 2) + 2 * t);
+                    pa[j / 4][j % 4] = as_u32(pack2(sacc[2 * j], sacc[2 * j + 1]));
+                    da[j / 4][j % 4] = as_u32(pack2(sacc[2 * j] * (dpacc[2 * j] - dd.x),
+                                                    sacc[2 * j + 1] * (dpacc[2 * j + 1] - dd.y)));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NS / 2; ++j) {
+                    const int c = j / 2, r = j % 2;  // chunk, and row + 8 r
+                    const int ql = 8 * c + 2 * t;    // the pair's first query of the block
+                    const float2 dd = ld_f2(delta + ql);
                     const float2 l2 = ld_f2(lse + ql);
                     const int key = w.n0 + key_local + 8 * r;
+                    float pr[2], ds[2];
 #pragma unroll
                     for (int x = 0; x < 2; ++x) {
                         const int row = m0 + ql + x, diag = row + shift;
@@ -557,23 +564,25 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                         pr[x] = gr.p;
                         ds[x] = gr.ds;
                     }
+                    pa[j / 4][j % 4] = as_u32(pack2(pr[0], pr[1]));
+                    da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
                 }
-                pa[j / 4][j % 4] = as_u32(pack2(pr[0], pr[1]));
-                da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
             }
             if (DV_ISSUE == 1) issue_dv(dv, pa, d_o + col0 * BM);
 
             // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
-            // D = 256 both warpgroups hold all of it, and each stores half the queries).
+            // D = 256 both warpgroups hold all of it, and each stores half the queries), by
+            // stmatrix: da[g] is four 8 x 8 matrices, queries 16 g (+ 8 for the last two) by keys
+            // 16 warp (+ 8 for the odd ones); lane l gives row l % 8 of matrix l / 8: its key and
+            // its 16-byte chunk, 2 (g % 4) + l / 16 of the 64-query block g / 4, swizzled by key % 8.
             const unsigned ds_buf = sm90::smem_u32(s.ds) + (step % 2) * DS_BYTES;
+            const int ds_key = key0 + 16 * warp + lane % 8 + 8 * (lane / 8 % 2);
+            const unsigned ds_row = ds_buf + ds_key * 128;
+            const int ds_chunk = (lane / 16) ^ (ds_key % 8);
 #pragma unroll
-            for (int j = 0; j < NS / 2; ++j) {
-                const int c = j / 2, r = j % 2;
-                if (SPLIT_COLUMNS && c / (BM / 16) != wg) continue;
-                const int key = key_local + 8 * r, ql = 8 * c + 2 * t;
-                const unsigned a = ds_buf + (ql / 64) * BN * 128 + key * 128 + ((((ql % 64) / 8) ^ (key % 8)) * 16) +
-                                   (ql % 8) * 2;
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(da[j / 4][j % 4]) : "memory");
+            for (int g = 0; g < BM / 16; ++g) {
+                if (SPLIT_COLUMNS && 2 * g / (BM / 16) != wg) continue;
+                sm90::stmatrix_x4(ds_row + (g / 4) * BN * 128 + ((2 * (g % 4)) ^ ds_chunk) * 16, da[g]);
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
             if (DV_ISSUE == 2) issue_dv(dv, pa, d_o + col0 * BM);

@@ -109,6 +109,16 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Four 8 x 8 matrices of 16-bit elements to shared memory (stmatrix, PTX ISA 9.7.14.5.16) from
+// registers laid out as an accumulator's packed pairs: register m of lane l holds row l / 4,
+// elements 2 (l % 4) and + 1, of matrix m; lane l gives the address of row l % 8 of matrix l / 8
+// (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 // ---- wgmma (PTX ISA 9.7.15): a warpgroup of 4 consecutive warps multiplies 64 x N x 16 tiles,
 // issued asynchronously; accumulators stay in registers.
 
