@@ -485,6 +485,13 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
     const Params& p = P.p;
     const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int key0 = SPLIT_COLUMNS ? 0 : 64 * wg;       // this warpgroup's first key in the block
+    // The warpgroup again, through a warp reduction, whose result ptxas keeps in a uniform
+    // register: for the wgmma descriptors that depend on it (its keys' rows of K and V, its
+    // queries of dS^T at D = 64, its columns of K, Q and dO at D = 128 and 256), built then on
+    // the uniform datapath rather than in vector registers moved over (R2UR) two a product. Only
+    // there: as the index of everything, it made ptxas spill.
+    const int wg_u = __reduce_min_sync(0xffffffffu, wg);
+    const int key0_u = SPLIT_COLUMNS ? 0 : 64 * wg_u, col0_u = SPLIT_COLUMNS ? DC * wg_u : 0;
     const int col0 = SPLIT_COLUMNS ? DC * wg : 0;       // and its first column of dK, dV (and dQ)
     const int key_local = key0 + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
     const int shift = w.s.k_len - w.s.q_len;
@@ -510,8 +517,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
 
             float sacc[NS], dpacc[NS];
             sm90::wgmma_fence();
-            issue_keys_by_rows(sacc, s.k, q, key0);
-            issue_keys_by_rows(dpacc, s.v, d_o, key0);
+            issue_keys_by_rows(sacc, s.k, q, key0_u);
+            issue_keys_by_rows(dpacc, s.v, d_o, key0_u);
             TIMED(trace, MMA_S, sm90::wgmma_wait<1>());
             sm90::fence_regs(sacc);
 
@@ -568,7 +575,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
                 }
             }
-            if (DV_ISSUE == 1) issue_dv(dv, pa, d_o + col0 * BM);
+            if (DV_ISSUE == 1) issue_dv(dv, pa, d_o + col0_u * BM);
 
             // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
             // D = 256 both warpgroups hold all of it, and each stores half the queries), by
@@ -585,7 +592,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 sm90::stmatrix_x4(ds_row + (g / 4) * BN * 128 + ((2 * (g % 4)) ^ ds_chunk) * 16, da[g]);
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
-            if (DV_ISSUE == 2) issue_dv(dv, pa, d_o + col0 * BM);
+            if (DV_ISSUE == 2) issue_dv(dv, pa, d_o + col0_u * BM);
 
             // dQ = dS K, once both warpgroups' dS^T are in, then dV += P^T dO and dK += dS^T Q,
             // which run while dQ goes to the writer (or, at D = 256, to the accumulator).
@@ -598,9 +605,9 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             sm90::wgmma_fence();
             if constexpr (SPLIT_COLUMNS) {
                 // Two dQ parts, columns col0 and col0 + 64, the first under dV's and dK's products.
-                issue_dq(dq, ds_buf, s.k, 0, 2 * wg);
-                if (DV_ISSUE == 0) issue_grad(dv, pa, d_o + col0 * BM);
-                issue_grad(dk, da, q + col0 * BM);
+                issue_dq(dq, ds_buf, s.k, 0, 2 * wg_u);
+                if (DV_ISSUE == 0) issue_grad(dv, pa, d_o + col0_u * BM);
+                issue_grad(dk, da, q + col0_u * BM);
                 sm90::wgmma_commit();
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
@@ -608,14 +615,14 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 TIMED(trace, MMA_DQ_OUT, if (p.deterministic) dq_turn(turn, wg, false);
                       add_dq(p, w, turn, h, m0, col0, dq));
                 sm90::wgmma_fence();  // dq's registers read above, before the next product writes them
-                issue_dq(dq, ds_buf, s.k, 0, 2 * wg + 1);
+                issue_dq(dq, ds_buf, s.k, 0, 2 * wg_u + 1);
                 TIMED(trace, MMA_GRAD, sm90::wgmma_wait<0>());
                 sm90::fence_regs(dq);
                 TIMED(trace, MMA_DQ_OUT, add_dq(p, w, turn, h, m0, col0 + 64, dq);
                       if (p.deterministic) dq_turn(turn, wg, true));
             } else {
                 // D = 128: columns 64 wg ..; D = 64: rows 64 wg ...
-                issue_dq(dq, ds_buf, s.k, D == 64 ? wg : 0, D == 128 ? wg : 0);
+                issue_dq(dq, ds_buf, s.k, D == 64 ? wg_u : 0, D == 128 ? wg_u : 0);
                 if (DV_ISSUE == 0) issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
                 sm90::wgmma_commit();

@@ -132,6 +132,66 @@ fn every_variant_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
+/// The Hopper backward's SASS, for each head dim's own form and the deterministic mode's: tensor
+/// products present, no local memory, and the step loop's wgmma descriptors on the uniform
+/// datapath: at most 4 R2UR in the loop (mbarrier addresses not counted). The descriptors that
+/// depend on the warpgroup (its keys of K and V, its part of dS^T or K for dQ) took two R2UR a
+/// product (33 a step at D=64) until the warpgroup's index came through a warp reduction.
+#[test]
+fn every_hopper_backward_step_keeps_its_descriptors_uniform() {
+    let test = "every_hopper_backward_step_keeps_its_descriptors_uniform";
+    if !nvrtc_or_skip(test) {
+        return;
+    }
+    let Some(tool) = cuobjdump_or_skip(test) else { return };
+    let mut variants: Vec<backward::Variant> = Vec::new();
+    for v in backward::Variant::all().into_iter().filter(|v| v.hopper) {
+        for deterministic in [false, true] {
+            let built = v.with_form(v.mode_form(deterministic));
+            if !variants.contains(&built) {
+                variants.push(built);
+            }
+        }
+    }
+    let jobs = variants
+        .into_iter()
+        .map(|v| Job {
+            name: format!("{} sm_90a {}", v.name(), v.main_entry()),
+            request: v.main_request(Arch::Sm90a),
+            entry: v.main_entry(),
+            budget: v.register_budget(),
+        })
+        .collect();
+    assert_all_pass(&compile_all(jobs), |job, compiled| {
+        let sass = match dump_sass(job, compiled, &tool) {
+            Ok(sass) => sass,
+            Err(e) => return Some(e),
+        };
+        let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
+        let local =
+            sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
+        let Some(lp) = key_tile_loop(&sass) else {
+            return Some(format!(
+                "{}: no loop with both shared-memory and register-operand products",
+                job.name
+            ));
+        };
+        let r2ur = counted_r2ur(lp);
+        println!(
+            "{:<60} HGMMA {hgmma:>3}, LDL/STL {local}, step loop {} instructions, {r2ur} R2UR",
+            job.name,
+            lp.len()
+        );
+        (hgmma == 0 || local > 0 || r2ur > 4).then(|| {
+            format!(
+                "{}: HGMMA {hgmma} (none is wrong), LDL/STL {local} (any is wrong), R2UR in the step loop {r2ur} \
+                 (more than 4 is wrong)",
+                job.name
+            )
+        })
+    });
+}
+
 /// The decode family, for every architecture it runs on: no spill, registers within 255.
 #[test]
 fn every_backward_kernel_compiles_without_spills_for_every_arch() {
@@ -324,7 +384,8 @@ fn with_tool_dir(tool: &Path) -> std::ffi::OsString {
     std::env::join_paths(dirs).unwrap_or(path)
 }
 
-fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
+/// A compiled job's SASS, through `cuobjdump -sass`.
+fn dump_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Result<Vec<Instruction>, String> {
     let file = std::env::temp_dir().join(format!("attn-sass-{}-{}.cubin", std::process::id(), job.name));
     let dump = std::fs::write(&file, &compiled.cubin).map_err(|e| e.to_string()).and_then(|()| {
         std::process::Command::new(tool)
@@ -335,12 +396,17 @@ fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
             .map_err(|e| e.to_string())
     });
     let _ = std::fs::remove_file(&file);
-    let sass = match dump {
-        Ok(out) if out.status.success() => parse_sass(&String::from_utf8_lossy(&out.stdout)),
-        Ok(out) => {
-            return Some(format!("{}: cuobjdump failed: {}", job.name, String::from_utf8_lossy(&out.stderr)));
-        }
-        Err(e) => return Some(format!("{}: cuobjdump did not run: {e}", job.name)),
+    match dump {
+        Ok(out) if out.status.success() => Ok(parse_sass(&String::from_utf8_lossy(&out.stdout))),
+        Ok(out) => Err(format!("{}: cuobjdump failed: {}", job.name, String::from_utf8_lossy(&out.stderr))),
+        Err(e) => Err(format!("{}: cuobjdump did not run: {e}", job.name)),
+    }
+}
+
+fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
+    let sass = match dump_sass(job, compiled, tool) {
+        Ok(sass) => sass,
+        Err(e) => return Some(e),
     };
     let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
     let local = sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
