@@ -83,9 +83,9 @@ pub fn bundle_base() -> Result<(), String> {
     if !tree.exists() {
         cmd::run("git", &["worktree", "add", "--detach", &tree.to_string_lossy(), &full])?;
     }
-    let target = root.join("target/base-target");
+    let target_dir = root.join("target/base-target");
     let manifest = tree.join("Cargo.toml");
-    let (manifest, target) = (manifest.to_string_lossy(), target.to_string_lossy());
+    let (manifest, target) = (manifest.to_string_lossy(), target_dir.to_string_lossy());
     let base = root.join(".device/base");
     std::fs::create_dir_all(&base).map_err(|e| format!("create {}: {e}", base.display()))?;
     for (package, example) in [("attn", None), ("attn-cuda", Some("backward_bench"))] {
@@ -95,8 +95,8 @@ pub fn bundle_base() -> Result<(), String> {
         cmd::cargo_run(&args)?;
         let name = example.unwrap_or(package);
         let built = match example {
-            Some(e) => root.join("target/base-target/release/examples").join(e),
-            None => root.join("target/base-target/release").join(package),
+            Some(e) => target_dir.join("release/examples").join(e),
+            None => target_dir.join("release").join(package),
         };
         std::fs::copy(&built, base.join(name)).map_err(|e| format!("copy {}: {e}", built.display()))?;
         if cmd::run("strip", &[&base.join(name).to_string_lossy()]).is_err() {

@@ -132,6 +132,16 @@ fn every_variant_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
+/// The Hopper backward's main pass of `v`, for sm_90a.
+fn hopper_backward_main(v: backward::Variant) -> Job {
+    Job {
+        name: format!("{} sm_90a {}", v.name(), v.main_entry()),
+        request: v.main_request(Arch::Sm90a),
+        entry: v.main_entry(),
+        budget: v.register_budget(),
+    }
+}
+
 /// The Hopper backward's SASS, for each head dim's own form and the deterministic mode's: tensor
 /// products present, no local memory, and the step loop's wgmma descriptors on the uniform
 /// datapath: at most 4 R2UR in the loop (mbarrier addresses not counted). The descriptors that
@@ -153,15 +163,7 @@ fn every_hopper_backward_step_keeps_its_descriptors_uniform() {
             }
         }
     }
-    let jobs = variants
-        .into_iter()
-        .map(|v| Job {
-            name: format!("{} sm_90a {}", v.name(), v.main_entry()),
-            request: v.main_request(Arch::Sm90a),
-            entry: v.main_entry(),
-            budget: v.register_budget(),
-        })
-        .collect();
+    let jobs = variants.into_iter().map(hopper_backward_main).collect();
     assert_all_pass(&compile_all(jobs), |job, compiled| {
         let sass = match dump_sass(job, compiled, &tool) {
             Ok(sass) => sass,
@@ -265,12 +267,7 @@ fn every_hopper_backward_form_compiles_without_spills() {
     // The main passes, and the row passes where the form changes them (the planes).
     let mut jobs: Vec<Job> = Vec::new();
     for v in variants {
-        jobs.push(Job {
-            name: format!("{} sm_90a {}", v.name(), v.main_entry()),
-            request: v.main_request(Arch::Sm90a),
-            entry: v.main_entry(),
-            budget: v.register_budget(),
-        });
+        jobs.push(hopper_backward_main(v));
         let own = backward::Variant { form: v.own_form(), ..v };
         if v.request(Arch::Sm90a).key() != own.request(Arch::Sm90a).key()
             && !jobs.iter().any(|j| j.request.key() == v.request(Arch::Sm90a).key())
