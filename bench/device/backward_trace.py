@@ -2,7 +2,8 @@
 """Reads the CSVs a traced build of the Hopper backward writes (ATTN_CUDA_SM90_TRACE=<folder>:
 crates/attn-cuda/src/backward/run.rs's Workspace::write_trace; the slots are
 kernels/flash_bwd_sm90.cu's TraceSlot) and prints, per file: each role's waits as a share of its
-time (means over the CTAs) and its cycles a step; how busy the SMs were over the launch; and, for
+time (means over the CTAs) and its cycles a step (the MMA warps' own work by phase too, since the
+trace has 15 slots); how busy the SMs were over the launch; and, for
 the first (kv head, sequence), each key block's start, end and turn waits (the deterministic
 mode's chain). Usage: backward_trace.py FOLDER_OR_CSV..."""
 import csv
@@ -14,7 +15,8 @@ from pathlib import Path
 ROLES = {0: "mma0", 1: "mma1", 2: "producer", 3: "writer0", 4: "writer1"}
 WAITS = {
     "mma": {2: "Q/dO landed", 3: "S product", 4: "dP product", 5: "dS barrier", 6: "dQ product",
-            7: "dQ out", 8: "dV/dK products"},
+            7: "dQ out", 8: "dV/dK products", 10: "(work) S/dP issue", 11: "(work) exponentials",
+            12: "(work) packing", 13: "(work) dS stores", 14: "(work) dQ/dK/dV issue"},
     "producer": {2: "free stage"},
     "writer": {2: "turn", 3: "part", 4: "part read", 5: "landed+counted", 6: "(work) fence after the turn",
                7: "(work) adds' issue"},
@@ -27,8 +29,10 @@ def kind(role):
 
 def report(path):
     rows = defaultdict(dict)
-    for r in csv.DictReader(open(path)):
-        rows[int(r["cta"])][int(r["row"])] = [int(r[f"s{i}"]) for i in range(10)]
+    reader = csv.DictReader(open(path))
+    slots = sum(1 for name in reader.fieldnames if name.startswith("s"))  # 10 before the MMA work slots
+    for r in reader:
+        rows[int(r["cta"])][int(r["row"])] = [int(r[f"s{i}"]) for i in range(slots)]
     ctas = {c: r for c, r in rows.items() if 5 in r and r[5][1] > 0}
     print(f"== {path.name}: {len(ctas)} CTAs")
     for role, name in ROLES.items():
@@ -39,7 +43,7 @@ def report(path):
         steps = sum(x[9] for x in have)
         shares = ", ".join(
             f"{label} {100 * statistics.mean(x[i] / t for x, t in zip(have, total)):.1f}%"
-            for i, label in WAITS[kind(role)].items())
+            for i, label in WAITS[kind(role)].items() if i < slots)
         per_step = sum(total) / steps if steps else float("nan")
         print(f"  {name:9} {per_step:8.0f} cycles a step ({steps} steps): {shares}")
     start = min(r[5][0] for r in ctas.values())

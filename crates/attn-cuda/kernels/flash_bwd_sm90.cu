@@ -146,19 +146,23 @@ struct Sm90Params {
 #endif
 constexpr bool TRACE = ATTN_TRACE;
 enum TraceRow { ROW_MMA0, ROW_MMA1, ROW_PRODUCER, ROW_WRITER0, ROW_WRITER1, ROW_CTA };
-// Slots 0, 1 and 9 of every role's row: its start, its end and its steps; 2 .. 8 its waits.
-enum TraceSlot { T_START, T_END, T_W2, T_W3, T_W4, T_W5, T_W6, T_W7, T_W8, T_STEPS };
+// Slots 0, 1 and 9 of every role's row: its start, its end and its steps; 2 .. 8 its waits, and
+// 10 .. 14 the MMA warpgroups' own work by phase.
+enum TraceSlot { T_START, T_END, T_W2, T_W3, T_W4, T_W5, T_W6, T_W7, T_W8, T_STEPS, T_W10, T_W11, T_W12, T_W13, T_W14 };
 // The waits by role. MMA: Q and dO landed, S^T's product, dP^T's, both warpgroups' dS^T, dQ's
 // product, dQ's part handed over (or added, with its turn), dV's and dK's products. Producer: a
 // free stage. Writer: its turn, its part, the part read, the additions landed and counted; and
 // its own work, not waits: the fence after the turn, the adds' issue (timing the turn's rank too
-// spills at D = 128).
+// spills at D = 128). The MMA warps' own work, not waits: issuing S^T's and dP^T's products, the
+// exponentials (while dP^T's product runs), packing P^T and dS^T, storing dS^T (with dV's product's
+// issue at dv1 and dv2), issuing dQ's, dK's (and at dv0 dV's) products.
 enum { MMA_FULL = T_W2, MMA_S, MMA_DP, MMA_DS_SYNC, MMA_DQ, MMA_DQ_OUT, MMA_GRAD };
+enum { MMA_ISSUE_SDP = T_W10, MMA_EXP, MMA_PACK, MMA_STORE, MMA_ISSUE_GRAD };
 enum { PRODUCER_EMPTY = T_W2 };
 enum { WRITER_TURN = T_W2, WRITER_FULL, WRITER_READ, WRITER_LANDED, WRITER_FENCE, WRITER_ISSUE };
 
 #if ATTN_TRACE
-constexpr int TRACE_ROWS = 6, TRACE_SLOTS = 10;
+constexpr int TRACE_ROWS = 6, TRACE_SLOTS = 15;
 __shared__ long long trace_sums[TRACE_ROWS][TRACE_SLOTS];  // outside the carved layout (Smem)
 #endif
 // A role's sums: in shared memory, written by its first thread only (no barrier), out at its end.
@@ -516,9 +520,11 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             TIMED(trace, MMA_FULL, sm90::mbar_wait(s.full + st, (step / STAGES) & 1));
 
             float sacc[NS], dpacc[NS];
+            long long t_work = stamp();
             sm90::wgmma_fence();
             issue_keys_by_rows(sacc, s.k, q, key0_u);
             issue_keys_by_rows(dpacc, s.v, d_o, key0_u);
+            trace.add(MMA_ISSUE_SDP, stamp() - t_work);
             TIMED(trace, MMA_S, sm90::wgmma_wait<1>());
             sm90::fence_regs(sacc);
 
@@ -531,6 +537,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             const float scale_log2 = p.scale * LOG2E;
             // P^T (in place of S^T) while dP^T's product runs; the masked path keeps the raw
             // scores for grad_of, which takes both at once.
+            t_work = stamp();
             if (plain) {
 #pragma unroll
                 for (int j = 0; j < NS / 2; ++j) {
@@ -539,12 +546,14 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     sacc[2 * j + 1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
                 }
             }
+            trace.add(MMA_EXP, stamp() - t_work);
             TIMED(trace, MMA_DP, sm90::wgmma_wait<0>());
             sm90::fence_regs(dpacc);
             // P^T and dS^T packed in pairs as the A operands of dV's and dK's products. The two
             // paths are two loops, not one test a pair: the plain path stays one short run of
             // code (as one loop, the compiler kept a flag a pair and jumped over the masked
             // code for each).
+            t_work = stamp();
             unsigned pa[BM / 16][4], da[BM / 16][4];
             if (plain) {
 #pragma unroll
@@ -575,6 +584,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     da[j / 4][j % 4] = as_u32(pack2(ds[0], ds[1]));
                 }
             }
+            trace.add(MMA_PACK, stamp() - t_work);
+            t_work = stamp();
             if (DV_ISSUE == 1) issue_dv(dv, pa, d_o + col0_u * BM);
 
             // dS^T into this step's buffer: [BN keys][BM queries] as BM / 64 swizzled blocks (at
@@ -593,10 +604,12 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             }
             sm90::fence_proxy_async();  // the stores above, before wgmma reads them
             if (DV_ISSUE == 2) issue_dv(dv, pa, d_o + col0_u * BM);
+            trace.add(MMA_STORE, stamp() - t_work);
 
             // dQ = dS K, once both warpgroups' dS^T are in, then dV += P^T dO and dK += dS^T Q,
             // which run while dQ goes to the writer (or, at D = 256, to the accumulator).
             TIMED(trace, MMA_DS_SYNC, sm90::named_sync(1, 256));
+            t_work = stamp();
             float dq[NQ];
             sm90::fence_regs(pa);
             sm90::fence_regs(da);
@@ -609,6 +622,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 if (DV_ISSUE == 0) issue_grad(dv, pa, d_o + col0_u * BM);
                 issue_grad(dk, da, q + col0_u * BM);
                 sm90::wgmma_commit();
+                trace.add(MMA_ISSUE_GRAD, stamp() - t_work);
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
                 const DqTurn turn = turn_of(p, w, h, m);
@@ -626,6 +640,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 if (DV_ISSUE == 0) issue_grad(dv, pa, d_o);
                 issue_grad(dk, da, q);
                 sm90::wgmma_commit();
+                trace.add(MMA_ISSUE_GRAD, stamp() - t_work);
                 TIMED(trace, MMA_DQ, sm90::wgmma_wait<1>());
                 sm90::fence_regs(dq);
                 const long long t0 = stamp();

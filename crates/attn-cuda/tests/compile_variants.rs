@@ -256,9 +256,9 @@ fn every_hopper_backward_form_compiles_without_spills() {
     // stages: only its traced build is another).
     let mut variants: Vec<backward::Variant> = Vec::new();
     for v in backward::Variant::all().into_iter().filter(|v| v.hopper) {
-        // The traced build of the head dim's own form too: what ATTN_CUDA_SM90_TRACE runs.
-        let traced = v.with_form(backward::Form { trace: true, ..v.own_form() });
-        for built in forms.map(|f| v.with_form(f)).into_iter().chain([traced]) {
+        // The traced builds of each mode's form too: what ATTN_CUDA_SM90_TRACE runs.
+        let traced = [false, true].map(|d| v.with_form(backward::Form { trace: true, ..v.mode_form(d) }));
+        for built in forms.map(|f| v.with_form(f)).into_iter().chain(traced) {
             if built != v && !variants.contains(&built) {
                 variants.push(built);
             }

@@ -43,7 +43,7 @@ pub const DETERMINISTIC_DQ_COPIES: usize = 1;
 /// same constants in `kernels/flash_bwd_sm90.cu` lay it out.
 pub const TRACE_ROWS: usize = 6;
 /// See [`TRACE_ROWS`].
-pub const TRACE_SLOTS: usize = 10;
+pub const TRACE_SLOTS: usize = 15;
 /// See [`TRACE_ROWS`].
 pub const TRACE_WORDS_PER_CTA: usize = TRACE_ROWS * TRACE_SLOTS;
 /// Query rows per block of the pre-pass and the conversion (a warp each).
