@@ -82,9 +82,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
     const long long row = row_index(p, s, b, h, i);
     if (lane == 0) p.delta[row] = sum;
-    for (int copy = 0; copy < p.dq_copies; ++copy)
-        for (int c = lane; c < D; c += 32)
-            p.dq_accum[copy * dq_copy_floats<D>(p) + dq_at<D>(p, s, b, h, i, row, c)] = 0.f;
+    for (int c = lane; c < D; c += 32) {
+        const long long at = dq_at<D>(p, s, b, h, i, row, c);
+        for (int copy = 0; copy < p.dq_copies; ++copy) p.dq_accum[copy * dq_copy_floats<D>(p) + at] = 0.f;
+    }
 }
 
 // dQ from its accumulator: the same grid as the pre-pass.
@@ -97,9 +98,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_c
     const long long row = row_index(p, s, b, h, i);
     elem_t* dq = p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss;
     for (int c = lane; c < p.head_dim; c += 32) {
-        float sum = p.dq_accum[dq_at<D>(p, s, b, h, i, row, c)];
-        for (int copy = 1; copy < p.dq_copies; ++copy)
-            sum += p.dq_accum[copy * dq_copy_floats<D>(p) + dq_at<D>(p, s, b, h, i, row, c)];
+        const long long at = dq_at<D>(p, s, b, h, i, row, c);
+        float sum = p.dq_accum[at];
+        for (int copy = 1; copy < p.dq_copies; ++copy) sum += p.dq_accum[copy * dq_copy_floats<D>(p) + at];
         dq[c] = from_f(sum * p.scale);
     }
 }

@@ -169,9 +169,7 @@ fn every_hopper_backward_step_keeps_its_descriptors_uniform() {
             Ok(sass) => sass,
             Err(e) => return Some(e),
         };
-        let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
-        let local =
-            sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
+        let (hgmma, local) = products_and_local_memory(&sass);
         let Some(lp) = key_tile_loop(&sass) else {
             return Some(format!(
                 "{}: no loop with both shared-memory and register-operand products",
@@ -405,8 +403,7 @@ fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
         Ok(sass) => sass,
         Err(e) => return Some(e),
     };
-    let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
-    let local = sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
+    let (hgmma, local) = products_and_local_memory(&sass);
     let Some(lp) = key_tile_loop(&sass) else {
         return Some(format!("{}: no loop with both S and P·V products in the SASS", job.name));
     };
@@ -427,6 +424,13 @@ fn check_sass(job: &Job, compiled: &Compiled, tool: &Path) -> Option<String> {
     } else {
         None
     }
+}
+
+/// A listing's tensor-core products (HGMMA) and local-memory instructions (LDL, STL: spills).
+fn products_and_local_memory(sass: &[Instruction]) -> (usize, usize) {
+    let hgmma = sass.iter().filter(|i| i.opcode().starts_with("HGMMA")).count();
+    let local = sass.iter().filter(|i| ["LDL", "STL"].iter().any(|op| i.opcode().starts_with(op))).count();
+    (hgmma, local)
 }
 
 /// One SASS instruction of a `cuobjdump -sass` listing: its address and its text, predicate
