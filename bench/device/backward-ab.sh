@@ -42,7 +42,7 @@ bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN
       late "round $round of $setting" && continue
       echo "== round $round: $setting"
       env ${setting//,/ } timeout 200 "$(bin_of "$setting")/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
-        | sed "s/^{/{\"setting\": \"$setting\", \"round\": $round, /" | tee -a "$out/attn.jsonl"
+        | sed "s|^{|{\"setting\": \"$setting\", \"round\": $round, |" | tee -a "$out/attn.jsonl"
     done
   done
   if [[ ${PEERS:-1} == 1 ]] && ! late "the peers"; then

@@ -47,6 +47,7 @@ struct Params {
     int deterministic;
     int m_blocks;   // blocks of 64 query rows in the longest sequence (the counters' layout)
     int dq_copies;  // copies of the dQ accumulator (1 but in the deterministic mode; see dq_turn_of)
+    int walk_rotated;  // Hopper main pass: a walk over every query block starts at the key block's index
 };
 
 // One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the
@@ -161,19 +162,24 @@ struct DqTurn {
     int* counter;  // deterministic: the copy's counter of additions (null otherwise)
     int before;    // deterministic: the additions (key blocks) to wait for there
 };
-template <int BN, int BM, int D>
-__device__ __forceinline__ DqTurn dq_turn_of(const Params& p, const Seq& s, int b, int h, int n, int m) {
+// `rank`: the key block's place among those adding to the query block (deterministic mode).
+template <int D>
+__device__ __forceinline__ DqTurn dq_turn_at(const Params& p, int b, int h, int m, int rank) {
     DqTurn t;
     t.accum = p.dq_accum;
     t.counter = nullptr;
     t.before = 0;
     if (p.deterministic) {
-        const int rank = rank_from_top<BN, BM>(p, s, n, m * BM), copy = rank % p.dq_copies;
+        const int copy = rank % p.dq_copies;
         t.accum += copy * dq_copy_floats<D>(p);
         t.counter = counter_at(p, b, h, m, copy);
         t.before = rank / p.dq_copies;
     }
     return t;
+}
+template <int BN, int BM, int D>
+__device__ __forceinline__ DqTurn dq_turn_of(const Params& p, const Seq& s, int b, int h, int n, int m) {
+    return dq_turn_at<D>(p, b, h, m, p.deterministic ? rank_from_top<BN, BM>(p, s, n, m * BM) : 0);
 }
 
 // One score's P^T and dS^T (without the softmax scale, which dQ and dK take at the end): raw

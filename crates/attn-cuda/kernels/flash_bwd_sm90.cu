@@ -30,8 +30,9 @@
 // warps idle.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
 // flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
-// flash_bwd_common.cuh's dq_turn_of, one counter a copy); a counter counts parts, two a key block
-// (one per MMA warpgroup), and a part is added once both of the key block before it are in.
+// flash_bwd_common.cuh's dq_turn_of, one counter a copy), or in a rotated walk by step (Work); a
+// counter counts parts, two a key block (one per MMA warpgroup), and a part is added once both of
+// the key block before it are in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
@@ -61,6 +62,8 @@ constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D
 // rather than hand them to the writer warps through shared memory: always at D = 256, where no
 // shared memory is left for the parts; ATTN_DQ_RED elsewhere.
 constexpr bool DQ_BY_RED = SPLIT_COLUMNS || ATTN_DQ_RED;
+// Whether the walks may be rotated (Work): not at D = 256, whose MMA warps would spill for it.
+constexpr bool ROTATES = !SPLIT_COLUMNS;
 // Whether a writer adds its warpgroup's part in one bulk reduce-add of 16 KiB into the
 // accumulator's 64-column planes (ATTN_DQ_PLANES, flash_bwd_common.cuh's dq_at) rather than in 64
 // of 256 bytes, one a row, into its rows.
@@ -223,12 +226,36 @@ __device__ __forceinline__ long long global_ns() {
     return t;
 }
 
-// The key block and the steps a CTA walks; the producer and the MMA warpgroups agree on them.
+// The key block and the steps a CTA walks; the producer, the MMA warpgroups and the writers agree
+// on them. The walk goes over query blocks m_lo .. m_hi - 1 (for each query head of the group) from
+// m_first, wrapping round to m_lo. m_first is m_lo unless the plan rotates the walks (walk_rotated)
+// and every key block of the sequence meets every query block; then key block n starts at query
+// block n (mod their count), and at any step the sequence's key blocks add to different query
+// blocks' dQ.
+// In the deterministic mode a rotated walk also orders the additions by step (rotated_rank), so
+// that a key block's turn at a query block comes a step after the one before it got there, not a
+// chain of turns after the last key block's; it is taken only where a key block comes to each
+// query block at a different step (no more key blocks than query blocks) and, since each key
+// block then waits for others of its sequence launched after it, only where the plan has checked
+// that they fit on the GPU at once (every key block of the longest sequence a CTA on its own SM).
 struct Work {
     int n_block, g, b, n0;
     Seq s;
     int m_lo, m_hi, group;
+    int m_first;    // the walk's first query block
+    int m_end;      // m_first + its length: the walk's steps are i = m_first .. m_end - 1 (walk_m)
+    bool by_step;   // deterministic: additions ordered by step (rotated_rank), not from the top
 };
+
+// The query block of step i of the walk; only a rotated walk wraps round, and it starts at 0.
+__device__ __forceinline__ int walk_m(const Work& w, int i) { return !ROTATES || i < w.m_hi ? i : i - w.m_hi; }
+
+// In a rotated walk, key block n is at query block m at step (m - n) mod M (M query blocks, at
+// least the N key blocks): those before it there are n + 1 .. m (mod M) among 0 .. N - 1.
+__device__ __forceinline__ int rotated_rank(const Work& w, int m) {
+    const int n = w.n_block, n_blocks = (w.s.k_len + BN - 1) / BN;
+    return n <= m ? min(m, n_blocks - 1) - n : n_blocks - n + m;
+}
 
 __device__ __forceinline__ Work work_of(const Params& p) {
     Work w;
@@ -242,6 +269,21 @@ __device__ __forceinline__ Work work_of(const Params& p) {
     w.m_lo = rows.lo / BM;
     w.m_hi = rows.hi > rows.lo ? (rows.hi + BM - 1) / BM : w.m_lo;
     w.group = p.heads_q / p.heads_kv;
+    w.m_first = w.m_lo;
+    w.by_step = false;
+    if (ROTATES && p.walk_rotated && w.m_hi > w.m_lo) {
+        // Every key block meets every query row if the first and the last do (rows_seeing's
+        // bounds rise with the block).
+        const int m_blocks = (w.s.q_len + BM - 1) / BM, n_blocks = (w.s.k_len + BN - 1) / BN;
+        const Rows first = rows_seeing(p, w.s, 0, min(BN, w.s.k_len));
+        const Rows last = rows_seeing(p, w.s, (n_blocks - 1) * BN, w.s.k_len);
+        const bool every = first.lo == 0 && first.hi == w.s.q_len && last.lo == 0 && last.hi == w.s.q_len;
+        if (every && (!p.deterministic || n_blocks <= m_blocks)) {
+            w.m_first = w.n_block % m_blocks;
+            w.by_step = p.deterministic;
+        }
+    }
+    w.m_end = w.m_first + (w.m_hi - w.m_lo);
     return w;
 }
 
@@ -290,7 +332,8 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
     int step = 0;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
-        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+        for (int i = w.m_first; i < w.m_end; ++i, ++step) {
+            const int m = walk_m(w, i);
             const int st = step % STAGES, m0 = m * BM;
             trace.add(T_STEPS, 1);
             TIMED(trace, PRODUCER_EMPTY, sm90::mbar_wait(s.empty + st, ((step / STAGES) & 1) ^ 1));
@@ -335,6 +378,7 @@ __device__ __forceinline__ void wait_for_turn(const DqTurn& turn) {
 }
 
 __device__ __forceinline__ DqTurn turn_of(const Params& p, const Work& w, int h, int m) {
+    if (ROTATES && w.by_step) return dq_turn_at<D>(p, w.b, h, m, rotated_rank(w, m));
     return dq_turn_of<BN, BM, D>(p, w.s, w.b, h, w.n_block, m);
 }
 
@@ -356,7 +400,8 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
     int step = 0;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
-        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+        for (int i = w.m_first; i < w.m_end; ++i, ++step) {
+            const int m = walk_m(w, i);
             const int m0 = m * BM;
             const DqTurn turn = turn_of(p, w, h, m);
             trace.add(T_STEPS, 1);
@@ -510,7 +555,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[w.b * p.alibi_batch_stride + h] : 0.f;
-        for (int m = w.m_lo; m < w.m_hi; ++m, ++step) {
+        for (int i = w.m_first; i < w.m_end; ++i, ++step) {
+            const int m = walk_m(w, i);
             const int st = step % STAGES, m0 = m * BM;
             const elem_t* q = s.q + st * (TILE_BYTES / 2);
             const elem_t* d_o = s.d_o + st * (TILE_BYTES / 2);

@@ -142,6 +142,14 @@ pub const BWD_DQ_COPIES: Knob = Knob {
     purpose: "Copies of the f32 dQ accumulator the deterministic backward's key blocks take in turn (each copy's additions ordered by its own counter, the copies summed in order at the end): more copies shorten the chain of waits and take more workspace; the bits differ between counts, never between runs.",
 };
 
+/// `ATTN_CUDA_BWD_WALK`.
+pub const BWD_WALK: Knob = Knob {
+    name: "ATTN_CUDA_BWD_WALK",
+    allowed: "`aligned` | `rotated`",
+    default: "`aligned` (backward::DEFAULT_WALK)",
+    purpose: "The order of the Hopper backward main pass's walks over the query blocks where every key block meets every one (no causal mask or window): all from the first, or each key block from its own index (a sequence's key blocks then add to different query blocks' dQ at once, and the deterministic mode's turns come a step apart instead of in a chain from the last key block; there only where every key block of the longest sequence fits on the GPU at once). The bits of the deterministic mode's dQ differ between the two, never between runs.",
+};
+
 /// `ATTN_CUDA_TIMING_LEAD`.
 pub const TIMING_LEAD: Knob = Knob {
     name: "ATTN_CUDA_TIMING_LEAD",
@@ -191,6 +199,7 @@ pub const KNOBS: &[Knob] = &[
     SM90_TRACE,
     SM90_BWD,
     BWD_DQ_COPIES,
+    BWD_WALK,
     TIMING_LEAD,
     NVRTC_LIB,
     CUDA_INCLUDE,
@@ -219,6 +228,8 @@ pub struct Options {
     pub sm90_backward: Option<crate::backward::Form>,
     /// [`BWD_DQ_COPIES`]: copies of the deterministic backward's dQ accumulator (`None`: the default).
     pub dq_copies: Option<usize>,
+    /// [`BWD_WALK`]: the backward main pass's walk (`None`: [`crate::backward::DEFAULT_WALK`]).
+    pub walk: Option<crate::backward::Walk>,
     /// [`TIMING_LEAD`]: what runs ahead of a timed launch.
     pub timing_lead: Lead,
 }
@@ -313,6 +324,8 @@ impl Options {
                 })
             })?,
             dq_copies: BWD_DQ_COPIES.parse(|n| n.parse().ok().filter(|n| (1..=16).contains(n)))?,
+            walk: BWD_WALK
+                .choice(&[("aligned", crate::backward::Walk::Aligned), ("rotated", crate::backward::Walk::Rotated)])?,
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })
     }

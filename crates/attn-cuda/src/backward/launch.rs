@@ -72,6 +72,7 @@ pub struct KernelParams {
     deterministic: i32,
     m_blocks: i32,
     dq_copies: i32,
+    walk_rotated: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -81,13 +82,15 @@ impl KernelParams {
     /// The parameter block for `problem` over the buffers at `at` and the sequences' and ALiBi's
     /// arrays at `extras`.
     /// `dq_copies`: copies of the dQ accumulator the deterministic mode's key blocks take in turn
-    /// (1 without it).
+    /// (1 without it); `walk_rotated`: the Hopper main pass's walks rotated
+    /// ([`super::Walk::rotates`]).
     pub fn new(
         at: BackwardPointers,
         extras: ExtraPointers,
         problem: &Problem,
         deterministic: bool,
         dq_copies: usize,
+        walk_rotated: bool,
     ) -> Self {
         debug_assert!(!matches!(problem.batching.kv, KvRows::Paged { .. }), "refused by validate_backward");
         let s = problem.shape;
@@ -148,6 +151,7 @@ impl KernelParams {
             deterministic: i32::from(deterministic),
             m_blocks: s.seq_q.div_ceil(super::variant::BLOCK_M) as i32,
             dq_copies: dq_copies as i32,
+            walk_rotated: i32::from(walk_rotated),
         }
     }
 }
@@ -219,23 +223,24 @@ mod tests {
         // Four 128-byte maps, then the common block (the kernel's `Params p` at 512), the whole
         // padded to the maps' 128-byte alignment as the kernel's struct is.
         assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, base), 512);
-        assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, trace), 512 + 288);
+        assert_eq!(std::mem::offset_of!(super::Sm90BackwardParams, trace), 512 + 296);
         assert_eq!(
             std::mem::size_of::<super::Sm90BackwardParams>(),
-            (512 + 288 + 8usize).next_multiple_of(128)
+            (512 + 296 + 8usize).next_multiple_of(128)
         );
     }
 
     #[test]
     fn layout_matches_the_kernel() {
-        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 4
-        // ints (4 bytes each) = 64: 288.
+        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 5
+        // ints (4 bytes each) = 68: 292, padded to 296.
         assert_eq!(std::mem::offset_of!(super::KernelParams, q_strides), 96);
         assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 192);
         assert_eq!(std::mem::offset_of!(super::KernelParams, batch), 224);
         assert_eq!(std::mem::offset_of!(super::KernelParams, scale), 264);
         assert_eq!(std::mem::offset_of!(super::KernelParams, m_blocks), 280);
         assert_eq!(std::mem::offset_of!(super::KernelParams, dq_copies), 284);
-        assert_eq!(std::mem::size_of::<super::KernelParams>(), 288);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, walk_rotated), 288);
+        assert_eq!(std::mem::size_of::<super::KernelParams>(), 296);
     }
 }

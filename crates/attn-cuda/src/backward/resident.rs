@@ -124,6 +124,7 @@ impl Cuda {
                 problem,
                 chosen.deterministic,
                 chosen.dq_copies,
+                chosen.walk_rotated,
             ),
             problem,
             chosen,

@@ -43,6 +43,8 @@ pub(crate) struct ChosenBackward {
     /// Copies of the dQ accumulator: the deterministic mode's ([`crate::options::BWD_DQ_COPIES`]),
     /// else 1.
     pub(crate) dq_copies: usize,
+    /// Whether the Hopper main pass's walks are rotated ([`super::Walk::rotates`]).
+    pub(crate) walk_rotated: bool,
     /// Where a traced build ([`super::Form::trace`]) writes its CSV (`ATTN_CUDA_SM90_TRACE`).
     pub(crate) trace_folder: Option<std::path::PathBuf>,
 }
@@ -108,15 +110,27 @@ pub(crate) fn plan(
         false => 1,
     };
     let workspace = rows * 4 * (1 + dq_copies * variant.head_dim);
+    let walk_rotated = variant.hopper
+        && !variant.splits_columns()
+        && settings.walk.unwrap_or(super::DEFAULT_WALK).rotates(
+            options.deterministic,
+            problem.shape.seq_k.div_ceil(variant.block_n()),
+            gpu.info().sm_count as usize,
+        );
+    let walk = match walk_rotated {
+        true => "; where every key block meets every query block, key block n walks from query block n, wrapping round",
+        false => "",
+    };
     let mode = match options.deterministic {
         true => format!(
-            "deterministic: the key blocks meeting a query block add to its dQ from the last down, taking {dq_copies} \
-             copies of the accumulator in turn (a counter per query block and copy orders each copy's additions; \
-             the grid starts with the last key block; dQ's conversion sums the copies in order)"
+            "deterministic: the key blocks meeting a query block add to its dQ from the last down{}, taking \
+             {dq_copies} copies of the accumulator in turn (a counter per query block and copy orders each copy's \
+             additions; the grid starts with the last key block; dQ's conversion sums the copies in order){walk}",
+            if walk_rotated { " (in a rotated walk in the order they get there)" } else { "" }
         ),
-        false => {
-            "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them)".into()
-        }
+        false => format!(
+            "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them){walk}"
+        ),
     };
     Ok(Plan {
         backend: "cuda".into(),
@@ -171,6 +185,7 @@ pub(crate) fn plan(
             launches,
             deterministic: options.deterministic,
             dq_copies,
+            walk_rotated,
             trace_folder: settings.hopper.trace.clone().filter(|_| variant.form.trace),
         }),
     })
@@ -266,6 +281,7 @@ pub(crate) fn run(
             problem,
             chosen.deterministic,
             chosen.dq_copies,
+            chosen.walk_rotated,
         ),
         problem,
         chosen,

@@ -38,6 +38,34 @@ const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
 pub const DETERMINISTIC_DQ_COPIES: usize = 1;
+/// The order of the Hopper main pass's walks over the query blocks (`ATTN_CUDA_BWD_WALK`): each key
+/// block from the first query block (`Aligned`), or, where every key block meets every query
+/// block, key block n from query block n, wrapping round (`Rotated`), so that the sequence's key
+/// blocks add to different query blocks' dQ at any step, and in the deterministic mode each takes
+/// its turn a step after the one before it rather than at the end of a chain from the last key
+/// block (`Work` in `kernels/flash_bwd_sm90.cu`). The deterministic mode rotates only where
+/// every key block of the longest sequence fits on the GPU at once ([`Walk::rotates`]). The
+/// Ampere/Ada family's main pass always walks aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    /// Every key block from the first query block it meets.
+    Aligned,
+    /// Key block n from query block n where every key block meets every query block.
+    Rotated,
+}
+
+/// The walk a plan takes when the knob is unset.
+pub const DEFAULT_WALK: Walk = Walk::Aligned;
+
+impl Walk {
+    /// Whether the main pass's walks are rotated for `key_blocks` key blocks of the longest
+    /// sequence on a GPU of `sm_count` SMs: in the deterministic mode a key block of a rotated
+    /// walk waits for others launched after it, so all of a sequence's must be resident at once
+    /// (one CTA an SM).
+    pub fn rotates(self, deterministic: bool, key_blocks: usize, sm_count: usize) -> bool {
+        self == Walk::Rotated && (!deterministic || key_blocks <= sm_count)
+    }
+}
 /// The trace of a traced Hopper build ([`Form::trace`]), per CTA: `TRACE_ROWS` rows (the MMA
 /// warpgroups, the producer, the two writers, the CTA) of `TRACE_SLOTS` 64-bit words, as the
 /// same constants in `kernels/flash_bwd_sm90.cu` lay it out.
@@ -207,12 +235,18 @@ impl Variant {
 
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
     /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
-    /// the writers' only.
+    /// the writers' only. A traced build's producer warpgroup (the producer's and the writers'
+    /// warps) takes every register the MMA warpgroups leave, for its timers: 48 where 40 is asked
+    /// (232 an MMA thread either way).
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
             (true, false) => Form { dq_planes: form.dq_planes && !form.dq_by_red, ..form },
             (true, true) => Form { dq_by_red: true, dq_planes: false, stages: 2, ..form },
+        };
+        let form = match form.trace {
+            true => Form { producer_registers: SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers(), ..form },
+            false => form,
         };
         Variant { form, ..self }
     }
