@@ -112,7 +112,7 @@ pub(crate) fn plan(
     let workspace = rows * 4 * (1 + dq_copies * variant.head_dim);
     let walk_rotated = variant.hopper
         && !variant.splits_columns()
-        && settings.walk.unwrap_or(super::DEFAULT_WALK).rotates(
+        && settings.walk.unwrap_or(super::Walk::default_for(options.deterministic)).rotates(
             options.deterministic,
             problem.shape.seq_k.div_ceil(variant.block_n()),
             gpu.info().sm_count as usize,

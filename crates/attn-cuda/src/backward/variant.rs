@@ -54,10 +54,18 @@ pub enum Walk {
     Rotated,
 }
 
-/// The walk a plan takes when the knob is unset.
-pub const DEFAULT_WALK: Walk = Walk::Aligned;
-
 impl Walk {
+    /// The walk a plan takes when the knob is unset: rotated in the deterministic mode (on the
+    /// H200 14-25% faster without a mask at S=1k-4k, 7-17% at 8k, even under a causal mask, where
+    /// nothing rotates), aligned in the default mode (rotated was 0-2% slower there):
+    /// `bench/results/h200-backward-walk.json`.
+    pub fn default_for(deterministic: bool) -> Walk {
+        match deterministic {
+            true => Walk::Rotated,
+            false => Walk::Aligned,
+        }
+    }
+
     /// Whether the main pass's walks are rotated for `key_blocks` key blocks of the longest
     /// sequence on a GPU of `sm_count` SMs: in the deterministic mode a key block of a rotated
     /// walk waits for others launched after it, so all of a sequence's must be resident at once
@@ -471,5 +479,23 @@ mod tests {
         assert_eq!(Form::default().consumer_registers(), 232);
         assert_eq!(Variant::for_problem(DType::F16, 264, true), None);
         assert_eq!(Variant::for_problem(DType::F16, 60, false), None);
+    }
+
+    #[test]
+    fn deterministic_walks_rotate_only_where_a_sequence_fits_the_gpu() {
+        let rotated = Walk::default_for(true);
+        assert_eq!(rotated, Walk::Rotated);
+        assert!(rotated.rotates(true, 132, 132));
+        assert!(!rotated.rotates(true, 133, 132), "a key block would wait for one never resident");
+        assert!(rotated.rotates(false, 1000, 132), "the default mode waits for nobody");
+        assert!(!Walk::default_for(false).rotates(false, 8, 132));
+    }
+
+    #[test]
+    fn a_traced_build_takes_the_registers_the_mma_warps_leave() {
+        let v = Variant::for_problem(DType::Bf16, 128, true).expect("a Hopper variant");
+        let traced = v.with_form(Form { trace: true, ..v.own_form() }).form;
+        assert_eq!((traced.producer_registers, traced.consumer_registers()), (48, 232));
+        assert_eq!(v.with_form(v.own_form()).form.producer_registers, 40);
     }
 }
