@@ -7,7 +7,8 @@
 # and PyTorch SDPA's backward (bench/peers/torch_sdpa_backward.py, cuDNN and flash) on the same
 # shapes, in two alternating rounds, then bench/device/backward_report.py writes
 # $OUT/$NAME.json (NAME default h200-backward); (c) ncu: one main-pass launch's throughput,
-# occupancy, warp states and stall sources a head dim (NCU_DIMS); (d) accuracy: attn's gradients
+# occupancy, warp states and stall sources a head dim (NCU_DIMS), and the three launches' times;
+# (d) accuracy: attn's gradients
 # and PyTorch's against fp64 on the same inputs (crates/attn/examples/backward_dump.rs,
 # bench/peers/accuracy_backward.py).
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
@@ -76,6 +77,11 @@ rounds=${ROUNDS:-2}
         --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --section SourceCounters \
         "$bin/backward_bench" 1 1024 "$d" default 2>&1 | grep -vE '^\{' | tail -150 | tee "$out/ncu-d$d.txt"
+      # And the time and DRAM throughput of each of the three launches (pre-pass, main, conversion):
+      # at S=1k the row passes are a tenth of the backward by the bytes they move.
+      echo "== ncu: the three launches' times at D=$d, S=1024 (no mask)"
+      timeout 120 "$ncu" -k "regex:^attn_bwd" -c 3 --metrics gpu__time_duration.sum,dram__bytes.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        "$bin/backward_bench" 1 1024 "$d" default 2>&1 | grep -E "attn_bwd|gpu__time|dram__" | tee "$out/ncu-launches-d$d.txt"
     done
   fi
   if [[ $parts == *bench* ]]; then

@@ -1,6 +1,6 @@
 // FlashAttention-2-class backward for sm_80+ (Ampere/Ada; runs on Hopper too), in three kernels:
 //
-//   attn_bwd_pre   one warp per query row: D = rowsum(dO ∘ O) in f32, the row's dQ accumulator
+//   attn_bwd_pre   D/8 lanes per query row: D = rowsum(dO ∘ O) in f32, the row's dQ accumulator
 //                  zeroed (and, for the deterministic mode, the query blocks' counters)
 //   attn_bwd       one CTA per (block of BN keys, kv head, sequence): K and V stay in shared
 //                  memory, dK and dV in registers (each of the 4 warps owns 16 keys), and the CTA
@@ -11,7 +11,7 @@
 //                    dV  += P^T dO, dK += dS^T Q            P^T, dS^T from the accumulators
 //                    dQ  += dS K                            dS^T through shared memory, added to
 //                                                           the f32 accumulator with atomics
-//   attn_bwd_dq    one warp per query row: dQ = scale * accumulator, rounded to the dtype
+//   attn_bwd_dq    D/8 lanes per query row: dQ = scale * accumulator, rounded to the dtype
 //
 // With p.deterministic the dQ additions of the key blocks meeting one query block are ordered by
 // a counter per (sequence, query head, query block): key block n adds after every higher one has,
@@ -64,45 +64,94 @@ __device__ __forceinline__ void load_rows(elem_t* tile, const elem_t* g, long lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pre-pass: grid (ceil(seq_q / 4), heads_q, batch), a warp per row.
-extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_constant__ Params p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int i = blockIdx.x * WARPS + warp;
-    const Seq s = seq_of(p, b);
-    if (p.deterministic && lane < p.dq_copies && i < p.seq_q && i % BM == 0) {
-        *counter_at(p, b, h, i / BM, lane) = 0;
-    }
-    if (i >= s.q_len) return;
-    const elem_t* o = p.o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
-    const elem_t* d_o = p.d_o + q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss;
-    float sum = 0.f;
-    for (int c = lane; c < p.head_dim; c += 32) sum += to_f(o[c]) * to_f(d_o[c]);
+// The row passes: grid (ceil(seq_q / ROW_BLOCK), heads_q, batch), 4 warps. A row takes ROW_LANES
+// lanes, each one 16-byte chunk of 8 of its head dims (ROW_LANES * 8 = D: 8, 16 or 32 lanes, 4, 2
+// or 1 rows a warp), and 2 chunks of 4 floats of each copy of the accumulator (16-byte chunks in
+// either of dq_at's layouts). Strides are multiples of 8 elements (check_alignment).
+constexpr int ROW_LANES = D / 8;
+constexpr int ROW_BLOCK = WARPS * (32 / ROW_LANES);  // rows a block: variant.rs's row_block
+static_assert(ROW_LANES <= 32 && 32 % ROW_LANES == 0, "a row's lanes within a warp");
+
+// This thread's row of its (head, sequence); its chunk of the row is threadIdx.x % ROW_LANES.
+__device__ __forceinline__ int row_of_thread() {
+    return blockIdx.x * ROW_BLOCK + threadIdx.x / ROW_LANES;
+}
+
+// Eight elements from 16 bytes, as floats.
+__device__ __forceinline__ void unpack8(uint4 v, float (&x)[8]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
-    const long long row = row_index(p, s, b, h, i);
-    if (lane == 0) p.delta[row] = sum;
-    for (int c = lane; c < D; c += 32) {
-        const long long at = dq_at<D>(p, s, b, h, i, row, c);
-        for (int copy = 0; copy < p.dq_copies; ++copy) p.dq_accum[copy * dq_copy_floats<D>(p) + at] = 0.f;
+    for (int k = 0; k < 4; ++k) {
+        const elem2_t e = *reinterpret_cast<const elem2_t*>(&w[k]);
+        x[2 * k] = to_f(e.x);
+        x[2 * k + 1] = to_f(e.y);
     }
 }
 
-// dQ from its accumulator: the same grid as the pre-pass.
-extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_constant__ Params p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Pre-pass: D = rowsum(dO * O) for every row, its dQ accumulator zeroed (every copy), and in the
+// deterministic mode the counters of the query blocks.
+extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_pre(const __grid_constant__ Params p) {
+    const int c = threadIdx.x % ROW_LANES;
     const int h = blockIdx.y, b = blockIdx.z;
-    const int i = blockIdx.x * WARPS + warp;
+    const int i = row_of_thread();
     const Seq s = seq_of(p, b);
-    if (i >= s.q_len) return;
-    const long long row = row_index(p, s, b, h, i);
-    elem_t* dq = p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss;
-    for (int c = lane; c < p.head_dim; c += 32) {
-        const long long at = dq_at<D>(p, s, b, h, i, row, c);
-        float sum = p.dq_accum[at];
-        for (int copy = 1; copy < p.dq_copies; ++copy) sum += p.dq_accum[copy * dq_copy_floats<D>(p) + at];
-        dq[c] = from_f(sum * p.scale);
+    if (p.deterministic && i < p.seq_q && i % BM == 0) {
+        for (int copy = c; copy < p.dq_copies; copy += ROW_LANES) *counter_at(p, b, h, i / BM, copy) = 0;
     }
+    const bool row = i < s.q_len;  // no return before the shuffles: every lane takes part
+    float sum = 0.f;
+    if (row && c < p.head_dim / 8) {
+        const long long at = q_base(p, s, b, h, p.o_sb, p.o_sh, p.o_ss) + (long long)i * p.o_ss + 8 * c;
+        float o[8], d_o[8];
+        unpack8(*reinterpret_cast<const uint4*>(p.o + at), o);
+        unpack8(*reinterpret_cast<const uint4*>(p.d_o + at), d_o);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum += o[k] * d_o[k];
+    }
+#pragma unroll
+    for (int off = ROW_LANES / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
+    if (!row) return;
+    const long long r = row_index(p, s, b, h, i);
+    if (c == 0) p.delta[r] = sum;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // chunks c and c + ROW_LANES: each store a row's contiguous half
+        const long long at = dq_at<D>(p, s, b, h, i, r, 4 * (c + k * ROW_LANES));
+        for (int copy = 0; copy < p.dq_copies; ++copy)
+            *reinterpret_cast<float4*>(p.dq_accum + copy * dq_copy_floats<D>(p) + at) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// dQ from its accumulator (the copies summed in order): scale * sum, rounded to the dtype.
+extern "C" __global__ void __launch_bounds__(THREADS) attn_bwd_dq(const __grid_constant__ Params p) {
+    const int c = threadIdx.x % ROW_LANES;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int i = row_of_thread();
+    const Seq s = seq_of(p, b);
+    if (i >= s.q_len || c >= p.head_dim / 8) return;  // no shuffles here
+    const long long r = row_index(p, s, b, h, i);
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const long long at = dq_at<D>(p, s, b, h, i, r, 4 * (2 * c + k));
+        float4 v = *reinterpret_cast<const float4*>(p.dq_accum + at);
+        for (int copy = 1; copy < p.dq_copies; ++copy) {
+            const float4 w = *reinterpret_cast<const float4*>(p.dq_accum + copy * dq_copy_floats<D>(p) + at);
+            v.x += w.x;
+            v.y += w.y;
+            v.z += w.z;
+            v.w += w.w;
+        }
+        x[4 * k] = v.x;
+        x[4 * k + 1] = v.y;
+        x[4 * k + 2] = v.z;
+        x[4 * k + 3] = v.w;
+    }
+    uint4 out;
+    out.x = as_u32(pack2(x[0] * p.scale, x[1] * p.scale));
+    out.y = as_u32(pack2(x[2] * p.scale, x[3] * p.scale));
+    out.z = as_u32(pack2(x[4] * p.scale, x[5] * p.scale));
+    out.w = as_u32(pack2(x[6] * p.scale, x[7] * p.scale));
+    *reinterpret_cast<uint4*>(p.dq + q_base(p, s, b, h, p.q_sb, p.q_sh, p.q_ss) + (long long)i * p.q_ss + 8 * c) = out;
 }
 
 // ---------------------------------------------------------------------------------------------

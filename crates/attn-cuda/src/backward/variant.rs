@@ -82,8 +82,6 @@ pub const TRACE_ROWS: usize = 6;
 pub const TRACE_SLOTS: usize = 15;
 /// See [`TRACE_ROWS`].
 pub const TRACE_WORDS_PER_CTA: usize = TRACE_ROWS * TRACE_SLOTS;
-/// Query rows per block of the pre-pass and the conversion (a warp each).
-const ROWS_PER_BLOCK: usize = 4;
 
 /// How the Hopper main pass is built (`ATTN_CUDA_SM90_BWD`, [`crate::options::SM90_BWD`]); the
 /// Ampere/Ada family has no such choices and ignores it.
@@ -402,12 +400,19 @@ impl Variant {
         (65536 / threads / 8 * 8).min(255)
     }
 
+    /// Query rows a block of the row passes takes (`ROW_BLOCK` in `flash_bwd.cu`): a row is D/8
+    /// lanes, each a 16-byte chunk of 8 of its elements, in 4 warps.
+    pub fn row_block(&self) -> usize {
+        THREADS as usize / (self.head_dim / 8)
+    }
+
     /// The launches for `problem`: the main pass one block per (key block, kv head, sequence),
-    /// the row passes a warp per (query row, query head, sequence), over the longest sequence.
+    /// the row passes a block per [`Variant::row_block`] query rows of a (query head, sequence),
+    /// over the longest sequence.
     pub fn launches(&self, problem: &Problem) -> Launches {
         let s = problem.shape;
         let rows = Launch {
-            grid: [s.seq_q.div_ceil(ROWS_PER_BLOCK) as u32, s.heads_q as u32, s.batch as u32],
+            grid: [s.seq_q.div_ceil(self.row_block()) as u32, s.heads_q as u32, s.batch as u32],
             block: [THREADS, 1, 1],
             dynamic_shared_bytes: 0,
             static_shared_bytes: 0,
@@ -479,6 +484,13 @@ mod tests {
         assert_eq!(Form::default().consumer_registers(), 232);
         assert_eq!(Variant::for_problem(DType::F16, 264, true), None);
         assert_eq!(Variant::for_problem(DType::F16, 60, false), None);
+    }
+
+    #[test]
+    fn row_passes_take_a_16_byte_chunk_a_lane() {
+        let rows = |d, hopper| Variant::for_problem(DType::Bf16, d, hopper).map(|v| v.row_block());
+        assert_eq!((rows(64, true), rows(128, true), rows(256, true)), (Some(16), Some(8), Some(4)));
+        assert_eq!(rows(128, false), Some(8));
     }
 
     #[test]
