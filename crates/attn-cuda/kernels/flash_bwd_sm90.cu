@@ -337,15 +337,11 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
             const int st = step % STAGES, m0 = m * BM;
             trace.add(T_STEPS, 1);
             TIMED(trace, PRODUCER_EMPTY, sm90::mbar_wait(s.empty + st, ((step / STAGES) & 1) ^ 1));
-            for (int r = lane; r < BM; r += 32) {
-                const int i = m0 + r;
-                const bool row = i < w.s.q_len;
-                const long long at = row_index(p, w.s, w.b, h, row ? i : 0);
-                s.lse[st * BM + r] = row ? p.lse[at] * LOG2E : POS_INF;
-                s.delta[st * BM + r] = row ? p.delta[at] : 0.f;
-            }
+            // Q's and dO's copies first, so that they run while the lanes read the LSE and D
+            // (a read of global memory each, which the copies used to wait behind); every lane
+            // arrives once its own stores are done.
             if (lane == 0) {
-                sm90::mbar_arrive_expect_tx(s.full + st, 2 * TILE_BYTES);
+                sm90::mbar_expect_tx(s.full + st, 2 * TILE_BYTES);
                 const int row = q_map_row(p, w, m0), batch = q_map_batch(p, w);
 #pragma unroll
                 for (int c = 0; c < D_BLOCKS; ++c) {
@@ -354,9 +350,15 @@ __device__ void produce(const Sm90Params& P, const Smem& s, const Work& w) {
                     sm90::tma_load_4d(s.d_o + st * (TILE_BYTES / 2) + c * BM * 64, &P.do_map, s.full + st, 64 * c,
                                       row, h, batch);
                 }
-            } else {
-                sm90::mbar_arrive(s.full + st);
             }
+            for (int r = lane; r < BM; r += 32) {
+                const int i = m0 + r;
+                const bool row = i < w.s.q_len;
+                const long long at = row_index(p, w.s, w.b, h, row ? i : 0);
+                s.lse[st * BM + r] = row ? p.lse[at] * LOG2E : POS_INF;
+                s.delta[st * BM + r] = row ? p.delta[at] : 0.f;
+            }
+            sm90::mbar_arrive(s.full + st);
         }
     }
     trace.end(P);

@@ -324,8 +324,10 @@ impl Options {
                 })
             })?,
             dq_copies: BWD_DQ_COPIES.parse(|n| n.parse().ok().filter(|n| (1..=16).contains(n)))?,
-            walk: BWD_WALK
-                .choice(&[("aligned", crate::backward::Walk::Aligned), ("rotated", crate::backward::Walk::Rotated)])?,
+            walk: BWD_WALK.choice(&[
+                ("aligned", crate::backward::Walk::Aligned),
+                ("rotated", crate::backward::Walk::Rotated),
+            ])?,
             timing_lead: TIMING_LEAD.parse(Lead::parse)?.unwrap_or_default(),
         })
     }

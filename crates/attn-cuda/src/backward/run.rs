@@ -118,7 +118,9 @@ pub(crate) fn plan(
             gpu.info().sm_count as usize,
         );
     let walk = match walk_rotated {
-        true => "; where every key block meets every query block, key block n walks from query block n, wrapping round",
+        true => {
+            "; where every key block meets every query block, key block n walks from query block n, wrapping round"
+        }
         false => "",
     };
     let mode = match options.deterministic {

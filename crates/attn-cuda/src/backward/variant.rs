@@ -56,8 +56,8 @@ pub enum Walk {
 
 impl Walk {
     /// The walk a plan takes when the knob is unset: rotated in the deterministic mode (on the
-    /// H200 14-25% faster without a mask at S=1k-4k, 7-17% at 8k, even under a causal mask, where
-    /// nothing rotates), aligned in the default mode (rotated was 0-2% slower there):
+    /// H200 14-25% faster without a mask at S=1k-4k, 7-17% at 8k; unchanged under a causal mask,
+    /// where nothing rotates), aligned in the default mode (rotated was 0-2% slower there):
     /// `bench/results/h200-backward-walk.json`.
     pub fn default_for(deterministic: bool) -> Walk {
         match deterministic {
@@ -67,9 +67,9 @@ impl Walk {
     }
 
     /// Whether the main pass's walks are rotated for `key_blocks` key blocks of the longest
-    /// sequence on a GPU of `sm_count` SMs: in the deterministic mode a key block of a rotated
-    /// walk waits for others launched after it, so all of a sequence's must be resident at once
-    /// (one CTA an SM).
+    /// sequence on a GPU of `sm_count` SMs (as the device reports them): in the deterministic
+    /// mode a key block of a rotated walk waits for others launched after it, so all of a
+    /// sequence's must be resident at once (at least one CTA an SM).
     pub fn rotates(self, deterministic: bool, key_blocks: usize, sm_count: usize) -> bool {
         self == Walk::Rotated && (!deterministic || key_blocks <= sm_count)
     }
@@ -251,7 +251,9 @@ impl Variant {
             (true, true) => Form { dq_by_red: true, dq_planes: false, stages: 2, ..form },
         };
         let form = match form.trace {
-            true => Form { producer_registers: SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers(), ..form },
+            true => {
+                Form { producer_registers: SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers(), ..form }
+            }
             false => form,
         };
         Variant { form, ..self }
