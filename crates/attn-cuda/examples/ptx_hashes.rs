@@ -63,6 +63,11 @@ fn main() {
                 backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
                 backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
                 backward::Form { dq_planes: true, ..Default::default() },
+                backward::Form {
+                    dq_joined: true,
+                    dv_issue: backward::DvIssue::BeforeBarrier,
+                    ..Default::default()
+                },
                 backward::Form { trace: true, ..Default::default() },
             ];
             let mut mains: Vec<backward::Variant> = Vec::new();

@@ -8,7 +8,8 @@
 //     a ring of STAGES (two by default), the warp's lanes the step's LSE (in log2 units) and D beside them;
 //     warps 1 and 2 are the dQ writers, one per MMA warpgroup: each adds its warpgroup's part of
 //     the step's dQ, handed over in shared memory, to the f32 accumulator by bulk reduce-adds
-//     (TMA, a row of 256 bytes each; in the deterministic mode after waiting for its turn), so
+//     (TMA, a row of 256 bytes each; in the deterministic mode after waiting for its turn; with
+//     joined parts at D = 128 each writer adds half the rows of both parts, 512 bytes a row), so
 //     the MMA warps never wait on global memory;
 //   warpgroups 0 and 1, the MMA warpgroups: at D = 64 and 128 (BN = 128) warpgroup w owns keys
 //     64w .. 64w + 63 of the block, their dK and dV in its registers over every step; at D = 256
@@ -31,8 +32,8 @@
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
 // flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
 // flash_bwd_common.cuh's dq_turn_of, one counter a copy), or in a rotated walk by step (Work); a
-// counter counts parts, two a key block (one per MMA warpgroup), and a part is added once both of
-// the key block before it are in.
+// counter counts writers' additions, two a key block (one per writer), and a writer adds once both
+// of the key block before it are in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
@@ -40,7 +41,8 @@
 // ATTN_PRODUCER_REGS and ATTN_CONSUMER_REGS (setmaxnreg), and the form (backward::Form, the knob
 // ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
 // 128 too, the writers idle), ATTN_DQ_PLANES (the writers add a part in one bulk reduce-add, the
-// accumulator in planes: see DQ_PLANES), ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
+// accumulator in planes: see DQ_PLANES), ATTN_DQ_JOINED (D = 128: a writer adds whole rows of
+// both parts, see DQ_JOINED), ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
 // (see DV_ISSUE) and ATTN_TRACE (the traced build: see Trace). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
@@ -69,6 +71,14 @@ constexpr bool ROTATES = !SPLIT_COLUMNS;
 // of 256 bytes, one a row, into its rows.
 constexpr bool DQ_PLANES = ATTN_DQ_PLANES;
 static_assert(!(DQ_PLANES && DQ_BY_RED), "the planes are the writers'");
+// Whether (D = 128, the accumulator row-major) the two warpgroups' parts are the two column halves
+// of one buffer of 64 whole rows, each writer adding 32 rows of 512 bytes (ATTN_DQ_JOINED: 32 bulk
+// reduce-adds a writer and step rather than 64 of 256 bytes).
+#ifndef ATTN_DQ_JOINED
+#define ATTN_DQ_JOINED 0
+#endif
+constexpr bool DQ_JOINED = ATTN_DQ_JOINED;
+static_assert(!DQ_JOINED || (D == 128 && !DQ_PLANES && !DQ_BY_RED), "joined parts: D = 128's writers, row-major");
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
@@ -93,22 +103,28 @@ constexpr unsigned KV_BYTES = BN * D * 2;
 constexpr unsigned TILE_BYTES = BM * D * 2;  // Q or dO
 constexpr unsigned DS_BYTES = BN * BM * 2;   // dS^T: BM / 64 blocks of [BN keys][64 queries]
 // Floats a row of a dQ part takes: 64 and 4 of padding (the stores from the fragments free of
-// bank conflicts), or, for the planes, 64 with its 16-byte chunks swizzled as dq_at's.
-constexpr int DQ_ROW = DQ_PLANES ? 64 : 68;
+// bank conflicts), or, for the planes, 64 with its 16-byte chunks swizzled as dq_at's; joined, 64
+// and 2 (the sizes' accounting: a whole row of both parts is 128 floats and 4 of padding, 132
+// floats apart from the next, the same banks as 68).
+constexpr int DQ_ROW = DQ_PLANES ? 64 : DQ_JOINED ? 66 : 68;
 constexpr unsigned DQ_BYTES = DQ_BY_RED ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's dQ part for its writer, f32
+// The stride of a part's rows, and where warpgroup w's part starts in the parts' buffer.
+constexpr int PART_ROW = DQ_JOINED ? 2 * DQ_ROW : DQ_ROW;
+__device__ __forceinline__ int part_start(int wg) { return DQ_JOINED ? 64 * wg : wg * 64 * DQ_ROW; }
 constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
                                 2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
 
 struct Smem {
     elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
-    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part
+    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part (joined: [64][2 DQ_ROW],
+                                   // part w at columns 64w .., 4 floats of padding at a row's end)
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
     unsigned long long* empty;     // [STAGES] the 256 MMA threads are done with the stage
     unsigned long long* dq_full;   // [2] warpgroup w's 128 threads have put their dQ part in
-    unsigned long long* dq_empty;  // [2] its writer has added it
+    unsigned long long* dq_empty;  // [2] its writer has added it (joined: both writers their rows of it)
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -386,7 +402,8 @@ __device__ __forceinline__ DqTurn turn_of(const Params& p, const Work& w, int h,
 
 // ---- A dQ writer: warpgroup w's part of every step's dQ into the f32 accumulator. Its rows are
 // 256 contiguous bytes there (D = 64: whole rows; D = 128: half rows), one bulk reduce-add each,
-// two per lane.
+// two per lane; the planes' 64 rows one of 16 KiB; joined (D = 128), rows 32w .. 32w + 31 of both
+// parts, one of 512 bytes per lane.
 __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
                  "r"(sm90::smem_u32(src)), "r"(bytes)
@@ -396,7 +413,7 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
 __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
     const Params& p = P.p;
     const int lane = threadIdx.x % 32;
-    const float* part = s.dq + wg * 64 * DQ_ROW;
+    const float* part = s.dq + part_start(wg);
     Trace trace;
     trace.begin();
     int step = 0;
@@ -415,10 +432,16 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 __threadfence();
                 trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
-            TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1));
+            TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1);
+                  if (DQ_JOINED) sm90::mbar_wait(s.dq_full + 1 - wg, step & 1));
             const unsigned t_issue = stamp32();
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
-            if constexpr (DQ_PLANES) {
+            if constexpr (DQ_JOINED) {
+                // Row 32 wg + lane of both parts: a whole row of the accumulator.
+                const int r = 32 * wg + lane;
+                if (m0 + r < w.s.q_len)
+                    bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, m0 + r) * D, s.dq + r * PART_ROW, D * 4);
+            } else if constexpr (DQ_PLANES) {
                 // The part's rows in the sequence, contiguous in the plane (row0 is a multiple of
                 // 8: the swizzles agree; the planes' dq_at takes no row index).
                 const int rows = min(64, w.s.q_len - row0);
@@ -428,7 +451,7 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
 #pragma unroll
                 for (int r = lane; r < 64; r += 32)
                     if (row0 + r < w.s.q_len)
-                        bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * DQ_ROW,
+                        bulk_add_f32(turn.accum + row_index(p, w.s, w.b, h, row0 + r) * D + col0, part + r * PART_ROW,
                                      256);
             }
             sm90::bulk_commit();
@@ -436,7 +459,10 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
             // mode, this warp waits for the additions to be done before it counts them in.
-            if (lane == 0) sm90::mbar_arrive(s.dq_empty + wg);
+            if (lane == 0) {
+                sm90::mbar_arrive(s.dq_empty + wg);
+                if (DQ_JOINED) sm90::mbar_arrive(s.dq_empty + 1 - wg);
+            }
             if (p.deterministic) {
                 const long long t0 = stamp();
                 sm90::bulk_wait();  // the additions done, not only the part read
@@ -700,7 +726,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                 } else {
                     // This warpgroup's dQ part to its writer, once it has added the last one.
                     sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-                    float* part = s.dq + wg * 64 * DQ_ROW + (16 * warp + lane / 4) * DQ_ROW + (DQ_PLANES ? 0 : 2 * t);
+                    float* part = s.dq + part_start(wg) + (16 * warp + lane / 4) * PART_ROW + (DQ_PLANES ? 0 : 2 * t);
                     if constexpr (DQ_PLANES) {
                         // Row 16 warp + lane / 4 + 8 r: its 16-byte chunk 2 c + t / 2 swizzled by
                         // the row mod 8 (lane / 4), as dq_at lays the planes.
@@ -708,7 +734,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                         for (int c = 0; c < 8; ++c)
 #pragma unroll
                             for (int r = 0; r < 2; ++r)
-                                *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 4 * ((2 * c + t / 2) ^ (lane / 4)) +
+                                *reinterpret_cast<float2*>(part + 8 * r * PART_ROW + 4 * ((2 * c + t / 2) ^ (lane / 4)) +
                                                            2 * (t % 2)) =
                                     make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
                     } else {
@@ -716,7 +742,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                         for (int c = 0; c < 8; ++c)
 #pragma unroll
                             for (int r = 0; r < 2; ++r)
-                                *reinterpret_cast<float2*>(part + 8 * r * DQ_ROW + 8 * c) =
+                                *reinterpret_cast<float2*>(part + 8 * r * PART_ROW + 8 * c) =
                                     make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
                     }
                     sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
@@ -767,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
         }
         for (int i = 0; i < 2; ++i) {
             sm90::mbar_init(s.dq_full + i, 128);
-            sm90::mbar_init(s.dq_empty + i, 1);
+            sm90::mbar_init(s.dq_empty + i, DQ_JOINED ? 2 : 1);
         }
         sm90::mbar_init_fence();
     }

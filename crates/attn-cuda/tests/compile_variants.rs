@@ -226,7 +226,8 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
-/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions or in planes, three
+/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, in planes or in
+/// joined parts, three
 /// stages and the register split they take, dV's issue points; the traced builds) at the head dims
 /// where they apply, and the row passes the planes change: no spill.
 #[test]
@@ -243,6 +244,13 @@ fn every_hopper_backward_form_compiles_without_spills() {
         backward::Form { dv_issue: backward::DvIssue::AfterStores, ..Default::default() },
         backward::Form { dq_planes: true, ..Default::default() },
         backward::Form { dq_planes: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
+        backward::Form { dq_joined: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
+        backward::Form {
+            dq_joined: true,
+            dv_issue: backward::DvIssue::BeforeBarrier,
+            trace: true,
+            ..Default::default()
+        },
         backward::Form {
             dq_planes: true,
             dv_issue: backward::DvIssue::BeforeBarrier,

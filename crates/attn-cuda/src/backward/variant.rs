@@ -96,6 +96,11 @@ pub struct Form {
     /// (`flash_bwd_common.cuh`'s `dq_at`), rather than in 64 of 256 bytes, one a row. Not with
     /// `dq_by_red`.
     pub dq_planes: bool,
+    /// At D=128, where the warpgroups split dQ's columns: their two parts are the halves of one
+    /// buffer of whole rows, and each writer adds 32 rows of 512 bytes of both (`ATTN_DQ_JOINED`),
+    /// 32 bulk reduce-adds a writer and step rather than 64 of 256 bytes; the accumulator stays
+    /// row-major. Not with `dq_by_red` or `dq_planes`.
+    pub dq_joined: bool,
     /// Stages of the Q and dO ring (`ATTN_STAGES`): 2 or 3 (D=256: 2).
     pub stages: u32,
     /// Registers of a producer thread after `setmaxnreg` (TMA issue, the LSE's loads, the dQ
@@ -140,6 +145,7 @@ impl Default for Form {
         Form {
             dq_by_red: false,
             dq_planes: false,
+            dq_joined: false,
             stages: 2,
             producer_registers: 40,
             trace: false,
@@ -241,20 +247,25 @@ impl Variant {
 
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
     /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
-    /// the writers' only. A traced build's producer warpgroup (the producer's and the writers'
-    /// warps) takes every register the MMA warpgroups leave, for its timers: 48 where 40 is asked
-    /// (232 an MMA thread either way).
+    /// the writers' only, the joined parts D=128's writers'. A traced build's producer warpgroup
+    /// (the producer's and the writers' warps) takes every register the MMA warpgroups leave, for
+    /// its timers: 48 where 40 is asked (232 an MMA thread either way); the joined parts' writers
+    /// at least 48 (with 40 they spilled 32 bytes).
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
-            (true, false) => Form { dq_planes: form.dq_planes && !form.dq_by_red, ..form },
-            (true, true) => Form { dq_by_red: true, dq_planes: false, stages: 2, ..form },
+            (true, false) => Form {
+                dq_planes: form.dq_planes && !form.dq_by_red,
+                dq_joined: form.dq_joined && !form.dq_by_red && !form.dq_planes && self.head_dim == 128,
+                ..form
+            },
+            (true, true) => Form { dq_by_red: true, dq_planes: false, dq_joined: false, stages: 2, ..form },
         };
-        let form = match form.trace {
-            true => {
-                Form { producer_registers: SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers(), ..form }
-            }
-            false => form,
+        let free = SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers();
+        let form = match (form.trace, form.dq_joined) {
+            (_, true) => Form { producer_registers: free.max(48), ..form },
+            (true, false) => Form { producer_registers: free, ..form },
+            (false, false) => form,
         };
         Variant { form, ..self }
     }
@@ -286,16 +297,17 @@ impl Variant {
     /// Dynamic shared memory of the main pass. Ampere/Ada: K and V (`BLOCK_N` rows), Q and dO
     /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
     /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, the stages of Q and
-    /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts for the writers (64 rows of 68; none
-    /// when they go by reductions), the stages of LSE and D, the mbarriers and 1024 bytes of slack
+    /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts for the writers (64 rows of 68, of 64
+    /// in planes, of 66 joined; none when they go by reductions), the stages of LSE and D, the mbarriers and 1024 bytes of slack
     /// for the alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let stages = self.form.stages as usize;
-        let dq_parts = match (self.form.dq_by_red, self.form.dq_planes) {
-            (true, _) => 0,
-            (false, false) => 2 * 64 * 68 * 4,
-            (false, true) => 2 * 64 * 64 * 4,
+        let dq_parts = match (self.form.dq_by_red, self.form.dq_planes, self.form.dq_joined) {
+            (true, _, _) => 0,
+            (false, false, false) => 2 * 64 * 68 * 4,
+            (false, true, _) => 2 * 64 * 64 * 4,
+            (false, false, true) => 2 * 64 * 66 * 4,
         };
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
@@ -317,10 +329,11 @@ impl Variant {
             f if f == self.own_form() => String::new(),
             f => format!(
                 "_{}_s{}_p{}{}{}",
-                match (f.dq_by_red, f.dq_planes) {
-                    (true, _) => "red",
-                    (false, false) => "writers",
-                    (false, true) => "planes",
+                match (f.dq_by_red, f.dq_planes, f.dq_joined) {
+                    (true, _, _) => "red",
+                    (false, true, _) => "planes",
+                    (false, false, true) => "joined",
+                    (false, false, false) => "writers",
                 },
                 f.stages,
                 f.producer_registers,
@@ -352,6 +365,7 @@ impl Variant {
             defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
             defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
             defines.push(("ATTN_DQ_PLANES".into(), u8::from(f.dq_planes).to_string()));
+            defines.push(("ATTN_DQ_JOINED".into(), u8::from(f.dq_joined).to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
             defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
@@ -480,6 +494,15 @@ mod tests {
         assert_eq!(planes.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_planes_s2_p40_dv1");
         assert!(!d128.with_form(Form { dq_planes: true, ..red3 }).form.dq_planes);
         assert!(planes.request(Arch::Sm90a).key() != d128.request(Arch::Sm90a).key());
+        // Joined parts: whole rows of 2 x 64 + 4 floats, D=128's writers only.
+        let joined = d128.with_form(Form { dq_joined: true, ..d128.form });
+        assert_eq!(joined.shared_bytes(), d128.shared_bytes() - 2 * 64 * 2 * 4);
+        assert_eq!(joined.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_joined_s2_p48_dv1");
+        let low = Form { dq_joined: true, producer_registers: 24, ..d128.form };
+        assert_eq!(d128.with_form(low).form.producer_registers, 48);
+        let d64 = Variant::for_problem(DType::Bf16, 64, true).unwrap();
+        assert!(!d64.with_form(Form { dq_joined: true, ..d64.form }).form.dq_joined);
+        assert!(!d128.with_form(Form { dq_joined: true, dq_planes: true, ..d128.form }).form.dq_joined);
         assert_eq!(wide.with_form(red3).form, Form { stages: 2, ..red3 });
         assert_eq!(wide.name(), "flash_bwd_sm90_bf16_d256_bm64_bn64");
         assert_eq!(red3.consumer_registers(), 240);
