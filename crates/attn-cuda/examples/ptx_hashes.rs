@@ -57,19 +57,7 @@ fn main() {
         // The backward's main passes (each family's, the Hopper one's knob forms too) and its row
         // passes, for sm_90a.
         Some("backward") => {
-            let forms = [
-                backward::Form::default(),
-                backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, ..Default::default() },
-                backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
-                backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
-                backward::Form { dq_planes: true, ..Default::default() },
-                backward::Form {
-                    dq_joined: true,
-                    dv_issue: backward::DvIssue::BeforeBarrier,
-                    ..Default::default()
-                },
-                backward::Form { trace: true, ..Default::default() },
-            ];
+            let forms = backward::Form::knob_forms();
             let mut mains: Vec<backward::Variant> = Vec::new();
             for v in backward::Variant::all().into_iter().flat_map(|v| forms.map(|f| v.with_form(f))) {
                 if !mains.contains(&v) {

@@ -75,7 +75,7 @@ __device__ __forceinline__ long long row_index(const Params& p, const Seq& s, in
 }
 
 // The dQ accumulator's layout. Row-major by default: row i's D floats at row_index(i) * D. With
-// ATTN_DQ_PLANES (the Hopper writers' `planes` form, backward::Form::dq_planes) a head's rows lie in
+// ATTN_DQ_PLANES (the Hopper writers' `planes` form, backward::DqAdd::Planes) a head's rows lie in
 // D / 64 planes of 64 columns, so that 64 rows of a plane are 16 contiguous KiB, one bulk
 // reduce-add from the writer's part; within a row the 16-byte chunks are XOR-swizzled by the
 // row's index in its sequence mod 8, as in that part (whose stores from the MMA fragments are then

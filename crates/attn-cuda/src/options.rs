@@ -294,13 +294,7 @@ impl Options {
             },
             sm90_backward: SM90_BWD.parse(|v| {
                 let parts: Vec<&str> = v.split(':').collect();
-                let (dq_by_red, dq_planes, dq_joined) = match parts[0] {
-                    "writers" => (false, false, false),
-                    "planes" => (false, true, false),
-                    "joined" => (false, false, true),
-                    "red" => (true, false, false),
-                    _ => return None,
-                };
+                let dq = crate::backward::DqAdd::ALL.iter().find(|(_, name)| *name == parts[0])?.0;
                 let stages = match parts.get(1) {
                     None => 2,
                     Some(n) => n.parse().ok().filter(|s| (2..=3).contains(s))?,
@@ -316,9 +310,7 @@ impl Options {
                     }
                 };
                 (parts.len() <= 4).then_some(crate::backward::Form {
-                    dq_by_red,
-                    dq_planes,
-                    dq_joined,
+                    dq,
                     stages,
                     producer_registers,
                     trace: false,
@@ -425,7 +417,7 @@ mod tests {
             (
                 "red:3:24",
                 crate::backward::Form {
-                    dq_by_red: true,
+                    dq: crate::backward::DqAdd::Reductions,
                     stages: 3,
                     producer_registers: 24,
                     ..Default::default()
@@ -435,7 +427,7 @@ mod tests {
             (
                 "planes:2:40:dv1",
                 crate::backward::Form {
-                    dq_planes: true,
+                    dq: crate::backward::DqAdd::Planes,
                     dv_issue: crate::backward::DvIssue::BeforeBarrier,
                     ..Default::default()
                 },
@@ -447,8 +439,8 @@ mod tests {
                     ..Default::default()
                 },
             ),
-            ("red", crate::backward::Form { dq_by_red: true, ..Default::default() }),
-            ("joined", crate::backward::Form { dq_joined: true, ..Default::default() }),
+            ("red", crate::backward::Form { dq: crate::backward::DqAdd::Reductions, ..Default::default() }),
+            ("joined", crate::backward::Form { dq: crate::backward::DqAdd::Joined, ..Default::default() }),
         ] {
             unsafe { std::env::set_var(SM90_BWD.name, value) };
             let read = Options::from_env().map(|o| o.sm90_backward);

@@ -149,11 +149,9 @@ fn hopper_backward_main(v: backward::Variant) -> Job {
 /// product (33 a step at D=64) until the warpgroup's index came through a warp reduction.
 #[test]
 fn every_hopper_backward_step_keeps_its_descriptors_uniform() {
-    let test = "every_hopper_backward_step_keeps_its_descriptors_uniform";
-    if !nvrtc_or_skip(test) {
+    let Some(tool) = sass_tools_or_skip("every_hopper_backward_step_keeps_its_descriptors_uniform") else {
         return;
-    }
-    let Some(tool) = cuobjdump_or_skip(test) else { return };
+    };
     let mut variants: Vec<backward::Variant> = Vec::new();
     for v in backward::Variant::all().into_iter().filter(|v| v.hopper) {
         for deterministic in [false, true] {
@@ -226,38 +224,16 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
     assert_all_pass(&compile_all(jobs), check_resources);
 }
 
-/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`: dQ by reductions, in planes or in
-/// joined parts, three
-/// stages and the register split they take, dV's issue points; the traced builds) at the head dims
-/// where they apply, and the row passes the planes change: no spill.
+/// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`, `backward::Form::knob_forms`: dQ by
+/// reductions, in planes or in joined parts, three stages and the register split they take, dV's
+/// issue points; the traced builds) at the head dims where they apply, and the row passes the
+/// planes change: no spill.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
         return;
     }
-    let forms = [
-        backward::Form::default(),
-        backward::Form { dq_by_red: true, stages: 2, producer_registers: 40, ..Default::default() },
-        backward::Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Default::default() },
-        backward::Form { trace: true, ..backward::Form::default() },
-        backward::Form { dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
-        backward::Form { dv_issue: backward::DvIssue::AfterStores, ..Default::default() },
-        backward::Form { dq_planes: true, ..Default::default() },
-        backward::Form { dq_planes: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
-        backward::Form { dq_joined: true, dv_issue: backward::DvIssue::BeforeBarrier, ..Default::default() },
-        backward::Form {
-            dq_joined: true,
-            dv_issue: backward::DvIssue::BeforeBarrier,
-            trace: true,
-            ..Default::default()
-        },
-        backward::Form {
-            dq_planes: true,
-            dv_issue: backward::DvIssue::BeforeBarrier,
-            trace: true,
-            ..Default::default()
-        },
-    ];
+    let forms = backward::Form::knob_forms();
     // Each form where it differs from the head dim's own (D=256 always adds by reductions in two
     // stages: only its traced build is another).
     let mut variants: Vec<backward::Variant> = Vec::new();
@@ -351,12 +327,21 @@ fn hopper_jobs() -> Vec<Job> {
 /// was 5-8% slower on the H100 (measured at 8bf801d, see docs/experiments.md).
 #[test]
 fn every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop() {
-    let test = "every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop";
-    if !nvrtc_or_skip(test) {
+    let Some(tool) =
+        sass_tools_or_skip("every_hopper_variant_has_hgmma_no_local_memory_and_a_uniform_key_tile_loop")
+    else {
         return;
-    }
-    let Some(tool) = cuobjdump_or_skip(test) else { return };
+    };
     assert_all_pass(hopper_compiled(), |job, compiled| check_sass(job, compiled, &tool));
+}
+
+/// What a SASS check needs: NVRTC, and `cuobjdump`, whose path it returns (each reported skipped
+/// by name where missing, or failing where CI requires it).
+fn sass_tools_or_skip(test: &str) -> Option<PathBuf> {
+    if !nvrtc_or_skip(test) {
+        return None;
+    }
+    cuobjdump_or_skip(test)
 }
 
 /// `cuobjdump`: `ATTN_CUOBJDUMP` (which `cargo xtask test` sets), else the first on `PATH`; if

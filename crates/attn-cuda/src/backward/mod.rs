@@ -32,4 +32,4 @@ pub(crate) mod variant;
 
 pub use resident::DeviceGrads;
 pub use run::BackwardTimes;
-pub use variant::{DETERMINISTIC_DQ_COPIES, DvIssue, Form, Variant, Walk};
+pub use variant::{DETERMINISTIC_DQ_COPIES, DqAdd, DvIssue, Form, Variant, Walk};

@@ -163,7 +163,7 @@ pub(crate) fn plan(
                                 " of 64 keys each"
                             },
                             f.stages,
-                            if f.dq_by_red {
+                            if f.dq == super::DqAdd::Reductions {
                                 "by the MMA warps' 8-byte reductions"
                             } else {
                                 "by the writer warps' bulk reduce-adds"

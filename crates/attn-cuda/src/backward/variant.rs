@@ -83,24 +83,48 @@ pub const TRACE_SLOTS: usize = 15;
 /// See [`TRACE_ROWS`].
 pub const TRACE_WORDS_PER_CTA: usize = TRACE_ROWS * TRACE_SLOTS;
 
+/// How the Hopper main pass adds each step's dQ parts to the f32 accumulator (the first part of
+/// `ATTN_CUDA_SM90_BWD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DqAdd {
+    /// The MMA warpgroups hand their parts to the writer warps through shared memory, whose bulk
+    /// reduce-adds add them a row at a time (64 of 256 bytes a part).
+    #[default]
+    Writers,
+    /// At D=128, where the warpgroups split dQ's columns: their two parts are the halves of one
+    /// buffer of whole rows, and each writer adds 32 rows of 512 bytes of both (`ATTN_DQ_JOINED`),
+    /// half the bulk reduce-adds; the accumulator stays row-major. Elsewhere `Writers`.
+    Joined,
+    /// The writers add each part in one bulk reduce-add of 16 KiB (`ATTN_DQ_PLANES`), the
+    /// accumulator laid out in planes of 64 columns that the row passes read too
+    /// (`flash_bwd_common.cuh`'s `dq_at`).
+    Planes,
+    /// The MMA warpgroups add their parts themselves by 8-byte reductions (`ATTN_DQ_RED`), the
+    /// writers idle. Always so at D=256 (no shared memory is left for the parts).
+    Reductions,
+}
+
+impl DqAdd {
+    /// Every choice, with its name in `ATTN_CUDA_SM90_BWD` and in a variant's name.
+    pub const ALL: [(DqAdd, &'static str); 4] = [
+        (DqAdd::Writers, "writers"),
+        (DqAdd::Joined, "joined"),
+        (DqAdd::Planes, "planes"),
+        (DqAdd::Reductions, "red"),
+    ];
+
+    /// Its name in `ATTN_CUDA_SM90_BWD` and in a variant's name.
+    pub fn name(self) -> &'static str {
+        DqAdd::ALL.iter().find(|(d, _)| *d == self).map_or("writers", |(_, n)| n)
+    }
+}
+
 /// How the Hopper main pass is built (`ATTN_CUDA_SM90_BWD`, [`crate::options::SM90_BWD`]); the
 /// Ampere/Ada family has no such choices and ignores it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Form {
-    /// The MMA warpgroups add their dQ parts to the accumulator by 8-byte reductions
-    /// (`ATTN_DQ_RED`) instead of handing them to the writer warps through shared memory, whose
-    /// bulk reduce-adds then add them. Always so at D=256 (no shared memory is left for the parts).
-    pub dq_by_red: bool,
-    /// The writer warps add each part in one bulk reduce-add of 16 KiB (`ATTN_DQ_PLANES`), the
-    /// accumulator laid out in planes of 64 columns that the row passes read too
-    /// (`flash_bwd_common.cuh`'s `dq_at`), rather than in 64 of 256 bytes, one a row. Not with
-    /// `dq_by_red`.
-    pub dq_planes: bool,
-    /// At D=128, where the warpgroups split dQ's columns: their two parts are the halves of one
-    /// buffer of whole rows, and each writer adds 32 rows of 512 bytes of both (`ATTN_DQ_JOINED`),
-    /// 32 bulk reduce-adds a writer and step rather than 64 of 256 bytes; the accumulator stays
-    /// row-major. Not with `dq_by_red` or `dq_planes`.
-    pub dq_joined: bool,
+    /// How dQ's parts are added.
+    pub dq: DqAdd,
     /// Stages of the Q and dO ring (`ATTN_STAGES`): 2 or 3 (D=256: 2).
     pub stages: u32,
     /// Registers of a producer thread after `setmaxnreg` (TMA issue, the LSE's loads, the dQ
@@ -143,9 +167,7 @@ impl Default for Form {
     /// a time, two stages, 40 producer registers (232 each MMA thread), dV issued after the dS barrier.
     fn default() -> Form {
         Form {
-            dq_by_red: false,
-            dq_planes: false,
-            dq_joined: false,
+            dq: DqAdd::Writers,
             stages: 2,
             producer_registers: 40,
             trace: false,
@@ -155,6 +177,27 @@ impl Default for Form {
 }
 
 impl Form {
+    /// The forms `ATTN_CUDA_SM90_BWD` can ask for that CI compiles at every head dim (besides each
+    /// head dim's own and each mode's traced build) and `ptx_hashes` prints: dQ by reductions in
+    /// two and three stages, dV's issue points, the planes, the joined parts, traced builds.
+    pub fn knob_forms() -> [Form; 11] {
+        let (dv1, dv2) = (DvIssue::BeforeBarrier, DvIssue::AfterStores);
+        let red = Form { dq: DqAdd::Reductions, ..Form::default() };
+        [
+            Form::default(),
+            red,
+            Form { stages: 3, producer_registers: 24, ..red },
+            Form { trace: true, ..Form::default() },
+            Form { dv_issue: dv1, ..Form::default() },
+            Form { dv_issue: dv2, ..Form::default() },
+            Form { dq: DqAdd::Planes, ..Form::default() },
+            Form { dq: DqAdd::Planes, dv_issue: dv1, ..Form::default() },
+            Form { dq: DqAdd::Joined, dv_issue: dv1, ..Form::default() },
+            Form { dq: DqAdd::Planes, dv_issue: dv1, trace: true, ..Form::default() },
+            Form { dq: DqAdd::Joined, dv_issue: dv1, trace: true, ..Form::default() },
+        ]
+    }
+
     /// Registers of an MMA thread after `setmaxnreg`: what the producer leaves, halved, in
     /// multiples of 8 (the instruction's granule): 128 × (40 + 2 × 232) = 64512 by default.
     pub fn consumer_registers(&self) -> u32 {
@@ -240,7 +283,7 @@ impl Variant {
     pub fn mode_form(&self, deterministic: bool) -> Form {
         let own = self.own_form();
         match deterministic {
-            true => self.with_form(Form { dq_planes: true, ..own }).form,
+            true => self.with_form(Form { dq: DqAdd::Planes, ..own }).form,
             false => own,
         }
     }
@@ -254,18 +297,17 @@ impl Variant {
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
-            (true, false) => Form {
-                dq_planes: form.dq_planes && !form.dq_by_red,
-                dq_joined: form.dq_joined && !form.dq_by_red && !form.dq_planes && self.head_dim == 128,
-                ..form
+            (true, false) => match form.dq {
+                DqAdd::Joined if self.head_dim != 128 => Form { dq: DqAdd::Writers, ..form },
+                _ => form,
             },
-            (true, true) => Form { dq_by_red: true, dq_planes: false, dq_joined: false, stages: 2, ..form },
+            (true, true) => Form { dq: DqAdd::Reductions, stages: 2, ..form },
         };
         let free = SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers();
-        let form = match (form.trace, form.dq_joined) {
-            (_, true) => Form { producer_registers: free.max(48), ..form },
-            (true, false) => Form { producer_registers: free, ..form },
-            (false, false) => form,
+        let form = match (form.trace, form.dq) {
+            (_, DqAdd::Joined) => Form { producer_registers: free.max(48), ..form },
+            (true, _) => Form { producer_registers: free, ..form },
+            (false, _) => form,
         };
         Variant { form, ..self }
     }
@@ -303,11 +345,11 @@ impl Variant {
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let stages = self.form.stages as usize;
-        let dq_parts = match (self.form.dq_by_red, self.form.dq_planes, self.form.dq_joined) {
-            (true, _, _) => 0,
-            (false, false, false) => 2 * 64 * 68 * 4,
-            (false, true, _) => 2 * 64 * 64 * 4,
-            (false, false, true) => 2 * 64 * 66 * 4,
+        let dq_parts = match self.form.dq {
+            DqAdd::Reductions => 0,
+            DqAdd::Writers => 2 * 64 * 68 * 4,
+            DqAdd::Planes => 2 * 64 * 64 * 4,
+            DqAdd::Joined => 2 * 64 * 66 * 4,
         };
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
@@ -329,12 +371,7 @@ impl Variant {
             f if f == self.own_form() => String::new(),
             f => format!(
                 "_{}_s{}_p{}{}{}",
-                match (f.dq_by_red, f.dq_planes, f.dq_joined) {
-                    (true, _, _) => "red",
-                    (false, true, _) => "planes",
-                    (false, false, true) => "joined",
-                    (false, false, false) => "writers",
-                },
+                f.dq.name(),
                 f.stages,
                 f.producer_registers,
                 match f.dv_issue {
@@ -363,9 +400,13 @@ impl Variant {
             let f = self.form;
             defines.push(("ATTN_PRODUCER_REGS".into(), f.producer_registers.to_string()));
             defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
-            defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq_by_red).to_string()));
-            defines.push(("ATTN_DQ_PLANES".into(), u8::from(f.dq_planes).to_string()));
-            defines.push(("ATTN_DQ_JOINED".into(), u8::from(f.dq_joined).to_string()));
+            for (define, dq) in [
+                ("ATTN_DQ_RED", DqAdd::Reductions),
+                ("ATTN_DQ_PLANES", DqAdd::Planes),
+                ("ATTN_DQ_JOINED", DqAdd::Joined),
+            ] {
+                defines.push((define.into(), u8::from(f.dq == dq).to_string()));
+            }
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
             defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
@@ -378,7 +419,7 @@ impl Variant {
     pub fn request(&self, arch: Arch) -> CompileRequest {
         let rows = Variant { hopper: false, form: Form::default(), ..*self };
         let (mut name, mut defines) = (rows.name(), rows.defines());
-        if self.hopper && self.form.dq_planes {
+        if self.hopper && self.form.dq == DqAdd::Planes {
             name.push_str("_planes");
             defines.push(("ATTN_DQ_PLANES".into(), "1".into()));
         }
@@ -484,25 +525,25 @@ mod tests {
         // The forms: three stages fit at D=128 once dQ goes by reductions, not beside the writers'
         // parts; D=256 keeps its reductions in two stages whatever is asked; names say the form.
         let d128 = Variant::for_problem(DType::Bf16, 128, true).unwrap();
-        let red3 = Form { dq_by_red: true, stages: 3, producer_registers: 24, ..Form::default() };
+        let red3 = Form { dq: DqAdd::Reductions, stages: 3, producer_registers: 24, ..Form::default() };
         assert_eq!(d128.with_form(red3).shared_bytes(), 196_608 + 1536 + 88 + 1024);
         assert!(d128.with_form(Form { stages: 3, ..Form::default() }).shared_bytes() > 227 * 1024);
         assert_eq!(d128.with_form(red3).name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_red_s3_p24");
         // The planes: 16 KiB a part (no padding), the writers' only, and the row passes read them.
-        let planes = d128.with_form(Form { dq_planes: true, ..d128.form });
+        let planes = d128.with_form(Form { dq: DqAdd::Planes, ..d128.form });
         assert_eq!(planes.shared_bytes(), d128.shared_bytes() - 2 * 64 * 4 * 4);
         assert_eq!(planes.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_planes_s2_p40_dv1");
-        assert!(!d128.with_form(Form { dq_planes: true, ..red3 }).form.dq_planes);
+        assert_eq!(d128.with_form(red3).form.dq, DqAdd::Reductions);
         assert!(planes.request(Arch::Sm90a).key() != d128.request(Arch::Sm90a).key());
         // Joined parts: whole rows of 2 x 64 + 4 floats, D=128's writers only.
-        let joined = d128.with_form(Form { dq_joined: true, ..d128.form });
+        let joined = d128.with_form(Form { dq: DqAdd::Joined, ..d128.form });
         assert_eq!(joined.shared_bytes(), d128.shared_bytes() - 2 * 64 * 2 * 4);
         assert_eq!(joined.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_joined_s2_p48_dv1");
-        let low = Form { dq_joined: true, producer_registers: 24, ..d128.form };
+        let low = Form { dq: DqAdd::Joined, producer_registers: 24, ..d128.form };
         assert_eq!(d128.with_form(low).form.producer_registers, 48);
         let d64 = Variant::for_problem(DType::Bf16, 64, true).unwrap();
-        assert!(!d64.with_form(Form { dq_joined: true, ..d64.form }).form.dq_joined);
-        assert!(!d128.with_form(Form { dq_joined: true, dq_planes: true, ..d128.form }).form.dq_joined);
+        assert_eq!(d64.with_form(Form { dq: DqAdd::Joined, ..d64.form }).form.dq, DqAdd::Writers);
+        assert_eq!(wide.with_form(Form { dq: DqAdd::Joined, ..wide.form }).form.dq, DqAdd::Reductions);
         assert_eq!(wide.with_form(red3).form, Form { stages: 2, ..red3 });
         assert_eq!(wide.name(), "flash_bwd_sm90_bf16_d256_bm64_bn64");
         assert_eq!(red3.consumer_registers(), 240);
