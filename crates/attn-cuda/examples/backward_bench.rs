@@ -139,13 +139,12 @@ fn main() -> attn_core::Result<()> {
 fn determinism(cuda: &Cuda, d: usize) -> attn_core::Result<()> {
     let shape = Shape { heads_kv: 2, ..Shape::new(2, 8, 1000, d) };
     for p in [Problem::new(shape, DType::Bf16).causal(), Problem::new(shape, DType::Bf16)] {
-        determinism_of(cuda, &p)?;
+        determinism_of(cuda, p)?;
     }
     Ok(())
 }
 
-fn determinism_of(cuda: &Cuda, p: &Problem) -> attn_core::Result<()> {
-    let p = *p;
+fn determinism_of(cuda: &Cuda, p: Problem) -> attn_core::Result<()> {
     let data = setup(cuda, &p, 7)?;
     for deterministic in [true, false] {
         let options = BackwardOptions { deterministic };
