@@ -432,8 +432,11 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 __threadfence();
                 trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
-            TIMED(trace, WRITER_FULL, sm90::mbar_wait(s.dq_full + wg, step & 1);
-                  if (DQ_JOINED) sm90::mbar_wait(s.dq_full + 1 - wg, step & 1));
+            // Joined: both parts, at fixed places (fewer registers than by wg).
+            TIMED(trace, WRITER_FULL, if (DQ_JOINED) {
+                sm90::mbar_wait(s.dq_full, step & 1);
+                sm90::mbar_wait(s.dq_full + 1, step & 1);
+            } else sm90::mbar_wait(s.dq_full + wg, step & 1));
             const unsigned t_issue = stamp32();
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
             if constexpr (DQ_JOINED) {
@@ -460,8 +463,12 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             // The part read: its warpgroup may write the next one while, in the deterministic
             // mode, this warp waits for the additions to be done before it counts them in.
             if (lane == 0) {
-                sm90::mbar_arrive(s.dq_empty + wg);
-                if (DQ_JOINED) sm90::mbar_arrive(s.dq_empty + 1 - wg);
+                if (DQ_JOINED) {
+                    sm90::mbar_arrive(s.dq_empty);
+                    sm90::mbar_arrive(s.dq_empty + 1);
+                } else {
+                    sm90::mbar_arrive(s.dq_empty + wg);
+                }
             }
             if (p.deterministic) {
                 const long long t0 = stamp();

@@ -69,6 +69,11 @@ fn hopper_compiled() -> &'static [Outcome] {
 /// note of ptxas's on wgmma (C75xx: fences it had to inject, or every wgmma serialized because it
 /// could not prove a group complete before its registers were used).
 fn check_resources(job: &Job, c: &Compiled) -> Option<String> {
+    check_resources_spilling(job, c, 0)
+}
+
+/// [`check_resources`], with up to `spill` bytes of spill allowed.
+fn check_resources_spilling(job: &Job, c: &Compiled, spill: u32) -> Option<String> {
     let r = c.resources_of(job.entry).cloned().unwrap_or_default();
     println!(
         "{:<60} {:>3} registers (budget {}), {} B spilled, {} B stack",
@@ -83,7 +88,7 @@ fn check_resources(job: &Job, c: &Compiled) -> Option<String> {
         Some(format!("{}: no ptxas report in the log", job.name))
     } else if !notes.is_empty() {
         Some(format!("{}: ptxas notes on wgmma:\n{}", job.name, notes.join("\n")))
-    } else if r.spill_bytes() > 0 || r.registers > job.budget {
+    } else if r.spill_bytes() > spill || r.registers > job.budget {
         Some(format!(
             "{}: {} registers (budget {}), {} B spilled",
             job.name,
@@ -227,7 +232,7 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
 /// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`, `backward::Form::knob_forms`: dQ by
 /// reductions, in planes or in joined parts, three stages and the register split they take, dV's
 /// issue points; the traced builds) at the head dims where they apply, and the row passes the
-/// planes change: no spill.
+/// planes change: no spill, but up to [`TRACED_SPILL_BYTES`] in a traced build.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
@@ -262,8 +267,17 @@ fn every_hopper_backward_form_compiles_without_spills() {
             });
         }
     }
-    assert_all_pass(&compile_all(jobs), check_resources);
+    assert_all_pass(&compile_all(jobs), |job, c| {
+        let traced = job.name.contains("_trace ");
+        check_resources_spilling(job, c, if traced { TRACED_SPILL_BYTES } else { 0 })
+    });
 }
+
+/// What a traced build of the Hopper backward may spill: its timers take the producer
+/// warpgroup's registers, 40 a thread at most (the launch's 504 a lane less the MMA warps' 2 x
+/// 232; 48 hung every launch). At `dd113df`'s successor the D=128 builds spilled 8 bytes, the
+/// writers' head base, stored once and reloaded once a head, outside the step loop (SASS read).
+const TRACED_SPILL_BYTES: u32 = 8;
 
 #[test]
 fn every_decode_variant_compiles_without_spills_for_every_arch() {

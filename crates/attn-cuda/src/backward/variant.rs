@@ -31,9 +31,12 @@ pub const SM90_BLOCK_N: usize = 128;
 const SM90_MAX_COLUMNS: usize = 128;
 /// Threads of the Hopper main pass: two MMA warpgroups and the producer's.
 pub const SM90_THREADS: u32 = 384;
-/// Registers a thread of the Hopper main pass's warpgroups share after `setmaxnreg`: 65536 over
-/// 128 threads, the producer's ([`Form::producer_registers`]) and the two MMA warpgroups'.
-const SM90_REGISTERS_PER_LANE: u32 = 65536 / 128;
+/// Registers a thread of the Hopper main pass's three warpgroups share after `setmaxnreg`, the
+/// producer's ([`Form::producer_registers`]) and the two MMA warpgroups': what the launch gives
+/// the CTA, 384 threads at 168 registers (64512, the forward's `REGISTER_POOL`), over 128
+/// threads. `setmaxnreg.inc` waits for registers free in the CTA's own allocation, so a split
+/// over 504 hangs every launch (the joined parts' 48 + 2 x 232 did).
+const SM90_REGISTERS_PER_LANE: u32 = crate::hopper::variant::REGISTER_POOL / 128;
 /// Copies of the f32 dQ accumulator in the deterministic mode (`ATTN_CUDA_BWD_DQ_COPIES`): the key
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
 /// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
@@ -292,8 +295,7 @@ impl Variant {
     /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
     /// the writers' only, the joined parts D=128's writers'. A traced build's producer warpgroup
     /// (the producer's and the writers' warps) takes every register the MMA warpgroups leave, for
-    /// its timers: 48 where 40 is asked (232 an MMA thread either way); the joined parts' writers
-    /// at least 48 (with 40 they spilled 32 bytes).
+    /// its timers (40 where 40 is asked: 504 a lane less 2 x 232).
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
@@ -305,7 +307,6 @@ impl Variant {
         };
         let free = SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers();
         let form = match (form.trace, form.dq) {
-            (_, DqAdd::Joined) => Form { producer_registers: free.max(48), ..form },
             (true, _) => Form { producer_registers: free, ..form },
             (false, _) => form,
         };
@@ -538,9 +539,7 @@ mod tests {
         // Joined parts: whole rows of 2 x 64 + 4 floats, D=128's writers only.
         let joined = d128.with_form(Form { dq: DqAdd::Joined, ..d128.form });
         assert_eq!(joined.shared_bytes(), d128.shared_bytes() - 2 * 64 * 2 * 4);
-        assert_eq!(joined.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_joined_s2_p48_dv1");
-        let low = Form { dq: DqAdd::Joined, producer_registers: 24, ..d128.form };
-        assert_eq!(d128.with_form(low).form.producer_registers, 48);
+        assert_eq!(joined.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_joined_s2_p40_dv1");
         let d64 = Variant::for_problem(DType::Bf16, 64, true).unwrap();
         assert_eq!(d64.with_form(Form { dq: DqAdd::Joined, ..d64.form }).form.dq, DqAdd::Writers);
         assert_eq!(wide.with_form(Form { dq: DqAdd::Joined, ..wide.form }).form.dq, DqAdd::Reductions);
@@ -569,11 +568,27 @@ mod tests {
         assert!(!Walk::default_for(false).rotates(false, 8, 132));
     }
 
+    /// `setmaxnreg.inc` waits for registers free in the CTA's allocation at launch (384 threads at
+    /// 168): a split over it hangs every launch, as the joined parts' 48 + 2 x 232 did.
+    #[test]
+    fn every_register_split_fits_what_the_launch_allocates() {
+        let launch = 65536 / SM90_THREADS / 8 * 8;
+        assert_eq!(3 * launch, SM90_REGISTERS_PER_LANE);
+        for v in Variant::all().into_iter().filter(|v| v.hopper) {
+            let traced = [false, true].map(|d| Form { trace: true, ..v.mode_form(d) });
+            for form in Form::knob_forms().into_iter().chain(traced).map(|f| v.with_form(f).form) {
+                let split = form.producer_registers + 2 * form.consumer_registers();
+                assert!(split <= 3 * launch, "{}: {split} registers a lane", v.with_form(form).name());
+                assert!(form.consumer_registers() >= launch && form.producer_registers <= launch);
+            }
+        }
+    }
+
     #[test]
     fn a_traced_build_takes_the_registers_the_mma_warps_leave() {
         let v = Variant::for_problem(DType::Bf16, 128, true).expect("a Hopper variant");
         let traced = v.with_form(Form { trace: true, ..v.own_form() }).form;
-        assert_eq!((traced.producer_registers, traced.consumer_registers()), (48, 232));
+        assert_eq!((traced.producer_registers, traced.consumer_registers()), (40, 232));
         assert_eq!(v.with_form(v.own_form()).form.producer_registers, 40);
     }
 }
