@@ -42,7 +42,8 @@
 // ATTN_CUDA_SM90_BWD): ATTN_DQ_RED (the MMA warps add their dQ parts by reductions at D = 64 and
 // 128 too, the writers idle), ATTN_DQ_PLANES (the writers add a part in one bulk reduce-add, the
 // accumulator in planes: see DQ_PLANES), ATTN_DQ_JOINED (D = 128: a writer adds whole rows of
-// both parts, see DQ_JOINED), ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
+// both parts, see DQ_JOINED), ATTN_DQ_BUFFERS (1, or 2 for D = 128's planes: see DQ_BUFS),
+// ATTN_STAGES (2 or 3 stages of Q and dO), ATTN_DV_ISSUE
 // (see DV_ISSUE) and ATTN_TRACE (the traced build: see Trace). The host's variant
 // (crates/attn-cuda/src/backward/variant.rs) mirrors the shared-memory size computed here.
 
@@ -79,6 +80,14 @@ static_assert(!(DQ_PLANES && DQ_BY_RED), "the planes are the writers'");
 #endif
 constexpr bool DQ_JOINED = ATTN_DQ_JOINED;
 static_assert(!DQ_JOINED || (D == 128 && !DQ_PLANES && !DQ_BY_RED), "joined parts: D = 128's writers, row-major");
+// Buffers of each warpgroup's dQ part (ATTN_DQ_BUFFERS): with two (the planes at D = 128, where
+// shared memory has room for them), an MMA warpgroup puts a step's part in the one its writer is
+// not adding, rather than waiting for the writer to have read the last.
+#ifndef ATTN_DQ_BUFFERS
+#define ATTN_DQ_BUFFERS 1
+#endif
+constexpr int DQ_BUFS = ATTN_DQ_BUFFERS;
+static_assert(DQ_BUFS == 1 || (DQ_BUFS == 2 && DQ_PLANES && D == 128), "two part buffers: D = 128's planes");
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
@@ -111,20 +120,24 @@ constexpr unsigned DQ_BYTES = DQ_BY_RED ? 0 : 64 * DQ_ROW * 4;  // a warpgroup's
 // The stride of a part's rows, and where warpgroup w's part starts in the parts' buffer.
 constexpr int PART_ROW = DQ_JOINED ? 2 * DQ_ROW : DQ_ROW;
 __device__ __forceinline__ int part_start(int wg) { return DQ_JOINED ? 64 * wg : wg * 64 * DQ_ROW; }
-constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES +
-                                2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4);
+// The buffer of the parts a step's go to, and the phase of its barriers that step completes.
+__device__ __forceinline__ int part_buffer(int step) { return DQ_BUFS == 1 ? 0 : step % DQ_BUFS; }
+__device__ __forceinline__ unsigned part_phase(int step) { return (step / DQ_BUFS) & 1; }
+constexpr unsigned SMEM_BYTES = 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BUFS * DQ_BYTES +
+                                2 * STAGES * BM * 4 + 8 * (1 + 2 * STAGES + 4 * DQ_BUFS);
 static_assert(SMEM_BYTES + 1024 <= 227 * 1024, "within Hopper's opt-in shared memory per block");
 
 struct Smem {
     elem_t *k, *v, *q, *d_o, *ds;  // q, d_o: STAGES tiles; ds: two buffers
-    float* dq;                     // [2][64][DQ_ROW]: each MMA warpgroup's dQ part (joined: [64][2 DQ_ROW],
-                                   // part w at columns 64w .., 4 floats of padding at a row's end)
+    float* dq;                     // [DQ_BUFS][2][64][DQ_ROW]: each MMA warpgroup's dQ part (joined:
+                                   // [64][2 DQ_ROW], part w at columns 64w .., 4 floats of padding at
+                                   // a row's end)
     float *lse, *delta;            // [STAGES][BM]
     unsigned long long* kv_full;   // K and V landed
     unsigned long long* full;      // [STAGES] Q, dO (TMA bytes) and the LSE and D (32 lanes) landed
     unsigned long long* empty;     // [STAGES] the 256 MMA threads are done with the stage
-    unsigned long long* dq_full;   // [2] warpgroup w's 128 threads have put their dQ part in
-    unsigned long long* dq_empty;  // [2] its writer has added it (joined: both writers their rows of it)
+    unsigned long long* dq_full;   // [DQ_BUFS][2] warpgroup w's 128 threads have put their dQ part in
+    unsigned long long* dq_empty;  // [DQ_BUFS][2] its writer has read it (joined: both writers their rows)
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -136,13 +149,13 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.d_o = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + STAGES * TILE_BYTES);
     s.ds = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES);
     s.dq = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
-    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BYTES);
+    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BUFS * DQ_BYTES);
     s.delta = s.lse + STAGES * BM;
     s.kv_full = reinterpret_cast<unsigned long long*>(s.delta + STAGES * BM);
     s.full = s.kv_full + 1;
     s.empty = s.full + STAGES;
     s.dq_full = s.empty + STAGES;
-    s.dq_empty = s.dq_full + 2;
+    s.dq_empty = s.dq_full + 2 * DQ_BUFS;
     return s;
 }
 
@@ -413,7 +426,6 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
 __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
     const Params& p = P.p;
     const int lane = threadIdx.x % 32;
-    const float* part = s.dq + part_start(wg);
     Trace trace;
     trace.begin();
     int step = 0;
@@ -432,11 +444,13 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 __threadfence();
                 trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
+            const int buf = part_buffer(step);
+            const float* part = s.dq + buf * 2 * 64 * DQ_ROW + part_start(wg);
             // Joined: both parts, at fixed places (fewer registers than by wg).
             TIMED(trace, WRITER_FULL, if (DQ_JOINED) {
                 sm90::mbar_wait(s.dq_full, step & 1);
                 sm90::mbar_wait(s.dq_full + 1, step & 1);
-            } else sm90::mbar_wait(s.dq_full + wg, step & 1));
+            } else sm90::mbar_wait(s.dq_full + 2 * buf + wg, part_phase(step)));
             const unsigned t_issue = stamp32();
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);
             if constexpr (DQ_JOINED) {
@@ -467,7 +481,7 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                     sm90::mbar_arrive(s.dq_empty);
                     sm90::mbar_arrive(s.dq_empty + 1);
                 } else {
-                    sm90::mbar_arrive(s.dq_empty + wg);
+                    sm90::mbar_arrive(s.dq_empty + 2 * buf + wg);
                 }
             }
             if (p.deterministic) {
@@ -732,8 +746,10 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     if (p.deterministic) dq_turn(turn, wg, true);
                 } else {
                     // This warpgroup's dQ part to its writer, once it has added the last one.
-                    sm90::mbar_wait(s.dq_empty + wg, (step & 1) ^ 1);
-                    float* part = s.dq + part_start(wg) + (16 * warp + lane / 4) * PART_ROW + (DQ_PLANES ? 0 : 2 * t);
+                    const int buf = part_buffer(step);
+                    sm90::mbar_wait(s.dq_empty + 2 * buf + wg, part_phase(step) ^ 1);
+                    float* part = s.dq + buf * 2 * 64 * DQ_ROW + part_start(wg) + (16 * warp + lane / 4) * PART_ROW +
+                                  (DQ_PLANES ? 0 : 2 * t);
                     if constexpr (DQ_PLANES) {
                         // Row 16 warp + lane / 4 + 8 r: its 16-byte chunk 2 c + t / 2 swizzled by
                         // the row mod 8 (lane / 4), as dq_at lays the planes.
@@ -753,7 +769,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                                     make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
                     }
                     sm90::fence_proxy_async();  // the stores above, before the writer's bulk copies read them
-                    sm90::mbar_arrive(s.dq_full + wg);
+                    sm90::mbar_arrive(s.dq_full + 2 * buf + wg);
                 }
                 trace.add(MMA_DQ_OUT, stamp() - t0);
                 TIMED(trace, MMA_GRAD, sm90::wgmma_wait<0>());
@@ -798,7 +814,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_bwd_sm90(const __g
             sm90::mbar_init(s.full + i, 32);
             sm90::mbar_init(s.empty + i, 256);
         }
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 2 * DQ_BUFS; ++i) {
             sm90::mbar_init(s.dq_full + i, 128);
             sm90::mbar_init(s.dq_empty + i, DQ_JOINED ? 2 : 1);
         }

@@ -129,9 +129,9 @@ pub const SM90_TRACE: Knob = Knob {
 /// `ATTN_CUDA_SM90_BWD`.
 pub const SM90_BWD: Knob = Knob {
     name: "ATTN_CUDA_SM90_BWD",
-    allowed: "`<dq>[:<stages>[:<producer registers>[:dv<n>]]]`: `writers`, `planes`, `joined` (D=128; elsewhere `writers`) or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8, dV's product issued after the dS barrier (`dv0`), before dS's stores and the barrier (`dv1`) or between them (`dv2`); e.g. `red:3:24`, `writers:2:40:dv1`",
+    allowed: "`<dq>[:<stages>[:<producer registers>[:dv<n>]]]`: `writers`, `planes`, `planes2` (D=128; elsewhere `planes`), `joined` (D=128; elsewhere `writers`) or `red`, 2 or 3 stages of Q and dO, 24 to 56 registers in multiples of 8, dV's product issued after the dS barrier (`dv0`), before dS's stores and the barrier (`dv1`) or between them (`dv2`); e.g. `red:3:24`, `writers:2:40:dv1`",
     default: "each head dim's own form (backward::Variant::own_form): `writers:2:40` at D=64, `writers:2:40:dv1` at D=128, `red:2:40` at D=256 (where dQ always goes by reductions in two stages), and in the deterministic mode the same with `planes` at D=64 and 128 (backward::Variant::mode_form); a set value is taken as written, its missing parts `2`, `40` and `dv0`",
-    purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds (a row each, `joined`: a whole row of both warpgroups' parts each, or `planes`: a part each, the accumulator in 64-column planes) or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
+    purpose: "Builds the Hopper family's backward main pass with dQ added by the writer warps' bulk reduce-adds (a row each, `joined`: a whole row of both warpgroups' parts each, or `planes`: a part each, the accumulator in 64-column planes; `planes2`: the same with two part buffers a warpgroup, so that the MMA warps need not wait for the writer to have read the last part) or by the MMA warps' reductions, this many Q/dO stages and this register split, to time the forms against each other on another GPU (on the H200 `red` was 2-8% slower, 16-33% in the deterministic mode, and a third stage gained nothing: docs/experiments.md); a form that does not fit is a plan error.",
 };
 
 /// `ATTN_CUDA_BWD_DQ_COPIES`.
@@ -441,6 +441,14 @@ mod tests {
             ),
             ("red", crate::backward::Form { dq: crate::backward::DqAdd::Reductions, ..Default::default() }),
             ("joined", crate::backward::Form { dq: crate::backward::DqAdd::Joined, ..Default::default() }),
+            (
+                "planes2:2:40:dv1",
+                crate::backward::Form {
+                    dq: crate::backward::DqAdd::PlanesTwoBuffers,
+                    dv_issue: crate::backward::DvIssue::BeforeBarrier,
+                    ..Default::default()
+                },
+            ),
         ] {
             unsafe { std::env::set_var(SM90_BWD.name, value) };
             let read = Options::from_env().map(|o| o.sm90_backward);

@@ -102,6 +102,10 @@ pub enum DqAdd {
     /// accumulator laid out in planes of 64 columns that the row passes read too
     /// (`flash_bwd_common.cuh`'s `dq_at`).
     Planes,
+    /// The planes with two part buffers a warpgroup (`ATTN_DQ_BUFFERS=2`): an MMA warpgroup puts
+    /// a step's part in one while its writer adds the last from the other, rather than waiting
+    /// for it to have been read. D=128 only (at D=64 the buffers do not fit); elsewhere `Planes`.
+    PlanesTwoBuffers,
     /// The MMA warpgroups add their parts themselves by 8-byte reductions (`ATTN_DQ_RED`), the
     /// writers idle. Always so at D=256 (no shared memory is left for the parts).
     Reductions,
@@ -109,16 +113,33 @@ pub enum DqAdd {
 
 impl DqAdd {
     /// Every choice, with its name in `ATTN_CUDA_SM90_BWD` and in a variant's name.
-    pub const ALL: [(DqAdd, &'static str); 4] = [
+    pub const ALL: [(DqAdd, &'static str); 5] = [
         (DqAdd::Writers, "writers"),
         (DqAdd::Joined, "joined"),
         (DqAdd::Planes, "planes"),
+        (DqAdd::PlanesTwoBuffers, "planes2"),
         (DqAdd::Reductions, "red"),
     ];
 
     /// Its name in `ATTN_CUDA_SM90_BWD` and in a variant's name.
     pub fn name(self) -> &'static str {
         DqAdd::ALL.iter().find(|(d, _)| *d == self).map_or("writers", |(_, n)| n)
+    }
+
+    /// Whether the accumulator is laid out in planes of 64 columns (`ATTN_DQ_PLANES`), which the
+    /// row passes then read too.
+    pub fn in_planes(self) -> bool {
+        matches!(self, DqAdd::Planes | DqAdd::PlanesTwoBuffers)
+    }
+
+    /// Buffers of each MMA warpgroup's part in shared memory (`ATTN_DQ_BUFFERS`): none when the
+    /// MMA warps add their parts themselves.
+    pub fn part_buffers(self) -> usize {
+        match self {
+            DqAdd::Reductions => 0,
+            DqAdd::PlanesTwoBuffers => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -182,8 +203,9 @@ impl Default for Form {
 impl Form {
     /// The forms `ATTN_CUDA_SM90_BWD` can ask for that CI compiles at every head dim (besides each
     /// head dim's own and each mode's traced build) and `ptx_hashes` prints: dQ by reductions in
-    /// two and three stages, dV's issue points, the planes, the joined parts, traced builds.
-    pub fn knob_forms() -> [Form; 11] {
+    /// two and three stages, dV's issue points, the planes (with one part buffer and two), the
+    /// joined parts, traced builds.
+    pub fn knob_forms() -> [Form; 13] {
         let (dv1, dv2) = (DvIssue::BeforeBarrier, DvIssue::AfterStores);
         let red = Form { dq: DqAdd::Reductions, ..Form::default() };
         [
@@ -198,6 +220,8 @@ impl Form {
             Form { dq: DqAdd::Joined, dv_issue: dv1, ..Form::default() },
             Form { dq: DqAdd::Planes, dv_issue: dv1, trace: true, ..Form::default() },
             Form { dq: DqAdd::Joined, dv_issue: dv1, trace: true, ..Form::default() },
+            Form { dq: DqAdd::PlanesTwoBuffers, dv_issue: dv1, ..Form::default() },
+            Form { dq: DqAdd::PlanesTwoBuffers, dv_issue: dv1, trace: true, ..Form::default() },
         ]
     }
 
@@ -301,6 +325,7 @@ impl Variant {
             (false, _) => Form::default(),
             (true, false) => match form.dq {
                 DqAdd::Joined if self.head_dim != 128 => Form { dq: DqAdd::Writers, ..form },
+                DqAdd::PlanesTwoBuffers if self.head_dim != 128 => Form { dq: DqAdd::Planes, ..form },
                 _ => form,
             },
             (true, true) => Form { dq: DqAdd::Reductions, stages: 2, ..form },
@@ -341,24 +366,26 @@ impl Variant {
     /// (`BLOCK_M` rows), dSᵀ (`BLOCK_N × BLOCK_M`), all 16-bit, and the step's LSE and D (f32),
     /// as the pointer arithmetic at the top of `attn_bwd`. Hopper: K and V, the stages of Q and
     /// dO, two dSᵀ buffers, the two warpgroups' f32 dQ parts for the writers (64 rows of 68, of 64
-    /// in planes, of 66 joined; none when they go by reductions), the stages of LSE and D, the mbarriers and 1024 bytes of slack
+    /// in planes, of 66 joined; two buffers of them in `planes2`; none when they go by reductions),
+    /// the stages of LSE and D, the mbarriers and 1024 bytes of slack
     /// for the alignment, as `SMEM_BYTES` in `flash_bwd_sm90.cu`.
     pub fn shared_bytes(&self) -> u32 {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let stages = self.form.stages as usize;
-        let dq_parts = match self.form.dq {
-            DqAdd::Reductions => 0,
-            DqAdd::Writers => 2 * 64 * 68 * 4,
-            DqAdd::Planes => 2 * 64 * 64 * 4,
-            DqAdd::Joined => 2 * 64 * 66 * 4,
+        let row = match self.form.dq {
+            DqAdd::Writers | DqAdd::Reductions => 68,
+            DqAdd::Planes | DqAdd::PlanesTwoBuffers => 64,
+            DqAdd::Joined => 66,
         };
+        let buffers = self.form.dq.part_buffers();
+        let dq_parts = buffers * 2 * 64 * row * 4;
         let bytes = match self.hopper {
             false => ((2 * n + 2 * m) * d + n * m) * 2 + 2 * m * 4,
             true => {
                 (2 * n * d + 2 * stages * m * d + 2 * n * m) * 2
                     + dq_parts
                     + 2 * stages * m * 4
-                    + 8 * (5 + 2 * stages)
+                    + 8 * (1 + 2 * stages + 4 * buffers.max(1))
                     + 1024
             }
         };
@@ -401,13 +428,10 @@ impl Variant {
             let f = self.form;
             defines.push(("ATTN_PRODUCER_REGS".into(), f.producer_registers.to_string()));
             defines.push(("ATTN_CONSUMER_REGS".into(), f.consumer_registers().to_string()));
-            for (define, dq) in [
-                ("ATTN_DQ_RED", DqAdd::Reductions),
-                ("ATTN_DQ_PLANES", DqAdd::Planes),
-                ("ATTN_DQ_JOINED", DqAdd::Joined),
-            ] {
-                defines.push((define.into(), u8::from(f.dq == dq).to_string()));
-            }
+            defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq == DqAdd::Reductions).to_string()));
+            defines.push(("ATTN_DQ_PLANES".into(), u8::from(f.dq.in_planes()).to_string()));
+            defines.push(("ATTN_DQ_JOINED".into(), u8::from(f.dq == DqAdd::Joined).to_string()));
+            defines.push(("ATTN_DQ_BUFFERS".into(), f.dq.part_buffers().max(1).to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
             defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
@@ -420,7 +444,7 @@ impl Variant {
     pub fn request(&self, arch: Arch) -> CompileRequest {
         let rows = Variant { hopper: false, form: Form::default(), ..*self };
         let (mut name, mut defines) = (rows.name(), rows.defines());
-        if self.hopper && self.form.dq == DqAdd::Planes {
+        if self.hopper && self.form.dq.in_planes() {
             name.push_str("_planes");
             defines.push(("ATTN_DQ_PLANES".into(), "1".into()));
         }
@@ -481,6 +505,8 @@ impl Variant {
             grid: [s.seq_k.div_ceil(self.block_n()) as u32, s.heads_kv as u32, s.batch as u32],
             block: [if self.hopper { SM90_THREADS } else { THREADS }, 1, 1],
             dynamic_shared_bytes: self.shared_bytes(),
+            // A traced build's sums (`trace_sums` in `flash_bwd_sm90.cu`).
+            static_shared_bytes: if self.form.trace { (TRACE_ROWS * TRACE_SLOTS * 8) as u32 } else { 0 },
             ..rows.clone()
         };
         Launches { pre: rows.clone(), main, dq: rows }
@@ -540,8 +566,19 @@ mod tests {
         let joined = d128.with_form(Form { dq: DqAdd::Joined, ..d128.form });
         assert_eq!(joined.shared_bytes(), d128.shared_bytes() - 2 * 64 * 2 * 4);
         assert_eq!(joined.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_joined_s2_p40_dv1");
+        // Two buffers of planes: 32 KiB and four mbarriers more, within the 227 KiB; D=128 only.
+        let twice = d128.with_form(Form { dq: DqAdd::PlanesTwoBuffers, ..d128.form });
+        assert_eq!(twice.shared_bytes(), planes.shared_bytes() + 2 * 64 * 64 * 4 + 4 * 8);
+        let traced_sums = (TRACE_ROWS * TRACE_SLOTS * 8) as u32;
+        assert!(twice.shared_bytes() + traced_sums <= 227 * 1024, "{}", twice.shared_bytes());
+        assert_eq!(
+            twice.request(Arch::Sm90a).key(),
+            planes.request(Arch::Sm90a).key(),
+            "the same row passes"
+        );
         let d64 = Variant::for_problem(DType::Bf16, 64, true).unwrap();
         assert_eq!(d64.with_form(Form { dq: DqAdd::Joined, ..d64.form }).form.dq, DqAdd::Writers);
+        assert_eq!(d64.with_form(Form { dq: DqAdd::PlanesTwoBuffers, ..d64.form }).form.dq, DqAdd::Planes);
         assert_eq!(wide.with_form(Form { dq: DqAdd::Joined, ..wide.form }).form.dq, DqAdd::Reductions);
         assert_eq!(wide.with_form(red3).form, Form { stages: 2, ..red3 });
         assert_eq!(wide.name(), "flash_bwd_sm90_bf16_d256_bm64_bn64");
