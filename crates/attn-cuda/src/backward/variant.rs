@@ -317,9 +317,9 @@ impl Variant {
 
     /// This variant built as `form` says, as far as it can be: the Ampere/Ada family keeps the
     /// default, at D=256 the dQ parts always go by reductions in two stages, and the planes are
-    /// the writers' only, the joined parts and two part buffers D=128's. A traced build's producer warpgroup
-    /// (the producer's and the writers' warps) takes every register the MMA warpgroups leave, for
-    /// its timers (40 where 40 is asked: 504 a lane less 2 x 232).
+    /// the writers' only, the joined parts and two part buffers D=128's. A traced build's
+    /// producer warpgroup (the producer's and the writers' warps) takes every register the MMA
+    /// warpgroups leave, for its timers (40 where 40 is asked: 504 a lane less 2 x 232).
     pub fn with_form(self, form: Form) -> Variant {
         let form = match (self.hopper, self.splits_columns()) {
             (false, _) => Form::default(),
