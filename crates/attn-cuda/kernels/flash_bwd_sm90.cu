@@ -149,7 +149,7 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
     s.d_o = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + STAGES * TILE_BYTES);
     s.ds = reinterpret_cast<elem_t*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES);
     s.dq = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES);
-    s.lse = reinterpret_cast<float*>(p + 2 * KV_BYTES + 2 * STAGES * TILE_BYTES + 2 * DS_BYTES + 2 * DQ_BUFS * DQ_BYTES);
+    s.lse = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(s.dq) + 2 * DQ_BUFS * DQ_BYTES);
     s.delta = s.lse + STAGES * BM;
     s.kv_full = reinterpret_cast<unsigned long long*>(s.delta + STAGES * BM);
     s.full = s.kv_full + 1;
