@@ -448,8 +448,8 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             const float* part = s.dq + buf * 2 * 64 * DQ_ROW + part_start(wg);
             // Joined: both parts, at fixed places (fewer registers than by wg).
             TIMED(trace, WRITER_FULL, if (DQ_JOINED) {
-                sm90::mbar_wait(s.dq_full, step & 1);
-                sm90::mbar_wait(s.dq_full + 1, step & 1);
+                sm90::mbar_wait(s.dq_full, part_phase(step));
+                sm90::mbar_wait(s.dq_full + 1, part_phase(step));
             } else sm90::mbar_wait(s.dq_full + 2 * buf + wg, part_phase(step)));
             const unsigned t_issue = stamp32();
             const int row0 = m0 + (D == 64 ? 64 * wg : 0), col0 = (D == 128 ? 64 * wg : 0);

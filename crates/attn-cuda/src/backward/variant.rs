@@ -132,11 +132,10 @@ impl DqAdd {
         matches!(self, DqAdd::Planes | DqAdd::PlanesTwoBuffers)
     }
 
-    /// Buffers of each MMA warpgroup's part in shared memory (`ATTN_DQ_BUFFERS`): none when the
-    /// MMA warps add their parts themselves.
+    /// Buffers of each MMA warpgroup's part in shared memory, each with its pair of mbarriers
+    /// (`ATTN_DQ_BUFFERS`; with reductions the one buffer is empty).
     pub fn part_buffers(self) -> usize {
         match self {
-            DqAdd::Reductions => 0,
             DqAdd::PlanesTwoBuffers => 2,
             _ => 1,
         }
@@ -373,7 +372,8 @@ impl Variant {
         let (n, m, d) = (self.block_n(), self.block_m(), self.head_dim);
         let stages = self.form.stages as usize;
         let row = match self.form.dq {
-            DqAdd::Writers | DqAdd::Reductions => 68,
+            DqAdd::Reductions => 0,
+            DqAdd::Writers => 68,
             DqAdd::Planes | DqAdd::PlanesTwoBuffers => 64,
             DqAdd::Joined => 66,
         };
@@ -385,7 +385,7 @@ impl Variant {
                 (2 * n * d + 2 * stages * m * d + 2 * n * m) * 2
                     + dq_parts
                     + 2 * stages * m * 4
-                    + 8 * (1 + 2 * stages + 4 * buffers.max(1))
+                    + 8 * (1 + 2 * stages + 4 * buffers)
                     + 1024
             }
         };
@@ -431,7 +431,7 @@ impl Variant {
             defines.push(("ATTN_DQ_RED".into(), u8::from(f.dq == DqAdd::Reductions).to_string()));
             defines.push(("ATTN_DQ_PLANES".into(), u8::from(f.dq.in_planes()).to_string()));
             defines.push(("ATTN_DQ_JOINED".into(), u8::from(f.dq == DqAdd::Joined).to_string()));
-            defines.push(("ATTN_DQ_BUFFERS".into(), f.dq.part_buffers().max(1).to_string()));
+            defines.push(("ATTN_DQ_BUFFERS".into(), f.dq.part_buffers().to_string()));
             defines.push(("ATTN_STAGES".into(), f.stages.to_string()));
             defines.push(("ATTN_TRACE".into(), u8::from(f.trace).to_string()));
             defines.push(("ATTN_DV_ISSUE".into(), f.dv_issue.index().to_string()));
