@@ -230,9 +230,10 @@ fn every_backward_kernel_compiles_without_spills_for_every_arch() {
 }
 
 /// The Hopper backward's other forms (`ATTN_CUDA_SM90_BWD`, `backward::Form::knob_forms`: dQ by
-/// reductions, in planes or in joined parts, three stages and the register split they take, dV's
-/// issue points; the traced builds) at the head dims where they apply, and the row passes the
-/// planes change: no spill, but up to [`TRACED_SPILL_BYTES`] in a traced build.
+/// reductions, in planes (one part buffer or two) or in joined parts, three stages and the
+/// register split they take, dV's issue points; the traced builds) at the head dims where they
+/// apply, and the row passes the planes change: no spill, but up to [`TRACED_SPILL_BYTES`] in a
+/// traced build.
 #[test]
 fn every_hopper_backward_form_compiles_without_spills() {
     if !nvrtc_or_skip("every_hopper_backward_form_compiles_without_spills") {
