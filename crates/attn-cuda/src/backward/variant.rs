@@ -288,21 +288,25 @@ impl Variant {
     /// ([`Variant::own_form`]).
     fn new(dtype: DType, head_dim: usize, hopper: bool) -> Variant {
         // D=128: dV's product ahead of the dS barrier, 2-8% faster on the H200 (1% slower in the
-        // deterministic mode; 2-3.5% slower at D=64): docs/experiments.md.
-        let dv_issue = if head_dim == 128 { DvIssue::BeforeBarrier } else { DvIssue::AfterBarrier };
-        Variant { dtype, head_dim, hopper, form: Form::default() }
-            .with_form(Form { dv_issue, ..Form::default() })
+        // deterministic mode; 2-3.5% slower at D=64), and dQ's parts in planes with two buffers a
+        // warpgroup, 8-22% faster than the writers' rows (docs/experiments.md).
+        let form = match head_dim {
+            128 => Form { dq: DqAdd::PlanesTwoBuffers, dv_issue: DvIssue::BeforeBarrier, ..Form::default() },
+            _ => Form::default(),
+        };
+        Variant { dtype, head_dim, hopper, form: Form::default() }.with_form(form)
     }
 
     /// The form this variant's family and head dim take by default: [`Form::default`], but at
-    /// D=128 dV issued before the dS barrier and at D=256 dQ by reductions.
+    /// D=128 dV issued before the dS barrier and dQ's parts in planes with two buffers, and at
+    /// D=256 dQ by reductions.
     pub fn own_form(&self) -> Form {
         Variant::new(self.dtype, self.head_dim, self.hopper).form
     }
 
     /// The form a call in the mode `deterministic` says runs unless `ATTN_CUDA_SM90_BWD` is set:
     /// the head dim's own, but in the deterministic mode the writers add each part in one bulk
-    /// reduce-add (`planes`) where they add dQ at all. The writer limits that mode, waiting its
+    /// reduce-add from one buffer (`planes`) where they add dQ at all. The writer limits that mode, waiting its
     /// turn and then issuing 64 row adds a step; on the H200 the planes made it 11-13% faster at
     /// D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4% slower
     /// (docs/experiments.md).
@@ -551,7 +555,11 @@ mod tests {
         assert_eq!(wide.shared_bytes(), 212_992 + 1024 + 72 + 1024);
         // The forms: three stages fit at D=128 once dQ goes by reductions, not beside the writers'
         // parts; D=256 keeps its reductions in two stages whatever is asked; names say the form.
-        let d128 = Variant::for_problem(DType::Bf16, 128, true).unwrap();
+        let own128 = Variant::for_problem(DType::Bf16, 128, true).unwrap();
+        assert_eq!((own128.form.dq, own128.form.dv_issue), (DqAdd::PlanesTwoBuffers, DvIssue::BeforeBarrier));
+        assert_eq!(own128.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128");
+        let d128 = own128.with_form(Form { dq: DqAdd::Writers, ..own128.form });
+        assert_eq!(d128.name(), "flash_bwd_sm90_bf16_d128_bm64_bn128_writers_s2_p40_dv1");
         let red3 = Form { dq: DqAdd::Reductions, stages: 3, producer_registers: 24, ..Form::default() };
         assert_eq!(d128.with_form(red3).shared_bytes(), 196_608 + 1536 + 88 + 1024);
         assert!(d128.with_form(Form { stages: 3, ..Form::default() }).shared_bytes() > 227 * 1024);
