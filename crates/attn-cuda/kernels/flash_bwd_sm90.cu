@@ -33,7 +33,8 @@
 // flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
 // flash_bwd_common.cuh's dq_turn_of, one counter a copy), or in a rotated walk by step (Work); a
 // counter counts writers' additions, two a key block (one per writer), and a writer adds once both
-// of the key block before it are in.
+// of the key block before it are in (with two part buffers it may count a step's in a step late:
+// COUNT_LATE).
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
@@ -88,6 +89,13 @@ static_assert(!DQ_JOINED || (D == 128 && !DQ_PLANES && !DQ_BY_RED), "joined part
 #endif
 constexpr int DQ_BUFS = ATTN_DQ_BUFFERS;
 static_assert(DQ_BUFS == 1 || (DQ_BUFS == 2 && DQ_PLANES && D == 128), "two part buffers: D = 128's planes");
+// Whether, in the deterministic mode, a writer counts a step's additions in only after issuing the
+// next step's, where that step's turn has already come (write_dq): with two part buffers, so that
+// the additions' landing no longer bounds a writer's step; the MMA warps have a buffer to fill
+// meanwhile. The turns come early with copies of the accumulator (a turn then waits for a key
+// block a copy count of steps ahead in a rotated walk); with one copy a writer mostly counts first.
+// (A traced build then times a count that comes first as the turn's wait.)
+constexpr bool COUNT_LATE = DQ_BUFS == 2;
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
@@ -401,10 +409,13 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
-// Spins (one thread) until both parts of every key block before this one at the turn's copy of
-// query block m's dQ are in (flash_bwd_common.cuh's dq_turn_of).
+// Whether both parts of every key block before this one at the turn's copy of query block m's dQ
+// are in (flash_bwd_common.cuh's dq_turn_of).
+__device__ __forceinline__ bool turn_come(const DqTurn& turn) { return ld_acquire(turn.counter) >= 2 * turn.before; }
+
+// Spins (one thread) until the turn has come.
 __device__ __forceinline__ void wait_for_turn(const DqTurn& turn) {
-    while (ld_acquire(turn.counter) < 2 * turn.before) {
+    while (!turn_come(turn)) {
     }
 }
 
@@ -423,12 +434,27 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
                  : "memory");
 }
 
+// Deterministic: once the writer's bulk groups but the newest `pending` (0 or 1) are done, counts
+// their additions in at a turn's `counter` (the async proxy's global writes ordered before it).
+template <int PENDING>
+__device__ __forceinline__ void count_in(int* counter, int lane) {
+    if (PENDING == 0) sm90::bulk_wait();
+    else sm90::bulk_wait_but_newest();
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(counter, 1);
+}
+
 __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
     const Params& p = P.p;
     const int lane = threadIdx.x % 32;
     Trace trace;
     trace.begin();
     int step = 0;
+    // COUNT_LATE: the counter of the last step's turn while its additions are issued and not yet
+    // counted in, else null.
+    int* late = nullptr;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         for (int i = w.m_first; i < w.m_end; ++i, ++step) {
@@ -439,9 +465,30 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             if (p.deterministic) {
                 // After both parts of every key block before this one at the copy (the parts
                 // touch different elements, so their own order does not matter).
-                TIMED(trace, WRITER_TURN, if (lane == 0) wait_for_turn(turn); __syncwarp());
+                // COUNT_LATE: a writer holds the last step's count back only where this step's
+                // turn has come and its part is in: it never spins for a turn with a count held
+                // back (the key blocks after it may be waiting for it), nor holds one while its MMA
+                // warps are still on the part; elsewhere it counts first (the additions have
+                // mostly landed by then).
+                TIMED(trace, WRITER_TURN, {
+                    const bool hold = COUNT_LATE && late &&
+                                      __shfl_sync(~0u,
+                                                  lane == 0 && turn_come(turn) &&
+                                                      sm90::mbar_test(s.dq_full + 2 * part_buffer(step) + wg,
+                                                                      part_phase(step)),
+                                                  0);
+                    if (!hold) {
+                        if (COUNT_LATE && late) count_in<0>(late, lane);
+                        late = nullptr;
+                        if (lane == 0) wait_for_turn(turn);
+                        __syncwarp();
+                    }
+                });
+                // The turn's acquire ordered before this thread's bulk reduce-adds (the async
+                // proxy's accesses) as well as its own.
                 const unsigned t_fence = stamp32();
                 __threadfence();
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
                 trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
             const int buf = part_buffer(step);
@@ -475,7 +522,8 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             trace.add(WRITER_ISSUE, stamp32() - t_issue);
             TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
-            // mode, this warp waits for the additions to be done before it counts them in.
+            // mode, this warp waits for additions to be done before it counts them in (this
+            // step's, or with COUNT_LATE the last step's).
             if (lane == 0) {
                 if (DQ_JOINED) {
                     sm90::mbar_arrive(s.dq_empty);
@@ -485,17 +533,18 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 }
             }
             if (p.deterministic) {
+                // The additions done, not only the part read (COUNT_LATE: the last step's; this
+                // step's are counted in at the next step or after the loop).
                 const long long t0 = stamp();
-                sm90::bulk_wait();  // the additions done, not only the part read
-                asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                __threadfence();
-                __syncwarp();
-                if (lane == 0) atomicAdd(turn.counter, 1);
+                if (!COUNT_LATE) count_in<0>(turn.counter, lane);
+                else if (late) count_in<1>(late, lane);
+                if (COUNT_LATE) late = turn.counter;
                 trace.add(WRITER_LANDED, stamp() - t0);
             }
         }
     }
     sm90::bulk_wait();  // the last additions done before the thread leaves, not only read
+    if (COUNT_LATE && late) count_in<0>(late, lane);
     trace.end(P);
 }
 

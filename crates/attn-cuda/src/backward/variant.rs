@@ -104,7 +104,10 @@ pub enum DqAdd {
     Planes,
     /// The planes with two part buffers a warpgroup (`ATTN_DQ_BUFFERS=2`): an MMA warpgroup puts
     /// a step's part in one while its writer adds the last from the other, rather than waiting
-    /// for it to have been read. D=128 only (at D=64 the buffers do not fit); elsewhere `Planes`.
+    /// for it to have been read; in the deterministic mode (where it is not the default: only as
+    /// `ATTN_CUDA_SM90_BWD` asks) a writer counts a step's additions in after issuing the next
+    /// step's where that step's turn has come and its part is in (`COUNT_LATE`). D=128 only (at
+    /// D=64 the buffers do not fit); elsewhere `Planes`.
     PlanesTwoBuffers,
     /// The MMA warpgroups add their parts themselves by 8-byte reductions (`ATTN_DQ_RED`), the
     /// writers idle. Always so at D=256 (no shared memory is left for the parts).
