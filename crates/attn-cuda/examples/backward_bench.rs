@@ -155,8 +155,8 @@ fn determinism_of(cuda: &Cuda, p: Problem) -> attn_core::Result<()> {
             let next = bits(&backward(cuda, &p, &data, options, 1)?.0.map(|b| b.to_f32_vec()));
             same += usize::from(next == first);
         }
-        // The first run's bits hashed (FNV-1a over the 32-bit words of dQ, dK, dV), to compare builds: in
-        // the deterministic mode two forms that add dQ in the same order give the same hash.
+        // The first run's bits hashed (FNV-1a over the 32-bit words of dQ, dK, dV), to compare
+        // builds: in the deterministic mode two forms that add dQ in the same order hash the same.
         let hash = first
             .iter()
             .fold(0xcbf2_9ce4_8422_2325u64, |h, &w| (h ^ u64::from(w)).wrapping_mul(0x100_0000_01b3));
