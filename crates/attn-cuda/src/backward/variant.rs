@@ -292,7 +292,7 @@ impl Variant {
     fn new(dtype: DType, head_dim: usize, hopper: bool) -> Variant {
         // D=128: dV's product ahead of the dS barrier, 2-8% faster on the H200 (1% slower in the
         // deterministic mode; 2-3.5% slower at D=64), and dQ's parts in planes with two buffers a
-        // warpgroup, 8-22% faster than the writers' rows (docs/experiments.md).
+        // warpgroup, 10-22% faster than the writers' rows (docs/experiments.md).
         let form = match head_dim {
             128 => Form { dq: DqAdd::PlanesTwoBuffers, dv_issue: DvIssue::BeforeBarrier, ..Form::default() },
             _ => Form::default(),
@@ -309,10 +309,10 @@ impl Variant {
 
     /// The form a call in the mode `deterministic` says runs unless `ATTN_CUDA_SM90_BWD` is set:
     /// the head dim's own, but in the deterministic mode the writers add each part in one bulk
-    /// reduce-add from one buffer (`planes`) where they add dQ at all. The writer limits that mode, waiting its
-    /// turn and then issuing 64 row adds a step; on the H200 the planes made it 11-13% faster at
-    /// D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4% slower
-    /// (docs/experiments.md).
+    /// reduce-add from one buffer (`planes`) where they add dQ at all. The writer limits that
+    /// mode, waiting its turn and then issuing 64 row adds a step; on the H200 the planes made it
+    /// 11-13% faster at D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4%
+    /// slower; a second buffer gained nothing there (-1.6% to +0.1% at D=128; docs/experiments.md).
     pub fn mode_form(&self, deterministic: bool) -> Form {
         let own = self.own_form();
         match deterministic {
