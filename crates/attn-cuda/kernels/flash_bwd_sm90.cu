@@ -409,6 +409,13 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
+// Adds one to a turn's counter with release semantics at GPU scope: what this thread wrote before,
+// and (the ordering being transitive) what the threads that met it at a barrier before wrote, is
+// seen by whoever acquires the count.
+__device__ __forceinline__ void release_one(int* counter) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 // Whether both parts of every key block before this one at the turn's copy of query block m's dQ
 // are in (flash_bwd_common.cuh's dq_turn_of).
 __device__ __forceinline__ bool turn_come(const DqTurn& turn) { return ld_acquire(turn.counter) >= 2 * turn.before; }
@@ -435,15 +442,15 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
 }
 
 // Deterministic: once the writer's bulk groups but the newest `pending` (0 or 1) are done, counts
-// their additions in at a turn's `counter` (the async proxy's global writes ordered before it).
+// their additions in at a turn's `counter`: each lane's additions (the async proxy's writes) made
+// visible to its generic proxy, the warp's gathered by the barrier, lane 0's release.
 template <int PENDING>
 __device__ __forceinline__ void count_in(int* counter, int lane) {
     if (PENDING == 0) sm90::bulk_wait();
     else sm90::bulk_wait_but_newest();
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    __threadfence();
     __syncwarp();
-    if (lane == 0) atomicAdd(counter, 1);
+    if (lane == 0) release_one(counter);
 }
 
 __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int wg) {
@@ -481,13 +488,12 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                         if (COUNT_LATE && late) count_in<0>(late, lane);
                         late = nullptr;
                         if (lane == 0) wait_for_turn(turn);
-                        __syncwarp();
                     }
+                    __syncwarp();  // lane 0's acquire, either way, passed to the warp
                 });
-                // The turn's acquire ordered before this thread's bulk reduce-adds (the async
-                // proxy's accesses) as well as its own.
+                // Lane 0's acquire, passed to the warp by the barrier, ordered before each lane's
+                // bulk reduce-adds (the async proxy's accesses).
                 const unsigned t_fence = stamp32();
-                __threadfence();
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
                 trace.add(WRITER_FENCE, stamp32() - t_fence);
             }
@@ -616,15 +622,15 @@ __device__ __forceinline__ void add_dq(const Params& p, const Work& w, const DqT
 
 // DQ_BY_RED, deterministic: the MMA warpgroup waits for its turn at query block m's dQ (both parts
 // of every higher key block in), or, with `done`, counts its part in. Named barrier 2 + wg.
+// The warpgroup's reductions before the barrier are released by its first thread's count after it;
+// the first thread's acquire is passed to the others by the barrier.
 __device__ __forceinline__ void dq_turn(const DqTurn& turn, int wg, bool done) {
     if (done) {
-        __threadfence();
         sm90::named_sync(2 + wg, 128);
-        if (threadIdx.x % 128 == 0) atomicAdd(turn.counter, 1);
+        if (threadIdx.x % 128 == 0) release_one(turn.counter);
     } else {
         if (threadIdx.x % 128 == 0) wait_for_turn(turn);
         sm90::named_sync(2 + wg, 128);
-        __threadfence();
     }
 }
 
