@@ -337,10 +337,7 @@ impl Variant {
             (true, true) => Form { dq: DqAdd::Reductions, stages: 2, ..form },
         };
         let free = SM90_REGISTERS_PER_LANE - 2 * form.consumer_registers();
-        let form = match (form.trace, form.dq) {
-            (true, _) => Form { producer_registers: free, ..form },
-            (false, _) => form,
-        };
+        let form = if form.trace { Form { producer_registers: free, ..form } } else { form };
         Variant { form, ..self }
     }
 
