@@ -125,6 +125,7 @@ impl Cuda {
                 chosen.deterministic,
                 chosen.dq_copies,
                 chosen.walk_rotated,
+                chosen.from_first_block,
             ),
             problem,
             chosen,
