@@ -48,7 +48,6 @@ struct Params {
     int m_blocks;   // blocks of 64 query rows in the longest sequence (the counters' layout)
     int dq_copies;  // copies of the dQ accumulator (1 but in the deterministic mode; see dq_turn_of)
     int walk_rotated;  // Hopper main pass: a walk over every query block starts at the key block's index
-    int from_first_block;  // Hopper main pass, deterministic: the grid starts with key block 0, not the last
 };
 
 // One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the

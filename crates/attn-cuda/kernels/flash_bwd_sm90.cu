@@ -30,8 +30,7 @@
 // reductions (two stages of Q and dO leave no shared memory for the writers' parts); the writer
 // warps idle.
 // With p.deterministic the additions to one query block's dQ are ordered by its counter, as in
-// flash_bwd.cu (the last key block first; the grid starts there, or under a mask where a sequence's
-// key blocks fit at once with the first, the longest walk: Work; with copies of the accumulator,
+// flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
 // flash_bwd_common.cuh's dq_turn_of, one counter a copy), or in a rotated walk by step (Work); a
 // counter counts writers' additions, two a key block (one per writer), and a writer adds once both
 // of the key block before it are in (with two part buffers it may count a step's in a step late:
@@ -297,10 +296,8 @@ __device__ __forceinline__ int rotated_rank(const Work& w, int m) {
 
 __device__ __forceinline__ Work work_of(const Params& p) {
     Work w;
-    // Deterministic: the last key block first (see flash_bwd.cu: a CTA waits only for earlier ones),
-    // or, where every key block of the longest sequence fits on the GPU at once, the first, the
-    // longest walk under a mask, as in the default mode (backward::run::starts_from_first_block).
-    w.n_block = p.deterministic && !p.from_first_block ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    // Deterministic: the last key block first (see flash_bwd.cu: a CTA waits only for earlier ones).
+    w.n_block = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     w.g = blockIdx.y;
     w.b = blockIdx.z;
     w.s = seq_of(p, w.b);

@@ -73,7 +73,6 @@ pub struct KernelParams {
     m_blocks: i32,
     dq_copies: i32,
     walk_rotated: i32,
-    from_first_block: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -84,8 +83,7 @@ impl KernelParams {
     /// arrays at `extras`.
     /// `dq_copies`: copies of the dQ accumulator the deterministic mode's key blocks take in turn
     /// (1 without it); `walk_rotated`: the Hopper main pass's walks rotated
-    /// ([`super::Walk::rotates`]); `from_first_block`: its deterministic grid starts with the
-    /// first key block rather than the last ([`super::run::starts_from_first_block`]).
+    /// ([`super::Walk::rotates`]).
     pub fn new(
         at: BackwardPointers,
         extras: ExtraPointers,
@@ -93,7 +91,6 @@ impl KernelParams {
         deterministic: bool,
         dq_copies: usize,
         walk_rotated: bool,
-        from_first_block: bool,
     ) -> Self {
         debug_assert!(!matches!(problem.batching.kv, KvRows::Paged { .. }), "refused by validate_backward");
         let s = problem.shape;
@@ -155,7 +152,6 @@ impl KernelParams {
             m_blocks: s.seq_q.div_ceil(super::variant::BLOCK_M) as i32,
             dq_copies: dq_copies as i32,
             walk_rotated: i32::from(walk_rotated),
-            from_first_block: i32::from(from_first_block),
         }
     }
 }
@@ -236,8 +232,8 @@ mod tests {
 
     #[test]
     fn layout_matches_the_kernel() {
-        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 6
-        // ints (4 bytes each) = 72: 296.
+        // 12 pointers, 12 strides, 4 pointers (8 bytes each) = 224; then 10 ints, 2 floats and 5
+        // ints (4 bytes each) = 68: 292, padded to 296.
         assert_eq!(std::mem::offset_of!(super::KernelParams, q_strides), 96);
         assert_eq!(std::mem::offset_of!(super::KernelParams, cu_seqlens_q), 192);
         assert_eq!(std::mem::offset_of!(super::KernelParams, batch), 224);
@@ -245,7 +241,6 @@ mod tests {
         assert_eq!(std::mem::offset_of!(super::KernelParams, m_blocks), 280);
         assert_eq!(std::mem::offset_of!(super::KernelParams, dq_copies), 284);
         assert_eq!(std::mem::offset_of!(super::KernelParams, walk_rotated), 288);
-        assert_eq!(std::mem::offset_of!(super::KernelParams, from_first_block), 292);
         assert_eq!(std::mem::size_of::<super::KernelParams>(), 296);
     }
 }

@@ -125,7 +125,6 @@ impl Cuda {
                 chosen.deterministic,
                 chosen.dq_copies,
                 chosen.walk_rotated,
-                chosen.from_first_block,
             ),
             problem,
             chosen,

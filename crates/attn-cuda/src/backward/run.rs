@@ -9,7 +9,7 @@ use crate::options::Family;
 use crate::runtime::{Gpu, MemoryUse, driver};
 use crate::tensors::{DeviceExtras, bits, check_alignment, check_supported_by, from_bits};
 use attn_core::{
-    BackwardOptions, DataMut, Execution, GradInputs, Gradients, Mask, Payload, Plan, Problem, Result, Tiles,
+    BackwardOptions, DataMut, Execution, GradInputs, Gradients, Payload, Plan, Problem, Result, Tiles,
 };
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -45,9 +45,6 @@ pub(crate) struct ChosenBackward {
     pub(crate) dq_copies: usize,
     /// Whether the Hopper main pass's walks are rotated ([`super::Walk::rotates`]).
     pub(crate) walk_rotated: bool,
-    /// Whether the Hopper main pass's deterministic grid starts with the first key block
-    /// ([`starts_from_first_block`]).
-    pub(crate) from_first_block: bool,
     /// Where a traced build ([`super::Form::trace`]) writes its CSV (`ATTN_CUDA_SM90_TRACE`).
     pub(crate) trace_folder: Option<std::path::PathBuf>,
 }
@@ -120,13 +117,6 @@ pub(crate) fn plan(
             problem.shape.seq_k.div_ceil(variant.block_n()),
             gpu.info().sm_count as usize,
         );
-    let from_first_block = starts_from_first_block(
-        variant.hopper,
-        options.deterministic,
-        problem,
-        problem.shape.seq_k.div_ceil(variant.block_n()),
-        gpu.info().sm_count as usize,
-    );
     let walk = match walk_rotated {
         true => {
             "; where every key block meets every query block, key block n walks from query block n, wrapping round"
@@ -137,13 +127,8 @@ pub(crate) fn plan(
         true => format!(
             "deterministic: the key blocks meeting a query block add to its dQ from the last down{}, taking \
              {dq_copies} copies of the accumulator in turn (a counter per query block and copy orders each copy's \
-             additions; the grid starts with the {} key block; dQ's conversion sums the copies in order){walk}",
-            if walk_rotated { " (in a rotated walk in the order they get there)" } else { "" },
-            if from_first_block {
-                "first (the longest walk; every key block of a sequence fits at once)"
-            } else {
-                "last"
-            }
+             additions; the grid starts with the last key block; dQ's conversion sums the copies in order){walk}",
+            if walk_rotated { " (in a rotated walk in the order they get there)" } else { "" }
         ),
         false => format!(
             "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them){walk}"
@@ -203,28 +188,9 @@ pub(crate) fn plan(
             deterministic: options.deterministic,
             dq_copies,
             walk_rotated,
-            from_first_block,
             trace_folder: settings.hopper.trace.clone().filter(|_| variant.form.trace),
         }),
     })
-}
-
-/// Whether the Hopper main pass's deterministic grid starts with the first key block rather than
-/// the last. A key block waits only for those after it at a query block, so a grid from the last
-/// never waits for a CTA not yet launched; but under a mask (causal, a window) the first key blocks
-/// walk the most query blocks, and starting them last leaves the longest walks for the grid's tail
-/// (the default mode starts with them). Where every key block of the longest sequence fits on the
-/// GPU at once (`key_blocks` at most one CTA an SM), the key blocks a CTA waits for are launched
-/// before the SMs can fill with waiting ones, and the grid starts from the first. Without a mask
-/// every walk is as long (and the aligned walk's chain starts at the last key block): from the last.
-pub(crate) fn starts_from_first_block(
-    hopper: bool,
-    deterministic: bool,
-    problem: &Problem,
-    key_blocks: usize,
-    sm_count: usize,
-) -> bool {
-    hopper && deterministic && problem.params.mask != Mask::None && key_blocks <= sm_count
 }
 
 /// Whether the backward of `problem` takes the Hopper family's main pass on `arch`: by default
@@ -318,7 +284,6 @@ pub(crate) fn run(
             chosen.deterministic,
             chosen.dq_copies,
             chosen.walk_rotated,
-            chosen.from_first_block,
         ),
         problem,
         chosen,
