@@ -39,7 +39,8 @@ pub const SM90_THREADS: u32 = 384;
 const SM90_REGISTERS_PER_LANE: u32 = crate::hopper::variant::REGISTER_POOL / 128;
 /// Copies of the f32 dQ accumulator in the deterministic mode (`ATTN_CUDA_BWD_DQ_COPIES`): the key
 /// blocks meeting a query block take them in turn, so each waits for the one this many above it
-/// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`).
+/// rather than the next (`dq_turn_of` in `flash_bwd_common.cuh`). Two were 2.6-10% slower under a
+/// causal mask at D=128 on the H200 and at most 2.7% faster without one (docs/experiments.md).
 pub const DETERMINISTIC_DQ_COPIES: usize = 1;
 /// The order of the Hopper main pass's walks over the query blocks (`ATTN_CUDA_BWD_WALK`): each key
 /// block from the first query block (`Aligned`), or, where every key block meets every query
@@ -312,7 +313,8 @@ impl Variant {
     /// reduce-add from one buffer (`planes`) where they add dQ at all. The writer limits that
     /// mode, waiting its turn and then issuing 64 row adds a step; on the H200 the planes made it
     /// 11-13% faster at D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4%
-    /// slower; a second buffer gained nothing there (-1.6% to +0.1% at D=128; docs/experiments.md).
+    /// slower; a second buffer gained nothing there (-1.6% to +0.1% at D=128, and with the count a
+    /// step late that it brings -7.3% to -1.1% since the lighter turns; docs/experiments.md).
     pub fn mode_form(&self, deterministic: bool) -> Form {
         let own = self.own_form();
         match deterministic {
