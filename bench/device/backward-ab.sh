@@ -15,6 +15,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+source bench/device/clocks.sh  # the GPU's clocks during the timings: $out/clocks.csv
 bin=.device/bin
 settings=${SETTINGS:?a list of environment assignments, e.g. ATTN_CUDA_SM90_BWD=red:2:40}
 modes=${MODES:-both}
@@ -27,7 +28,7 @@ late() { (( SECONDS > budget )) && echo "== skipped past BUDGET_S=$budget s: $1"
 # The binaries' folder a setting names (BIN=...), or the bundle's.
 bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN=}; done; echo "$b"; }
 {
-  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total,power.limit --format=csv,noheader
   echo "commit: $(cat .device/COMMIT 2>/dev/null)$([[ -f .device/base/COMMIT ]] && echo ", base $(cat .device/base/COMMIT)")"
   for setting in $settings; do
     for det in "" --deterministic; do
@@ -37,6 +38,7 @@ bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN
       env ${setting//,/ } timeout 120 "$(bin_of "$setting")/attn" verify --grad --quick --backend cuda $det 2>&1 | tail -1
     done
   done
+  clocks_start "$out/clocks.csv"
   for round in $(seq "$rounds"); do
     for setting in $settings; do
       late "round $round of $setting" && continue
@@ -49,5 +51,6 @@ bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN
     echo "== torch"
     timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" --dims "$dims" | tee -a "$out/torch.jsonl"
   fi
+  clocks_stop
   python3 bench/device/backward_ab_report.py "$out"
 } 2>&1 | tee "$out/log.txt"

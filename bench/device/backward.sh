@@ -19,6 +19,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+source bench/device/clocks.sh  # the GPU's clocks during the timings: $out/clocks.csv
 bin=.device/bin
 parts=${1:-verify,bench}
 max_seq=${MAX_SEQ:-16384}
@@ -26,7 +27,7 @@ iters=${ITERS:-20}
 dims=${DIMS:-64,128}
 rounds=${ROUNDS:-2}
 {
-  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total,power.limit --format=csv,noheader
   echo "commit: $(cat .device/COMMIT 2>/dev/null)"
   if [[ $parts == *verify* ]]; then
     echo "== attn verify --grad --quick --backend cuda"
@@ -85,12 +86,14 @@ rounds=${ROUNDS:-2}
     done
   fi
   if [[ $parts == *bench* ]]; then
+    clocks_start "$out/clocks.csv"
     for round in $(seq "$rounds"); do
       echo "== round $round: attn"
       timeout 280 "$bin/backward_bench" "$iters" "$max_seq" "$dims" | tee -a "$out/attn.jsonl"
       echo "== round $round: torch"
       timeout 200 python3 bench/peers/torch_sdpa_backward.py --iters "$iters" --max-seq "$max_seq" --dims "$dims" | tee -a "$out/torch.jsonl"
     done
+    clocks_stop
     name=${NAME:-h200-backward}
     python3 bench/device/backward_report.py "$out" "$name" "$(cat .device/COMMIT)" "$parts" > "$out/$name.json"
   fi

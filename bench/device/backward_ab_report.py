@@ -1,13 +1,19 @@
 """Reads backward-ab.sh's $OUT/attn.jsonl (backward_bench rows tagged with their setting and round)
 and $OUT/torch.jsonl (SDPA's backward), and prints each row's median TFLOP/s over the rounds by
-setting and mode, with cuDNN's and flash's beside them and each setting's ratio to the first."""
+setting and mode, with cuDNN's and flash's beside them and each setting's ratio to the first; and,
+where $OUT/clocks.csv holds the GPU's samples (bench/device/clocks.sh), the median SM clock each
+setting's rows ran at."""
 import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+import clocks  # noqa: E402
+
 out = Path(sys.argv[1])
+samples = clocks.load(out / "clocks.csv")
 
 
 def parsed(lines):
@@ -28,9 +34,13 @@ if (out / "torch.jsonl").exists():
             peers[(r["impl"], r["head_dim"], r["seq"], r["causal"])] = r["tflops"]
 settings = list(dict.fromkeys(r["setting"] for r in rows if "setting" in r))
 by = defaultdict(list)
+mhz = defaultdict(list)  # the SM clock during each row (where sampled)
 for r in rows:
     if "tflops" in r:
         by[(r["setting"], r["impl"], r["head_dim"], r["seq"], r["causal"])].append(r["tflops"])
+        state = clocks.during(samples, r["t0"], r["t1"]) if "t0" in r else None
+        if state:
+            mhz[(r["setting"], r["impl"], r["head_dim"], r["seq"], r["causal"])].append(state["sm_mhz"])
 shapes = sorted({k[2:] for k in by})
 for mode in ("attn", "attn-deterministic"):
     print(f"== {mode}: median TFLOP/s by setting (ratio to {settings[0]}); peers cudnn / flash")
@@ -49,6 +59,12 @@ for mode in ("attn", "attn-deterministic"):
         cu = peers.get(("cudnn", d, s, c), float("nan"))
         fl = peers.get(("flash", d, s, c), float("nan"))
         print(f"{d:<5} {s:<6} {str(c):<6} " + " ".join(cells) + f"  {cu:7.1f} {fl:7.1f}")
+    if mhz:
+        print(f"== {mode}: median SM clock (MHz) during the rows, by setting")
+        for d, s, c in shapes:
+            cells = [f"{statistics.median(mhz[(f, mode, d, s, c)]):>30.0f}" if mhz.get((f, mode, d, s, c))
+                     else f"{'-':>30}" for f in settings]
+            print(f"{d:<5} {s:<6} {str(c):<6} " + " ".join(cells))
 for r in rows:
     if "determinism" in r:
         print(r)

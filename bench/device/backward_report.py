@@ -2,15 +2,21 @@
 """Issue 34's backward timings as one self-describing JSON: reads the attn.jsonl and torch.jsonl
 that bench/device/backward.sh writes (rounds appended), takes each contender's median over the
 rounds per shape, and gives attn's ratios to PyTorch SDPA's cuDNN and flash (FlashAttention-2)
-backwards, the deterministic mode's cost, and the determinism checks.
+backwards, the deterministic mode's cost, and the determinism checks; where OUT_DIR/clocks.csv holds
+the GPU's samples (bench/device/clocks.sh), each contender's median SM clock and power during the
+row, and the reasons the driver gave for holding the clocks down (or'ed).
 Usage: backward_report.py OUT_DIR NAME COMMIT [PARTS] > NAME.json (PARTS: what backward.sh ran, as
 it was given them; default verify,ncu,bench)
 """
-import json, statistics, sys
+import json, os, statistics, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import clocks  # noqa: E402
 
 out, name, commit = sys.argv[1], sys.argv[2], sys.argv[3]
 parts = sys.argv[4] if len(sys.argv) > 4 else "verify,ncu,bench"
-runs, checks, device = {}, [], None
+samples = clocks.load(f"{out}/clocks.csv")
+runs, states, checks, device = {}, {}, [], None
 for f in ("attn.jsonl", "torch.jsonl"):
     for line in open(f"{out}/{f}"):
         if not line.startswith("{"):
@@ -21,6 +27,9 @@ for f in ("attn.jsonl", "torch.jsonl"):
         elif "tflops" in r:
             device = r.get("device", device)
             runs.setdefault((r["head_dim"], r["seq"], r["causal"]), {}).setdefault(r["impl"], []).append(r["tflops"])
+            state = clocks.during(samples, r["t0"], r["t1"]) if "t0" in r else None
+            if state:
+                states.setdefault((r["head_dim"], r["seq"], r["causal"]), {}).setdefault(r["impl"], []).append(state)
 # What the call verified, and ncu's summary of one main-pass launch, as the log has them.
 log = []
 try:
@@ -43,6 +52,12 @@ for (d, s, causal), by in sorted(runs.items()):
                 row[f"attn_over_{peer}"] = round(a / med[peer], 3)
         if med.get("attn-deterministic"):
             row["deterministic_over_default"] = round(med["attn-deterministic"] / a, 3)
+    seen = states.get((d, s, causal), {})
+    if seen:
+        row["gpu"] = {k: {"sm_mhz": statistics.median(x["sm_mhz"] for x in v),
+                          "power_w": statistics.median(x["power_w"] for x in v),
+                          "clock_reasons": sorted({x["clock_reasons"] for x in v if "clock_reasons" in x})}
+                      for k, v in seen.items()}
     rows.append(row)
 print(json.dumps({
     "name": name,

@@ -55,9 +55,12 @@ def main():
                     try:
                         with sdpa_kernel(backend):
                             o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            t0 = time.time()  # t0, t1: the GPU's clock then (bench/device/clocks.py)
                             ms = median_ms(lambda: torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True), a.iters)
+                            t1 = time.time()
                         row = {"impl": name, "batch": b, "heads": h, "seq": s, "head_dim": d, "causal": causal,
-                               "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "device": dev}
+                               "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "device": dev,
+                               "t0": round(t0, 3), "t1": round(t1, 3)}
                     except Exception as e:  # a backend that does not take the shape: say so
                         row = {"impl": name, "seq": s, "head_dim": d, "causal": causal, "error": str(e)[:200]}
                     print(json.dumps(row), flush=True)

@@ -72,6 +72,12 @@ fn backward(
     Ok((grads, ms, [measured.device_bytes, measured.workspace_bytes]))
 }
 
+/// Now, in seconds since the Unix epoch: the rows' `t0` and `t1` around their timed runs, which
+/// bench/device/clocks.py matches with the GPU's clock samples.
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn main() -> attn_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
@@ -107,13 +113,15 @@ fn main() -> attn_core::Result<()> {
                 let data = setup(&cuda, &p, seq as u64 + d as u64)?;
                 for &deterministic in modes {
                     let options = BackwardOptions { deterministic };
+                    let t0 = unix_seconds();
                     let (_, times, [held, workspace]) = backward(&cuda, &p, &data, options, iters + 2)?;
+                    let t1 = unix_seconds();
                     let ms = median(times[2..].to_vec());
                     let plan = cuda.plan_backward(&p, options)?;
                     println!(
                         "{{\"impl\": \"{}\", \"batch\": {}, \"heads\": {}, \"seq\": {seq}, \"head_dim\": {d}, \
                          \"causal\": {causal}, \"ms\": {ms:.4}, \"tflops\": {:.1}, \"kernel\": \"{}\", \"iters\": {iters}, \
-                         \"device_mib\": {:.1}, \"workspace_mib\": {:.1}}}",
+                         \"device_mib\": {:.1}, \"workspace_mib\": {:.1}, \"t0\": {t0:.3}, \"t1\": {t1:.3}}}",
                         if deterministic { "attn-deterministic" } else { "attn" },
                         shape.batch,
                         shape.heads_q,
