@@ -18,7 +18,7 @@ WAITS = {
             7: "dQ out", 8: "dV/dK products", 10: "(work) S/dP issue", 11: "(work) exponentials",
             12: "(work) packing", 13: "(work) dS stores", 14: "(work) dQ/dK/dV issue"},
     "producer": {2: "free stage"},
-    "writer": {2: "turn (two buffers: a late count first)", 3: "part", 4: "part read", 5: "landed+counted (two buffers: the last step's)", 6: "(work) fence after the turn",
+    "writer": {2: "turn", 3: "part", 4: "part read", 5: "landed+counted", 6: "(work) fence after the turn",
                7: "(work) adds' issue"},
 }
 

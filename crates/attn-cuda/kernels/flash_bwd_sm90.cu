@@ -33,8 +33,7 @@
 // flash_bwd.cu (the last key block first; the grid starts there; with copies of the accumulator,
 // flash_bwd_common.cuh's dq_turn_of, one counter a copy), or in a rotated walk by step (Work); a
 // counter counts writers' additions, two a key block (one per writer), and a writer adds once both
-// of the key block before it are in (with two part buffers it may count a step's in a step late:
-// COUNT_LATE).
+// of the key block before it are in.
 //
 // Every feature but a paged cache is a run-time parameter (flash_bwd_common.cuh); rows past a
 // sequence come in by TMA (zeros past the tensor, the next sequence's rows where packed) and are
@@ -89,13 +88,6 @@ static_assert(!DQ_JOINED || (D == 128 && !DQ_PLANES && !DQ_BY_RED), "joined part
 #endif
 constexpr int DQ_BUFS = ATTN_DQ_BUFFERS;
 static_assert(DQ_BUFS == 1 || (DQ_BUFS == 2 && DQ_PLANES && D == 128), "two part buffers: D = 128's planes");
-// Whether, in the deterministic mode, a writer counts a step's additions in only after issuing the
-// next step's, where that step's turn has already come (write_dq): with two part buffers, so that
-// the additions' landing no longer bounds a writer's step; the MMA warps have a buffer to fill
-// meanwhile. The turns come early with copies of the accumulator (a turn then waits for a key
-// block a copy count of steps ahead in a rotated walk); with one copy a writer mostly counts first.
-// (A traced build then times a count that comes first as the turn's wait.)
-constexpr bool COUNT_LATE = DQ_BUFS == 2;
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
@@ -441,13 +433,11 @@ __device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, unsig
                  : "memory");
 }
 
-// Deterministic: once the writer's bulk groups but the newest `pending` (0 or 1) are done, counts
-// their additions in at a turn's `counter`: each lane's additions (the async proxy's writes) made
-// visible to its generic proxy, the warp's gathered by the barrier, lane 0's release.
-template <int PENDING>
+// Deterministic: once the writer's bulk groups are done, counts their additions in at a turn's
+// `counter`: each lane's additions (the async proxy's writes) made visible to its generic proxy,
+// the warp's gathered by the barrier, lane 0's release.
 __device__ __forceinline__ void count_in(int* counter, int lane) {
-    if (PENDING == 0) sm90::bulk_wait();
-    else sm90::bulk_wait_but_newest();
+    sm90::bulk_wait();
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     __syncwarp();
     if (lane == 0) release_one(counter);
@@ -459,9 +449,6 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
     Trace trace;
     trace.begin();
     int step = 0;
-    // COUNT_LATE: the counter of the last step's turn while its additions are issued and not yet
-    // counted in, else null.
-    int* late = nullptr;
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         for (int i = w.m_first; i < w.m_end; ++i, ++step) {
@@ -472,24 +459,9 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             if (p.deterministic) {
                 // After both parts of every key block before this one at the copy (the parts
                 // touch different elements, so their own order does not matter).
-                // COUNT_LATE: a writer holds the last step's count back only where this step's
-                // turn has come and its part is in: it never spins for a turn with a count held
-                // back (the key blocks after it may be waiting for it), nor holds one while its MMA
-                // warps are still on the part; elsewhere it counts first (the additions have
-                // mostly landed by then).
                 TIMED(trace, WRITER_TURN, {
-                    const bool hold = COUNT_LATE && late &&
-                                      __shfl_sync(~0u,
-                                                  lane == 0 && turn_come(turn) &&
-                                                      sm90::mbar_test(s.dq_full + 2 * part_buffer(step) + wg,
-                                                                      part_phase(step)),
-                                                  0);
-                    if (!hold) {
-                        if (COUNT_LATE && late) count_in<0>(late, lane);
-                        late = nullptr;
-                        if (lane == 0) wait_for_turn(turn);
-                    }
-                    __syncwarp();  // lane 0's acquire, either way, passed to the warp
+                    if (lane == 0) wait_for_turn(turn);
+                    __syncwarp();  // lane 0's acquire passed to the warp
                 });
                 // Lane 0's acquire, passed to the warp by the barrier, ordered before each lane's
                 // bulk reduce-adds (the async proxy's accesses).
@@ -528,8 +500,7 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             trace.add(WRITER_ISSUE, stamp32() - t_issue);
             TIMED(trace, WRITER_READ, sm90::bulk_wait_read(); __syncwarp());
             // The part read: its warpgroup may write the next one while, in the deterministic
-            // mode, this warp waits for additions to be done before it counts them in (this
-            // step's, or with COUNT_LATE the last step's).
+            // mode, this warp waits for the additions to be done before it counts them in.
             if (lane == 0) {
                 if (DQ_JOINED) {
                     sm90::mbar_arrive(s.dq_empty);
@@ -539,18 +510,14 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 }
             }
             if (p.deterministic) {
-                // The additions done, not only the part read (COUNT_LATE: the last step's; this
-                // step's are counted in at the next step or after the loop).
+                // The additions done, not only the part read.
                 const long long t0 = stamp();
-                if (!COUNT_LATE) count_in<0>(turn.counter, lane);
-                else if (late) count_in<1>(late, lane);
-                if (COUNT_LATE) late = turn.counter;
+                count_in(turn.counter, lane);
                 trace.add(WRITER_LANDED, stamp() - t0);
             }
         }
     }
     sm90::bulk_wait();  // the last additions done before the thread leaves, not only read
-    if (COUNT_LATE && late) count_in<0>(late, lane);
     trace.end(P);
 }
 

@@ -109,8 +109,6 @@ __device__ __forceinline__ void tma_store_4d(const TensorMap* map, const void* s
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Done altogether but the newest group.
-__device__ __forceinline__ void bulk_wait_but_newest() { asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); }
 
 // Orders this thread's ordinary shared-memory writes before later reads by the async proxy
 // (wgmma operands, bulk copies); needed between such writes and the barrier that publishes them.

@@ -277,9 +277,8 @@ fn every_hopper_backward_form_compiles_without_spills() {
 /// What a traced build of the Hopper backward may spill: its timers take the producer
 /// warpgroup's registers, 40 a thread at most (the launch's 504 a lane less the MMA warps' 2 x
 /// 232; 48 hung every launch). At `adc9c02` the D=128 builds spilled 8 bytes, the
-/// writers' head base, stored once and reloaded once a head, outside the step loop; since `d643b91`
-/// the two part buffers' traced build spills 8 bytes too, one register stored and reloaded around
-/// the planes' address in each writer step (SASS read).
+/// writers' head base, stored once and reloaded once a head, outside the step loop (the writers'
+/// and joined forms' traced builds still do).
 const TRACED_SPILL_BYTES: u32 = 8;
 
 #[test]

@@ -105,10 +105,8 @@ pub enum DqAdd {
     Planes,
     /// The planes with two part buffers a warpgroup (`ATTN_DQ_BUFFERS=2`): an MMA warpgroup puts
     /// a step's part in one while its writer adds the last from the other, rather than waiting
-    /// for it to have been read; in the deterministic mode (where it is not the default: only as
-    /// `ATTN_CUDA_SM90_BWD` asks) a writer counts a step's additions in after issuing the next
-    /// step's where that step's turn has come and its part is in (`COUNT_LATE`). D=128 only (at
-    /// D=64 the buffers do not fit); elsewhere `Planes`.
+    /// for it to have been read. D=128 only (at D=64 the buffers do not fit); elsewhere `Planes`.
+    /// Not the deterministic mode's default ([`Variant::mode_form`]).
     PlanesTwoBuffers,
     /// The MMA warpgroups add their parts themselves by 8-byte reductions (`ATTN_DQ_RED`), the
     /// writers idle. Always so at D=256 (no shared memory is left for the parts).
@@ -313,8 +311,8 @@ impl Variant {
     /// reduce-add from one buffer (`planes`) where they add dQ at all. The writer limits that
     /// mode, waiting its turn and then issuing 64 row adds a step; on the H200 the planes made it
     /// 11-13% faster at D=64 without a mask and 18-38% faster at D=128, and the default mode 1-4%
-    /// slower; a second buffer gained nothing there (-1.6% to +0.1% at D=128, and with the count a
-    /// step late that it brings -7.3% to -1.1% since the lighter turns; docs/experiments.md).
+    /// slower; a second buffer gained nothing there (-1.6% to +0.1% at D=128, and a writer's count
+    /// held a step late with it cost more; docs/experiments.md).
     pub fn mode_form(&self, deterministic: bool) -> Form {
         let own = self.own_form();
         match deterministic {
