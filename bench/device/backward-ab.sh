@@ -9,9 +9,10 @@
 # bench/device/backward_ab_report.py prints each row's median TFLOP/s by setting and mode.
 # Usage: `cargo xtask bundle` here, then on the GPU machine (carry .device)
 # `SETTINGS="A=x A=y" bash bench/device/backward-ab.sh`; MODES (both, default or deterministic;
-# default both), DIMS (default 64,128), MAX_SEQ (default 16384), ITERS (default 10), ROUNDS
-# (default 1), PEERS (default 1), BUDGET_S (default 420: no bench or peer run starts past it, so
-# that the call ends with its report inside the device's 600 s).
+# default both), DIMS (default 64,128), MAX_SEQ (default 16384), MIN_SEQ (default 1024; a base
+# bundled before it times every length), ITERS (default 10), ROUNDS (default 1), PEERS (default 1),
+# BUDGET_S (default 420: no bench or peer run starts past it, so that the call ends with its report
+# inside the device's 600 s).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -21,6 +22,7 @@ settings=${SETTINGS:?a list of environment assignments, e.g. ATTN_CUDA_SM90_BWD=
 modes=${MODES:-both}
 dims=${DIMS:-64,128}
 max_seq=${MAX_SEQ:-16384}
+min_seq=${MIN_SEQ:-1024}
 iters=${ITERS:-10}
 rounds=${ROUNDS:-1}
 budget=${BUDGET_S:-420}
@@ -43,7 +45,7 @@ bin_of() { local b=$bin a; for a in ${1//,/ }; do [[ $a == BIN=* ]] && b=${a#BIN
     for setting in $settings; do
       late "round $round of $setting" && continue
       echo "== round $round: $setting"
-      env ${setting//,/ } timeout 200 "$(bin_of "$setting")/backward_bench" "$iters" "$max_seq" "$dims" "$modes" \
+      env ${setting//,/ } timeout 200 "$(bin_of "$setting")/backward_bench" "$iters" "$max_seq" "$dims" "$modes" "$min_seq" \
         | sed "s|^{|{\"setting\": \"$setting\", \"round\": $round, |" | tee -a "$out/attn.jsonl"
     done
   done

@@ -7,7 +7,7 @@
 //! is run 10 times on one shape per head dim and its gradients compared bit for bit. One JSON
 //! object per line on stdout.
 //!
-//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims] [modes]`
+//! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims] [modes] [min_seq]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
 
 use attn_core::rng::{SplitMix64, normal_buffer};
@@ -82,6 +82,8 @@ fn main() -> attn_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     let max_seq: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16384);
+    // The shortest sequence timed (default 1024): an A/B of the long rows alone.
+    let min_seq: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1024);
     // The head dims, a comma list of 64, 128 and 256 (e.g. one for a profiled launch); default 64,128.
     let dims: Vec<usize> = match args.get(3) {
         Some(list) => list.split(',').filter_map(|d| d.trim().parse().ok()).collect(),
@@ -103,7 +105,9 @@ fn main() -> attn_core::Result<()> {
     }
     let cuda = Cuda::from_env()?;
     for &d in &dims {
-        for seq in [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| s <= max_seq) {
+        for seq in
+            [1024usize, 2048, 4096, 8192, 16384].into_iter().filter(|&s| (min_seq..=max_seq).contains(&s))
+        {
             for causal in [false, true] {
                 let shape = Shape::new(16384 / seq, 2048 / d, seq, d);
                 let mut p = Problem::new(shape, DType::Bf16);
