@@ -6,10 +6,15 @@
 clocks_pid=
 clocks_start() {
   local fields=timestamp,clocks.sm,power.draw,temperature.gpu,power.limit
-  # The reasons' field is clocks_event_reasons.active on recent drivers; without it if refused.
-  if nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1; then
-    fields=$fields,clocks_event_reasons.active
-  fi
+  # The reasons' field: clocks_event_reasons.active on recent drivers, clocks_throttle_reasons
+  # before; without it if both are refused.
+  local reasons
+  for reasons in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    if nvidia-smi --query-gpu=$reasons --format=csv,noheader >/dev/null 2>&1; then
+      fields=$fields,$reasons
+      break
+    fi
+  done
   nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -lms 100 > "$1" 2>/dev/null &
   clocks_pid=$!
   trap clocks_stop EXIT  # not left sampling if the script ends early
