@@ -408,13 +408,10 @@ __device__ __forceinline__ void release_one(int* counter) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
-// Whether both parts of every key block before this one at the turn's copy of query block m's dQ
-// are in (flash_bwd_common.cuh's dq_turn_of).
-__device__ __forceinline__ bool turn_come(const DqTurn& turn) { return ld_acquire(turn.counter) >= 2 * turn.before; }
-
-// Spins (one thread) until the turn has come.
+// Spins (one thread) until both parts of every key block before this one at the turn's copy of
+// query block m's dQ are in (flash_bwd_common.cuh's dq_turn_of).
 __device__ __forceinline__ void wait_for_turn(const DqTurn& turn) {
-    while (!turn_come(turn)) {
+    while (ld_acquire(turn.counter) < 2 * turn.before) {
     }
 }
 
