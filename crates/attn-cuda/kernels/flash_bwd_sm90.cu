@@ -612,6 +612,7 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
     const int col0 = SPLIT_COLUMNS ? DC * wg : 0;       // and its first column of dK, dV (and dQ)
     const int key_local = key0 + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
     const int shift = w.s.k_len - w.s.q_len;
+    const float scale_log2 = p.scale * LOG2E;
     float dk[ND], dv[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) dk[i] = dv[i] = 0.f;
@@ -642,14 +643,13 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
             TIMED(trace, MMA_S, sm90::wgmma_wait<1>());
             sm90::fence_regs(sacc);
 
-            // Whether the whole tile is inside every row's range (no element masked), read the
-            // same by every thread: then, without soft-cap or ALiBi, P^T is one FMA and one exp2.
-            const bool plain = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len &&
-                               (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
-                               (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left &&
-                               p.softcap == 0.f && slope == 0.f;
-            const float scale_log2 = p.scale * LOG2E;
-            // P^T (in place of S^T) while dP^T's product runs; the masked path keeps the raw
+            // Read the same by every thread: whether the tile is within the sequence's rows and
+            // keys, without soft-cap or ALiBi (`bounded`: then P^T is one FMA and one exp2, or 0
+            // where the key is out of the row's range), and whether no element of it is masked.
+            const bool bounded = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len && p.softcap == 0.f && slope == 0.f;
+            const bool plain = bounded && (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
+                               (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left;
+            // P^T (in place of S^T) while dP^T's product runs; the general path keeps the raw
             // scores for grad_of, which takes both at once.
             t_work = stamp();
             if (plain) {
@@ -659,17 +659,33 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
                     sacc[2 * j] = exp2_fast(fmaf(sacc[2 * j], scale_log2, -l2.x));
                     sacc[2 * j + 1] = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
                 }
+            } else if (bounded) {
+                // A tile the mask's diagonal (or the window's edge) crosses: each element's key -
+                // row - shift is the thread's first one's plus a constant of the unrolled loop (keys
+                // + 8 r, queries + 8 c + x). A masked P^T is 0 by selection, whatever the row's LSE,
+                // so dS^T = P^T (dP^T - D) is 0 too: dP^T and D are finite on the sequence's rows.
+                const int d0 = w.n0 + key_local - m0 - 2 * t - shift;
+#pragma unroll
+                for (int j = 0; j < NS / 2; ++j) {
+                    const int c = j / 2, r = j % 2;
+                    const float2 l2 = ld_f2(lse + 8 * c + 2 * t);
+                    const int d = d0 + 8 * r - 8 * c;
+                    const float p0 = exp2_fast(fmaf(sacc[2 * j], scale_log2, -l2.x));
+                    const float p1 = exp2_fast(fmaf(sacc[2 * j + 1], scale_log2, -l2.y));
+                    sacc[2 * j] = d <= p.win_right && d >= -p.win_left ? p0 : 0.f;
+                    sacc[2 * j + 1] = d - 1 <= p.win_right && d - 1 >= -p.win_left ? p1 : 0.f;
+                }
             }
             trace.add(MMA_EXP, stamp() - t_work);
             TIMED(trace, MMA_DP, sm90::wgmma_wait<0>());
             sm90::fence_regs(dpacc);
             // P^T and dS^T packed in pairs as the A operands of dV's and dK's products. The two
-            // paths are two loops, not one test a pair: the plain path stays one short run of
-            // code (as one loop, the compiler kept a flag a pair and jumped over the masked
+            // paths are two loops, not one test a pair: the bounded path stays one short run of
+            // code (as one loop, the compiler kept a flag a pair and jumped over the general
             // code for each).
             t_work = stamp();
             unsigned pa[BM / 16][4], da[BM / 16][4];
-            if (plain) {
+            if (bounded) {
 #pragma unroll
                 for (int j = 0; j < NS / 2; ++j) {
                     const float2 dd = ld_f2(delta + 8 * (j / 2) + 2 * t);

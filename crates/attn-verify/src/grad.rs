@@ -357,6 +357,17 @@ pub fn full() -> Vec<Case> {
                 ));
             }
         }
+        // Tiles that the causal diagonal (bottom-right, more keys than queries) or a window's
+        // edges cross inside the sequence: CUDA's Hopper family masks them on its bounded path.
+        let window = |l, r| attn_core::Mask::Window { left: Some(l), right: Some(r) };
+        for (family, tag, problem) in [
+            ("causal-offset", "sq192sk448d128", p(gqa_shape(1, 4, 2, 192, 448, 128), dtype).causal()),
+            ("window", "s640-(200,30)d64", p(Shape::new(1, 2, 640, 64), dtype).with_mask(window(200, 30))),
+            ("window", "s512-(100,20)d128", p(Shape::new(1, 2, 512, 128), dtype).with_mask(window(100, 20))),
+        ] {
+            seed += 1;
+            v.push(case(family, tag, problem, Distribution::Normal, seed));
+        }
         let lens = [300, 1, 77, 512, 129];
         let (problem, extras) = seqs(gqa_shape(1, 4, 2, 1, 1, 128), dtype, &lens, &lens, KeyStore::Packed);
         let problem = problem.with_window(Some(100), Some(0)).with_softcap(20.0);
