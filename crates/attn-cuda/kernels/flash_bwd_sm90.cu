@@ -67,6 +67,13 @@ constexpr int DC = SPLIT_COLUMNS ? D / 2 : D;  // columns of dK, dV (and dQ at D
 constexpr bool DQ_BY_RED = SPLIT_COLUMNS || ATTN_DQ_RED;
 // Whether the walks may be rotated (Work): not at D = 256, whose MMA warps would spill for it.
 constexpr bool ROTATES = !SPLIT_COLUMNS;
+// Whether a tile that the causal diagonal or a window's edge crosses inside the sequence (no
+// soft-cap, no ALiBi) takes the plain path, the range test a selection, rather than grad_of's
+// per-element path (a step there cost 2.6x a plain one at D = 64, 1.9x at D = 128): at D = 64,
+// where it measured 1-14.5% faster under a causal mask (H200, docs/experiments.md). The D = 128
+// build with it lost 3-5% on the rows without a mask, all of whose tiles are plain (its schedule,
+// not the path), and D = 256 was not timed; both keep the code they were timed with.
+constexpr bool BOUNDED_EDGES = D == 64;
 // Whether a writer adds its warpgroup's part in one bulk reduce-add of 16 KiB into the
 // accumulator's 64-column planes (ATTN_DQ_PLANES, flash_bwd_common.cuh's dq_at) rather than in 64
 // of 256 bytes, one a row, into its rows.
@@ -612,7 +619,8 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
     const int col0 = SPLIT_COLUMNS ? DC * wg : 0;       // and its first column of dK, dV (and dQ)
     const int key_local = key0 + 16 * warp + lane / 4;  // and + 8: this thread's keys in the block
     const int shift = w.s.k_len - w.s.q_len;
-    const float scale_log2 = p.scale * LOG2E;
+    // The scores' factor to log2 units: out of the loop with BOUNDED_EDGES, in it without (as timed).
+    const float scale_log2_once = p.scale * LOG2E;
     float dk[ND], dv[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) dk[i] = dv[i] = 0.f;
@@ -645,10 +653,22 @@ __device__ void consume(const Sm90Params& P, const Smem& s, const Work& w, int w
 
             // Read the same by every thread: whether the tile is within the sequence's rows and
             // keys, without soft-cap or ALiBi (`bounded`: then P^T is one FMA and one exp2, or 0
-            // where the key is out of the row's range), and whether no element of it is masked.
-            const bool bounded = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len && p.softcap == 0.f && slope == 0.f;
-            const bool plain = bounded && (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
-                               (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left;
+            // where the key is out of the row's range; without BOUNDED_EDGES, `plain` itself), and
+            // whether no element of it is masked (`plain`). The tests are in each build's order as
+            // timed: the order changes ptxas's code.
+            bool bounded, plain;
+            if constexpr (BOUNDED_EDGES) {
+                bounded = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len && p.softcap == 0.f && slope == 0.f;
+                plain = bounded && (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
+                        (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left;
+            } else {
+                plain = w.n0 + BN <= w.s.k_len && m0 + BM <= w.s.q_len &&
+                        (long long)w.n0 + BN - 1 <= (long long)m0 + shift + p.win_right &&
+                        (long long)w.n0 >= (long long)m0 + BM - 1 + shift - p.win_left && p.softcap == 0.f &&
+                        slope == 0.f;
+                bounded = plain;
+            }
+            const float scale_log2 = BOUNDED_EDGES ? scale_log2_once : p.scale * LOG2E;
             // P^T (in place of S^T) while dP^T's product runs; the general path keeps the raw
             // scores for grad_of, which takes both at once.
             t_work = stamp();
