@@ -358,7 +358,8 @@ pub fn full() -> Vec<Case> {
             }
         }
         // Tiles that the causal diagonal (bottom-right, more keys than queries) or a window's
-        // edges cross inside the sequence: CUDA's Hopper family masks them on its bounded path.
+        // edges cross inside the sequence: CUDA's Hopper family masks them on its bounded path at
+        // D=64 and by its general one at D=128.
         let window = |l, r| attn_core::Mask::Window { left: Some(l), right: Some(r) };
         for (family, tag, problem) in [
             ("causal-offset", "sq192sk448d128", p(gqa_shape(1, 4, 2, 192, 448, 128), dtype).causal()),
