@@ -4,13 +4,15 @@
 //! `iters` times (default 20) on the same buffers; the median of the CUDA-event times, TFLOP/s by
 //! FlashAttention's convention (2.5 times the forward's FLOPs, halved for causal), and the device
 //! memory the call held and its workspace (the allocator's count), in both modes. Then each mode
-//! is run 10 times on one shape per head dim and its gradients compared bit for bit. One JSON
-//! object per line on stdout.
+//! is run 10 times on one shape per head dim and its gradients compared bit for bit, and the
+//! deterministic mode's bits of a sequence alone against the same sequence in a larger grid. One
+//! JSON object per line on stdout.
 //!
 //! `cargo run --release -p attn-cuda --example backward_bench -- [iters] [max_seq] [head_dims] [modes] [min_seq]`
 //! (`bench/device/backward.sh` runs it beside PyTorch SDPA's backward on the same shapes).
 
 use attn_core::rng::{SplitMix64, normal_buffer};
+use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
 use attn_core::{
     Attention, BackwardOptions, Buffer, DType, GradInputs, Gradients, Inputs, Outputs, Problem, Shape,
 };
@@ -21,7 +23,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// One problem's buffers: q, k, v, dO, and the forward's O and LSE.
+/// One problem's buffers: q, k, v, dO, the forward's O and LSE, and the sequences' arrays.
 struct Data {
     q: Buffer,
     k: Buffer,
@@ -29,10 +31,16 @@ struct Data {
     d_o: Buffer,
     o: Buffer,
     lse: Vec<f32>,
+    extras: OwnedExtras,
 }
 
 /// Random inputs and dO for `p`, and our forward's O and LSE of them.
 fn setup(cuda: &Cuda, p: &Problem, seed: u64) -> attn_core::Result<Data> {
+    setup_with(cuda, p, OwnedExtras::default(), seed)
+}
+
+/// [`setup`] for a problem whose sequences `extras` describes.
+fn setup_with(cuda: &Cuda, p: &Problem, extras: OwnedExtras, seed: u64) -> attn_core::Result<Data> {
     let mut rng = SplitMix64::new(seed);
     let [q, k, v, o] = p.required_lens().map(|(_, n)| n);
     let mut draw = |n: usize| normal_buffer(&mut rng, DType::Bf16, n, 1.0);
@@ -41,10 +49,10 @@ fn setup(cuda: &Cuda, p: &Problem, seed: u64) -> attn_core::Result<Data> {
     let mut lse = vec![0f32; p.lse_len()];
     cuda.forward(
         &p.with_lse(true),
-        Inputs::new(q.as_data(), k.as_data(), v.as_data()),
+        Inputs::new(q.as_data(), k.as_data(), v.as_data()).with_extras(extras.borrow()),
         Outputs { o: out.as_data_mut(), lse: Some(&mut lse) },
     )?;
-    Ok(Data { q, k, v, d_o, o: out, lse })
+    Ok(Data { q, k, v, d_o, o: out, lse, extras })
 }
 
 /// The gradients of the last of `runs` backward runs, each run's time (ms), and the device memory
@@ -61,7 +69,8 @@ fn backward(
         [Buffer::zeros(DType::Bf16, q), Buffer::zeros(DType::Bf16, k), Buffer::zeros(DType::Bf16, v)];
     let [dq, dk, dv] = &mut grads;
     let inputs = GradInputs {
-        inputs: Inputs::new(data.q.as_data(), data.k.as_data(), data.v.as_data()),
+        inputs: Inputs::new(data.q.as_data(), data.k.as_data(), data.v.as_data())
+            .with_extras(data.extras.borrow()),
         o: data.o.as_data(),
         lse: &data.lse,
         d_o: data.d_o.as_data(),
@@ -143,6 +152,11 @@ fn main() -> attn_core::Result<()> {
     for &d in &dims {
         determinism(&cuda, d)?;
     }
+    // The deterministic mode's bits of a sequence alone and in a larger grid, at each head dim.
+    let sm_count = attn_cuda::probe().map_or(132, |info| info.sm_count as usize);
+    for &d in &dims {
+        across_grids(&cuda, d, sm_count)?;
+    }
     Ok(())
 }
 
@@ -182,4 +196,71 @@ fn determinism_of(cuda: &Cuda, p: Problem) -> attn_core::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The deterministic mode's gradients of a sequence alone and in a batch that launches a larger
+/// grid, bit for bit: (a) dense, batch 3 against its first sequence alone; (b) packed, beside a
+/// sequence of more key blocks than the GPU has SMs (which walks aligned, while the first, without
+/// a mask, may rotate: its walk is its own length's). The sequence's inputs, O and LSE are the
+/// batch's (a forward alone could round differently); each check one JSON line, in the
+/// determinism checks' form (`runs` 2: alone and in the batch).
+fn across_grids(cuda: &Cuda, d: usize, sm_count: usize) -> attn_core::Result<()> {
+    let options = BackwardOptions { deterministic: true };
+    let shape = Shape { heads_kv: 2, ..Shape::new(1, 8, 1000, d) };
+    let rows = |b: &Buffer, n: usize| Buffer::from_f32(DType::Bf16, b.to_f32_vec()[..n].iter().copied());
+    let bits = |b: &Buffer, n: usize| b.to_f32_vec()[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // Its gradients' bits alike in both, over the sequence's rows (the first of each buffer).
+    let report = |what: &str,
+                  one: &Problem,
+                  alone: &Data,
+                  big: &Problem,
+                  batch: &Data|
+     -> attn_core::Result<()> {
+        let [q, k, v, _] = one.required_lens().map(|(_, n)| n);
+        let (g_one, ..) = backward(cuda, one, alone, options, 1)?;
+        let (g_big, ..) = backward(cuda, big, batch, options, 1)?;
+        let same =
+            [q, k, v].iter().zip(g_one.iter().zip(&g_big)).all(|(&n, (a, b))| bits(a, n) == bits(b, n));
+        println!(
+            "{{\"determinism\": \"deterministic, across grids\", \"problem\": \"{one} alone and in {big} ({what})\", \
+             \"runs\": 2, \"identical_to_first\": {}}}",
+            1 + usize::from(same)
+        );
+        Ok(())
+    };
+    // (a) Dense, BHSD: the first sequence is the first third of every buffer and of the LSE.
+    let one = Problem::new(shape, DType::Bf16);
+    let big = Problem::new(Shape { batch: 3, ..shape }, DType::Bf16);
+    let batch = setup(cuda, &big, 11)?;
+    let [q, k, v, o] = one.required_lens().map(|(_, n)| n);
+    let alone = Data {
+        q: rows(&batch.q, q),
+        k: rows(&batch.k, k),
+        v: rows(&batch.v, v),
+        d_o: rows(&batch.d_o, o),
+        o: rows(&batch.o, o),
+        lse: batch.lse[..one.lse_len()].to_vec(),
+        extras: OwnedExtras::default(),
+    };
+    report("batch 3, dense", &one, &alone, &big, &batch)?;
+    // (b) Packed: the first sequence's rows lead every buffer; the LSE is [head][rows].
+    let long = (sm_count + 8) * 128;
+    let (big, extras) = batch_of(shape, DType::Bf16, &[1000, long], &[1000, long], KeyStore::Packed);
+    let (one, one_extras) = batch_of(shape, DType::Bf16, &[1000], &[1000], KeyStore::Packed);
+    let batch = setup_with(cuda, &big.with_lse(true), extras, 13)?;
+    let [q, k, v, o] = one.required_lens().map(|(_, n)| n);
+    let total = 1000 + long;
+    let lse =
+        (0..shape.heads_q).flat_map(|h| batch.lse[h * total..h * total + 1000].iter().copied()).collect();
+    let alone = Data {
+        q: rows(&batch.q, q),
+        k: rows(&batch.k, k),
+        v: rows(&batch.v, v),
+        d_o: rows(&batch.d_o, o),
+        o: rows(&batch.o, o),
+        lse,
+        extras: one_extras,
+    };
+    let what = format!("packed beside {long} keys, more key blocks than the GPU's {sm_count} SMs");
+    report(&what, &one, &alone, &big, &batch)
 }

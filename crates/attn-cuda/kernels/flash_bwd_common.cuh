@@ -47,7 +47,8 @@ struct Params {
     int deterministic;
     int m_blocks;   // blocks of 64 query rows in the longest sequence (the counters' layout)
     int dq_copies;  // copies of the dQ accumulator (1 but in the deterministic mode; see dq_turn_of)
-    int walk_rotated;  // Hopper main pass: a walk over every query block starts at the key block's index
+    int rotate_key_blocks;  // Hopper main pass: the most key blocks a sequence may have for its walks
+                            // over every query block to start at the key block's index (0: none)
 };
 
 // One sequence's rows, as attn_core::SeqMap defines them; every index clamped into the

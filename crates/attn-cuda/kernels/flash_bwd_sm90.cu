@@ -264,16 +264,17 @@ __device__ __forceinline__ long long global_ns() {
 
 // The key block and the steps a CTA walks; the producer, the MMA warpgroups and the writers agree
 // on them. The walk goes over query blocks m_lo .. m_hi - 1 (for each query head of the group) from
-// m_first, wrapping round to m_lo. m_first is m_lo unless the plan rotates the walks (walk_rotated)
-// and every key block of the sequence meets every query block; then key block n starts at query
-// block n (mod their count), and at any step the sequence's key blocks add to different query
-// blocks' dQ.
+// m_first, wrapping round to m_lo. m_first is m_lo unless the plan lets the sequence's walks rotate
+// (it has at most rotate_key_blocks key blocks) and every key block of the sequence meets every
+// query block; then key block n starts at query block n (mod their count), and at any step the
+// sequence's key blocks add to different query blocks' dQ.
 // In the deterministic mode a rotated walk also orders the additions by step (rotated_rank), so
 // that a key block's turn at a query block comes a step after the one before it got there, not a
 // chain of turns after the last key block's; it is taken only where a key block comes to each
 // query block at a different step (no more key blocks than query blocks) and, since each key
-// block then waits for others of its sequence launched after it, only where the plan has checked
-// that they fit on the GPU at once (every key block of the longest sequence a CTA on its own SM).
+// block then waits for others of its sequence launched after it, only where they fit on the GPU
+// at once (the plan's limit: a CTA an SM). Each sequence by its own length: its bits do not
+// depend on the other sequences of the batch.
 struct Work {
     int n_block, g, b, n0;
     Seq s;
@@ -307,14 +308,14 @@ __device__ __forceinline__ Work work_of(const Params& p) {
     w.group = p.heads_q / p.heads_kv;
     w.m_first = w.m_lo;
     w.by_step = false;
-    if (ROTATES && p.walk_rotated && w.m_hi > w.m_lo) {
+    if (ROTATES && p.rotate_key_blocks > 0 && w.m_hi > w.m_lo) {
         // Every key block meets every query row if the first and the last do (rows_seeing's
         // bounds rise with the block).
         const int m_blocks = (w.s.q_len + BM - 1) / BM, n_blocks = (w.s.k_len + BN - 1) / BN;
         const Rows first = rows_seeing(p, w.s, 0, min(BN, w.s.k_len));
         const Rows last = rows_seeing(p, w.s, (n_blocks - 1) * BN, w.s.k_len);
         const bool every = first.lo == 0 && first.hi == w.s.q_len && last.lo == 0 && last.hi == w.s.q_len;
-        if (every && (!p.deterministic || n_blocks <= m_blocks)) {
+        if (every && n_blocks <= p.rotate_key_blocks && (!p.deterministic || n_blocks <= m_blocks)) {
             w.m_first = w.n_block % m_blocks;
             w.by_step = p.deterministic;
         }

@@ -147,7 +147,7 @@ pub const BWD_WALK: Knob = Knob {
     name: "ATTN_CUDA_BWD_WALK",
     allowed: "`aligned` | `rotated`",
     default: "`rotated` in the deterministic mode, `aligned` in the default one (backward::Walk::default_for; on the H200 rotated was 7-25% faster in the deterministic mode without a mask, 0-2% slower in the default one)",
-    purpose: "The order of the Hopper backward main pass's walks over the query blocks where every key block meets every one (no causal mask or window): all from the first, or each key block from its own index (a sequence's key blocks then add to different query blocks' dQ at once, and the deterministic mode's turns come a step apart instead of in a chain from the last key block; there only where every key block of the longest sequence fits on the GPU at once). The bits of the deterministic mode's dQ differ between the two, never between runs.",
+    purpose: "The order of the Hopper backward main pass's walks over the query blocks where every key block meets every one (no causal mask or window): all from the first, or each key block from its own index (a sequence's key blocks then add to different query blocks' dQ at once, and the deterministic mode's turns come a step apart instead of in a chain from the last key block; there only for a sequence all of whose key blocks fit on the GPU at once, each sequence by its own length). The bits of the deterministic mode's dQ differ between the two, never between runs, nor with the other sequences of a batch; they do with the GPU's SM count for sequences of more key blocks than a smaller GPU's SMs.",
 };
 
 /// `ATTN_CUDA_TIMING_LEAD`.

@@ -72,7 +72,7 @@ pub struct KernelParams {
     deterministic: i32,
     m_blocks: i32,
     dq_copies: i32,
-    walk_rotated: i32,
+    rotate_key_blocks: i32,
 }
 
 // SAFETY: plain old data of the layout the kernel declares (repr(C), no padding beyond C's).
@@ -82,15 +82,15 @@ impl KernelParams {
     /// The parameter block for `problem` over the buffers at `at` and the sequences' and ALiBi's
     /// arrays at `extras`.
     /// `dq_copies`: copies of the dQ accumulator the deterministic mode's key blocks take in turn
-    /// (1 without it); `walk_rotated`: the Hopper main pass's walks rotated
-    /// ([`super::Walk::rotates`]).
+    /// (1 without it); `rotate_key_blocks`: the most key blocks a sequence may have for the Hopper
+    /// main pass's walks over it to rotate ([`super::Walk::rotation_limit`]; 0: none).
     pub fn new(
         at: BackwardPointers,
         extras: ExtraPointers,
         problem: &Problem,
         deterministic: bool,
         dq_copies: usize,
-        walk_rotated: bool,
+        rotate_key_blocks: usize,
     ) -> Self {
         debug_assert!(!matches!(problem.batching.kv, KvRows::Paged { .. }), "refused by validate_backward");
         let s = problem.shape;
@@ -151,7 +151,7 @@ impl KernelParams {
             deterministic: i32::from(deterministic),
             m_blocks: s.seq_q.div_ceil(super::variant::BLOCK_M) as i32,
             dq_copies: dq_copies as i32,
-            walk_rotated: i32::from(walk_rotated),
+            rotate_key_blocks: i32::try_from(rotate_key_blocks).unwrap_or(i32::MAX),
         }
     }
 }
@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(super::KernelParams, scale), 264);
         assert_eq!(std::mem::offset_of!(super::KernelParams, m_blocks), 280);
         assert_eq!(std::mem::offset_of!(super::KernelParams, dq_copies), 284);
-        assert_eq!(std::mem::offset_of!(super::KernelParams, walk_rotated), 288);
+        assert_eq!(std::mem::offset_of!(super::KernelParams, rotate_key_blocks), 288);
         assert_eq!(std::mem::size_of::<super::KernelParams>(), 296);
     }
 }

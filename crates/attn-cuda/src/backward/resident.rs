@@ -124,7 +124,7 @@ impl Cuda {
                 problem,
                 chosen.deterministic,
                 chosen.dq_copies,
-                chosen.walk_rotated,
+                chosen.rotate_key_blocks,
             ),
             problem,
             chosen,

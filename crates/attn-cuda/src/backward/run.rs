@@ -43,8 +43,9 @@ pub(crate) struct ChosenBackward {
     /// Copies of the dQ accumulator: the deterministic mode's ([`crate::options::BWD_DQ_COPIES`]),
     /// else 1.
     pub(crate) dq_copies: usize,
-    /// Whether the Hopper main pass's walks are rotated ([`super::Walk::rotates`]).
-    pub(crate) walk_rotated: bool,
+    /// The most key blocks a sequence may have for the Hopper main pass's walks over it to rotate
+    /// ([`super::Walk::rotation_limit`]; 0: none).
+    pub(crate) rotate_key_blocks: usize,
     /// Where a traced build ([`super::Form::trace`]) writes its CSV (`ATTN_CUDA_SM90_TRACE`).
     pub(crate) trace_folder: Option<std::path::PathBuf>,
 }
@@ -110,25 +111,30 @@ pub(crate) fn plan(
         false => 1,
     };
     let workspace = rows * 4 * (1 + dq_copies * variant.head_dim);
-    let walk_rotated = variant.hopper
-        && !variant.splits_columns()
-        && settings.walk.unwrap_or(super::Walk::default_for(options.deterministic)).rotates(
-            options.deterministic,
-            problem.shape.seq_k.div_ceil(variant.block_n()),
-            gpu.info().sm_count as usize,
-        );
-    let walk = match walk_rotated {
-        true => {
+    let rotate_key_blocks = match variant.hopper && !variant.splits_columns() {
+        true => settings
+            .walk
+            .unwrap_or(super::Walk::default_for(options.deterministic))
+            .rotation_limit(options.deterministic, gpu.info().sm_count as usize),
+        false => 0,
+    };
+    let walk = match rotate_key_blocks {
+        0 => String::new(),
+        usize::MAX => {
             "; where every key block meets every query block, key block n walks from query block n, wrapping round"
+                .into()
         }
-        false => "",
+        limit => format!(
+            "; where every key block meets every query block and the sequence has at most {limit} key blocks \
+             (a CTA an SM), key block n walks from query block n, wrapping round"
+        ),
     };
     let mode = match options.deterministic {
         true => format!(
             "deterministic: the key blocks meeting a query block add to its dQ from the last down{}, taking \
              {dq_copies} copies of the accumulator in turn (a counter per query block and copy orders each copy's \
              additions; the grid starts with the last key block; dQ's conversion sums the copies in order){walk}",
-            if walk_rotated { " (in a rotated walk in the order they get there)" } else { "" }
+            if rotate_key_blocks > 0 { " (in a rotated walk in the order they get there)" } else { "" }
         ),
         false => format!(
             "dQ added with f32 atomics in the order blocks finish (BackwardOptions::deterministic orders them){walk}"
@@ -187,7 +193,7 @@ pub(crate) fn plan(
             launches,
             deterministic: options.deterministic,
             dq_copies,
-            walk_rotated,
+            rotate_key_blocks,
             trace_folder: settings.hopper.trace.clone().filter(|_| variant.form.trace),
         }),
     })
@@ -283,7 +289,7 @@ pub(crate) fn run(
             problem,
             chosen.deterministic,
             chosen.dq_copies,
-            chosen.walk_rotated,
+            chosen.rotate_key_blocks,
         ),
         problem,
         chosen,

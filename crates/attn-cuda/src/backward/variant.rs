@@ -47,8 +47,9 @@ pub const DETERMINISTIC_DQ_COPIES: usize = 1;
 /// block, key block n from query block n, wrapping round (`Rotated`), so that the sequence's key
 /// blocks add to different query blocks' dQ at any step, and in the deterministic mode each takes
 /// its turn a step after the one before it rather than at the end of a chain from the last key
-/// block (`Work` in `kernels/flash_bwd_sm90.cu`). The deterministic mode rotates only where
-/// every key block of the longest sequence fits on the GPU at once ([`Walk::rotates`]). The
+/// block (`Work` in `kernels/flash_bwd_sm90.cu`). The deterministic mode rotates a sequence's walks
+/// only where all of its key blocks fit on the GPU at once ([`Walk::rotation_limit`]), each
+/// sequence by its own length, so that its bits do not depend on the others of its batch. The
 /// Ampere/Ada family's main pass always walks aligned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Walk {
@@ -70,12 +71,18 @@ impl Walk {
         }
     }
 
-    /// Whether the main pass's walks are rotated for `key_blocks` key blocks of the longest
-    /// sequence on a GPU of `sm_count` SMs (as the device reports them): in the deterministic
-    /// mode a key block of a rotated walk waits for others launched after it, so all of a
-    /// sequence's must be resident at once (at least one CTA an SM).
-    pub fn rotates(self, deterministic: bool, key_blocks: usize, sm_count: usize) -> bool {
-        self == Walk::Rotated && (!deterministic || key_blocks <= sm_count)
+    /// The most key blocks a sequence may have for its walks to rotate, on a GPU of `sm_count`
+    /// SMs (as the device reports them); 0: none rotates. In the deterministic mode a key block
+    /// of a rotated walk waits for others of its sequence launched after it, so all of them must
+    /// be resident at once (at least one CTA an SM). The main pass tests each sequence against it,
+    /// so a sequence's deterministic bits depend on its own length, not on its batch's longest
+    /// (they do on the SM count: a GPU of fewer SMs walks aligned sooner).
+    pub fn rotation_limit(self, deterministic: bool, sm_count: usize) -> usize {
+        match (self, deterministic) {
+            (Walk::Aligned, _) => 0,
+            (Walk::Rotated, true) => sm_count,
+            (Walk::Rotated, false) => usize::MAX,
+        }
     }
 }
 /// The trace of a traced Hopper build ([`Form::trace`]), per CTA: `TRACE_ROWS` rows (the MMA
@@ -607,10 +614,13 @@ mod tests {
     fn deterministic_walks_rotate_only_where_a_sequence_fits_the_gpu() {
         let rotated = Walk::default_for(true);
         assert_eq!(rotated, Walk::Rotated);
-        assert!(rotated.rotates(true, 132, 132));
-        assert!(!rotated.rotates(true, 133, 132), "a key block would wait for one never resident");
-        assert!(rotated.rotates(false, 1000, 132), "the default mode waits for nobody");
-        assert!(!Walk::default_for(false).rotates(false, 8, 132));
+        assert_eq!(
+            rotated.rotation_limit(true, 132),
+            132,
+            "133 key blocks: one would wait for one never resident"
+        );
+        assert_eq!(rotated.rotation_limit(false, 132), usize::MAX, "the default mode waits for nobody");
+        assert_eq!(Walk::default_for(false).rotation_limit(false, 132), 0);
     }
 
     /// `setmaxnreg.inc` waits for registers free in the CTA's allocation at launch (384 threads at
