@@ -209,6 +209,19 @@ fn across_grids(cuda: &Cuda, d: usize, sm_count: usize) -> attn_core::Result<()>
     let shape = Shape { heads_kv: 2, ..Shape::new(1, 8, 1000, d) };
     let rows = |b: &Buffer, n: usize| Buffer::from_f32(DType::Bf16, b.to_f32_vec()[..n].iter().copied());
     let bits = |b: &Buffer, n: usize| b.to_f32_vec()[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // The sequence alone: the batch's leading rows of every buffer, its LSE and its arrays.
+    let alone_of = |batch: &Data, one: &Problem, lse: Vec<f32>, extras: OwnedExtras| {
+        let [q, k, v, o] = one.required_lens().map(|(_, n)| n);
+        Data {
+            q: rows(&batch.q, q),
+            k: rows(&batch.k, k),
+            v: rows(&batch.v, v),
+            d_o: rows(&batch.d_o, o),
+            o: rows(&batch.o, o),
+            lse,
+            extras,
+        }
+    };
     // Its gradients' bits alike in both, over the sequence's rows (the first of each buffer).
     let report = |what: &str,
                   one: &Problem,
@@ -232,35 +245,17 @@ fn across_grids(cuda: &Cuda, d: usize, sm_count: usize) -> attn_core::Result<()>
     let one = Problem::new(shape, DType::Bf16);
     let big = Problem::new(Shape { batch: 3, ..shape }, DType::Bf16);
     let batch = setup(cuda, &big, 11)?;
-    let [q, k, v, o] = one.required_lens().map(|(_, n)| n);
-    let alone = Data {
-        q: rows(&batch.q, q),
-        k: rows(&batch.k, k),
-        v: rows(&batch.v, v),
-        d_o: rows(&batch.d_o, o),
-        o: rows(&batch.o, o),
-        lse: batch.lse[..one.lse_len()].to_vec(),
-        extras: OwnedExtras::default(),
-    };
+    let alone = alone_of(&batch, &one, batch.lse[..one.lse_len()].to_vec(), OwnedExtras::default());
     report("batch 3, dense", &one, &alone, &big, &batch)?;
     // (b) Packed: the first sequence's rows lead every buffer; the LSE is [head][rows].
     let long = (sm_count + 8) * 128;
     let (big, extras) = batch_of(shape, DType::Bf16, &[1000, long], &[1000, long], KeyStore::Packed);
     let (one, one_extras) = batch_of(shape, DType::Bf16, &[1000], &[1000], KeyStore::Packed);
     let batch = setup_with(cuda, &big, extras, 13)?;
-    let [q, k, v, o] = one.required_lens().map(|(_, n)| n);
     let total = 1000 + long;
     let lse =
         (0..shape.heads_q).flat_map(|h| batch.lse[h * total..h * total + 1000].iter().copied()).collect();
-    let alone = Data {
-        q: rows(&batch.q, q),
-        k: rows(&batch.k, k),
-        v: rows(&batch.v, v),
-        d_o: rows(&batch.d_o, o),
-        o: rows(&batch.o, o),
-        lse,
-        extras: one_extras,
-    };
+    let alone = alone_of(&batch, &one, lse, one_extras);
     let what = format!("packed beside {long} keys, more key blocks than the GPU's {sm_count} SMs");
     report(&what, &one, &alone, &big, &batch)
 }
