@@ -267,6 +267,11 @@ pub fn run_grad_suite(
     results
 }
 
+/// A window of `left` keys back and `right` ahead of each row's diagonal.
+fn window(left: usize, right: usize) -> attn_core::Mask {
+    attn_core::Mask::Window { left: Some(left), right: Some(right) }
+}
+
 /// About thirty small gradient cases, one or more per feature: seconds on two cores.
 pub fn quick() -> Vec<Case> {
     use DType::*;
@@ -277,7 +282,6 @@ pub fn quick() -> Vec<Case> {
         v.push(case("standard", "b2h4s128d64", base, Normal, 210 + i as u64));
         v.push(case("standard", "b2h4s128d64", base.causal(), Normal, 220 + i as u64));
     }
-    let window = |l, r| attn_core::Mask::Window { left: Some(l), right: Some(r) };
     v.extend([
         case("large-logits", "s100d64", p(Shape::new(1, 2, 100, 64), F32).causal(), LargeMagnitude, 230),
         case("odd-lengths", "sq65sk130", p(sk(65, 130, 2, 64), F16), Normal, 240),
@@ -360,7 +364,6 @@ pub fn full() -> Vec<Case> {
         // Tiles that the causal diagonal (bottom-right, more keys than queries) or a window's
         // edges cross inside the sequence: CUDA's Hopper family masks them on its bounded path at
         // D=64 and by its general one at D=128.
-        let window = |l, r| attn_core::Mask::Window { left: Some(l), right: Some(r) };
         for (family, tag, problem) in [
             ("causal-offset", "sq192sk448d128", p(gqa_shape(1, 4, 2, 192, 448, 128), dtype).causal()),
             ("window", "s640-(200,30)d64", p(Shape::new(1, 2, 640, 64), dtype).with_mask(window(200, 30))),
