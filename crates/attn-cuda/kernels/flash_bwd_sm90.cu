@@ -95,6 +95,12 @@ static_assert(!DQ_JOINED || (D == 128 && !DQ_PLANES && !DQ_BY_RED), "joined part
 #endif
 constexpr int DQ_BUFS = ATTN_DQ_BUFFERS;
 static_assert(DQ_BUFS == 1 || (DQ_BUFS == 2 && DQ_PLANES && D == 128), "two part buffers: D = 128's planes");
+// Whether a deterministic writer reads its next step's counter before it counts this step's
+// additions in (write_dq), so that the read's trip to L2 overlaps the additions' landing, rather
+// than waiting for it at the next turn (about 1000 cycles a step, a fifth of the writer's step at
+// D = 128 in the traced build, even where the turn had come): in the planes with one part buffer,
+// the deterministic mode's own form; every other build keeps the code it was timed with.
+constexpr bool EARLY_TURNS = DQ_PLANES && DQ_BUFS == 1;
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
 // (its product fills the tensor pipe's gap there); 2 after the stores, before the barrier.
@@ -409,11 +415,23 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
+// The counter's value, read relaxed at GPU scope: an acquire once a fence.acq_rel follows it.
+__device__ __forceinline__ int ld_relaxed(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Adds one to a turn's counter with release semantics at GPU scope: what this thread wrote before,
 // and (the ordering being transitive) what the threads that met it at a barrier before wrote, is
-// seen by whoever acquires the count.
+// seen by whoever acquires the count. EARLY_TURNS: a fence.acq_rel and a relaxed add (the same
+// release, the same instructions on sm_90), whose fence also makes the next turn's counter read
+// before it an acquire (the PTX memory model's acquire pattern).
 __device__ __forceinline__ void release_one(int* counter) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+    if constexpr (EARLY_TURNS)
+        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+    else
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 // Spins (one thread) until both parts of every key block before this one at the turn's copy of
@@ -454,6 +472,7 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
     Trace trace;
     trace.begin();
     int step = 0;
+    int seen = -1;  // EARLY_TURNS, lane 0: this step's counter as read before the last count's fence
     for (int hh = 0; hh < w.group; ++hh) {
         const int h = w.g * w.group + hh;
         for (int i = w.m_first; i < w.m_end; ++i, ++step) {
@@ -463,9 +482,10 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
             trace.add(T_STEPS, 1);
             if (p.deterministic) {
                 // After both parts of every key block before this one at the copy (the parts
-                // touch different elements, so their own order does not matter).
+                // touch different elements, so their own order does not matter); a count already
+                // seen there is acquired (EARLY_TURNS).
                 TIMED(trace, WRITER_TURN, {
-                    if (lane == 0) wait_for_turn(turn);
+                    if (lane == 0 && !(EARLY_TURNS && seen >= 2 * turn.before)) wait_for_turn(turn);
                     __syncwarp();  // lane 0's acquire passed to the warp
                 });
                 // Lane 0's acquire, passed to the warp by the barrier, ordered before each lane's
@@ -515,6 +535,12 @@ __device__ void write_dq(const Sm90Params& P, const Smem& s, const Work& w, int 
                 }
             }
             if (p.deterministic) {
+                if constexpr (EARLY_TURNS) {
+                    // The next step's counter in this head's walk, read while this step's additions
+                    // land; count_in's fence makes the read an acquire. (A head's first step waits
+                    // as before: reading across heads spilled the writer's registers.)
+                    if (lane == 0) seen = i + 1 < w.m_end ? ld_relaxed(turn_of(p, w, h, walk_m(w, i + 1)).counter) : -1;
+                }
                 // The additions done, not only the part read.
                 const long long t0 = stamp();
                 count_in(turn.counter, lane);
