@@ -99,7 +99,9 @@ static_assert(DQ_BUFS == 1 || (DQ_BUFS == 2 && DQ_PLANES && D == 128), "two part
 // additions in (write_dq), so that the read's trip to L2 overlaps the additions' landing, rather
 // than waiting for it at the next turn (about 1000 cycles a step, a fifth of the writer's step at
 // D = 128 in the traced build, even where the turn had come): in the planes with one part buffer,
-// the deterministic mode's own form; every other build keeps the code it was timed with.
+// the deterministic mode's own form; every other build keeps the code it was timed with. H200:
+// +1.5-5% on D = 128's deterministic rows but S = 16k causal (whose tail bounds it), D = 64's
+// within 3% (docs/experiments.md).
 constexpr bool EARLY_TURNS = DQ_PLANES && DQ_BUFS == 1;
 // When dV += P^T dO is issued (backward::DvIssue, ATTN_DV_ISSUE): 0 after the dS^T barrier, with
 // dQ's and dK's products; 1 once P^T and dS^T are packed, before dS^T's stores and the barrier
