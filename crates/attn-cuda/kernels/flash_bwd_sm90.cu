@@ -427,8 +427,8 @@ __device__ __forceinline__ int ld_relaxed(const int* p) {
 // Adds one to a turn's counter with release semantics at GPU scope: what this thread wrote before,
 // and (the ordering being transitive) what the threads that met it at a barrier before wrote, is
 // seen by whoever acquires the count. EARLY_TURNS: a fence.acq_rel and a relaxed add (the same
-// release, the same instructions on sm_90), whose fence also makes the next turn's counter read
-// before it an acquire (the PTX memory model's acquire pattern).
+// release; on sm_90 the same instructions and an L1 invalidation), whose fence also makes the next
+// turn's counter read before it an acquire (the PTX memory model's acquire pattern).
 __device__ __forceinline__ void release_one(int* counter) {
     if constexpr (EARLY_TURNS)
         asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
