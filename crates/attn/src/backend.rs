@@ -5,9 +5,9 @@ use attn_core::{Attention, Availability, DeviceKind, Error, Knob, Problem, Resul
 /// `ATTN_BACKEND`.
 pub(crate) const BACKEND: Knob = Knob {
     name: "ATTN_BACKEND",
-    allowed: "`cuda` | `wgpu` | `cpu-flash` (or `cpu`) | `cpu-reference`",
+    allowed: "`cuda` | `wgpu` | `cpu-flash` (or `cpu`) | `cpu-reference`, in any case",
     default: "the best available backend that can run the problem",
-    purpose: "Names the backend `Backend::auto` and the `attn` command use; one that is unavailable or cannot run the problem is an error, never a silent fallback.",
+    purpose: "Names the backend `Backend::auto` and the `attn` command use (`attn verify` verifies it alone); one that is unavailable or cannot run the problem is an error, never a silent fallback.",
 };
 
 /// Every backend this build knows, by name, and the rule for choosing one.
@@ -53,18 +53,32 @@ impl Backend {
         REGISTRY.iter().map(|(_, make)| make()).collect()
     }
 
-    /// The backend called `name` (`cuda`, `wgpu`, `cpu-flash`, `cpu-reference`; `cpu` means
-    /// `cpu-flash`), or an error that says why it cannot be had. Only that backend is built, so
-    /// only its own settings must be readable.
+    /// The name this build knows `name` by: `cuda`, `wgpu`, `cpu-flash` or `cpu-reference`, in
+    /// any case (as element types are); `cpu` means `cpu-flash`. `None` for any other name.
+    pub fn canonical(name: &str) -> Option<&'static str> {
+        let name = name.trim();
+        let name = if name.eq_ignore_ascii_case("cpu") { "cpu-flash" } else { name };
+        REGISTRY.iter().map(|(n, _)| *n).find(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    /// The backend name `ATTN_BACKEND` gives, if it is set.
+    pub fn named_by_env() -> Option<String> {
+        BACKEND.value()
+    }
+
+    /// The backend called `name` (as [`canonical`](Backend::canonical) reads it), or an error
+    /// that says why it cannot be had. Only that backend is built, so only its own settings must
+    /// be readable.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
-        let name = if name == "cpu" { "cpu-flash" } else { name };
-        let Some((_, make)) = REGISTRY.iter().find(|(n, _)| *n == name) else {
+        let Some((name, make)) = Self::canonical(name).and_then(|c| REGISTRY.iter().find(|(n, _)| *n == c))
+        else {
             let names: Vec<&str> = REGISTRY.iter().map(|(n, _)| *n).collect();
             return Err(Error::Unavailable {
                 backend: name.into(),
                 reason: format!("no backend of that name in this build; known: {}", names.join(", ")),
             });
         };
+        let name = *name;
         let backend = make()?;
         if let Availability::Unavailable { reason } = backend.availability() {
             return Err(Error::Unavailable { backend: name.into(), reason });

@@ -2,6 +2,7 @@
 //! peer scripts in `bench/peers/` also write, so `bench/report.py` can set them side by side.
 
 use crate::cli::{into_sequences, parse_window, varlen_lengths};
+use crate::numbers::{count, count_or_zero, threads};
 use attn::measure;
 use attn::sequences::KeyStore;
 use attn::{Attention, Buffer, DType, Mask, Outputs, OwnedExtras, Problem, Shape};
@@ -16,10 +17,10 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
     dtypes: Vec<DType>,
     /// Head dims, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    #[arg(long, value_delimiter = ',', default_value = "64,128", value_parser = count)]
     dims: Vec<usize>,
     /// Sequence lengths, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096", value_parser = count)]
     seqs: Vec<usize>,
     /// Masks to run, comma-separated: `none`, `causal`, `window` (the --window bounds).
     /// Default: `none,causal`, or `window` where --window is given.
@@ -30,37 +31,37 @@ pub struct BenchArgs {
     window: Option<String>,
     /// Each row's batch as packed sequences of seeded random lengths in MIN..=seq (as `attn run
     /// --varlen`); the row's FLOPs are counted per sequence.
-    #[arg(long, value_name = "MIN")]
+    #[arg(long, value_name = "MIN", value_parser = count)]
     varlen: Option<usize>,
     /// Fixed batch size; with --tokens the batch is tokens / seq instead.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count)]
     batch: usize,
     /// Tokens per call (batch = tokens / seq), the GPU grid's convention.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     tokens: Option<usize>,
     /// Fixed head count; with --model-dim the heads are model_dim / head_dim instead.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = count)]
     heads: usize,
     /// Model width (heads = model_dim / head_dim), the GPU grid's convention.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     model_dim: Option<usize>,
     /// Key/value heads (GQA); default: as many as query heads.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     kv_heads: Option<usize>,
-    /// CPU threads.
-    #[arg(long)]
+    /// CPU threads, 1 to 1024.
+    #[arg(long, value_parser = threads)]
     threads: Option<usize>,
     /// Untimed runs per shape.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = count_or_zero)]
     warmup: usize,
     /// Least wall-clock time of untimed runs per shape, milliseconds (on top of --warmup).
     #[arg(long, default_value_t = attn::measure::MIN_WARMUP.as_millis() as u64)]
     min_warmup_ms: u64,
     /// Timed runs per shape (median reported).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, value_parser = count)]
     iters: usize,
     /// Rows per shape checked against the f64 reference.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = count_or_zero)]
     check_rows: usize,
     /// Also write each shape's q, k, v and our o as .npy files (plus a JSON description) into
     /// this folder, for `bench/peers/accuracy_gpu.py` to score peers on the same inputs.
@@ -177,8 +178,18 @@ impl BenchArgs {
     /// --model-dim/--heads, --softcap and --alibi on it, and with --varlen its batch as packed
     /// sequences of drawn lengths (seq the longest a sequence may be).
     fn row(&self, dtype: DType, d: usize, seq: usize, mask: Mask) -> attn::Result<Row> {
-        let batch = self.tokens.map_or(self.batch, |t| (t / seq).max(1));
-        let heads = self.model_dim.map_or(self.heads, |m| (m / d).max(1));
+        // The conventions' quotients, never rounded up to 1 behind the user's back.
+        let per = |total: Option<usize>, each: usize, flag: &str, unit: &str, what: &str| match total {
+            Some(t) if t < each => Err(attn::Error::InvalidParameter {
+                what: format!(
+                    "{flag} {t} is less than one {unit} of {each}: a row's {what} is {flag} / {each}"
+                ),
+            }),
+            Some(t) => Ok(Some(t / each)),
+            None => Ok(None),
+        };
+        let batch = per(self.tokens, seq, "--tokens", "sequence", "batch")?.unwrap_or(self.batch);
+        let heads = per(self.model_dim, d, "--model-dim", "head", "head count")?.unwrap_or(self.heads);
         let shape = Shape { heads_kv: self.kv_heads.unwrap_or(heads), ..Shape::new(batch, heads, seq, d) };
         let mut problem = Problem::new(shape, dtype).with_mask(mask);
         let mut extras = OwnedExtras::default();
@@ -418,6 +429,17 @@ mod tests {
         assert!(dense.problem.batching.is_dense() && dense.q_lens == [4096; 4]);
         let err = args("--varlen 5000").row(DType::Bf16, 64, 4096, Mask::None).err().unwrap().to_string();
         assert!(err.contains("--varlen 5000"), "{err}");
+    }
+
+    #[test]
+    fn the_conventions_quotients_are_never_rounded_up() {
+        let row = |flags: &str, d, seq| args(flags).row(DType::Bf16, d, seq, Mask::None);
+        let err = row("--tokens 100", 64, 512).err().unwrap().to_string();
+        assert!(err.contains("--tokens 100 is less than one sequence of 512"), "{err}");
+        let err = row("--model-dim 32", 64, 512).err().unwrap().to_string();
+        assert!(err.contains("--model-dim 32 is less than one head of 64"), "{err}");
+        let ok = row("--tokens 1024 --model-dim 256", 64, 512).unwrap();
+        assert_eq!((ok.problem.shape.batch, ok.problem.shape.heads_q), (2, 4));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Command-line arguments and the subcommands that use them.
 
+use crate::numbers::{count, count_or_zero, threads};
 use crate::report::RunReport;
 use crate::{bench, report, verify};
 use attn::measure;
@@ -19,8 +20,10 @@ pub struct Cli {
 enum Command {
     /// Compute attention on the best available backend (or --backend), time it, and check it
     /// against the f64 reference on a sample of rows.
+    #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Print the plan a backend would use, without running anything.
+    #[command(allow_negative_numbers = true)]
     Plan(ProblemArgs),
     /// List every backend with whether it is available here and why.
     Backends {
@@ -29,6 +32,7 @@ enum Command {
         json: bool,
     },
     /// Time a grid of shapes (for benchmark tables); JSON rows on stdout.
+    #[command(allow_negative_numbers = true)]
     Bench(bench::BenchArgs),
     /// Check every available backend against the f64 reference on the case grid; non-zero
     /// exit on any failure.
@@ -45,25 +49,25 @@ enum Command {
 #[derive(Args, Clone)]
 pub struct ProblemArgs {
     /// Batch size.
-    #[arg(short, long, default_value_t = 1)]
+    #[arg(short, long, default_value_t = 1, value_parser = count)]
     pub batch: usize,
     /// Query heads.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = count)]
     pub heads: usize,
     /// Key/value heads (GQA); defaults to --heads.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     pub kv_heads: Option<usize>,
     /// Sequence length of queries and keys.
-    #[arg(short, long, default_value_t = 2048)]
+    #[arg(short, long, default_value_t = 2048, value_parser = count)]
     pub seq: usize,
     /// Query sequence length, if different from --seq.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     pub seq_q: Option<usize>,
     /// Key sequence length, if different from --seq.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     pub seq_k: Option<usize>,
     /// Head dimension.
-    #[arg(short = 'd', long, default_value_t = 128)]
+    #[arg(short = 'd', long, default_value_t = 128, value_parser = count)]
     pub head_dim: usize,
     /// Element type: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
@@ -91,11 +95,11 @@ pub struct ProblemArgs {
     /// Sequences of different lengths, packed (FlashAttention's varlen layout): each of the
     /// --batch sequences gets a length drawn from MIN..=--seq (queries and keys alike; with
     /// --seq-q below --seq-k, every sequence keeps --seq-q queries and its keys vary).
-    #[arg(long, value_name = "MIN")]
+    #[arg(long, value_name = "MIN", value_parser = count)]
     pub varlen: Option<usize>,
     /// Keys and values in a paged cache of PAGE-key pages, shuffled (FlashAttention's
     /// block_table layout).
-    #[arg(long, value_name = "PAGE")]
+    #[arg(long, value_name = "PAGE", value_parser = count)]
     pub page_size: Option<usize>,
     /// Keys and values in a dense cache, `[batch, slots, heads, head_dim]`, that each sequence
     /// fills only up to its key count (`seqused_k`, FlashAttention's `cache_seqlens`; with
@@ -108,8 +112,8 @@ pub struct ProblemArgs {
     /// Backend name (see `attn backends`); default: the best available, or ATTN_BACKEND.
     #[arg(long)]
     pub backend: Option<String>,
-    /// CPU worker threads (cpu backends); default: all cores.
-    #[arg(long)]
+    /// CPU worker threads (cpu backends), 1 to 1024; default: all cores.
+    #[arg(long, value_parser = threads)]
     pub threads: Option<usize>,
     /// Machine-readable output.
     #[arg(long)]
@@ -198,13 +202,13 @@ struct RunArgs {
     #[command(flatten)]
     problem: ProblemArgs,
     /// Timed runs (the median is reported).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = count)]
     iters: usize,
     /// Untimed runs first.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = count_or_zero)]
     warmup: usize,
     /// Query rows checked against the f64 reference (0: no check).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = count_or_zero)]
     check_rows: usize,
     /// Seed of the random inputs (printed, so any run can be repeated).
     #[arg(long, default_value_t = 1)]
@@ -281,7 +285,11 @@ fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let accuracy = (args.check_rows > 0)
         .then(|| {
-            progress(&format!("checking {} rows against the f64 reference", args.check_rows));
+            let rows = problem.seq_map(extras.borrow())?.rows().count();
+            progress(&format!(
+                "checking {} of {rows} rows against the f64 reference",
+                args.check_rows.min(rows)
+            ));
             measure::accuracy(
                 &problem,
                 &measure::inputs(&bufs).with_extras(extras.borrow()),
@@ -402,7 +410,9 @@ mod sequence_flag_tests {
         assert!((0..3).all(|b| map.q_len(b) == 64 && (100..=500).contains(&map.k_len(b))));
         let err = problem("--kv-cache --page-size 16").unwrap_err().to_string();
         assert!(err.contains("--kv-cache with --page-size"), "{err}");
-        let err = problem("--varlen 0").unwrap_err().to_string();
-        assert!(err.contains("--varlen 0") && err.contains("1 to --seq"), "{err}");
+        let err = problem("--varlen 500 --seq 300").unwrap_err().to_string();
+        assert!(err.contains("--varlen 500") && err.contains("1 to --seq"), "{err}");
+        let err = Cli::try_parse_from("attn run --varlen 0".split_whitespace()).err().unwrap().to_string();
+        assert!(err.contains("--varlen") && err.contains("at least 1"), "{err}");
     }
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod numbers;
 mod report;
 mod verify;
 

@@ -11,7 +11,7 @@ pub struct VerifyArgs {
     /// The quick grid (about thirty small cases, seconds) instead of the full one.
     #[arg(long)]
     quick: bool,
-    /// Only these backends (repeatable); default: every available one.
+    /// Only these backends (repeatable); default: ATTN_BACKEND's, or every available one.
     #[arg(long)]
     backend: Vec<String>,
     /// Only the cases of these families (repeatable; e.g. `decode`, `long-keys`); default: all.
@@ -40,7 +40,22 @@ pub struct VerifyArgs {
     deterministic: bool,
 }
 
-pub fn run(args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(mut args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.backend.is_empty()
+        && let Some(name) = Backend::named_by_env()
+    {
+        if !args.json {
+            eprintln!("... ATTN_BACKEND={name}: verifying that backend alone");
+        }
+        args.backend.push(name);
+    }
+    // Each name as the build knows it (any case, `cpu` for cpu-flash); an unknown one is kept as
+    // given, for the error below.
+    for name in &mut args.backend {
+        if let Some(known) = Backend::canonical(name) {
+            *name = known.to_string();
+        }
+    }
     let mut backends: Vec<Box<dyn Attention>> = vec![];
     let mut skipped = vec![];
     for b in Backend::all()? {
