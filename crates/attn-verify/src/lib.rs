@@ -12,6 +12,8 @@
 //! - [`tolerance`]: one table per (numerics, dtype), each number justified.
 //! - [`report`]: backend × family table and a verdict.
 //! - [`planted`]: backends with one deliberate bug each, which the quick grid must catch.
+//! - [`random`]: problems drawn at random over every feature, shrunk to the smallest failing
+//!   one (`tests/random.rs` in CI, `attn verify --soak` on GPU machines).
 //! - [`grad`]: the same for the backward pass: gradient grids, [`grad::GradTolerance`], and
 //!   [`planted_grad::GradFlaw`]s each caught by its named case.
 //!
@@ -25,6 +27,7 @@ pub mod grad;
 pub mod grid;
 pub mod planted;
 pub mod planted_grad;
+pub mod random;
 pub mod report;
 pub mod run;
 pub mod tolerance;

@@ -19,6 +19,7 @@ pub fn all() -> Vec<CrateKnobs> {
         CrateKnobs { krate: "attn-cpu", knobs: attn_cpu::KNOBS },
         CrateKnobs { krate: "attn-cuda", knobs: attn_cuda::KNOBS },
         CrateKnobs { krate: "attn-wgpu", knobs: attn_wgpu::KNOBS },
+        CrateKnobs { krate: "attn-verify", knobs: attn_verify::random::KNOBS },
     ]
 }
 

@@ -38,6 +38,14 @@ pub struct VerifyArgs {
     /// With `--grad`: ask for the deterministic backward (`BackwardOptions::deterministic`).
     #[arg(long, requires = "grad")]
     deterministic: bool,
+    /// Instead of a grid: problems drawn at random over every feature (`attn_verify::random`)
+    /// for this many minutes, each on every backend verified (the reference itself only by
+    /// name); the first failure is shrunk to the smallest problem that still fails.
+    #[arg(long, value_name = "MINUTES", conflicts_with_all = ["grad", "quick", "family", "planted"])]
+    soak: Option<f64>,
+    /// With `--soak`: the draw's seed (default: from the clock, printed).
+    #[arg(long, requires = "soak")]
+    seed: Option<u64>,
 }
 
 pub fn run(mut args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -94,6 +102,9 @@ pub fn run(mut args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
                 skipped.iter().find(|(n, _)| n == wanted).map_or("no such backend", |(_, r)| r.as_str());
             return Err(format!("backend `{wanted}` cannot be verified here: {why}").into());
         }
+    }
+    if let Some(minutes) = args.soak {
+        return soak(&args, backends, minutes);
     }
     let mut cases = match (args.grad, args.quick) {
         (false, true) => grid::quick(),
@@ -184,4 +195,50 @@ pub fn run(mut args: VerifyArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if failed { Err("verification failed".into()) } else { Ok(()) }
+}
+
+/// `--soak`: random cases on `backends` for `minutes`.
+fn soak(
+    args: &VerifyArgs,
+    mut backends: Vec<Box<dyn Attention>>,
+    minutes: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if !(minutes.is_finite() && minutes > 0.0) {
+        return Err(format!("--soak {minutes}: a positive number of minutes").into());
+    }
+    if !args.backend.iter().any(|n| n == "cpu-reference") {
+        backends.retain(|b| b.name() != "cpu-reference");
+    }
+    if backends.is_empty() {
+        return Err("--soak: no backend to verify besides the reference".into());
+    }
+    let seed = args.seed.unwrap_or_else(attn_verify::random::clock_seed);
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+    eprintln!("... random cases for {minutes} min on {} (--seed {seed} repeats the draw)", names.join(", "));
+    let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
+    let time = std::time::Duration::from_secs_f64(minutes * 60.0);
+    let tally = attn_verify::random::soak(&refs, usize::MAX, time, seed);
+    let rows: Vec<serde_json::Value> = tally
+        .ran
+        .iter()
+        .map(|(name, ran, skipped, time)| {
+            serde_json::json!({"backend": name, "ran": ran, "skipped": skipped, "seconds": time.as_secs_f64()})
+        })
+        .collect();
+    let failure =
+        tally.failure.as_ref().map(|(spec, why)| format!("{why}\nsmallest failing case: {spec:#?}"));
+    if args.json {
+        let json =
+            serde_json::json!({"seed": seed, "cases": tally.cases, "backends": rows, "failure": failure});
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        println!("random cases: {} (seed {seed})", tally.cases);
+        for (name, ran, skipped, time) in &tally.ran {
+            println!("  {name:<14} {ran} passed, {skipped} refused by its plan, {:.1} s", time.as_secs_f64());
+        }
+        if let Some(f) = &failure {
+            println!("FAIL: {f}");
+        }
+    }
+    if failure.is_some() { Err("verification failed".into()) } else { Ok(()) }
 }
