@@ -80,7 +80,9 @@ pub struct GradExpected {
     lse: Vec<f32>,
     d_o: Buffer,
     grads: RefGrads,
-    score_bound: f64,
+    /// The largest scaled score the inputs allow, `scale · max‖q‖ · max‖k‖` (for
+    /// [`GradTolerance::widened`]).
+    pub(crate) score_bound: f64,
 }
 
 impl GradExpected {

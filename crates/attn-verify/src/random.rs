@@ -9,11 +9,12 @@
 //! (`tests/random.rs`); `attn verify --soak <minutes>` draws until the time is up ([`soak`]).
 
 use crate::case::{Case, Distribution};
+use crate::grad::{GradExpected, GradTolerance, run_grad_case};
 use crate::grid::{alibi, padded, with_extras};
 use crate::run::{Expected, run_case};
 use crate::{Outcome, Tolerance};
 use attn_core::sequences::{KeyStore, OwnedExtras, batch_of};
-use attn_core::{Attention, DType, Knob, Layout, Mask, Problem, Shape};
+use attn_core::{Attention, BackwardOptions, DType, Knob, Layout, Mask, Problem, Shape};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -237,17 +238,46 @@ pub struct Ran {
     pub time: Duration,
 }
 
+/// Which pass the random cases check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// The output and LSE, against `Reference::compute` (the grids' checks).
+    Forward,
+    /// dQ, dK and dV, against the reference's exact gradients (the gradient grids' checks and
+    /// [`GradTolerance`]; `attn verify --soak --grad`, not yet in CI: docs/reliability.md).
+    Backward(BackwardOptions),
+}
+
+/// The reference of one case for one pass.
+enum Wanted {
+    Forward(Expected),
+    Backward(GradExpected),
+}
+
 /// Runs `case` on every backend against the reference (computed once); the first failure, with
 /// the case, or every backend's run.
-pub fn check(backends: &[&dyn Attention], case: &Case) -> Result<Vec<Ran>, String> {
+pub fn check(backends: &[&dyn Attention], case: &Case, pass: Pass) -> Result<Vec<Ran>, String> {
     let inputs = case.inputs();
-    let expected = Expected::compute(case, &inputs);
+    let wanted = match pass {
+        Pass::Forward => Wanted::Forward(Expected::compute(case, &inputs)),
+        Pass::Backward(_) => Wanted::Backward(GradExpected::compute(case, &inputs)),
+    };
     let mut ran = Vec::with_capacity(backends.len());
     for backend in backends {
         let start = Instant::now();
         let dtype = case.problem.dtype;
-        let tolerance = expected.tolerance(Tolerance::for_numerics(backend.numerics(dtype), dtype));
-        let outcome = run_case(*backend, case, &inputs, &expected, tolerance);
+        let numerics = backend.numerics(dtype);
+        let outcome = match (&wanted, pass) {
+            (Wanted::Forward(expected), _) => {
+                let tolerance = expected.tolerance(Tolerance::for_numerics(numerics, dtype));
+                run_case(*backend, case, &inputs, expected, tolerance)
+            }
+            (Wanted::Backward(expected), Pass::Backward(options)) => {
+                let tolerance = GradTolerance::for_numerics(numerics, dtype).widened(expected.score_bound);
+                run_grad_case(*backend, case, &inputs, expected, tolerance, options)
+            }
+            (Wanted::Backward(_), Pass::Forward) => unreachable!("the reference follows the pass"),
+        };
         if let Outcome::Fail { reason, .. } = &outcome {
             return Err(format!(
                 "{} failed {} ({}, seed {}): {reason}",
@@ -299,9 +329,9 @@ pub fn clock_seed() -> u64 {
 }
 
 /// Draws cases until `cases` are drawn or `time` has passed (whichever comes first), runs each
-/// on `backends`, and on the first failure shrinks it (proptest's simplification, each step
+/// on `backends` (the `pass` of each), and on the first failure shrinks it (proptest's simplification, each step
 /// re-run) and stops. `seed` makes the draw repeatable.
-pub fn soak(backends: &[&dyn Attention], cases: usize, time: Duration, seed: u64) -> Tally {
+pub fn soak(backends: &[&dyn Attention], pass: Pass, cases: usize, time: Duration, seed: u64) -> Tally {
     let mut seed_bytes = [0u8; 32];
     seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(
@@ -313,13 +343,13 @@ pub fn soak(backends: &[&dyn Attention], cases: usize, time: Duration, seed: u64
     let mut tally = Tally::default();
     while tally.cases < cases && start.elapsed() < time {
         let mut tree = strategy.new_tree(&mut runner).expect("the strategy draws without rejection");
-        let Some(case) = tree.current().case() else { continue };
+        let Some(case) = case_for(&tree.current(), pass) else { continue };
         let start_case = Instant::now();
-        match check(backends, &case) {
+        match check(backends, &case, pass) {
             Ok(runs) => tally.count(&runs, start_case.elapsed()),
             Err(first) => {
                 tally.cases += 1;
-                tally.failure = Some(shrink(backends, &mut tree, first));
+                tally.failure = Some(shrink(backends, pass, &mut tree, first));
                 break;
             }
         }
@@ -327,15 +357,25 @@ pub fn soak(backends: &[&dyn Attention], cases: usize, time: Duration, seed: u64
     tally
 }
 
+/// `spec`'s case where it makes one the pass takes (the backward refuses a paged cache).
+fn case_for(spec: &Spec, pass: Pass) -> Option<Case> {
+    let case = spec.case()?;
+    match pass {
+        Pass::Backward(_) => case.problem.validate_backward().ok().map(|_| case),
+        Pass::Forward => Some(case),
+    }
+}
+
 /// The smallest spec under `tree` that still fails, and its failure (proptest's search: simplify
 /// while it fails, complicate back where a simpler one passes).
 fn shrink(
     backends: &[&dyn Attention],
+    pass: Pass,
     tree: &mut impl ValueTree<Value = Spec>,
     first: String,
 ) -> (Spec, String) {
     let mut failing = (tree.current(), first);
-    let fails = |spec: &Spec| spec.case().and_then(|case| check(backends, &case).err());
+    let fails = |spec: &Spec| case_for(spec, pass).and_then(|case| check(backends, &case, pass).err());
     if !tree.simplify() {
         return failing;
     }

@@ -8,7 +8,7 @@ mod common;
 
 use attn_core::{Attention, Availability, DType, Inputs, Numerics, Plan, Prepared, Problem};
 use attn_verify::planted::{Flaw, Planted};
-use attn_verify::random::{self, Rows};
+use attn_verify::random::{self, Pass, Rows};
 use std::time::Duration;
 
 fn setting(knob: attn_core::Knob) -> Option<u64> {
@@ -70,12 +70,12 @@ fn backends(test: &str) -> (Backends, Backends) {
 }
 
 /// Draws `cases` random cases on `backends` and fails with the smallest failing one.
-fn soak(what: &str, backends: &[Box<dyn Attention>], cases: usize, seed: u64) {
+fn soak(what: &str, backends: &[Box<dyn Attention>], pass: Pass, cases: usize, seed: u64) {
     if backends.is_empty() {
         return;
     }
     let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
-    let tally = random::soak(&refs, cases, Duration::from_secs(3600), seed);
+    let tally = random::soak(&refs, pass, cases, Duration::from_secs(3600), seed);
     eprintln!("random cases, {what}: {} drawn with ATTN_RANDOM_SEED={seed}", tally.cases);
     eprintln!("  inputs and the f64 reference {:.1} s", tally.reference.as_secs_f64());
     for (name, ran, skipped, time) in &tally.ran {
@@ -98,29 +98,29 @@ fn random_problems_agree_with_the_reference_on_every_backend() {
     let (cpu, gpu) = backends("random_problems_agree_with_the_reference_on_every_backend");
     let seed = setting(random::SEED).unwrap_or_else(random::clock_seed);
     let cases = setting(random::CASES).unwrap_or(random::CI_CASES as u64) as usize;
-    soak("CPU backends", &cpu, cases, seed);
+    soak("CPU backends", &cpu, Pass::Forward, cases, seed);
     let gpu_cases = setting(random::GPU_CASES).unwrap_or(random::CI_GPU_CASES as u64) as usize;
-    soak("GPU backends", &gpu, gpu_cases, seed);
+    soak("GPU backends", &gpu, Pass::Forward, gpu_cases, seed);
 }
 
 #[test]
 fn planted_bugs_are_found_and_shrunk_to_their_smallest_case() {
     // A wrong K/V head shows only with several K/V heads and several query heads a group.
     let wrong_head = Planted::new(Flaw::WrongKvHead);
-    let tally = random::soak(&[&wrong_head], 200, Duration::from_secs(300), 7);
+    let tally = random::soak(&[&wrong_head], Pass::Forward, 200, Duration::from_secs(300), 7);
     let (spec, why) = tally.failure.expect("the random cases catch a wrong K/V head");
     assert!(why.contains("planted-WrongKvHead"), "{why}");
     assert_eq!((spec.heads_kv, spec.group, spec.batch), (2, 2, 1), "shrunk: {spec:#?}");
     assert!(spec.seq_q == 1 && spec.seq_k == 1 && spec.head_dim == 8, "shrunk: {spec:#?}");
     // A top-left causal diagonal shows only with fewer queries than keys, under a causal mask.
     let top_left = Planted::new(Flaw::TopLeftCausal);
-    let tally = random::soak(&[&top_left], 200, Duration::from_secs(300), 7);
+    let tally = random::soak(&[&top_left], Pass::Forward, 200, Duration::from_secs(300), 7);
     let (spec, _) = tally.failure.expect("the random cases catch a top-left causal diagonal");
     assert_eq!(spec.mask, attn_core::Mask::Causal, "shrunk: {spec:#?}");
     assert!(spec.seq_q < spec.seq_k && spec.seq_k <= 2, "shrunk: {spec:#?}");
     // A block table ignored shows only in a paged cache.
     let in_order = Planted::new(Flaw::PagesInOrder);
-    let tally = random::soak(&[&in_order], 400, Duration::from_secs(300), 7);
+    let tally = random::soak(&[&in_order], Pass::Forward, 400, Duration::from_secs(300), 7);
     let (spec, _) = tally.failure.expect("the random cases catch a block table ignored");
     assert!(matches!(spec.rows, Rows::Paged(_)), "shrunk: {spec:#?}");
 }

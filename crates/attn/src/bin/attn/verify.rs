@@ -2,6 +2,7 @@
 
 use attn::{Attention, Availability, Backend};
 use attn_verify::planted::{Flaw, Planted};
+use attn_verify::random::Pass;
 use attn_verify::{Outcome, grid, report, run_suite};
 use clap::Args;
 use std::io::Write;
@@ -40,8 +41,9 @@ pub struct VerifyArgs {
     deterministic: bool,
     /// Instead of a grid: problems drawn at random over every feature (`attn_verify::random`)
     /// for this many minutes, each on every backend verified (the reference itself only by
-    /// name); the first failure is shrunk to the smallest problem that still fails.
-    #[arg(long, value_name = "MINUTES", conflicts_with_all = ["grad", "quick", "family", "planted"])]
+    /// name), the forward pass or with `--grad` the backward; the first failure is shrunk to the
+    /// smallest problem that still fails.
+    #[arg(long, value_name = "MINUTES", conflicts_with_all = ["quick", "family", "planted"])]
     soak: Option<f64>,
     /// With `--soak`: the draw's seed (default: from the clock, printed).
     #[arg(long, requires = "soak")]
@@ -214,10 +216,18 @@ fn soak(
     }
     let seed = args.seed.unwrap_or_else(attn_verify::random::clock_seed);
     let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
-    eprintln!("... random cases for {minutes} min on {} (--seed {seed} repeats the draw)", names.join(", "));
+    let what = if args.grad { "gradients" } else { "outputs" };
+    eprintln!(
+        "... random cases' {what} for {minutes} min on {} (--seed {seed} repeats the draw)",
+        names.join(", ")
+    );
     let refs: Vec<&dyn Attention> = backends.iter().map(|b| b.as_ref()).collect();
     let time = std::time::Duration::from_secs_f64(minutes * 60.0);
-    let tally = attn_verify::random::soak(&refs, usize::MAX, time, seed);
+    let pass = match args.grad {
+        true => Pass::Backward(attn::BackwardOptions { deterministic: args.deterministic }),
+        false => Pass::Forward,
+    };
+    let tally = attn_verify::random::soak(&refs, pass, usize::MAX, time, seed);
     let rows: Vec<serde_json::Value> = tally
         .ran
         .iter()
