@@ -175,8 +175,13 @@ impl Strides {
         b * self.batch + h * self.head + s * self.seq
     }
 
-    /// The smallest slice length that holds a `[batch, heads, seq, dim]` tensor with these strides.
+    /// The smallest slice length that holds a `[batch, heads, seq, dim]` tensor with these strides
+    /// (0 for an empty one). The sizes must be a validated problem's ([`Problem::validate`]
+    /// bounds every offset).
     pub fn required_len(&self, batch: usize, heads: usize, seq: usize, dim: usize) -> usize {
+        if batch == 0 || heads == 0 || seq == 0 || dim == 0 {
+            return 0;
+        }
         self.offset(batch - 1, heads - 1, seq - 1) + dim
     }
 
@@ -557,8 +562,22 @@ impl Problem {
     /// pages that hold `seq_k` keys per sequence.
     fn validate_batching(&self) -> Result<()> {
         let b = self.batching;
-        if let QueryRows::Packed { total: 0 } = b.q {
-            return Err(Error::EmptyDimension { dim: "total_q (packed query rows)" });
+        // A packed batch's longest sequence has at most all its rows; a larger bound is no
+        // sequence's length, and every backend's work (tasks, a grid) grows with it.
+        let longest = |what: &str, len: usize, total: usize| match len <= total {
+            true => Ok(()),
+            false => Err(Error::InvalidParameter {
+                what: format!(
+                    "{what} = {len}, the longest sequence's, is more than the {total} packed rows; it is \
+                     at most the rows (the longest sequence's length, as FlashAttention's max_seqlen)"
+                ),
+            }),
+        };
+        if let QueryRows::Packed { total } = b.q {
+            if total == 0 {
+                return Err(Error::EmptyDimension { dim: "total_q (packed query rows)" });
+            }
+            longest("seq_q", self.shape.seq_q, total)?;
         }
         match b.kv {
             KvRows::Dense => {}
@@ -566,6 +585,7 @@ impl Problem {
                 if total == 0 {
                     return Err(Error::EmptyDimension { dim: "total_k (packed key rows)" });
                 }
+                longest("seq_k", self.shape.seq_k, total)?;
             }
             KvRows::Paged { page_size, pages, pages_per_seq } => {
                 for (dim, n) in [("page_size", page_size), ("pages", pages), ("pages_per_seq", pages_per_seq)]
@@ -771,6 +791,26 @@ mod tests {
         let big = Problem::new(Shape::new(1, 8, 1_000_000_000, 128), DType::Bf16);
         assert!(big.validate().is_ok());
         assert_eq!(big.bytes(), 4 * 8 * 1_000_000_000 * 128 * 2);
+    }
+
+    #[test]
+    fn a_packed_batchs_longest_sequence_is_at_most_its_rows() {
+        let (p, _) = crate::sequences::batch_of(
+            Shape::new(2, 2, 1, 8),
+            DType::F32,
+            &[3, 5],
+            &[4, 6],
+            crate::sequences::KeyStore::Packed,
+        );
+        assert!(p.validate().is_ok());
+        // A bound past every row: the CPU backend once built 2^40 / 64 tasks a head from it.
+        for (seq_q, seq_k, says) in [(1 << 40, 6, "seq_q = 1099511627776"), (5, 11, "seq_k = 11")] {
+            let err =
+                Problem { shape: Shape { seq_q, seq_k, ..p.shape }, ..p }.validate().unwrap_err().to_string();
+            assert!(err.contains(says) && err.contains("packed rows"), "{err}");
+        }
+        // An empty tensor needs no elements (not an underflow).
+        assert_eq!(Layout::Bhsd.strides(2, 8, 4).required_len(0, 2, 8, 4), 0);
     }
 
     #[test]

@@ -313,6 +313,8 @@ impl Problem {
     /// Checks that the outputs have the problem's dtype, are long enough, and that `lse` is
     /// present exactly when asked for.
     pub fn check_outputs(&self, outputs: &Outputs<'_>) -> Result<()> {
+        // The sizes first: the lengths below are computed from them.
+        self.validate()?;
         let (name, need) = self.required_lens()[3];
         check_tensor(self.dtype, name, need, outputs.o.dtype(), outputs.o.len())?;
         match (&outputs.lse, self.params.return_lse) {
