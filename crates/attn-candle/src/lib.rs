@@ -343,10 +343,12 @@ impl AttnOp {
             }
         }
         if let Some(varlen) = &self.varlen {
+            // FlashAttention's max_seqlen takes any bound at least the longest sequence; no
+            // sequence is longer than all the rows, the most attn_core's packed batches take.
             shape = AttnShape {
                 batch: varlen.cu_q.len().saturating_sub(1),
-                seq_q: varlen.max_q,
-                seq_k: varlen.max_k,
+                seq_q: varlen.max_q.min(sq),
+                seq_k: varlen.max_k.min(sk),
                 ..shape
             };
             batching.q = attn_core::QueryRows::Packed { total: sq };
