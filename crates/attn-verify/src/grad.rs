@@ -80,9 +80,7 @@ pub struct GradExpected {
     lse: Vec<f32>,
     d_o: Buffer,
     grads: RefGrads,
-    /// The largest scaled score the inputs allow, `scale · max‖q‖ · max‖k‖` (for
-    /// [`GradTolerance::widened`]).
-    pub(crate) score_bound: f64,
+    score_bound: f64,
 }
 
 impl GradExpected {
@@ -105,6 +103,13 @@ impl GradExpected {
         let qn = map.rows().map(|(b, h, i)| norm(ins.q, map.q_offset(b, h, i))).fold(0.0, f64::max);
         let kn = kv_rows(&map).map(|(b, g, j)| norm(ins.k, map.k_offset(b, g, j))).fold(0.0, f64::max);
         GradExpected { o, lse, d_o, grads, score_bound: p.scale().abs() as f64 * qn * kn }
+    }
+}
+
+impl GradExpected {
+    /// `base` widened for this case's score magnitude (see [`GradTolerance::widened`]).
+    pub fn tolerance(&self, base: GradTolerance) -> GradTolerance {
+        base.widened(self.score_bound)
     }
 }
 
@@ -254,8 +259,7 @@ pub fn run_grad_suite(
         let expected = GradExpected::compute(case, &inputs);
         for backend in backends {
             let dtype = case.problem.dtype;
-            let tol =
-                GradTolerance::for_numerics(backend.numerics(dtype), dtype).widened(expected.score_bound);
+            let tol = expected.tolerance(GradTolerance::for_numerics(backend.numerics(dtype), dtype));
             let outcome = run_grad_case(*backend, case, &inputs, &expected, tol, options);
             let worst_ratio = match &outcome {
                 Outcome::Pass { stats } | Outcome::Fail { stats: Some(stats), .. } => stats.worst_ratio,

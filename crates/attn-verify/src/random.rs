@@ -273,7 +273,7 @@ pub fn check(backends: &[&dyn Attention], case: &Case, pass: Pass) -> Result<Vec
                 run_case(*backend, case, &inputs, expected, tolerance)
             }
             (Wanted::Backward(expected), Pass::Backward(options)) => {
-                let tolerance = GradTolerance::for_numerics(numerics, dtype).widened(expected.score_bound);
+                let tolerance = expected.tolerance(GradTolerance::for_numerics(numerics, dtype));
                 run_grad_case(*backend, case, &inputs, expected, tolerance, options)
             }
             (Wanted::Backward(_), Pass::Forward) => unreachable!("the reference follows the pass"),

@@ -56,9 +56,14 @@ impl Backend {
     /// The name this build knows `name` by: `cuda`, `wgpu`, `cpu-flash` or `cpu-reference`, in
     /// any case (as element types are); `cpu` means `cpu-flash`. `None` for any other name.
     pub fn canonical(name: &str) -> Option<&'static str> {
+        Self::entry(name).map(|(n, _)| *n)
+    }
+
+    /// The registry's entry for `name`, read as [`canonical`](Backend::canonical) says.
+    fn entry(name: &str) -> Option<&'static (&'static str, Make)> {
         let name = name.trim();
         let name = if name.eq_ignore_ascii_case("cpu") { "cpu-flash" } else { name };
-        REGISTRY.iter().map(|(n, _)| *n).find(|n| n.eq_ignore_ascii_case(name))
+        REGISTRY.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))
     }
 
     /// The backend name `ATTN_BACKEND` gives, if it is set.
@@ -70,15 +75,13 @@ impl Backend {
     /// that says why it cannot be had. Only that backend is built, so only its own settings must
     /// be readable.
     pub fn by_name(name: &str) -> Result<Box<dyn Attention>> {
-        let Some((name, make)) = Self::canonical(name).and_then(|c| REGISTRY.iter().find(|(n, _)| *n == c))
-        else {
+        let Some(&(name, make)) = Self::entry(name) else {
             let names: Vec<&str> = REGISTRY.iter().map(|(n, _)| *n).collect();
             return Err(Error::Unavailable {
                 backend: name.into(),
                 reason: format!("no backend of that name in this build; known: {}", names.join(", ")),
             });
         };
-        let name = *name;
         let backend = make()?;
         if let Availability::Unavailable { reason } = backend.availability() {
             return Err(Error::Unavailable { backend: name.into(), reason });
